@@ -1,0 +1,1 @@
+"""Triton kernels for mlloss, installed as ``mlloss.kernels``."""

@@ -1,0 +1,27 @@
+"""mlloss: exact, memory-safe pairwise ranking losses for recommender models.
+
+Losses (``torch.nn.Module``, ``loss(scores, labels, groups=None) -> scalar``):
+``AUCLoss``, ``LoALoss`` (loss aggregation), ``LaALoss`` (label aggregation), ``PDAOMLoss``
+(per-user max-violation). ``build_loss(name, ...)`` builds any of them, or ``"bce+pdaom"`` and
+friends, by name. ``label_dictatorship(labels, weights)`` reports which label a loss-aggregated
+ranking obeys. Definitions: ``docs/loss-spec.md``.
+"""
+
+from .diagnostics import DictatorshipReport, label_dictatorship
+from .factory import BCELoss, BCEPlusRanking, build_loss, register_loss
+from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AUCLoss",
+    "BCELoss",
+    "BCEPlusRanking",
+    "DictatorshipReport",
+    "LaALoss",
+    "LoALoss",
+    "PDAOMLoss",
+    "build_loss",
+    "label_dictatorship",
+    "register_loss",
+]

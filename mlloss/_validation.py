@@ -1,0 +1,158 @@
+"""Argument and input checks shared by every loss.
+
+Every check raises ``TypeError`` or ``ValueError`` with the argument's name and the offending
+value, so that a mistake in a training script points at itself. Checks that only need constructor
+arguments run in ``__init__``; checks that need the batch run in ``forward``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+SURROGATES = ("logistic", "hinge", "squared", "exponential")
+REDUCTIONS = ("mean", "sum")
+BACKENDS = ("auto", "torch", "exact", "triton")
+PAIR_SETS = ("all", "hardest")
+COSTS = ("linear", "uniform")
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value
+
+
+def check_margin(margin: object) -> float:
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+        raise ValueError(f"margin must be a finite number; got {margin!r}")
+    return float(margin)
+
+
+def check_temperature(temperature: object, pairs: str) -> float | None:
+    if temperature is None:
+        return None
+    if pairs != "hardest":
+        raise ValueError(
+            f"temperature={temperature!r} softens the hardest pair and needs pairs='hardest'; "
+            f"got pairs={pairs!r}"
+        )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ValueError(f"temperature must be a positive finite number or None; got {temperature!r}")
+    return float(temperature)
+
+
+def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Tensor | None:
+    """Validate a per-label weight vector given at construction (its length is checked per batch)."""
+    if weights is None:
+        return None
+    if isinstance(weights, str):
+        raise ValueError(f"{name} must be a sequence of numbers or None; got {weights!r}")
+    try:
+        tensor = torch.as_tensor(weights, dtype=torch.float64).flatten()
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} must be a sequence of numbers; got {weights!r}") from error
+    if tensor.numel() == 0:
+        raise ValueError(f"{name} must not be empty; got {weights!r}")
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{name} must be finite; got {tensor.tolist()}")
+    bad = tensor <= 0 if strictly_positive else tensor < 0
+    if bad.any():
+        bound = "> 0" if strictly_positive else ">= 0"
+        raise ValueError(f"{name} must all be {bound}; got {tensor.tolist()}")
+    return tensor
+
+
+def check_weights_length(name: str, weights: Tensor, num_labels: int) -> None:
+    if weights.numel() != num_labels:
+        raise ValueError(
+            f"{name} has {weights.numel()} entries but labels have {num_labels} columns; "
+            f"got {name}={weights.tolist()}"
+        )
+
+
+def scores_vector(scores: object) -> Tensor:
+    """Scores as a finite floating vector of shape (N,); accepts (N,) or (N, 1)."""
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor; got {type(scores).__name__}")
+    if not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    if scores.dim() == 2 and scores.shape[1] == 1:
+        scores = scores[:, 0]
+    if scores.dim() != 1:
+        raise ValueError(f"scores must have shape (N,) or (N, 1); got {tuple(scores.shape)}")
+    finite = torch.isfinite(scores)
+    if not bool(finite.all()):
+        index = int((~finite).nonzero()[0, 0])
+        raise ValueError(f"scores must be finite; scores[{index}] = {scores[index].item()}")
+    return scores
+
+
+def label_matrix(labels: object, num_items: int) -> Tensor:
+    """Labels as a float64 matrix (N, K); accepts (N,) or (N, K) bool, int or float."""
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"labels must be a torch.Tensor; got {type(labels).__name__}")
+    if labels.is_complex():
+        raise TypeError(f"labels must be bool, integer or float; got dtype {labels.dtype}")
+    if labels.dim() == 1:
+        labels = labels[:, None]
+    if labels.dim() != 2:
+        raise ValueError(f"labels must have shape (N,) or (N, K); got {tuple(labels.shape)}")
+    if labels.shape[0] != num_items:
+        raise ValueError(
+            f"labels have {labels.shape[0]} rows but scores have {num_items} items; "
+            f"got labels of shape {tuple(labels.shape)}"
+        )
+    if labels.shape[1] == 0:
+        raise ValueError(f"labels must have at least one column; got shape {tuple(labels.shape)}")
+    labels = labels.detach().to(torch.float64)
+    finite = torch.isfinite(labels)
+    if not bool(finite.all()):
+        row, col = (~finite).nonzero()[0].tolist()
+        raise ValueError(f"labels must be finite; labels[{row}, {col}] = {labels[row, col].item()}")
+    return labels
+
+
+def check_binary(labels: Tensor, what: str = "labels") -> Tensor:
+    """Raise unless every entry is 0 or 1; ``labels`` is the (N, K) float64 matrix."""
+    bad = (labels != 0) & (labels != 1)
+    if bool(bad.any()):
+        row, col = bad.nonzero()[0].tolist()
+        raise ValueError(
+            f"{what} must be binary (0/1); labels[{row}, {col}] = {labels[row, col].item()}"
+        )
+    return labels
+
+
+def check_single_column(labels: Tensor, loss_name: str) -> Tensor:
+    if labels.shape[1] != 1:
+        raise ValueError(
+            f"{loss_name} takes one binary label column; got labels with {labels.shape[1]} columns "
+            f"(use LoALoss or LaALoss for several labels)"
+        )
+    return labels[:, 0]
+
+
+def group_vector(groups: object, num_items: int) -> Tensor | None:
+    """Group ids as an int64 vector (N,), or None; ids need not be sorted or contiguous."""
+    if groups is None:
+        return None
+    if not isinstance(groups, Tensor):
+        raise TypeError(f"groups must be a torch.Tensor of integer ids or None; got {type(groups).__name__}")
+    if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
+        raise TypeError(f"groups must hold integer ids; got dtype {groups.dtype}")
+    if groups.dim() == 2 and groups.shape[1] == 1:
+        groups = groups[:, 0]
+    if groups.dim() != 1:
+        raise ValueError(f"groups must have shape (N,); got {tuple(groups.shape)}")
+    if groups.shape[0] != num_items:
+        raise ValueError(f"groups have {groups.shape[0]} entries but scores have {num_items} items")
+    return groups.to(torch.int64)

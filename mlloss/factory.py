@@ -1,0 +1,103 @@
+"""Build losses by name, so that a config line can swap one objective for another.
+
+Names: ``"auc"``, ``"loa"``, ``"balanced-loa"``, ``"laa"``, ``"pdaom"``, ``"bce"``, and
+``"bce+<name>"`` for a single-label pairwise loss added to binary cross-entropy with weight
+``lam``, the objective of Sun et al. Eq. 7 (``"bce+pdaom"``) and its all-pairs analogue
+(``"bce+auc"``). ``register_loss`` adds a name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import _validation as check
+from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
+
+
+class BCELoss(nn.Module):
+    """Binary cross-entropy on logits, mean over items (and label columns); ``groups`` is ignored."""
+
+    def forward(self, logits: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
+        logits = check.scores_vector(logits)
+        label = check.check_single_column(
+            check.check_binary(check.label_matrix(labels, logits.shape[0])), "BCELoss"
+        )
+        return F.binary_cross_entropy_with_logits(logits.float(), label.to(logits.device, torch.float32))
+
+
+class BCEPlusRanking(nn.Module):
+    r"""``BCE(logits, y) + lam * ranking(f, y, groups)``: cross-entropy plus a pairwise term.
+
+    With ``ranking_input="probability"`` (default) the pairwise term sees f = sigmoid(logits), as in
+    Sun et al. Eq. 7, where PDAOM's surrogate acts on predicted probabilities; ``"logit"`` feeds it
+    the logits. ``parts`` holds the two terms.
+    """
+
+    def __init__(self, ranking: nn.Module, lam: float = 1.0, ranking_input: str = "probability") -> None:
+        super().__init__()
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
+            raise ValueError(f"lam must be a number >= 0; got {lam!r}")
+        self.ranking = ranking
+        self.lam = float(lam)
+        self.ranking_input = check.check_choice("ranking_input", ranking_input, ("probability", "logit"))
+        self.bce = BCELoss()
+        self.parts: dict[str, Tensor] = {}
+
+    def forward(self, logits: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
+        bce = self.bce(logits, labels)
+        ranking_scores = torch.sigmoid(logits) if self.ranking_input == "probability" else logits
+        ranking = self.ranking(ranking_scores, labels, groups)
+        self.parts = {"bce": bce.detach(), "ranking": ranking.detach()}
+        return bce + self.lam * ranking
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam}, ranking_input={self.ranking_input!r}"
+
+
+LOSSES: dict[str, Callable[..., nn.Module]] = {
+    "auc": AUCLoss,
+    "pdaom": PDAOMLoss,
+    "loa": LoALoss,
+    "balanced-loa": partial(LoALoss, weights="balanced"),
+    "laa": LaALoss,
+    "bce": BCELoss,
+}
+# Pairwise losses that take one binary label and so combine with BCE on the same logits.
+SINGLE_LABEL = ("auc", "pdaom")
+
+
+def register_loss(name: str, factory: Callable[..., nn.Module], *, single_label: bool = False) -> None:
+    """Make ``build_loss(name, ...)`` call ``factory(...)``."""
+    if not isinstance(name, str) or not name or "+" in name:
+        raise ValueError(f"a loss name must be a non-empty string without '+'; got {name!r}")
+    LOSSES[name] = factory
+    global SINGLE_LABEL
+    if single_label and name not in SINGLE_LABEL:
+        SINGLE_LABEL = (*SINGLE_LABEL, name)
+
+
+def build_loss(name: str, **kwargs) -> nn.Module:
+    """The loss called ``name`` built with ``kwargs``; ``"bce+<name>"`` also takes ``lam`` and
+    ``ranking_input`` (see ``BCEPlusRanking``), the rest go to the pairwise loss."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string; got {type(name).__name__}")
+    key = name.strip().lower()
+    if key.startswith("bce+"):
+        ranking_name = key[len("bce+"):]
+        if ranking_name not in SINGLE_LABEL:
+            raise ValueError(
+                f"'bce+' combines with a single-label pairwise loss ({', '.join(SINGLE_LABEL)}); "
+                f"got name={name!r}"
+            )
+        lam = kwargs.pop("lam", 1.0)
+        ranking_input = kwargs.pop("ranking_input", "probability")
+        return BCEPlusRanking(LOSSES[ranking_name](**kwargs), lam=lam, ranking_input=ranking_input)
+    if key not in LOSSES:
+        known = sorted(LOSSES) + [f"bce+{n}" for n in SINGLE_LABEL]
+        raise ValueError(f"unknown loss name {name!r}; known: {', '.join(known)}")
+    return LOSSES[key](**kwargs)

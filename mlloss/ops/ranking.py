@@ -1,0 +1,112 @@
+"""One entry point for every pairwise loss: ordinal levels, optional groups, one switch of backend.
+
+AUC is the two-level case (level = label), LaA the multi-level case (level = aggregated label),
+LoA a weighted sum of AUC terms. This module builds the layout, the exact normalisers and the
+group reduction, then hands the pair sums to the chosen path:
+
+* ``"exact"``: the closed forms in ``closed_form`` (exponential, squared, hinge), O(N log N);
+* ``"torch"``: the blocked all-pairs path in ``allpairs`` (any surrogate, O(valid pairs) work);
+* ``"auto"``: ``"exact"`` when the surrogate has a closed form, else ``"torch"``.
+
+The O(N) and O(N log N) paths run in float64 whatever the input dtype; the all-pairs path runs in
+float32 for float32/bf16/fp16 input (fp32 accumulation) and float64 for float64 input. The loss
+comes back in float32, or float64 for float64 input; the gradient in the input's dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import allpairs, closed_form, hardest
+from .layout import group_pair_cost, ordinal_layout, pair_cost_matrix, reduction_coefficients
+
+CLOSED_FORMS = ("exponential", "squared", "hinge")
+
+
+@dataclass(frozen=True)
+class PairTerm:
+    """A loss value with the batch facts worth logging beside it."""
+
+    loss: Tensor
+    valid_pairs: Tensor  # number of valid pairs (item pairs; level pairs for pairs="hardest")
+    groups_with_pairs: Tensor  # groups that contributed to the reduction
+
+
+def resolve_backend(backend: str, surrogate: str, pairs: str) -> str:
+    """The path that ``backend`` selects for this surrogate (``pairs="hardest"`` is always O(N))."""
+    if pairs == "hardest":
+        return "hardest"
+    if backend == "auto":
+        return "exact" if surrogate in CLOSED_FORMS else "torch"
+    return backend
+
+
+def ordinal_ranking_loss(
+    scores: Tensor,
+    levels: Tensor,
+    groups: Tensor | None,
+    *,
+    cost: str,
+    surrogate: str,
+    margin: float,
+    pairs: str,
+    temperature: float | None,
+    reduction: str,
+    backend: str,
+) -> PairTerm:
+    """The pairwise loss of ``scores`` (N,) for float64 ``levels`` (N,) and int64 ``groups``."""
+    output_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    if scores.numel() < 2:  # no pair at all: exactly zero, with a zero (not missing) gradient
+        nothing = torch.zeros((), dtype=torch.float64)
+        return PairTerm(scores.sum().to(output_dtype) * 0, nothing, nothing.to(torch.int64))
+    layout = ordinal_layout(levels, groups)
+    cost_matrix = pair_cost_matrix(layout.level_values, cost).to(scores.device)
+    path = resolve_backend(backend, surrogate, pairs)
+
+    if path == "hardest":
+        loss, groups_with_pairs = hardest.hardest_pair_loss(
+            scores.to(torch.float64)[layout.order], layout, cost_matrix, surrogate, margin,
+            reduction, temperature,
+        )
+        present = (layout.counts > 0).to(torch.float64)
+        level_pairs = torch.einsum("ga,ab,gb->", present, (cost_matrix > 0).to(torch.float64), present)
+        return PairTerm(_finish(loss, output_dtype, surrogate), level_pairs, groups_with_pairs)
+
+    group_cost = group_pair_cost(layout.counts, cost_matrix)
+    valid_pairs = group_pair_cost(layout.counts, (cost_matrix > 0).to(torch.float64)).sum()
+    groups_with_pairs = (group_cost > 0).sum()
+    if not bool(groups_with_pairs):
+        return PairTerm(scores.sum().to(output_dtype) * 0, valid_pairs, groups_with_pairs)
+    coefficients = reduction_coefficients(group_cost, reduction)
+
+    if path == "exact":
+        ordered = scores.to(torch.float64)[layout.order]
+        if surrogate == "exponential":
+            loss = closed_form.exponential_all_pairs(ordered, layout, cost_matrix, coefficients)
+        elif surrogate == "squared":
+            loss = closed_form.squared_all_pairs(ordered, layout, cost_matrix, coefficients, margin)
+        else:
+            loss = closed_form.hinge_all_pairs(ordered, layout, cost_matrix, coefficients, margin)
+    elif path == "torch":
+        ordered = scores.to(output_dtype)[layout.order]
+        loss = allpairs.all_pairs_loss(ordered, layout, cost_matrix, coefficients, surrogate, margin)
+    else:
+        raise NotImplementedError(f"backend={path!r} is not available yet; use 'auto', 'torch' or 'exact'")
+    return PairTerm(_finish(loss, output_dtype, surrogate), valid_pairs, groups_with_pairs)
+
+
+def _finish(loss: Tensor, dtype: torch.dtype, surrogate: str) -> Tensor:
+    loss = loss.to(dtype)
+    if not bool(torch.isfinite(loss)):
+        warnings.warn(
+            f"the {surrogate} pairwise loss overflowed {dtype} (value {loss.item()}); score "
+            f"differences are too large for this surrogate. Use float64 scores, a bounded "
+            f"surrogate ('logistic', 'hinge'), or scale the scores down.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return loss

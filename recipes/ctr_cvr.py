@@ -1,0 +1,474 @@
+"""Train a multi-task CTR/CVR model on synthetic Ali-CCP-like data with an mlloss objective.
+
+    python recipes/ctr_cvr.py                                   # MMoE, BCE, CPU, ~2 minutes
+    python recipes/ctr_cvr.py --model ple --loss bce+pdaom --lambda 10
+    python recipes/ctr_cvr.py --loss loa --esmm
+    python recipes/ctr_cvr.py --accelerator gpu --devices 4 --strategy ddp
+
+Every epoch prints the validation AUC and GAUC (AUC per user, averaged with weights equal to
+the users' numbers of impressions, over users with both classes) of click and purchase. At
+the end the validation and test results, next to an item-popularity baseline and an oracle
+(the generator's true probabilities), are printed as a markdown table and written to
+``<output-dir>/results.json`` and ``<output-dir>/results.md``.
+
+Tasks and objectives. The model has a click head (pCTR) and a purchase head (P(purchase |
+impression), or with ``--esmm`` pCTCVR = pCTR * pCVR), both trained on all impressions.
+The ``--loss`` names map to ``mlloss.build_loss`` in two ways:
+
+* per-task objectives (``bce``, ``bce+auc``, ``bce+pdaom``, ``auc``, ``pdaom``) are applied to
+  each head with its own label, with the user ids as groups, and summed over the two tasks;
+  ``--lambda`` is passed as ``lam`` to the ``bce+X`` combinations;
+* single-ranking-score objectives (``laa``, ``loa``, ``balanced-loa``) need one score ranked
+  against both labels: the model gets a third, dedicated ranking head whose logit is passed
+  with the (B, 2) labels (click, purchase). BCE stays on the click and purchase heads so that
+  the model still predicts probabilities; the total is BCE + lambda * ranking loss
+  (lambda defaults to 1). The ranking head's AUCs are reported in the row ``model:rank``.
+
+Batches keep users together: every epoch shuffles the users and cuts the user-sorted
+impressions into batches, so most users' impressions share a batch and per-user (GAUC)
+pairs exist. Under DDP every rank takes every world_size-th batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+import torchmetrics
+from torch import Tensor, nn
+from pytorch_lightning.utilities import rank_zero_only
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+import mlloss
+from mlloss.data import ImpressionData, SyntheticConfig, generate_impressions, split_by_time
+from mlloss.towers import CGC, MMoE, PLE, FieldEmbedding, MultiTaskModel, SharedBottom
+
+TASKS = ("click", "purchase")
+PER_TASK_LOSSES = ("bce", "bce+auc", "bce+pdaom", "auc", "pdaom")
+RANKING_SCORE_LOSSES = ("laa", "loa", "balanced-loa")
+MODELS = ("mmoe", "ple", "cgc", "shared-bottom")
+
+
+# --------------------------------------------------------------------------- data
+
+
+class ImpressionBatches(Dataset):
+    """Map-style dataset whose items are whole batches: ``dataset[index_tensor]``."""
+
+    def __init__(self, data: ImpressionData) -> None:
+        self.data = data
+        self.labels = data.labels
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: Tensor) -> dict[str, Tensor]:
+        d = self.data
+        return {"sparse": d.sparse[index], "dense": d.dense[index], "labels": self.labels[index], "user": d.user[index]}
+
+
+class UserBlockBatchSampler(Sampler[Tensor]):
+    """Yields index tensors of batches that keep each user's impressions together.
+
+    The users are put in a random order (a fixed order if ``shuffle=False``), the
+    impressions are sorted by user in that order (stable, so time order within a user is
+    kept) and cut into consecutive batches of ``batch_size``. Rank ``rank`` of
+    ``world_size`` takes batches ``rank, rank + world_size, ...``; with ``even_shards`` the
+    batches are first truncated to a multiple of ``world_size`` so that all ranks run the
+    same number of steps (needed for DDP training, not for evaluation).
+    """
+
+    def __init__(
+        self,
+        users: Tensor,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        even_shards: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.users = users
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.even_shards = even_shards
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Change the user order (Lightning calls this at every training epoch)."""
+        self.epoch = epoch
+
+    def _num_batches(self) -> int:
+        total = -(-len(self.users) // self.batch_size)
+        return total // self.world_size * self.world_size if self.even_shards else total
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self._num_batches(), self.world_size))
+
+    def __iter__(self) -> Iterator[Tensor]:
+        num_users = int(self.users.max()) + 1 if len(self.users) else 0
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            user_rank = torch.randperm(num_users, generator=gen)
+        else:
+            user_rank = torch.arange(num_users)
+        order = torch.argsort(user_rank[self.users], stable=True)
+        batches = order.split(self.batch_size)[: self._num_batches()]
+        yield from batches[self.rank :: self.world_size]
+
+
+class ImpressionDataModule(pl.LightningDataModule):
+    """Train/val/test dataloaders over user-block batches, sharded by the trainer's rank."""
+
+    def __init__(self, train: ImpressionData, val: ImpressionData, test: ImpressionData, batch_size: int, seed: int):
+        super().__init__()
+        self.splits = {"train": train, "val": val, "test": test}
+        self.batch_size = batch_size
+        self.seed = seed
+
+    def _loader(self, split: str) -> DataLoader:
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        training = split == "train"
+        sampler = UserBlockBatchSampler(
+            self.splits[split].user, self.batch_size, shuffle=training, seed=self.seed,
+            rank=rank, world_size=world, even_shards=training,
+        )
+        return DataLoader(ImpressionBatches(self.splits[split]), sampler=sampler, batch_size=None)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def binary_auc(scores: Tensor, labels: Tensor) -> float:
+    """ROC AUC with ties counted 1/2 (Mann-Whitney); NaN if a class is missing."""
+    return float(_grouped_auc(scores, labels, torch.zeros_like(labels, dtype=torch.long))[0][0])
+
+
+def group_auc(scores: Tensor, labels: Tensor, groups: Tensor) -> float:
+    """Impression-weighted mean of per-group AUCs over groups with both classes; NaN if none."""
+    aucs, sizes = _grouped_auc(scores, labels, groups)
+    valid = ~aucs.isnan()
+    if not valid.any():
+        return float("nan")
+    return float((aucs[valid] * sizes[valid]).sum() / sizes[valid].sum())
+
+
+def _grouped_auc(scores: Tensor, labels: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-group AUC (NaN where a class is missing) and group sizes, for groups 0..G-1."""
+    scores, labels = scores.double().flatten(), labels.double().flatten()
+    _, groups = torch.unique(groups.flatten(), return_inverse=True)
+    num_groups = int(groups.max()) + 1 if len(groups) else 0
+    order = torch.argsort(scores, stable=True)
+    order = order[torch.argsort(groups[order], stable=True)]  # by group, then score
+    g, s, y = groups[order], scores[order], labels[order]
+    sizes = torch.bincount(g, minlength=num_groups).double()
+    starts = torch.cumsum(sizes, 0) - sizes
+    position = torch.arange(len(g), dtype=torch.float64) - starts[g] + 1  # 1-based rank in group
+    # Ties (same group and score) get their average rank.
+    new_run = torch.ones(len(g), dtype=torch.bool)
+    new_run[1:] = (g[1:] != g[:-1]) | (s[1:] != s[:-1])
+    run = torch.cumsum(new_run.long(), 0) - 1
+    run_rank = torch.zeros(int(run[-1]) + 1 if len(run) else 0, dtype=torch.float64).index_add_(0, run, position)
+    rank = (run_rank / torch.bincount(run).double())[run]
+    n_pos = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, g, y)
+    n_neg = sizes - n_pos
+    rank_sum = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, g, y * rank)
+    aucs = (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    return torch.where((n_pos > 0) & (n_neg > 0), aucs, torch.nan), sizes
+
+
+def ranking_metrics(scores: Tensor, labels: Tensor, users: Tensor) -> dict[str, float]:
+    """AUC and GAUC of ``scores`` (N,) or (N, 2) (one column per task) for click and purchase."""
+    columns = scores.unsqueeze(1).expand(-1, len(TASKS)) if scores.dim() == 1 else scores
+    out = {}
+    for t, task in enumerate(TASKS):
+        out[f"{task}_auc"] = binary_auc(columns[:, t], labels[:, t])
+        out[f"{task}_gauc"] = group_auc(columns[:, t], labels[:, t], users)
+    return out
+
+
+class ScoreCollector(torchmetrics.Metric):
+    """Accumulates (scores, labels, users) over an epoch; gathered across ranks under DDP."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in ("scores", "labels", "users"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, scores: Tensor, labels: Tensor, users: Tensor) -> None:
+        self.scores.append(scores.detach().float())
+        self.labels.append(labels.float())
+        self.users.append(users)
+
+    def compute(self) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(torchmetrics.utilities.dim_zero_cat(getattr(self, n)).cpu() for n in ("scores", "labels", "users"))
+
+
+# --------------------------------------------------------------------------- model and objective
+
+
+def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) -> MultiTaskModel:
+    """The tower selected by ``args.model`` over concatenated field embeddings + dense features."""
+    embedding = FieldEmbedding(data.cardinalities, args.embedding_dim)
+    input_dim = embedding.output_dim + data.dense.shape[1]
+    expert_hidden, tower_hidden = tuple(args.expert_hidden), tuple(args.tower_hidden)
+    if args.model == "mmoe":
+        backbone = MMoE(input_dim, num_heads, args.num_experts, expert_hidden, tower_hidden, args.dropout)
+    elif args.model == "cgc":
+        backbone = CGC(input_dim, num_heads, args.num_task_experts, args.num_shared_experts,
+                       expert_hidden, tower_hidden, args.dropout)
+    elif args.model == "ple":
+        backbone = PLE(input_dim, num_heads, args.num_levels, args.num_task_experts, args.num_shared_experts,
+                       expert_hidden, tower_hidden, args.dropout)
+    elif args.model == "shared-bottom":
+        backbone = SharedBottom(input_dim, num_heads, expert_hidden, tower_hidden, args.dropout)
+    else:
+        raise ValueError(f"--model must be one of {MODELS}, got {args.model!r}")
+    return MultiTaskModel(embedding, backbone, esmm=args.esmm)
+
+
+class MultiTaskObjective(nn.Module):
+    """The training loss of the (B, 2) or (B, 3) logits for ``--loss`` (see module docstring)."""
+
+    def __init__(self, name: str, lam: float | None) -> None:
+        super().__init__()
+        if name not in PER_TASK_LOSSES + RANKING_SCORE_LOSSES:
+            raise ValueError(f"--loss must be one of {PER_TASK_LOSSES + RANKING_SCORE_LOSSES}, got {name!r}")
+        self.uses_ranking_head = name in RANKING_SCORE_LOSSES
+        if self.uses_ranking_head:
+            self.task_loss = mlloss.build_loss("bce")
+            self.ranking_loss = mlloss.build_loss(name)
+            self.lam = 1.0 if lam is None else lam
+        else:
+            kwargs = {"lam": lam} if lam is not None and name.startswith("bce+") else {}
+            self.task_loss = mlloss.build_loss(name, **kwargs)
+
+    def forward(self, logits: Tensor, labels: Tensor, users: Tensor) -> Tensor:
+        total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users) for t in range(len(TASKS)))
+        if self.uses_ranking_head:
+            total = total + self.lam * self.ranking_loss(logits[:, len(TASKS)], labels, groups=users)
+        return total
+
+
+class CtrCvrModule(pl.LightningModule):
+    """Trains ``model`` with ``objective``; collects validation/test scores for AUC/GAUC."""
+
+    def __init__(self, model: MultiTaskModel, objective: MultiTaskObjective, lr: float, weight_decay: float) -> None:
+        super().__init__()
+        self.model = model
+        self.objective = objective
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.train_loss = torchmetrics.MeanMetric()
+        self.collector = ScoreCollector()
+        self.history: list[dict[str, float]] = []
+        self.eval_results: dict[str, float] = {}
+        self._epoch_start = time.perf_counter()
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.model(batch["sparse"], batch["dense"])
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self.objective(self(batch), batch["labels"], batch["user"])
+        self.train_loss.update(loss.detach())
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.collector.update(self(batch), batch["labels"], batch["user"])
+
+    test_step = validation_step
+
+    def _evaluate(self) -> dict[str, float]:
+        scores, labels, users = self.collector.compute()
+        self.collector.reset()
+        logits_per_task = scores[:, : len(TASKS)]
+        results = {f"model/{k}": v for k, v in ranking_metrics(logits_per_task, labels, users).items()}
+        if self.objective.uses_ranking_head:
+            rank = ranking_metrics(scores[:, len(TASKS)], labels, users)
+            results |= {f"model:rank/{k}": v for k, v in rank.items()}
+        return results
+
+    def on_validation_epoch_end(self) -> None:
+        results = self._evaluate()
+        train_loss = float(self.train_loss.compute())
+        self.train_loss.reset()
+        row = {"epoch": self.current_epoch + 1, "train_loss": train_loss,
+               "seconds": time.perf_counter() - self._epoch_start, **results}
+        self.history.append(row)
+        self.log_dict({f"val/{k}": v for k, v in results.items()}, rank_zero_only=True)
+        self.print(_format_epoch(row))
+
+    def on_test_epoch_end(self) -> None:
+        self.eval_results = self._evaluate()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def baseline_results(train: ImpressionData, split: ImpressionData) -> dict[str, float]:
+    """AUC/GAUC of item popularity (training impressions of the item) and of the true probabilities."""
+    item = train.field_names.index("item")
+    popularity = torch.bincount(train.sparse[:, item], minlength=train.cardinalities[item]).float()
+    results = {}
+    pop = ranking_metrics(popularity[split.sparse[:, item]], split.labels, split.user)
+    oracle = ranking_metrics(torch.stack([split.p_click, split.p_purchase], 1), split.labels, split.user)
+    results |= {f"popularity/{k}": v for k, v in pop.items()}
+    results |= {f"oracle/{k}": v for k, v in oracle.items()}
+    return results
+
+
+def _format_epoch(row: dict[str, float]) -> str:
+    parts = [f"epoch {row['epoch']:>2}", f"loss {row['train_loss']:.4f}", f"{row['seconds']:.1f}s"]
+    for task in TASKS:
+        parts.append(f"val {task} AUC {row[f'model/{task}_auc']:.4f} GAUC {row[f'model/{task}_gauc']:.4f}")
+    return " | ".join(parts)
+
+
+def markdown_table(results: dict[str, dict[str, float]]) -> str:
+    """One row per (split, scorer), columns AUC/GAUC of click and purchase."""
+    metrics = [f"{task}_{m}" for task in TASKS for m in ("auc", "gauc")]
+    lines = ["| split | scorer | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 2)]
+    for split, flat in results.items():
+        scorers = dict.fromkeys(key.split("/")[0] for key in flat)
+        for scorer in scorers:
+            values = " | ".join(f"{flat[f'{scorer}/{m}']:.4f}" for m in metrics)
+            lines.append(f"| {split} | {scorer} | {values} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="mmoe")
+    p.add_argument("--loss", choices=PER_TASK_LOSSES + RANKING_SCORE_LOSSES, default="bce",
+                   help="objective name passed to mlloss.build_loss")
+    p.add_argument("--lambda", dest="lam", type=float, default=None,
+                   help="weight of the ranking term: 'lam' of bce+X losses (library default if unset), "
+                        "or the ranking-head weight of laa/loa/balanced-loa (1 if unset)")
+    p.add_argument("--esmm", action="store_true", help="purchase head = pCTR * pCVR (ESMM)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and of the training")
+    g = p.add_argument_group("synthetic data")
+    g.add_argument("--num-users", type=int, default=SyntheticConfig.num_users)
+    g.add_argument("--num-items", type=int, default=SyntheticConfig.num_items)
+    g.add_argument("--mean-impressions", type=float, default=SyntheticConfig.mean_impressions,
+                   help="mean number of impressions per user")
+    g.add_argument("--click-rate", type=float, default=SyntheticConfig.click_rate)
+    g.add_argument("--purchase-rate", type=float, default=SyntheticConfig.purchase_rate)
+    g = p.add_argument_group("architecture")
+    g.add_argument("--embedding-dim", type=int, default=16)
+    g.add_argument("--expert-hidden", type=int, nargs="+", default=[64, 32],
+                   help="widths of expert MLPs (of the bottom MLP for shared-bottom)")
+    g.add_argument("--tower-hidden", type=int, nargs="+", default=[16])
+    g.add_argument("--num-experts", type=int, default=4, help="MMoE experts")
+    g.add_argument("--num-task-experts", type=int, default=2, help="CGC/PLE experts per task")
+    g.add_argument("--num-shared-experts", type=int, default=2, help="CGC/PLE shared experts")
+    g.add_argument("--num-levels", type=int, default=2, help="PLE extraction levels")
+    g.add_argument("--dropout", type=float, default=0.0)
+    g = p.add_argument_group("hardware and output")
+    g.add_argument("--accelerator", default="auto")
+    g.add_argument("--devices", default="1", help="number of devices, or 'auto'")
+    g.add_argument("--strategy", default="auto", help="Lightning strategy, e.g. ddp")
+    g.add_argument("--output-dir", type=Path, default=Path("runs/ctr_cvr"))
+    args = p.parse_args(argv)
+    args.devices = args.devices if args.devices == "auto" else int(args.devices)
+    for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Run the recipe; returns the dictionary also written to ``results.json``."""
+    args = parse_args(argv)
+    start = time.perf_counter()
+    pl.seed_everything(args.seed, verbose=False)
+    config = SyntheticConfig(
+        num_users=args.num_users, num_items=args.num_items, mean_impressions=args.mean_impressions,
+        click_rate=args.click_rate, purchase_rate=args.purchase_rate, seed=args.seed,
+    )
+    train, val, test = split_by_time(generate_impressions(config))
+    objective = MultiTaskObjective(args.loss, args.lam)
+    model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
+    module = CtrCvrModule(model, objective, args.lr, args.weight_decay)
+    trainer = pl.Trainer(
+        accelerator=args.accelerator, devices=args.devices, strategy=args.strategy, max_epochs=args.epochs,
+        use_distributed_sampler=False, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    _print_rank_zero(_describe_data(train, val, test))
+    datamodule = ImpressionDataModule(train, val, test, args.batch_size, args.seed)
+    trainer.fit(module, datamodule=datamodule)
+    trainer.test(module, datamodule=datamodule, verbose=False)
+
+    results = {
+        "val": {**{k: v for k, v in module.history[-1].items() if "/" in k}, **baseline_results(train, val)},
+        "test": {**module.eval_results, **baseline_results(train, test)},
+    }
+    report = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "data": asdict(config) | {"sizes": {"train": len(train), "val": len(val), "test": len(test)}},
+        "history": module.history,
+        "results": results,
+        "runtime_s": time.perf_counter() - start,
+    }
+    if trainer.is_global_zero:
+        table = markdown_table(results)
+        print("\n" + table)
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        (args.output_dir / "results.json").write_text(json.dumps(report, indent=2, allow_nan=True))
+        (args.output_dir / "results.md").write_text(table + "\n")
+        print(f"\nwrote {args.output_dir / 'results.json'} ({report['runtime_s']:.0f}s)")
+    return report
+
+
+def _describe_data(*splits: ImpressionData) -> str:
+    rows = []
+    for name, d in zip(("train", "val", "test"), splits):
+        rows.append(f"{name}: {len(d)} impressions, {len(d.user.unique())} users, "
+                    f"click {d.click.mean():.4f}, purchase {d.purchase.mean():.4f}")
+    return "\n".join(rows)
+
+
+@rank_zero_only
+def _print_rank_zero(text: str) -> None:
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,608 @@
+"""Tests of :mod:`mlloss.metrics` against independent brute-force references over all pairs (NumPy, float64)."""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlloss.metrics import (
+    AUC,
+    GroupAUC,
+    MultiLabelAUC,
+    MultipartiteAUC,
+    UndefinedMetricWarning,
+    aggregate_levels,
+    binary_auc,
+    group_auc,
+    multilabel_auc,
+    multipartite_auc,
+)
+
+IGNORE_UNDEFINED = pytest.mark.filterwarnings("ignore::mlloss.metrics.UndefinedMetricWarning")
+SEEDS = range(12)
+TIED_SCORES = np.array([-1.5, 0.0, 0.25, 1.0, 3.0])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Brute-force references: every ordered pair, float64
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def credit_matrix(scores: np.ndarray) -> np.ndarray:
+    """h[i, j] = 1[s_i > s_j] + 1/2 1[s_i == s_j]."""
+    s = np.asarray(scores, dtype=np.float64)
+    return (s[:, None] > s[None, :]) + 0.5 * (s[:, None] == s[None, :])
+
+
+def ref_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    y = np.asarray(labels)
+    pairs = (y[:, None] == 1) & (y[None, :] == 0)
+    if not pairs.any():
+        return math.nan
+    return float((credit_matrix(scores) * pairs).sum() / pairs.sum())
+
+
+def ref_multipartite(scores: np.ndarray, levels: np.ndarray, cost: str = "linear") -> float:
+    y = np.asarray(levels, dtype=np.float64)
+    gap = y[:, None] - y[None, :]
+    weight = np.where(gap > 0, gap if cost == "linear" else 1.0, 0.0)
+    if weight.sum() == 0:
+        return math.nan
+    return float((credit_matrix(scores) * weight).sum() / weight.sum())
+
+
+def ref_group_mean(
+    metric: Callable[..., float], scores: np.ndarray, target: np.ndarray, groups: np.ndarray, weighting: str
+) -> float:
+    values, weights = [], []
+    for g in np.unique(groups):
+        member = groups == g
+        value = metric(scores[member], target[member])
+        if not math.isnan(value):
+            values.append(value)
+            weights.append(1.0 if weighting == "uniform" else member.sum())
+    return float(np.dot(values, weights) / np.sum(weights)) if values else math.nan
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Random cases with many ties, singleton and one-class groups
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def random_case(seed: int, max_n: int = 60, k: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores drawn from a small set (many ties), 0/1 labels of K columns, sparse non-contiguous group ids."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, max_n))
+    scores = rng.choice(TIED_SCORES, size=n)
+    if seed % 3 == 0:  # some continuous scores too
+        scores = np.where(rng.random(n) < 0.5, rng.normal(size=n), scores)
+    labels = (rng.random((n, k)) < rng.uniform(0.1, 0.9, size=k)).astype(np.int64)
+    groups = rng.integers(-3, max(2, n // 3), size=n) * 1_000_003 + 17  # many singletons and one-class groups
+    return scores, labels, groups
+
+
+def random_levels(seed: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed + 1000)
+    if seed % 2:
+        return rng.integers(0, 4, size=n).astype(np.float64)  # few ordinal levels
+    return rng.choice([-2.5, 0.0, 0.125, 1.0, 7.75], size=n)  # arbitrary real levels
+
+
+def t(x: np.ndarray, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x)).to(dtype)
+
+
+def assert_close(actual: torch.Tensor, expected: float) -> None:
+    assert actual.dtype == torch.float64
+    if math.isnan(expected):
+        assert torch.isnan(actual), f"expected NaN, got {actual}"
+    else:
+        assert actual.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Functional metrics against the references
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", SEEDS)
+def test_binary_auc_matches_bruteforce(seed: int) -> None:
+    scores, labels, _ = random_case(seed)
+    assert_close(binary_auc(t(scores), t(labels[:, 0], torch.long)), ref_auc(scores, labels[:, 0]))
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("weighting", ["uniform", "size"])
+def test_group_auc_matches_bruteforce(seed: int, weighting: str) -> None:
+    scores, labels, groups = random_case(seed)
+    expected = ref_group_mean(ref_auc, scores, labels[:, 0], groups, weighting)
+    assert_close(group_auc(t(scores), t(labels[:, 0]), t(groups, torch.long), weighting), expected)
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", SEEDS)
+def test_multilabel_auc_matches_bruteforce(seed: int) -> None:
+    for k in range(1, 6):
+        scores, labels, _ = random_case(seed, k=k)
+        actual = multilabel_auc(t(scores), t(labels, torch.bool))
+        assert actual.shape == (k,)
+        for column in range(k):
+            assert_close(actual[column], ref_auc(scores, labels[:, column]))
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+def test_multipartite_auc_matches_bruteforce(seed: int, cost: str) -> None:
+    scores, _, _ = random_case(seed)
+    levels = random_levels(seed, len(scores))
+    expected = ref_multipartite(scores, levels, cost)
+    assert_close(multipartite_auc(t(scores), t(levels), cost=cost), expected)
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+def test_grouped_multipartite_auc_matches_bruteforce(seed: int, cost: str) -> None:
+    scores, _, groups = random_case(seed)
+    levels = random_levels(seed, len(scores))
+
+    def metric(s: np.ndarray, y: np.ndarray) -> float:
+        return ref_multipartite(s, y, cost)
+
+    for weighting in ("uniform", "size"):
+        expected = ref_group_mean(metric, scores, levels, groups, weighting)
+        actual = multipartite_auc(t(scores), t(levels), t(groups, torch.int32), cost=cost, weighting=weighting)
+        assert_close(actual, expected)
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(8))
+def test_multipartite_auc_aggregates_label_columns(seed: int) -> None:
+    for k, cost in [(1, "linear"), (3, "linear"), (5, "linear"), (2, "uniform"), (4, "uniform")]:
+        scores, labels, _ = random_case(seed, k=k)
+        weights = np.random.default_rng(seed).uniform(0.0, 2.0, size=k)
+        assert_close(multipartite_auc(t(scores), t(labels), cost=cost), ref_multipartite(scores, labels.sum(1), cost))
+        actual = multipartite_auc(t(scores), t(labels), cost=cost, label_weights=weights.tolist())
+        assert_close(actual, ref_multipartite(scores, labels @ weights, cost))
+
+
+def test_aggregate_levels() -> None:
+    columns = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1]])
+    assert torch.equal(aggregate_levels(columns), torch.tensor([2.0, 0.0, 3.0], dtype=torch.float64))
+    weighted = aggregate_levels(columns, torch.tensor([0.5, 2.0, 1.0]))
+    assert torch.equal(weighted, torch.tensor([1.5, 0.0, 3.5], dtype=torch.float64))
+    ordinal = torch.tensor([3, 1, 2])
+    assert torch.equal(aggregate_levels(ordinal), ordinal.double())
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(10))
+def test_binary_levels_reduce_to_auc(seed: int) -> None:
+    scores, labels, groups = random_case(seed)
+    s, y, g = t(scores), t(labels[:, 0]), t(groups, torch.long)
+    for cost in ("linear", "uniform"):
+        assert torch.allclose(multipartite_auc(s, y, cost=cost), binary_auc(s, y), equal_nan=True)
+        assert torch.allclose(multipartite_auc(s, y, g, cost=cost), group_auc(s, y, g), equal_nan=True)
+
+
+def test_known_values() -> None:
+    scores = torch.tensor([0.9, 0.5, 0.5, 0.1])
+    labels = torch.tensor([1, 1, 0, 0])
+    assert binary_auc(scores, labels).item() == 0.875
+    assert binary_auc(scores, 1 - labels).item() == 0.125
+    assert binary_auc(torch.arange(4.0), torch.tensor([0, 0, 1, 1])).item() == 1.0
+    assert binary_auc(torch.ones(4), labels).item() == 0.5
+    # levels 0 < 1 < 2 scored 0, 2, 1: pairs (1,0) right with cost 1, (2,0) right with cost 2, (2,1) wrong
+    s, y = torch.tensor([0.0, 2.0, 1.0]), torch.tensor([0.0, 1.0, 2.0])
+    assert multipartite_auc(s, y).item() == 0.75
+    assert multipartite_auc(s, y, cost="uniform").item() == pytest.approx(2 / 3, rel=1e-15)
+    # GAUC: group 7 has AUC 1, group -2 has AUC 0.5 (tie), group 3 is one-class and ignored
+    groups = torch.tensor([7, 7, -2, -2, 3, 3])
+    gauc = group_auc(torch.tensor([2.0, 1.0, 0.0, 0.0, 1.0, 5.0]), torch.tensor([1, 0, 1, 0, 1, 1]), groups)
+    assert gauc.item() == 0.75
+
+
+@pytest.mark.parametrize("score_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("label_dtype", [torch.bool, torch.uint8, torch.int32, torch.float32])
+def test_input_dtypes_and_column_shapes(score_dtype: torch.dtype, label_dtype: torch.dtype) -> None:
+    scores, labels, groups = random_case(4)
+    scores = np.round(scores)  # representable in every score dtype
+    s, y, g = t(scores, score_dtype), t(labels[:, 0], label_dtype), t(groups, torch.int64)
+    assert_close(binary_auc(s, y), ref_auc(scores, labels[:, 0]))
+    assert_close(binary_auc(s[:, None], y[:, None]), ref_auc(scores, labels[:, 0]))
+    expected = ref_group_mean(ref_auc, scores, labels[:, 0], groups, "uniform")
+    assert_close(group_auc(s[:, None], y[:, None], g[:, None]), expected)
+    assert_close(multilabel_auc(s, y)[0], ref_auc(scores, labels[:, 0]))
+
+
+def test_exact_on_large_input_with_ties() -> None:
+    rng = np.random.default_rng(123)
+    n = 2500
+    scores = rng.choice(TIED_SCORES, size=n)
+    labels = (rng.random(n) < 0.3).astype(np.int64)
+    groups = rng.integers(0, 40, size=n) * 7919
+    assert_close(binary_auc(t(scores), t(labels)), ref_auc(scores, labels))
+    assert_close(group_auc(t(scores), t(labels), t(groups, torch.long), "size"),
+                 ref_group_mean(ref_auc, scores, labels, groups, "size"))
+    levels = rng.integers(0, 5, size=n)
+    assert_close(multipartite_auc(t(scores), t(levels)), ref_multipartite(scores, levels))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Properties (hypothesis)
+# ----------------------------------------------------------------------------------------------------------------
+
+SPECIAL_SCORES = st.sampled_from([-math.inf, -1.0, -0.0, 0.0, 0.5, 1.0, math.inf])
+SCORES = st.one_of(SPECIAL_SCORES, st.floats(-10, 10, allow_nan=False, width=32))
+
+
+@st.composite
+def scored_items(draw: st.DrawFn, max_n: int = 30) -> tuple[list[float], list[int], list[int], list[float]]:
+    n = draw(st.integers(0, max_n))
+    items = st.lists(st.tuples(SCORES, st.integers(0, 1), st.integers(-3, 3), st.sampled_from([0.0, 0.5, 1.0, 4.0])),
+                     min_size=n, max_size=n)
+    rows = draw(items)
+    scores, labels, groups, levels = (list(column) for column in zip(*rows)) if rows else ([], [], [], [])
+    return scores, labels, groups, levels
+
+
+@IGNORE_UNDEFINED
+@settings(max_examples=40, deadline=None)
+@given(scored_items())
+def test_property_matches_bruteforce(data: tuple[list[float], list[int], list[int], list[float]]) -> None:
+    scores, labels, groups = np.array(data[0]), np.array(data[1], dtype=np.int64), np.array(data[2], dtype=np.int64)
+    levels = np.array(data[3])
+    s, y, g = t(scores, torch.float32), t(labels, torch.long), t(groups, torch.long)
+    assert_close(binary_auc(s, y), ref_auc(scores, labels))
+    assert_close(group_auc(s, y, g), ref_group_mean(ref_auc, scores, labels, groups, "uniform"))
+    for cost in ("linear", "uniform"):
+        assert_close(multipartite_auc(s, t(levels), cost=cost), ref_multipartite(scores, levels, cost))
+
+
+@IGNORE_UNDEFINED
+@settings(max_examples=30, deadline=None)
+@given(scored_items(), st.randoms(use_true_random=False))
+def test_property_invariant_to_permutation_and_monotone_maps(
+    data: tuple[list[float], list[int], list[int], list[float]], rnd: random.Random
+) -> None:
+    s, y, g, levels = t(data[0]), t(data[1], torch.long), t(data[2], torch.long), t(data[3])
+    perm = torch.tensor(rnd.sample(range(len(s)), len(s)), dtype=torch.long)
+    mapped = s**3 * 8  # strictly increasing and exact enough in float64 to keep every tie and every order
+    for fn in (
+        lambda s_, y_, g_, l_: binary_auc(s_, y_),
+        lambda s_, y_, g_, l_: group_auc(s_, y_, g_, "size"),
+        lambda s_, y_, g_, l_: multipartite_auc(s_, l_, g_),
+        lambda s_, y_, g_, l_: multipartite_auc(s_, l_, cost="uniform"),
+    ):
+        reference = fn(s, y, g, levels)
+        assert torch.allclose(fn(s[perm], y[perm], g[perm], levels[perm]), reference, equal_nan=True, atol=1e-12)
+        assert torch.equal(fn(mapped, y, g, levels).isnan(), reference.isnan())
+        assert torch.allclose(fn(mapped, y, g, levels), reference, equal_nan=True, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Undefined metrics: NaN and a warning, never an exception
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_one_class_gives_nan_and_warns() -> None:
+    s = torch.tensor([0.3, 0.1, 0.2])
+    with pytest.warns(UndefinedMetricWarning, match="AUC is undefined"):
+        assert torch.isnan(binary_auc(s, torch.ones(3)))
+    with pytest.warns(UndefinedMetricWarning):
+        assert torch.isnan(binary_auc(torch.empty(0), torch.empty(0)))
+    with pytest.warns(UndefinedMetricWarning, match="GAUC"):
+        assert torch.isnan(group_auc(s, torch.tensor([1, 0, 1]), torch.tensor([0, 1, 2])))
+    with pytest.warns(UndefinedMetricWarning):
+        per_label = multilabel_auc(s, torch.tensor([[1, 0], [0, 0], [1, 0]]))
+    assert per_label[0].item() == 1.0 and torch.isnan(per_label[1])
+    with pytest.warns(UndefinedMetricWarning, match="multipartite"):
+        assert torch.isnan(multipartite_auc(s, torch.full((3,), 2.0)))
+    with pytest.warns(UndefinedMetricWarning):
+        assert torch.isnan(multipartite_auc(s, torch.full((3,), 2.0), cost="uniform"))
+    metric = AUC()
+    metric.update(s, torch.zeros(3))
+    with pytest.warns(UndefinedMetricWarning):
+        assert torch.isnan(metric.compute())
+
+
+def test_defined_metrics_do_not_warn() -> None:
+    s = torch.tensor([0.3, 0.1, 0.2, 0.2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        binary_auc(s, torch.tensor([1, 0, 1, 0]))
+        group_auc(s, torch.tensor([1, 0, 1, 1]), torch.tensor([5, 5, 9, 9]))  # one valid group is enough
+        multipartite_auc(s, torch.tensor([0.0, 1.0, 1.0, 1.0]), torch.tensor([1, 1, 2, 2]))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Input validation
+# ----------------------------------------------------------------------------------------------------------------
+
+S3 = torch.tensor([0.1, 0.2, 0.3])
+Y3 = torch.tensor([0, 1, 1])
+G3 = torch.tensor([1, 1, 2])
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: binary_auc([0.1, 0.2], Y3[:2]), TypeError, "`scores` must be a torch.Tensor"),
+        (lambda: binary_auc(S3, [0, 1, 1]), TypeError, "`labels` must be a torch.Tensor"),
+        (lambda: binary_auc(S3.to(torch.complex64), Y3), TypeError, "`scores` must be real"),
+        (
+            lambda: binary_auc(S3.reshape(1, 3), Y3),
+            ValueError,
+            r"`scores` must have shape \(N,\) or \(N, 1\), got \(1, 3\)",
+        ),
+        (
+            lambda: binary_auc(torch.tensor([0.1, 0.2, math.nan]), Y3),
+            ValueError,
+            "`scores` must not contain NaN, found NaN at index 2",
+        ),
+        (lambda: binary_auc(S3, Y3[:2]), ValueError, r"`labels` must have one row per score \(3\), got shape \(2,\)"),
+        (lambda: binary_auc(S3, torch.tensor([0, 2, 1])), ValueError, r"`labels` must be binary \(0 or 1\), found 2"),
+        (lambda: binary_auc(S3, torch.tensor([0.0, 0.5, 1.0])), ValueError, "found 0.5"),
+        (lambda: binary_auc(S3, torch.tensor([0.0, math.nan, 1.0])), ValueError, "found nan"),
+        (
+            lambda: binary_auc(S3, torch.tensor([[0, 1], [1, 0], [1, 1]])),
+            ValueError,
+            r"`labels` must have shape \(N,\) or \(N, 1\)",
+        ),
+        (lambda: group_auc(S3, Y3, G3.float()), TypeError, "`groups` must hold integer ids, got dtype torch.float32"),
+        (lambda: group_auc(S3, Y3, G3.bool()), TypeError, "`groups` must hold integer ids, got dtype torch.bool"),
+        (lambda: group_auc(S3, Y3, G3[:2]), ValueError, r"`groups` must have one row per score \(3\)"),
+        (lambda: group_auc(S3, Y3, G3, weighting="mean"), ValueError, "`weighting` must be one of .*'mean'"),
+        (lambda: multilabel_auc(S3, torch.zeros(3, 2, 1)), ValueError, r"`labels` must have shape \(N,\) or \(N, K\)"),
+        (lambda: multilabel_auc(S3, torch.tensor([[0, 1], [3, 0], [1, 1]])), ValueError, "found 3"),
+        (lambda: multipartite_auc(S3, Y3, cost="log"), ValueError, "`cost` must be one of .*'log'"),
+        (lambda: multipartite_auc(S3, Y3, weighting="max"), ValueError, "`weighting` must be one of .*'max'"),
+        (
+            lambda: multipartite_auc(S3, torch.tensor([0.0, math.nan, 1.0])),
+            ValueError,
+            "`levels` must be finite, found nan",
+        ),
+        (
+            lambda: multipartite_auc(S3, torch.tensor([0.0, math.inf, 1.0])),
+            ValueError,
+            "`levels` must be finite, found inf",
+        ),
+        (
+            lambda: multipartite_auc(S3, torch.tensor([0.0, 1.0])),
+            ValueError,
+            r"`levels` must have one row per score \(3\)",
+        ),
+        (
+            lambda: multipartite_auc(S3, torch.zeros(3, 1, 1)),
+            ValueError,
+            r"`levels` must have shape \(N,\) or \(N, K\)",
+        ),
+        (
+            lambda: multipartite_auc(S3, torch.tensor([[0, 2], [1, 0], [1, 1]])),
+            ValueError,
+            r"`levels` must be binary .*found 2",
+        ),
+        (lambda: multipartite_auc(S3, Y3, label_weights=[1.0]), ValueError, "`label_weights` needs `levels` of shape"),
+        (
+            lambda: multipartite_auc(S3, Y3[:, None], label_weights=[1.0, 2.0]),
+            ValueError,
+            r"`label_weights` must have shape \(1,\), got \(2,\)",
+        ),
+        (
+            lambda: multipartite_auc(S3, Y3[:, None], label_weights=[math.inf]),
+            ValueError,
+            "`label_weights` must be finite",
+        ),
+        (lambda: multipartite_auc(S3, Y3.to(torch.complex64)), TypeError, "`levels` must be real"),
+        (lambda: multipartite_auc(S3, Y3, G3.double()), TypeError, "`groups` must hold integer ids"),
+        (lambda: MultiLabelAUC(num_labels=0), ValueError, "`num_labels` must be a positive integer, got 0"),
+        (
+            lambda: MultiLabelAUC(num_labels=2).update(S3, Y3),
+            ValueError,
+            r"`labels` must have 2 columns \(num_labels\), got 1",
+        ),
+        (lambda: GroupAUC(weighting="sqrt"), ValueError, "`weighting` must be one of"),
+        (lambda: MultipartiteAUC(cost="exp"), ValueError, "`cost` must be one of"),
+        (
+            lambda: MultipartiteAUC().update(S3, Y3, G3),
+            ValueError,
+            "`groups` must be given if and only if grouped=True",
+        ),
+        (lambda: MultipartiteAUC(grouped=True).update(S3, Y3), ValueError, "grouped=True"),
+        (lambda: AUC().update(S3, torch.tensor([0, -1, 1])), ValueError, "found -1"),
+        (lambda: GroupAUC().update(S3, Y3, G3.half()), TypeError, "`groups` must hold integer ids"),
+    ],
+)
+def test_bad_inputs_raise(call: Callable[[], object], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Streaming metrics
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def batches(n: int, seed: int) -> list[slice]:
+    """Uneven contiguous batches (some of size one) covering range(n)."""
+    rng = np.random.default_rng(seed)
+    cuts = np.unique(np.concatenate([[0, n, 1], rng.integers(0, n, size=4)]))
+    return [slice(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(6))
+def test_auc_metric_streams(seed: int) -> None:
+    scores, labels, _ = random_case(seed, max_n=120)
+    s, y = t(scores, torch.float32), t(labels[:, 0], torch.bool)
+    metric = AUC()
+    for part in batches(len(s), seed):
+        metric.update(s[part], y[part])
+    result = metric.compute()
+    assert torch.equal(result, binary_auc(s, y)) or torch.isnan(result)
+    assert_close(result, ref_auc(scores, labels[:, 0]))
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("weighting", ["uniform", "size"])
+def test_group_auc_metric_streams(seed: int, weighting: str) -> None:
+    scores, labels, groups = random_case(seed, max_n=120)
+    s, y, g = t(scores), t(labels[:, 0]), t(groups, torch.long)
+    metric = GroupAUC(weighting=weighting)
+    for part in batches(len(s), seed):
+        metric.update(s[part], y[part], g[part])
+    assert_close(metric.compute(), ref_group_mean(ref_auc, scores, labels[:, 0], groups, weighting))
+
+
+def test_group_auc_metric_joins_groups_across_batches() -> None:
+    """Each batch holds one class only, so every per-batch GAUC is undefined, but the groups span both."""
+    metric = GroupAUC()
+    with pytest.warns(UndefinedMetricWarning):
+        batch_value = metric(torch.tensor([0.9, 0.2]), torch.tensor([1, 1]), torch.tensor([10, -4]))
+    assert torch.isnan(batch_value)
+    metric.update(torch.tensor([0.1, 0.2, 0.5]), torch.tensor([0, 0, 0]), torch.tensor([10, -4, -4]))
+    assert metric.compute().item() == pytest.approx((1.0 + 0.25) / 2, rel=1e-15)
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_multilabel_auc_metric_streams(seed: int, k: int) -> None:
+    scores, labels, _ = random_case(seed, max_n=120, k=k)
+    s, y = t(scores), t(labels, torch.uint8)
+    metric = MultiLabelAUC(num_labels=k)
+    for part in batches(len(s), seed):
+        metric.update(s[part], y[part])
+    result = metric.compute()
+    assert set(result) == {"per_label_auc", "diff_auc", "min_auc"}
+    per_label = result["per_label_auc"].reshape(-1)  # torchmetrics squeezes a one-element result to a scalar
+    expected = np.array([ref_auc(scores, labels[:, column]) for column in range(k)])
+    for column in range(k):
+        assert_close(per_label[column], expected[column])
+    assert_close(result["diff_auc"], expected.max() - expected.min() if not np.isnan(expected).any() else math.nan)
+    assert_close(result["min_auc"], expected.min() if not np.isnan(expected).any() else math.nan)
+
+
+def test_multilabel_auc_metric_nan_propagates_to_summaries() -> None:
+    metric = MultiLabelAUC(num_labels=2)
+    metric.update(torch.tensor([0.3, 0.1, 0.2]), torch.tensor([[1, 0], [0, 0], [1, 0]]))
+    with pytest.warns(UndefinedMetricWarning):
+        result = metric.compute()
+    assert result["per_label_auc"][0].item() == 1.0
+    assert torch.isnan(result["per_label_auc"][1])
+    assert torch.isnan(result["diff_auc"]) and torch.isnan(result["min_auc"])
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+def test_multipartite_auc_metric_streams(seed: int, cost: str) -> None:
+    scores, labels, groups = random_case(seed, max_n=120, k=3)
+    weights = [1.0, 0.5, 2.0]
+    s, y, g = t(scores), t(labels), t(groups, torch.long)
+    plain = MultipartiteAUC(cost=cost, label_weights=weights)
+    grouped = MultipartiteAUC(cost=cost, label_weights=torch.tensor(weights), grouped=True, weighting="size")
+    for part in batches(len(s), seed):
+        plain.update(s[part], y[part])
+        grouped.update(s[part], y[part], g[part])
+    levels = labels @ np.array(weights)
+
+    def metric(s_: np.ndarray, y_: np.ndarray) -> float:
+        return ref_multipartite(s_, y_, cost)
+
+    assert_close(plain.compute(), ref_multipartite(scores, levels, cost))
+    assert_close(grouped.compute(), ref_group_mean(metric, scores, levels, groups, "size"))
+
+
+def test_forward_returns_batch_value_and_accumulates() -> None:
+    scores, labels, _ = random_case(3, max_n=80)
+    s, y = t(scores), t(labels[:, 0])
+    half = len(s) // 2
+    metric = AUC()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        first = metric(s[:half], y[:half])
+        second = metric(s[half:], y[half:])
+        assert torch.allclose(first, binary_auc(s[:half], y[:half]), equal_nan=True)
+        assert torch.allclose(second, binary_auc(s[half:], y[half:]), equal_nan=True)
+        assert torch.allclose(metric.compute(), binary_auc(s, y), equal_nan=True)
+
+
+def test_merge_state_equals_one_shot() -> None:
+    scores, labels, groups = random_case(9, max_n=100)
+    s, y, g = t(scores), t(labels[:, 0]), t(groups, torch.long)
+    half = len(s) // 2
+    left, right, whole = GroupAUC(), GroupAUC(), GroupAUC()
+    left.update(s[:half], y[:half], g[:half])
+    right.update(s[half:], y[half:], g[half:])
+    whole.update(s, y, g)
+    left.merge_state(right)
+    assert torch.allclose(left.compute(), whole.compute(), equal_nan=True)
+
+
+def test_states_do_not_keep_the_graph() -> None:
+    scores = torch.tensor([0.1, 0.9, 0.4], requires_grad=True) * 2
+    metric = AUC()
+    metric.update(scores, torch.tensor([0, 1, 1]))
+    assert not metric.scores[0].requires_grad
+    assert metric.compute().item() == 1.0
+
+
+def test_reset_clears_state() -> None:
+    metric = AUC()
+    metric.update(torch.tensor([0.1, 0.9]), torch.tensor([1, 0]))
+    assert metric.compute().item() == 0.0
+    metric.reset()
+    metric.update(torch.tensor([0.1, 0.9]), torch.tensor([0, 1]))
+    assert metric.compute().item() == 1.0
+
+
+def test_metric_conventions() -> None:
+    for metric in (AUC(), GroupAUC(), MultiLabelAUC(num_labels=2), MultipartiteAUC()):
+        assert metric.is_differentiable is False
+        assert metric.higher_is_better is True
+        assert metric.full_state_update is False
+        assert all(fx is not None and fx.__name__ == "dim_zero_cat" for fx in metric._reductions.values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA: same values as on CPU, and nothing non-deterministic (runs only where a GPU is present)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", range(4))
+def test_cuda_matches_cpu_in_deterministic_mode(seed: int) -> None:
+    scores, labels, groups = random_case(seed, max_n=500, k=3)
+    levels = random_levels(seed, len(scores))
+    cpu = (t(scores, torch.float32), t(labels, torch.long), t(groups, torch.long), t(levels))
+    calls: list[Callable[..., torch.Tensor]] = [
+        lambda s, y, g, l: binary_auc(s, y[:, 0]),
+        lambda s, y, g, l: group_auc(s, y[:, 0], g, "size"),
+        lambda s, y, g, l: multilabel_auc(s, y),
+        lambda s, y, g, l: multipartite_auc(s, l, g),
+        lambda s, y, g, l: multipartite_auc(s, y, cost="uniform", label_weights=[1.0, 2.0, 0.5]),
+    ]
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for call in calls:
+            on_gpu = call(*(x.cuda() for x in cpu))
+            assert on_gpu.is_cuda
+            assert torch.allclose(on_gpu.cpu(), call(*cpu), equal_nan=True, rtol=1e-12, atol=1e-12)
+            assert torch.equal(call(*(x.cuda() for x in cpu)).isnan(), on_gpu.isnan())
+    finally:
+        torch.use_deterministic_algorithms(previous)
