@@ -47,8 +47,6 @@ class _PairwiseLoss(nn.Module):
                 "backend='exact' needs a surrogate with a closed form ('exponential', 'squared', "
                 "'hinge'); the logistic all-pairs sum has none: use backend='auto' or 'torch'"
             )
-        if self.backend == "triton":
-            raise NotImplementedError("backend='triton' is not available yet; use 'auto', 'torch' or 'exact'")
         if not isinstance(cross_device, bool):
             raise TypeError(f"cross_device must be a bool; got {cross_device!r}")
         self.cross_device = cross_device
@@ -98,8 +96,10 @@ class AUCLoss(_PairwiseLoss):
             max-violation pair phi(min positive score - max negative score) (DAOM; PDAOM with groups).
         temperature: with ``pairs="hardest"``, replaces min/max by log-mean-exp at this temperature.
         reduction: over groups with a valid pair, ``"mean"`` (default) or ``"sum"``.
-        backend: ``"auto"`` (closed form when one exists, else blocked all-pairs), ``"exact"``
-            (closed forms only), ``"torch"`` (blocked all-pairs).
+        backend: ``"auto"`` (closed form when one exists, else the Triton kernel on CUDA and the
+            blocked all-pairs path on the CPU), ``"exact"`` (closed forms only), ``"torch"``
+            (blocked all-pairs, any device), ``"triton"`` (fused kernel; CUDA, or the CPU under
+            ``TRITON_INTERPRET=1``).
         cross_device: take pairs across the processes of a distributed job.
 
     ``forward(scores, labels, groups=None)``: scores (N,) or (N, 1); labels (N,) binary; groups (N,)
@@ -216,6 +216,7 @@ class LoALoss(_PairwiseLoss):
         scores = check.scores_vector(scores)
         labels = check.check_binary(check.label_matrix(labels, scores.shape[0]))
         groups = check.group_vector(groups, scores.shape[0])
+        self._update_running_priors(labels)
         mixing = self.mixing_weights(labels)
         terms = [
             self._pair_term(scores, labels[:, k], groups, "uniform") if mixing[k] > 0 else None
@@ -234,32 +235,35 @@ class LoALoss(_PairwiseLoss):
         return loss
 
     def mixing_weights(self, labels: Tensor) -> Tensor:
-        """The a_k used for this batch (K,), float64 on the CPU; updates the running priors."""
+        """The a_k for a batch of (N, K) labels, float64 on the CPU (no state is changed)."""
         num_labels = labels.shape[1]
         if not self.balanced:
             weights = torch.ones(num_labels, dtype=torch.float64) if self.weights is None else self.weights
             check.check_weights_length("weights", weights, num_labels)
             return weights
-        priors = self.priors if self.priors is not None else self._running_priors(labels)
+        if self.priors is not None:
+            priors = self.priors
+        elif self.seen_items > 0:
+            priors = (self.seen_positives / self.seen_items).cpu()
+        else:  # nothing seen yet (evaluation before training): the batch's own label means
+            priors = labels.detach().to(torch.float64).mean(0).cpu()
         check.check_weights_length("priors", priors, num_labels)
         return priors * (1 - priors)
 
-    def _running_priors(self, labels: Tensor) -> Tensor:
-        batch_positives = labels.sum(0).cpu()
-        if self.seen_positives.numel() not in (0, labels.shape[1]):
+    def _update_running_priors(self, labels: Tensor) -> None:
+        """Add a training batch to the running label means of weights='balanced'."""
+        if not (self.balanced and self.priors is None and self.training):
+            return
+        positives = labels.detach().to(torch.float64).sum(0).to(self.seen_items.device)
+        if self.seen_positives.numel() == 0:
+            self.seen_positives = torch.zeros_like(positives)
+        elif self.seen_positives.numel() != positives.numel():
             raise ValueError(
-                f"labels have {labels.shape[1]} columns but the running priors were estimated for "
-                f"{self.seen_positives.numel()}"
+                f"labels have {positives.numel()} columns but the running priors were estimated "
+                f"for {self.seen_positives.numel()}"
             )
-        if self.training or self.seen_positives.numel() == 0:
-            seen = self.seen_positives if self.seen_positives.numel() else torch.zeros_like(batch_positives)
-            positives, items = seen.cpu() + batch_positives, self.seen_items.cpu() + labels.shape[0]
-            if self.training:
-                self.seen_positives = positives.to(self.seen_items.device)
-                self.seen_items = items.to(self.seen_items.device)
-        else:
-            positives, items = self.seen_positives.cpu(), self.seen_items.cpu()
-        return positives / items.clamp(min=1)
+        self.seen_positives += positives
+        self.seen_items += labels.shape[0]
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The running priors have K entries, unknown until the first batch: take the saved size.

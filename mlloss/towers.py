@@ -41,6 +41,7 @@ from torch import Tensor, nn
 __all__ = [
     "mlp",
     "FieldEmbedding",
+    "DotInteraction",
     "SharedBottom",
     "MMoE",
     "CGC",
@@ -104,6 +105,31 @@ class FieldEmbedding(nn.Module):
             raise ValueError(f"ids must have shape (B, {len(self.tables)}), got {tuple(ids.shape)}")
         vectors = [table(ids[:, f]) for f, table in enumerate(self.tables)]
         return torch.cat(vectors, dim=1) if self.combine == "concat" else torch.stack(vectors).sum(0)
+
+
+class DotInteraction(nn.Module):
+    """Appends the pairwise dot products of the field embeddings (as in FM and DLRM).
+
+    Reads (B, num_fields * dim) concatenated field embeddings and returns
+    (B, num_fields * dim + num_fields * (num_fields - 1) / 2): the input followed by
+    <e_i, e_j> for i < j. An MLP alone learns such multiplicative user-item matches poorly.
+    """
+
+    def __init__(self, num_fields: int, dim: int) -> None:
+        super().__init__()
+        _check_positive(num_fields=num_fields, dim=dim)
+        self.num_fields, self.dim = num_fields, dim
+        rows, cols = torch.triu_indices(num_fields, num_fields, offset=1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.output_dim = num_fields * dim + rows.numel()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 2 or x.shape[1] != self.num_fields * self.dim:
+            raise ValueError(f"x must have shape (B, {self.num_fields * self.dim}), got {tuple(x.shape)}")
+        e = x.view(-1, self.num_fields, self.dim)
+        dots = torch.bmm(e, e.transpose(1, 2))[:, self.rows, self.cols]
+        return torch.cat([x, dots], dim=1)
 
 
 class SharedBottom(nn.Module):

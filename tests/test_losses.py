@@ -86,7 +86,7 @@ def test_loa_loss_matches_reference(seed, surrogate, backend, reduction):
     )
 
 
-@pytest.mark.parametrize("seed,surrogate,temperature", itertools.product(range(4), SURROGATES, (None, 0.7)))
+@pytest.mark.parametrize("seed,surrogate,temperature", list(itertools.product(range(4), SURROGATES, (None, 0.7))))
 def test_hardest_pairs_match_reference(seed, surrogate, temperature):
     scores, labels, groups = random_batch(seed + 200, num_labels=3, grouped=True, ties=temperature is None and seed % 2 == 0)
     options = dict(surrogate=surrogate, pairs="hardest", temperature=temperature, reduction="sum")

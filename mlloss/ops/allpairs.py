@@ -50,6 +50,7 @@ class _AllPairs(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the stored gradient is not a graph: no double backward
     def backward(ctx, grad_output):
         (grad,) = ctx.saved_tensors
         return grad * grad_output, None, None, None, None, None

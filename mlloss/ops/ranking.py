@@ -6,7 +6,10 @@ group reduction, then hands the pair sums to the chosen path:
 
 * ``"exact"``: the closed forms in ``closed_form`` (exponential, squared, hinge), O(N log N);
 * ``"torch"``: the blocked all-pairs path in ``allpairs`` (any surrogate, O(valid pairs) work);
-* ``"auto"``: ``"exact"`` when the surrogate has a closed form, else ``"torch"``.
+* ``"triton"``: the fused tiled kernels of ``mlloss.kernels`` (CUDA tensors, or CPU tensors under
+  ``TRITON_INTERPRET=1``), O(valid pairs) work and O(N) memory;
+* ``"auto"``: ``"exact"`` when the surrogate has a closed form, else ``"triton"`` for CUDA tensors
+  and ``"torch"`` on the CPU.
 
 The O(N) and O(N log N) paths run in float64 whatever the input dtype; the all-pairs path runs in
 float32 for float32/bf16/fp16 input (fp32 accumulation) and float64 for float64 input. The loss
@@ -36,13 +39,23 @@ class PairTerm:
     groups_with_pairs: Tensor  # groups that contributed to the reduction
 
 
-def resolve_backend(backend: str, surrogate: str, pairs: str) -> str:
+def resolve_backend(backend: str, surrogate: str, pairs: str, device: torch.device) -> str:
     """The path that ``backend`` selects for this surrogate (``pairs="hardest"`` is always O(N))."""
     if pairs == "hardest":
         return "hardest"
     if backend == "auto":
-        return "exact" if surrogate in CLOSED_FORMS else "torch"
+        if surrogate in CLOSED_FORMS:
+            return "exact"
+        return "triton" if device.type == "cuda" and _triton_available() else "torch"
     return backend
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def ordinal_ranking_loss(
@@ -65,7 +78,7 @@ def ordinal_ranking_loss(
         return PairTerm(scores.sum().to(output_dtype) * 0, nothing, nothing.to(torch.int64))
     layout = ordinal_layout(levels, groups)
     cost_matrix = pair_cost_matrix(layout.level_values, cost).to(scores.device)
-    path = resolve_backend(backend, surrogate, pairs)
+    path = resolve_backend(backend, surrogate, pairs, scores.device)
 
     if path == "hardest":
         loss, groups_with_pairs = hardest.hardest_pair_loss(
@@ -95,8 +108,34 @@ def ordinal_ranking_loss(
         ordered = scores.to(output_dtype)[layout.order]
         loss = allpairs.all_pairs_loss(ordered, layout, cost_matrix, coefficients, surrogate, margin)
     else:
-        raise NotImplementedError(f"backend={path!r} is not available yet; use 'auto', 'torch' or 'exact'")
+        loss = _triton_all_pairs(scores[layout.order], layout, cost, coefficients, surrogate, margin)
     return PairTerm(_finish(loss, output_dtype, surrogate), valid_pairs, groups_with_pairs)
+
+
+def _triton_all_pairs(
+    scores_sorted: Tensor,
+    layout,
+    cost: str,
+    group_coefficients: Tensor,
+    surrogate: str,
+    margin: float,
+) -> Tensor:
+    """The fused Triton kernel over the layout: per-item group spans and coefficients."""
+    from ..kernels.pairwise import ordinal_pairs_loss  # imports triton only when asked for
+
+    sizes = layout.group_sizes
+    ends = torch.cumsum(sizes, 0)
+    return ordinal_pairs_loss(
+        scores_sorted,
+        layout.level,
+        layout.level_values,
+        (ends - sizes)[layout.group],
+        ends[layout.group],
+        group_coefficients[layout.group],
+        cost=cost,
+        surrogate=surrogate,
+        margin=margin,
+    )
 
 
 def _finish(loss: Tensor, dtype: torch.dtype, surrogate: str) -> Tensor:

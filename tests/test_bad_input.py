@@ -1,0 +1,85 @@
+"""Every bad argument or input fails early, with the argument's name and the offending value."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mlloss
+
+SCORES = torch.tensor([0.1, 0.4, -0.3, 0.8])
+LABELS = torch.tensor([1.0, 0.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "build,error,message",
+    [
+        (lambda: mlloss.AUCLoss(surrogate="logit"), ValueError, "surrogate must be one of .*got 'logit'"),
+        (lambda: mlloss.LaALoss(surrogate=None), ValueError, "surrogate must be one of .*got None"),
+        (lambda: mlloss.AUCLoss(pairs="hard"), ValueError, "pairs must be one of .*got 'hard'"),
+        (lambda: mlloss.AUCLoss(reduction="none"), ValueError, "reduction must be one of .*got 'none'"),
+        (lambda: mlloss.AUCLoss(backend="cuda"), ValueError, "backend must be one of .*got 'cuda'"),
+        (lambda: mlloss.AUCLoss(margin=float("nan")), ValueError, "margin must be a finite number; got nan"),
+        (lambda: mlloss.AUCLoss(temperature=0.5), ValueError, "temperature=0.5 .* needs pairs='hardest'"),
+        (lambda: mlloss.AUCLoss(pairs="hardest", temperature=-1.0), ValueError, "temperature must be a positive"),
+        (lambda: mlloss.AUCLoss(backend="exact"), ValueError, "backend='exact' needs a surrogate with a closed form"),
+        (lambda: mlloss.AUCLoss(cross_device="yes"), TypeError, "cross_device must be a bool; got 'yes'"),
+        (lambda: mlloss.LoALoss([1.0, -0.5]), ValueError, r"weights must all be >= 0; got \[1.0, -0.5\]"),
+        (lambda: mlloss.LoALoss([0.0, 0.0]), ValueError, "weights must not all be zero"),
+        (lambda: mlloss.LoALoss("balance"), ValueError, "got 'balance'"),
+        (lambda: mlloss.LoALoss([1.0], priors=[0.5]), ValueError, "priors are only used with weights='balanced'"),
+        (lambda: mlloss.LoALoss("balanced", priors=[0.5, 1.0]), ValueError, r"priors must lie in \(0, 1\)"),
+        (lambda: mlloss.LaALoss([1.0, 0.0]), ValueError, r"weights must all be > 0; got \[1.0, 0.0\]"),
+        (lambda: mlloss.LaALoss([1.0, float("inf")]), ValueError, "weights must be finite"),
+        (lambda: mlloss.LaALoss(["a"]), TypeError, "weights must be a sequence of numbers"),
+        (lambda: mlloss.LaALoss(cost="quadratic"), ValueError, "cost must be one of .*got 'quadratic'"),
+        (lambda: mlloss.build_loss("bce+pdaom", lam=-1.0), ValueError, "lam must be a number >= 0; got -1.0"),
+        (lambda: mlloss.build_loss(3), TypeError, "name must be a string"),
+    ],
+)
+def test_bad_constructor_arguments_fail_in_init(build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+
+
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (lambda loss: loss([0.1, 0.2], LABELS[:2]), TypeError, "scores must be a torch.Tensor; got list"),
+        (lambda loss: loss(torch.tensor([1, 2]), LABELS[:2]), TypeError, "scores must be a floating-point tensor; got dtype torch.int64"),
+        (lambda loss: loss(SCORES[None, :], LABELS), ValueError, r"scores must have shape \(N,\) or \(N, 1\); got \(1, 4\)"),
+        (lambda loss: loss(torch.tensor([0.1, float("nan"), 0.2, 0.3]), LABELS), ValueError, r"scores must be finite; scores\[1\] = nan"),
+        (lambda loss: loss(torch.tensor([0.1, 0.2, float("inf"), 0.3]), LABELS), ValueError, r"scores\[2\] = inf"),
+        (lambda loss: loss(SCORES, LABELS[:3]), ValueError, "labels have 3 rows but scores have 4 items"),
+        (lambda loss: loss(SCORES, torch.tensor([1.0, 0.0, 2.0, 0.0])), ValueError, r"labels must be binary \(0/1\); labels\[2, 0\] = 2.0"),
+        (lambda loss: loss(SCORES, torch.tensor([1.0, 0.0, 0.5, 0.0])), ValueError, r"labels\[2, 0\] = 0.5"),
+        (lambda loss: loss(SCORES, torch.tensor([1.0, float("nan"), 0.0, 0.0])), ValueError, r"labels must be finite; labels\[1, 0\] = nan"),
+        (lambda loss: loss(SCORES, LABELS, torch.tensor([0.0, 1.0, 0.0, 1.0])), TypeError, "groups must hold integer ids; got dtype torch.float32"),
+        (lambda loss: loss(SCORES, LABELS, torch.tensor([True, False, True, True])), TypeError, "groups must hold integer ids; got dtype torch.bool"),
+        (lambda loss: loss(SCORES, LABELS, torch.tensor([0, 1, 0])), ValueError, "groups have 3 entries but scores have 4 items"),
+        (lambda loss: loss(SCORES, LABELS, [0, 1, 0, 1]), TypeError, "groups must be a torch.Tensor of integer ids or None; got list"),
+        (lambda loss: loss(SCORES, torch.stack([LABELS, LABELS], 1)), ValueError, "AUCLoss takes one binary label column; got labels with 2 columns"),
+    ],
+)
+def test_bad_batches_fail_with_the_argument_and_value(call, error, message):
+    with pytest.raises(error, match=message):
+        call(mlloss.AUCLoss())
+
+
+def test_weights_of_the_wrong_length_name_both_sizes():
+    labels = torch.stack([LABELS, 1 - LABELS, LABELS], 1)
+    with pytest.raises(ValueError, match=r"weights has 2 entries but labels have 3 columns"):
+        mlloss.LoALoss([1.0, 2.0])(SCORES, labels)
+    with pytest.raises(ValueError, match=r"weights has 2 entries but labels have 3 columns"):
+        mlloss.LaALoss([1.0, 2.0])(SCORES, labels)
+    with pytest.raises(ValueError, match=r"priors has 2 entries but labels have 3 columns"):
+        mlloss.LoALoss("balanced", priors=[0.2, 0.5])(SCORES, labels)
+
+
+def test_several_label_columns_must_be_binary_for_laa_but_one_column_may_be_ordinal():
+    ratings = torch.tensor([4.0, 0.0, 2.0, 3.0])
+    assert mlloss.LaALoss()(SCORES, ratings) > 0
+    with pytest.raises(ValueError, match=r"labels with several columns must be binary \(0/1\); labels\[0, 0\] = 4.0"):
+        mlloss.LaALoss()(SCORES, torch.stack([ratings, LABELS], 1))
+    with pytest.raises(ValueError, match=r"labels must be binary \(0/1\); labels\[0, 0\] = 4.0"):
+        mlloss.LoALoss()(SCORES, ratings)
