@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _validation as check
+from .distributed import gather_batch
 from .ops.ranking import PairTerm, ordinal_ranking_loss
 
 # Aggregated labels are compared after rounding to this relative resolution, so that weighted sums
@@ -53,7 +54,6 @@ class _PairwiseLoss(nn.Module):
         self.parts: dict[str, Tensor] = {}
 
     def _pair_term(self, scores: Tensor, levels: Tensor, groups: Tensor | None, cost: str) -> PairTerm:
-        self._check_world()
         return ordinal_ranking_loss(
             scores,
             levels,
@@ -67,10 +67,15 @@ class _PairwiseLoss(nn.Module):
             backend=self.backend,
         )
 
-    def _check_world(self) -> None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if self.cross_device and distributed and torch.distributed.get_world_size() > 1:
-            raise NotImplementedError("cross_device=True across several processes is not implemented yet")
+    def _checked_batch(self, scores: object, labels: object, groups: object) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Validated (scores (N,), labels (N, K) float64, groups (N,) or None), gathered across
+        processes when ``cross_device=True`` (see ``mlloss.distributed``)."""
+        scores = check.scores_vector(scores)
+        labels = check.label_matrix(labels, scores.shape[0])
+        groups = check.group_vector(groups, scores.shape[0])
+        if self.cross_device:
+            scores, labels, groups = gather_batch(scores, labels, groups)
+        return scores, labels, groups
 
     def extra_repr(self) -> str:
         options = [f"surrogate={self.surrogate!r}", f"pairs={self.pairs!r}", f"reduction={self.reduction!r}"]
@@ -100,7 +105,9 @@ class AUCLoss(_PairwiseLoss):
             blocked all-pairs path on the CPU), ``"exact"`` (closed forms only), ``"torch"``
             (blocked all-pairs, any device), ``"triton"`` (fused kernel; CUDA, or the CPU under
             ``TRITON_INTERPRET=1``).
-        cross_device: take pairs across the processes of a distributed job.
+        cross_device: take pairs across the processes of a distributed job: the loss (and, after
+            DDP's gradient averaging, the parameter gradients) equal the single-process ones on
+            the concatenation of the ranks' batches. Every rank must call the loss.
 
     ``forward(scores, labels, groups=None)``: scores (N,) or (N, 1); labels (N,) binary; groups (N,)
     integer ids (e.g. user ids, any order). A batch without a valid pair gives exactly 0.
@@ -123,10 +130,9 @@ class AUCLoss(_PairwiseLoss):
         )
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
-        scores = check.scores_vector(scores)
-        labels = check.label_matrix(labels, scores.shape[0])
+        scores, labels, groups = self._checked_batch(scores, labels, groups)
         label = check.check_single_column(check.check_binary(labels), type(self).__name__)
-        term = self._pair_term(scores, label, check.group_vector(groups, scores.shape[0]), "uniform")
+        term = self._pair_term(scores, label, groups, "uniform")
         self.parts = {"valid_pairs": term.valid_pairs, "groups_with_pairs": term.groups_with_pairs}
         return term.loss
 
@@ -213,9 +219,8 @@ class LoALoss(_PairwiseLoss):
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
-        scores = check.scores_vector(scores)
-        labels = check.check_binary(check.label_matrix(labels, scores.shape[0]))
-        groups = check.group_vector(groups, scores.shape[0])
+        scores, labels, groups = self._checked_batch(scores, labels, groups)
+        check.check_binary(labels)
         self._update_running_priors(labels)
         mixing = self.mixing_weights(labels)
         terms = [
@@ -312,10 +317,8 @@ class LaALoss(_PairwiseLoss):
         self.cost = check.check_choice("cost", cost, check.COSTS)
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
-        scores = check.scores_vector(scores)
-        labels = check.label_matrix(labels, scores.shape[0])
-        levels = self.aggregate(labels)
-        term = self._pair_term(scores, levels, check.group_vector(groups, scores.shape[0]), self.cost)
+        scores, labels, groups = self._checked_batch(scores, labels, groups)
+        term = self._pair_term(scores, self.aggregate(labels), groups, self.cost)
         self.parts = {"valid_pairs": term.valid_pairs, "groups_with_pairs": term.groups_with_pairs}
         return term.loss
 

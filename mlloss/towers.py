@@ -5,7 +5,8 @@ fed to a multi-task ``backbone`` that returns one logit per task::
 
     model = MultiTaskModel(
         embedding=FieldEmbedding(cardinalities=[4000, 2000, 40], dim=16),
-        backbone=MMoE(input_dim=3 * 16 + 4, num_tasks=2, num_experts=4,
+        interaction=DotInteraction(num_fields=3, dim=16),  # optional FM/DLRM-style dots
+        backbone=MMoE(input_dim=3 * 16 + 3 + 4, num_tasks=2, num_experts=4,
                       expert_hidden=(64, 32), tower_hidden=(16,)),
         esmm=True,
     )
@@ -301,25 +302,33 @@ def esmm_logits(ctr_logit: Tensor, cvr_logit: Tensor) -> Tensor:
 
 
 class MultiTaskModel(nn.Module):
-    """``backbone(cat(embedding(sparse), dense))``: per-task logits (B, T).
+    """``backbone(cat(interaction(embedding(sparse)), dense))``: per-task logits (B, T).
 
     Args:
         embedding: module mapping the sparse input to (B, embedding.output_dim).
-        backbone: multi-task module mapping (B, embedding.output_dim + D) to (B, T).
+        backbone: multi-task module mapping (B, input_dim) to (B, T), where input_dim is
+            the embedding's (or the interaction's) output_dim plus the number of dense features.
+        interaction: optional module applied to the embedding output, such as
+            :class:`DotInteraction`.
         esmm: read logits[:, 1] as pCVR and return logits[:, 1] as pCTCVR = pCTR * pCVR
             (ESMM); logits[:, 0] must be pCTR. Other columns are returned unchanged.
     """
 
-    def __init__(self, embedding: nn.Module, backbone: nn.Module, esmm: bool = False) -> None:
+    def __init__(
+        self, embedding: nn.Module, backbone: nn.Module, interaction: nn.Module | None = None, esmm: bool = False
+    ) -> None:
         super().__init__()
         if not hasattr(embedding, "output_dim"):
             raise TypeError(f"embedding must have an output_dim attribute, got {type(embedding).__name__}")
         self.embedding = embedding
+        self.interaction = interaction
         self.backbone = backbone
         self.esmm = esmm
 
     def forward(self, sparse: Tensor, dense: Tensor | None = None) -> Tensor:
         x = self.embedding(sparse)
+        if self.interaction is not None:
+            x = self.interaction(x)
         if dense is not None:
             x = torch.cat([x, dense], dim=1)
         logits = self.backbone(x)

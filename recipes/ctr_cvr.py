@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -47,7 +48,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 import mlloss
 from mlloss.data import ImpressionData, SyntheticConfig, generate_impressions, split_by_time
-from mlloss.towers import CGC, MMoE, PLE, FieldEmbedding, MultiTaskModel, SharedBottom
+from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc
+from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
 
 TASKS = ("click", "purchase")
 PER_TASK_LOSSES = ("bce", "bce+auc", "bce+pdaom", "auc", "pdaom")
@@ -161,51 +163,16 @@ class ImpressionDataModule(pl.LightningDataModule):
 # --------------------------------------------------------------------------- metrics
 
 
-def binary_auc(scores: Tensor, labels: Tensor) -> float:
-    """ROC AUC with ties counted 1/2 (Mann-Whitney); NaN if a class is missing."""
-    return float(_grouped_auc(scores, labels, torch.zeros_like(labels, dtype=torch.long))[0][0])
-
-
-def group_auc(scores: Tensor, labels: Tensor, groups: Tensor) -> float:
-    """Impression-weighted mean of per-group AUCs over groups with both classes; NaN if none."""
-    aucs, sizes = _grouped_auc(scores, labels, groups)
-    valid = ~aucs.isnan()
-    if not valid.any():
-        return float("nan")
-    return float((aucs[valid] * sizes[valid]).sum() / sizes[valid].sum())
-
-
-def _grouped_auc(scores: Tensor, labels: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-group AUC (NaN where a class is missing) and group sizes, for groups 0..G-1."""
-    scores, labels = scores.double().flatten(), labels.double().flatten()
-    _, groups = torch.unique(groups.flatten(), return_inverse=True)
-    num_groups = int(groups.max()) + 1 if len(groups) else 0
-    order = torch.argsort(scores, stable=True)
-    order = order[torch.argsort(groups[order], stable=True)]  # by group, then score
-    g, s, y = groups[order], scores[order], labels[order]
-    sizes = torch.bincount(g, minlength=num_groups).double()
-    starts = torch.cumsum(sizes, 0) - sizes
-    position = torch.arange(len(g), dtype=torch.float64) - starts[g] + 1  # 1-based rank in group
-    # Ties (same group and score) get their average rank.
-    new_run = torch.ones(len(g), dtype=torch.bool)
-    new_run[1:] = (g[1:] != g[:-1]) | (s[1:] != s[:-1])
-    run = torch.cumsum(new_run.long(), 0) - 1
-    run_rank = torch.zeros(int(run[-1]) + 1 if len(run) else 0, dtype=torch.float64).index_add_(0, run, position)
-    rank = (run_rank / torch.bincount(run).double())[run]
-    n_pos = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, g, y)
-    n_neg = sizes - n_pos
-    rank_sum = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, g, y * rank)
-    aucs = (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-    return torch.where((n_pos > 0) & (n_neg > 0), aucs, torch.nan), sizes
-
-
 def ranking_metrics(scores: Tensor, labels: Tensor, users: Tensor) -> dict[str, float]:
-    """AUC and GAUC of ``scores`` (N,) or (N, 2) (one column per task) for click and purchase."""
+    """AUC and GAUC (impression-weighted) of ``scores`` (N,) or (N, 2) (one column per task)
+    for click and purchase; NaN where a metric is undefined (no positive, say)."""
     columns = scores.unsqueeze(1).expand(-1, len(TASKS)) if scores.dim() == 1 else scores
     out = {}
-    for t, task in enumerate(TASKS):
-        out[f"{task}_auc"] = binary_auc(columns[:, t], labels[:, t])
-        out[f"{task}_gauc"] = group_auc(columns[:, t], labels[:, t], users)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for t, task in enumerate(TASKS):
+            out[f"{task}_auc"] = float(binary_auc(columns[:, t], labels[:, t]))
+            out[f"{task}_gauc"] = float(group_auc(columns[:, t], labels[:, t], users, weighting="size"))
     return out
 
 
@@ -232,9 +199,11 @@ class ScoreCollector(torchmetrics.Metric):
 
 
 def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) -> MultiTaskModel:
-    """The tower selected by ``args.model`` over concatenated field embeddings + dense features."""
+    """The tower selected by ``args.model`` over the concatenated field embeddings (with
+    their pairwise dot products unless ``--interaction none``) and the dense features."""
     embedding = FieldEmbedding(data.cardinalities, args.embedding_dim)
-    input_dim = embedding.output_dim + data.dense.shape[1]
+    interaction = DotInteraction(len(data.cardinalities), args.embedding_dim) if args.interaction == "dot" else None
+    input_dim = (interaction or embedding).output_dim + data.dense.shape[1]
     expert_hidden, tower_hidden = tuple(args.expert_hidden), tuple(args.tower_hidden)
     if args.model == "mmoe":
         backbone = MMoE(input_dim, num_heads, args.num_experts, expert_hidden, tower_hidden, args.dropout)
@@ -248,7 +217,7 @@ def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) 
         backbone = SharedBottom(input_dim, num_heads, expert_hidden, tower_hidden, args.dropout)
     else:
         raise ValueError(f"--model must be one of {MODELS}, got {args.model!r}")
-    return MultiTaskModel(embedding, backbone, esmm=args.esmm)
+    return MultiTaskModel(embedding, backbone, interaction, esmm=args.esmm)
 
 
 class MultiTaskObjective(nn.Module):
@@ -392,6 +361,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--purchase-rate", type=float, default=SyntheticConfig.purchase_rate)
     g = p.add_argument_group("architecture")
     g.add_argument("--embedding-dim", type=int, default=16)
+    g.add_argument("--interaction", choices=("dot", "none"), default="dot",
+                   help="append the pairwise dot products of the field embeddings (FM/DLRM style)")
     g.add_argument("--expert-hidden", type=int, nargs="+", default=[64, 32],
                    help="widths of expert MLPs (of the bottom MLP for shared-bottom)")
     g.add_argument("--tower-hidden", type=int, nargs="+", default=[16])

@@ -57,7 +57,8 @@ class SyntheticConfig:
     latent_dim: int = 8
     click_rate: float = 0.07
     purchase_rate: float = 0.0075
-    interaction_scale: float = 1.2  # weight of the user-item latent match in the logits
+    factor_noise: float = 0.5  # spread of user (item) factors around their segment (category) centroid
+    interaction_scale: float = 1.5  # weight of the user-item latent match in the logits
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -66,6 +67,8 @@ class SyntheticConfig:
                 raise ValueError(f"SyntheticConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.mean_impressions < 1:
             raise ValueError(f"SyntheticConfig.mean_impressions must be >= 1, got {self.mean_impressions}")
+        if self.factor_noise < 0:
+            raise ValueError(f"SyntheticConfig.factor_noise must be >= 0, got {self.factor_noise}")
         for name in ("activity_sigma", "zipf_exponent", "interaction_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SyntheticConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -134,7 +137,8 @@ def generate_impressions(config: SyntheticConfig | None = None) -> ImpressionDat
     # Users: segment, latent factors near the segment centroid, long-tailed activity.
     user_segment = torch.randint(cfg.num_segments, (cfg.num_users,), generator=gen)
     segment_factors = randn(cfg.num_segments, cfg.latent_dim)
-    user_factors = (segment_factors[user_segment] + 0.7 * randn(cfg.num_users, cfg.latent_dim)) / 1.22
+    scale = (1 + cfg.factor_noise**2) ** -0.5  # keeps unit variance per factor coordinate
+    user_factors = scale * (segment_factors[user_segment] + cfg.factor_noise * randn(cfg.num_users, cfg.latent_dim))
     rates = torch.exp(cfg.activity_sigma * randn(cfg.num_users) - cfg.activity_sigma**2 / 2)
     rates = rates * (cfg.mean_impressions - 1)
     counts = 1 + torch.poisson(rates, generator=gen).long()
@@ -142,7 +146,7 @@ def generate_impressions(config: SyntheticConfig | None = None) -> ImpressionDat
     # Items: category, latent factors near the category centroid, Zipf popularity, price.
     item_category = torch.randint(cfg.num_categories, (cfg.num_items,), generator=gen)
     category_factors = randn(cfg.num_categories, cfg.latent_dim)
-    item_factors = (category_factors[item_category] + 0.7 * randn(cfg.num_items, cfg.latent_dim)) / 1.22
+    item_factors = scale * (category_factors[item_category] + cfg.factor_noise * randn(cfg.num_items, cfg.latent_dim))
     popularity = torch.arange(1, cfg.num_items + 1, dtype=torch.float64).pow(-cfg.zipf_exponent)
     popularity = (popularity / popularity.sum())[torch.randperm(cfg.num_items, generator=gen)]
     item_quality = randn(cfg.num_items)

@@ -1,0 +1,175 @@
+"""Measurement helpers shared by the benchmarks: peak memory, timing, subprocess workers, tables.
+
+Memory method (one method, used for every case): each (implementation, N) case runs in a fresh
+Python process (``subprocess``, fork + exec, so nothing is inherited from the driver). In that
+process the inputs are created and the loss is run once on a tiny input (imports, first-call
+allocations and thread pools are then paid), the kernel's peak-RSS counter is reset by writing
+``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0), and the baseline is the current ``VmRSS``.
+After one full-size forward + backward, "peak extra" is ``VmHWM - baseline``: the resident-set
+high-water mark of the step, the same quantity as ``ru_maxrss`` after minus before, but without
+``ru_maxrss``'s inheritance of the parent's peak across ``exec``. If ``clear_refs`` cannot be
+written, the baseline is ``VmHWM`` itself (the ``ru_maxrss`` method: peak after minus peak
+before), and the JSON records which method was used.
+
+RSS counts what the process holds from the OS, so memory a loss frees but the C allocator (glibc
+malloc by default) keeps in its heap counts too. That is what a user's process pays; the JSON also
+records the RSS still held after the step (``rss_after_mb``) so that allocator retention can be
+told apart from live tensors. ``--malloc-mmap-threshold`` reruns the workers with glibc's dynamic
+mmap threshold pinned, which returns every large buffer to the OS on free.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+MB = 1024 * 1024
+
+
+def read_status_kb() -> dict[str, int]:
+    """VmRSS / VmHWM of this process in kB, from /proc/self/status."""
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0])
+    return values
+
+
+def reset_peak() -> tuple[float, str]:
+    """Reset the peak-RSS counter if the kernel allows; return (baseline MB, method name)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return read_status_kb()["VmRSS"] / 1024, "VmHWM after clear_refs reset - VmRSS baseline"
+    except OSError:
+        return read_status_kb()["VmHWM"] / 1024, "VmHWM after - VmHWM before (ru_maxrss method)"
+
+
+def peak_mb() -> float:
+    return read_status_kb()["VmHWM"] / 1024
+
+
+def rss_mb() -> float:
+    return read_status_kb()["VmRSS"] / 1024
+
+
+def measure_step(
+    step: Callable[[], Any],
+    warmup: Callable[[], Any],
+    *,
+    repeats: int,
+    long_run_s: float = 15.0,
+) -> dict[str, Any]:
+    """Warm up, reset the peak counter, run the full-size step once for memory, then time repeats.
+
+    Returns the first run's result, its peak extra memory, and all full-size run times (the first
+    included). When the first run takes longer than ``long_run_s`` one repeat fewer is run.
+    """
+    warmup()
+    baseline, method = reset_peak()
+    start = time.perf_counter()
+    result = step()
+    times = [time.perf_counter() - start]
+    peak_first = peak_mb() - baseline
+    gc.collect()
+    rss_after = rss_mb() - baseline
+    extra = repeats - 1 if times[0] > long_run_s else repeats
+    for _ in range(max(extra, 0)):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {
+        "result": result,
+        "times_s": times,
+        "time_s": min(times),
+        "peak_extra_mb": peak_first,
+        "peak_extra_all_runs_mb": peak_mb() - baseline,
+        "rss_after_mb": rss_after,
+        "baseline_rss_mb": baseline,
+        "memory_method": method,
+    }
+
+
+def run_worker(
+    script: str, spec: dict[str, Any], *, timeout_s: float, env_extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``python script --worker SPEC`` in a fresh process; return its JSON result or an error."""
+    spec_path = spec["out_prefix"] + ".spec.json"
+    result_path = spec["out_prefix"] + ".result.json"
+    with open(spec_path, "w") as handle:
+        json.dump(spec, handle)
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, script, "--worker", spec_path],
+            capture_output=True, text=True, timeout=timeout_s, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout_s:.0f} s"}
+    wall = time.perf_counter() - started
+    if proc.returncode != 0 or not os.path.exists(result_path):
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+        reason = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit {proc.returncode}"
+        return {"error": f"{reason}: {' | '.join(tail)}"}
+    with open(result_path) as handle:
+        result = json.load(handle)
+    result["worker_wall_s"] = wall
+    return result
+
+
+def device_description() -> dict[str, Any]:
+    import torch
+
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as meminfo:
+            total_kb = int(meminfo.readline().split()[1])
+    except OSError:
+        total_kb = 0
+    return {
+        "cpu_model": model,
+        "logical_cpus": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gb": round(total_kb / MB, 1),
+        "torch": torch.__version__,
+        "torch_threads": 2,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_start": list(os.getloadavg()),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def fmt_num(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return format(value, spec)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

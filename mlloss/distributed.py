@@ -1,0 +1,70 @@
+"""Pairs across processes: gather a data-parallel batch so that every rank sees the global batch.
+
+A pairwise loss on W data-parallel ranks sees only 1/W^2 of the global pairs unless the pairs are
+taken across ranks (loss spec, "Distributed batches"). ``gather_batch`` all-gathers scores, labels
+and groups (local sizes may differ; O(N) numbers are sent, never pairs). Every rank then computes
+the same global loss.
+
+Gradient scale: the scores go through ``torch.distributed.nn.functional.all_gather``, whose
+backward *sums* the incoming gradients over ranks. Each rank's loss is the same global L, so rank
+r receives sum over ranks of dL/ds_r = W * dL/ds_r for its local scores; DDP then averages the
+parameter gradients over the W ranks, which leaves exactly dL/dtheta of the single-process loss on
+the concatenated batch. (Gathering without autograd and re-inserting the local scores would give
+1/W of that: the known trap.) Every rank must call the loss, and backward, in the same order, as
+with any collective.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.nn.functional import all_gather as all_gather_with_grad
+
+
+def world_size() -> int:
+    """Number of processes in the default group (1 when torch.distributed is not initialised)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def gather_batch(scores: Tensor, labels: Tensor, groups: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Concatenate every rank's (scores (N,), labels (N, K), groups (N,) or None) in rank order."""
+    if world_size() == 1:
+        return scores, labels, groups
+    shapes = _gather_shapes(scores, labels, groups)
+    sizes = [int(size) for size, _, _ in shapes]
+    num_labels = {int(k) for _, k, _ in shapes}
+    grouped = {bool(g) for _, _, g in shapes}
+    if len(num_labels) > 1:
+        raise ValueError(f"cross_device=True: ranks disagree on the number of label columns: {sorted(num_labels)}")
+    if len(grouped) > 1:
+        raise ValueError("cross_device=True: some ranks pass groups and others pass groups=None")
+    largest = max(sizes)
+    padded_scores = _pad_rows(scores, largest)
+    gathered_scores = torch.cat([part[:n] for part, n in zip(all_gather_with_grad(padded_scores), sizes)])
+    gathered_labels = _gather_rows(labels, sizes, largest)
+    gathered_groups = _gather_rows(groups, sizes, largest) if groups is not None else None
+    return gathered_scores, gathered_labels, gathered_groups
+
+
+def _gather_shapes(scores: Tensor, labels: Tensor, groups: Tensor | None) -> list[Tensor]:
+    local = torch.tensor(
+        [scores.shape[0], labels.shape[1], groups is not None], dtype=torch.int64, device=scores.device
+    )
+    shapes = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(shapes, local)
+    return [shape.cpu() for shape in shapes]
+
+
+def _pad_rows(tensor: Tensor, rows: int) -> Tensor:
+    padding = tensor.new_zeros((rows - tensor.shape[0], *tensor.shape[1:]))
+    return torch.cat([tensor, padding])
+
+
+def _gather_rows(tensor: Tensor, sizes: list[int], largest: int) -> Tensor:
+    padded = _pad_rows(tensor.contiguous(), largest)
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes)])

@@ -1,0 +1,64 @@
+"""Worker for tests/test_distributed.py: one rank of a 2-process gloo job (importable by spawn)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import mlloss
+
+LOSSES = {
+    "auc": lambda **kw: mlloss.AUCLoss(**kw),
+    "auc-exponential": lambda **kw: mlloss.AUCLoss(surrogate="exponential", **kw),
+    "loa": lambda **kw: mlloss.LoALoss([1.0, 0.5], **kw),
+    "balanced-loa": lambda **kw: mlloss.LoALoss("balanced", **kw),
+    "laa": lambda **kw: mlloss.LaALoss(**kw),
+    "laa-hardest": lambda **kw: mlloss.LaALoss(pairs="hardest", **kw),
+    "pdaom": lambda **kw: mlloss.PDAOMLoss(**kw),
+}
+SPLITS = ((37, 23), (60, 0))  # uneven local batches, and a rank with no items at all
+
+
+def global_batch():
+    gen = torch.Generator().manual_seed(1)
+    features = torch.randn(60, 4, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 2, (60, 2), generator=gen).to(torch.float64)
+    groups = torch.randint(0, 7, (60,), generator=gen)  # users whose items sit on both ranks
+    return features, labels, groups
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+
+
+def labels_for(name: str, labels: torch.Tensor) -> torch.Tensor:
+    return labels[:, 0] if name in ("auc", "auc-exponential", "pdaom") else labels
+
+
+def loss_and_grads(model, name, features, labels, groups, **options):
+    loss = LOSSES[name](**options)(model(features)[:, 0], labels_for(name, labels), groups)
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def run(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    features, labels, groups = global_batch()
+    results = {}
+    for split in SPLITS:
+        begin = sum(split[:rank])
+        local = slice(begin, begin + split[rank])
+        for name in LOSSES:
+            model = make_model()
+            ddp = DistributedDataParallel(model)
+            results[split, name] = loss_and_grads(
+                ddp, name, features[local], labels[local], groups[local], cross_device=True
+            )
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()

@@ -1,0 +1,53 @@
+"""cross_device=True under DistributedDataParallel on 2 CPU processes (gloo): the loss and the
+parameter gradients equal the single-process ones on the concatenated batch (loss spec,
+"Distributed batches"), with uneven local batches, a rank without items, and users on both ranks."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import ddp_worker
+import mlloss
+
+pytestmark = pytest.mark.distributed
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("ddp")
+    mp.spawn(ddp_worker.run, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
+    return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(2)]
+
+
+@pytest.mark.parametrize("split", ddp_worker.SPLITS)
+@pytest.mark.parametrize("name", list(ddp_worker.LOSSES))
+def test_cross_device_loss_and_gradients_equal_single_process(rank_results, split, name):
+    features, labels, groups = ddp_worker.global_batch()
+    expected_loss, expected_grads = ddp_worker.loss_and_grads(
+        ddp_worker.make_model(), name, features, labels, groups
+    )
+    assert expected_loss > 0
+    for results in rank_results:
+        loss, grads = results[split, name]
+        torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-12)
+        for grad, expected in zip(grads, expected_grads):
+            torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-10)
+
+
+def test_cross_device_is_a_no_op_in_a_single_process():
+    features, labels, groups = ddp_worker.global_batch()
+    model = ddp_worker.make_model()
+    scores = model(features)[:, 0]
+    torch.testing.assert_close(
+        mlloss.LaALoss(cross_device=True)(scores, labels, groups), mlloss.LaALoss()(scores, labels, groups)
+    )

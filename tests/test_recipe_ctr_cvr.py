@@ -1,0 +1,217 @@
+"""Tests of the CTR/CVR recipe and its building blocks: the synthetic Ali-CCP-like
+generator, the multi-task towers, the user-block batch sampler and the recipe end to end on small
+configurations."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlloss.data import SyntheticConfig, generate_impressions, split_by_time
+from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom, esmm_logits
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "ctr_cvr.py"
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    spec = importlib.util.spec_from_file_location("ctr_cvr_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def data():
+    return generate_impressions(SyntheticConfig(num_users=1500, seed=3))
+
+
+# --------------------------------------------------------------------------- generator
+
+
+def test_purchase_implies_click_and_rates_in_range(data):
+    assert bool((data.purchase <= data.click).all())
+    assert 0.05 <= float(data.click.mean()) <= 0.10
+    assert 0.005 <= float(data.purchase.mean()) <= 0.01
+    assert torch.allclose(data.p_click.mean(), torch.tensor(0.07), atol=1e-4)
+    assert torch.allclose(data.p_purchase.mean(), torch.tensor(0.0075), atol=1e-5)
+    assert bool((data.p_purchase <= data.p_click).all())
+
+
+def test_generator_is_deterministic_given_seed():
+    config = SyntheticConfig(num_users=200, seed=7)
+    a, b = generate_impressions(config), generate_impressions(config)
+    c = generate_impressions(SyntheticConfig(num_users=200, seed=8))
+    for name in ("sparse", "dense", "click", "purchase", "user", "timestamp", "p_click", "p_purchase"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert not torch.equal(a.p_click, c.p_click)
+
+
+def test_generator_shapes_ids_and_order(data):
+    n = len(data)
+    assert data.sparse.shape == (n, len(data.field_names)) and data.sparse.dtype == torch.long
+    assert data.dense.shape == (n, len(data.dense_names)) and data.dense.dtype == torch.float32
+    assert bool((data.sparse >= 0).all())
+    assert bool((data.sparse < torch.tensor(data.cardinalities)).all())
+    assert torch.equal(data.sparse[:, data.field_names.index("user")], data.user)
+    key = data.user.double() + data.timestamp.double()
+    assert bool((key[1:] >= key[:-1]).all()), "rows must be sorted by user, then time"
+    counts = torch.bincount(data.user).float()
+    assert counts.max() > 5 * counts.median(), "impressions per user should be long-tailed"
+    items = torch.bincount(data.sparse[:, 1]).sort(descending=True).values
+    assert items[:20].sum() > 0.3 * n, "item popularity should be long-tailed"
+
+
+def test_split_by_time_partitions_the_log(data):
+    train, val, test = split_by_time(data, val_fraction=0.1, test_fraction=0.2)
+    assert len(train) + len(val) + len(test) == len(data)
+    assert train.timestamp.max() < val.timestamp.min() <= val.timestamp.max() < test.timestamp.min()
+    assert 0.15 < len(test) / len(data) < 0.25
+    with pytest.raises(ValueError, match="val_fraction"):
+        split_by_time(data, val_fraction=0.6, test_fraction=0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"num_users": 0}, "num_users"), ({"purchase_rate": 0.2}, "purchase_rate"), ({"click_rate": 1.5}, "click_rate")],
+)
+def test_config_rejects_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SyntheticConfig(**kwargs)
+
+
+# --------------------------------------------------------------------------- towers
+
+
+@pytest.mark.parametrize(
+    "backbone",
+    [
+        lambda d, t: SharedBottom(d, t, bottom_hidden=(16, 8), tower_hidden=(4,)),
+        lambda d, t: MMoE(d, t, num_experts=3, expert_hidden=(16, 8), tower_hidden=(4,)),
+        lambda d, t: CGC(d, t, num_task_experts=1, num_shared_experts=2, expert_hidden=(8,)),
+        lambda d, t: PLE(d, t, num_levels=3, num_task_experts=2, num_shared_experts=1, expert_hidden=(8,)),
+    ],
+    ids=["shared-bottom", "mmoe", "cgc", "ple"],
+)
+@pytest.mark.parametrize("num_tasks", [1, 3])
+def test_towers_return_one_logit_per_task(backbone, num_tasks):
+    embedding = FieldEmbedding([10, 20, 5], dim=4)
+    model = MultiTaskModel(embedding, backbone(embedding.output_dim + 2, num_tasks))
+    ids = torch.stack([torch.randint(c, (6,)) for c in (10, 20, 5)], dim=1)
+    logits = model(ids, torch.randn(6, 2))
+    assert logits.shape == (6, num_tasks)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_ple_gates_follow_the_paper():
+    ple = PLE(8, num_tasks=2, num_levels=2, num_task_experts=3, num_shared_experts=2, expert_hidden=(4,))
+    first, last = ple.levels
+    assert first.task_gates[0].gate.out_features == 3 + 2  # own + shared experts
+    assert first.shared_gate.gate.out_features == 2 * 3 + 2  # all experts
+    assert last.shared_gate is None
+    assert len(CGC(8, num_tasks=2).levels) == 1
+
+
+def test_esmm_returns_ctr_and_ctcvr_logits():
+    ctr, cvr = torch.randn(50) * 4, torch.randn(50) * 4
+    expected = torch.sigmoid(ctr) * torch.sigmoid(cvr)
+    assert torch.allclose(torch.sigmoid(esmm_logits(ctr, cvr)), expected, atol=1e-6)
+    backbone = SharedBottom(4 * 2, 2, bottom_hidden=(8,))
+    model = MultiTaskModel(FieldEmbedding([5, 5], dim=4), backbone, esmm=True)
+    ids = torch.randint(5, (7, 2))
+    raw = MultiTaskModel(model.embedding, backbone)(ids)
+    out = model(ids)
+    assert torch.equal(out[:, 0], raw[:, 0])
+    assert torch.allclose(torch.sigmoid(out[:, 1]), torch.sigmoid(raw[:, 0]) * torch.sigmoid(raw[:, 1]), atol=1e-6)
+
+
+def test_dot_interaction_appends_pairwise_dots():
+    x = torch.randn(4, 3 * 5)
+    out = DotInteraction(num_fields=3, dim=5)(x)
+    e = x.view(4, 3, 5)
+    assert out.shape == (4, 15 + 3)
+    assert torch.allclose(out[:, 15:], torch.stack([(e[:, i] * e[:, j]).sum(1) for i, j in [(0, 1), (0, 2), (1, 2)]], 1))
+
+
+def test_tower_errors_name_the_bad_argument():
+    with pytest.raises(ValueError, match="num_experts"):
+        MMoE(8, 2, num_experts=0)
+    with pytest.raises(ValueError, match="combine"):
+        FieldEmbedding([3], 2, combine="mean")
+    with pytest.raises(ValueError, match=r"shape \(B, 2\)"):
+        FieldEmbedding([3, 3], 2)(torch.zeros(4, 3, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_user_block_sampler_covers_every_impression_and_keeps_users_together(recipe, data):
+    sampler = recipe.UserBlockBatchSampler(data.user, batch_size=256, seed=1)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    order = torch.cat(batches)
+    assert torch.equal(order.sort().values, torch.arange(len(data)))
+    users = data.user[order]
+    changes = int((users[1:] != users[:-1]).sum())
+    assert changes == len(data.user.unique()) - 1, "each user's impressions must be contiguous"
+    sampler.set_epoch(1)
+    assert not torch.equal(torch.cat(list(sampler)), order)
+
+
+def test_user_block_sampler_shards_for_ddp(recipe, data):
+    shards = [
+        list(recipe.UserBlockBatchSampler(data.user, 100, rank=r, world_size=3, even_shards=True)) for r in range(3)
+    ]
+    assert len({len(s) for s in shards}) == 1
+    seen = torch.cat([torch.cat(s) for s in shards])
+    assert len(seen.unique()) == len(seen)
+    with pytest.raises(ValueError, match="rank"):
+        recipe.UserBlockBatchSampler(data.user, 100, rank=3, world_size=3)
+
+
+# --------------------------------------------------------------------------- recipe end to end
+
+
+def test_help_runs():
+    out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--model" in out.stdout and "--loss" in out.stdout and "--lambda" in out.stdout
+
+
+@pytest.mark.parametrize(("model", "loss", "extra"), [("mmoe", "bce", []), ("ple", "laa", ["--esmm"])])
+def test_recipe_runs_and_writes_results(recipe, tmp_path, model, loss, extra):
+    argv = ["--model", model, "--loss", loss, "--epochs", "1", "--num-users", "300", "--num-items", "200",
+            "--mean-impressions", "30", "--batch-size", "512", "--output-dir", str(tmp_path), *extra]
+    report = recipe.main(argv)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["config"]["model"] == model and written["config"]["loss"] == loss
+    assert len(written["history"]) == 1
+    for split in ("val", "test"):
+        results = written["results"][split]
+        for scorer in ("model", "popularity", "oracle"):
+            assert 0.0 <= results[f"{scorer}/click_auc"] <= 1.0
+        assert ("model:rank/click_auc" in results) == (loss == "laa")
+    assert report["results"]["test"].keys() == written["results"]["test"].keys()
+    assert "| test | model |" in (tmp_path / "results.md").read_text()
+
+
+def test_recipe_beats_the_popularity_baseline(recipe, tmp_path):
+    argv = ["--epochs", "3", "--num-users", "1500", "--seed", "1", "--output-dir", str(tmp_path)]
+    results = recipe.main(argv)["results"]["test"]
+    assert results["model/click_auc"] > results["popularity/click_auc"] + 0.04
+    assert results["model/click_auc"] < results["oracle/click_auc"]
+
+
+def test_recipe_rejects_bad_arguments(recipe, capsys):
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--epochs", "0"])
+    assert "--epochs must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--loss", "hinge"])
