@@ -1,7 +1,7 @@
 """Surrogates phi(t) of the mis-ranking indicator 1(t <= 0), t = s_i - s_j (loss spec, table).
 
 Two forms are provided: ``surrogate_value`` is differentiable by autograd (used by the O(N)
-paths), and ``surrogate_value_and_slope`` returns phi and dphi/dt together for the fused
+paths), and ``surrogate_value_and_pull`` returns phi and -dphi/dt together for the fused
 all-pairs path, which computes its gradient in the forward pass.
 """
 
@@ -25,21 +25,21 @@ def surrogate_value(t: Tensor, surrogate: str, margin: float) -> Tensor:
     raise ValueError(f"unknown surrogate {surrogate!r}")
 
 
-def surrogate_value_and_slope(t: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
-    """(phi(t), dphi/dt) for a tile of pair margins, each from one transcendental pass."""
+def surrogate_value_and_pull(reverse_margin: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
+    """(phi(t), -dphi/dt) for a tile of reversed margins r = -t = s_j - s_i, in two passes.
+
+    The fused all-pairs path works with r because both outputs are then single vectorised calls
+    (``softplus(r)`` and ``sigmoid(r)`` for the logistic surrogate); -dphi/dt is the "pull" that
+    raises the upper item's score and lowers the lower item's.
+    """
     if surrogate == "logistic":
-        # dphi/dt = -sigmoid(-t) = -exp(-softplus(t)) = -exp(-(t + softplus(-t))): one more exp,
-        # accurate in both tails because softplus is.
-        value = F.softplus(-t)
-        return value, -torch.exp(-(t + value))
-    if surrogate == "hinge":
-        gap = margin - t
-        active = gap > 0
-        return torch.where(active, gap, torch.zeros_like(gap)), -active.to(t.dtype)
-    if surrogate == "squared":
-        gap = margin - t
-        return gap.square(), -2 * gap
+        return torch.nn.functional.softplus(reverse_margin), torch.sigmoid(reverse_margin)
     if surrogate == "exponential":
-        value = torch.exp(-t)
-        return value, -value
+        value = torch.exp(reverse_margin)
+        return value, value
+    gap = margin + reverse_margin  # m - t
+    if surrogate == "hinge":
+        return torch.relu(gap), (gap > 0).to(gap.dtype)  # subgradient 0 at the kink
+    if surrogate == "squared":
+        return gap.square(), 2 * gap
     raise ValueError(f"unknown surrogate {surrogate!r}")

@@ -3,17 +3,18 @@
 Computes  loss = sum_u coef_u * sum_{i, j in u, level_i > level_j} c_ij * phi(s_i - s_j)
 and its gradient in one forward pass, never holding more than ``TILE_ELEMENTS`` pairs at once
 (memory O(N + tile)); backward only scales the stored gradient by ``grad_output`` (the fused-loss
-pattern of Liger-Kernel). Work follows the valid pairs rather than N^2:
+pattern of Liger-Kernel). The work follows the valid pairs, not N^2:
 
-* groups of at most ``MAX_BUCKETED_GROUP`` items are padded to the next power of two and
-  processed as a batch of dense (m x m) blocks per size bucket, so a batch of 20,000 users costs
-  a handful of tensor operations, not a Python loop over users;
-* larger groups (and the whole batch when there are no groups) are cut into square tiles over
-  their (level-descending) sorted order; tiles with no valid pair are skipped and tiles where every
-  pair is valid skip the mask.
+* in a large group (and in the whole batch when there are no groups) the items sorted by level
+  form one run per level; every valid pair lies in a *rectangle* (run of level a) x (run of a
+  lower level b), all of whose pairs are valid with the same cost c_ab. Rectangles are cut into
+  tiles and computed without masks: exactly the valid pairs, each once;
+* groups of at most ``MAX_BUCKETED_GROUP`` items (users with tens of impressions) are padded to
+  the next power of two and processed as batches of dense (m x m) blocks per size bucket, so that
+  20,000 users cost a handful of tensor operations, not a Python loop over users.
 
 Every reduction is a plain tensor sum in a fixed order and every gradient entry is written by
-exactly one assignment or sequential slice update, so results are bitwise reproducible.
+one assignment or by sequential slice updates, so results are bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..surrogates import surrogate_value_and_slope
+from ..surrogates import surrogate_value_and_pull
 from .layout import OrdinalLayout
 
-TILE_ELEMENTS = 1 << 22  # pairs per block: about 16 MB per float32 temporary
-MAX_BUCKETED_GROUP = 1 << 11  # 2048 x 2048 = one tile
+TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
+MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
 
 
 def all_pairs_loss(
@@ -65,19 +66,16 @@ def all_pairs_loss_and_grad(
     margin: float,
 ) -> tuple[Tensor, Tensor]:
     """(loss, dloss/dscores) for sorted scores; computed in the scores' dtype."""
-    dtype = scores.dtype
     sizes = layout.group_sizes
     offsets = torch.cumsum(sizes, 0) - sizes
-    coefficients = group_coefficients.to(dtype)
-    costs = cost_matrix.to(dtype)
+    active = group_coefficients > 0
     grad = torch.zeros_like(scores)
     partial_sums: list[Tensor] = []
 
-    active = group_coefficients > 0
     bucketed = active & (sizes <= MAX_BUCKETED_GROUP)
-    tiled = active & (sizes > MAX_BUCKETED_GROUP)
-
     bucket_sides = _next_power_of_two(sizes.clamp(min=2))
+    level_values = layout.level_values.to(scores.dtype)
+    linear_cost = bool((cost_matrix[cost_matrix > 0] != 1).any())
     for side in torch.unique(bucket_sides[bucketed]).tolist():
         group_ids = torch.nonzero(bucketed & (bucket_sides == side)).flatten()
         chunk = max(1, TILE_ELEMENTS // (side * side))
@@ -85,24 +83,15 @@ def all_pairs_loss_and_grad(
             ids = group_ids[start : start + chunk]
             partial_sums.append(
                 _padded_groups(
-                    scores, layout.level, offsets[ids], sizes[ids], side, coefficients[ids],
-                    costs, surrogate, margin, grad,
+                    scores, level_values[layout.level], offsets[ids], sizes[ids], side,
+                    group_coefficients[ids].to(scores.dtype), linear_cost, surrogate, margin, grad,
                 )
             )
 
-    tiled_ids = torch.nonzero(tiled).flatten().tolist()
-    for group_id in tiled_ids:
-        begin, size = int(offsets[group_id]), int(sizes[group_id])
+    large = active & (sizes > MAX_BUCKETED_GROUP)
+    if bool(large.any()):
         partial_sums.extend(
-            _tiled_group(
-                scores[begin : begin + size],
-                layout.level[begin : begin + size],
-                coefficients[group_id],
-                costs,
-                surrogate,
-                margin,
-                grad[begin : begin + size],
-            )
+            _level_rectangles(scores, layout, large, cost_matrix, group_coefficients, surrogate, margin, grad)
         )
 
     loss = torch.stack(partial_sums).sum() if partial_sums else scores.new_zeros(())
@@ -115,78 +104,96 @@ def _next_power_of_two(values: Tensor) -> Tensor:
 
 def _padded_groups(
     scores: Tensor,
-    level: Tensor,
+    item_level_values: Tensor,
     offsets: Tensor,
     sizes: Tensor,
     side: int,
     coefficients: Tensor,
-    costs: Tensor,
+    linear_cost: bool,
     surrogate: str,
     margin: float,
     grad: Tensor,
 ) -> Tensor:
-    """Pairs inside each of a batch of groups, padded to ``side`` items: (G, side, side) blocks."""
+    """Pairs inside each of a batch of groups, padded to ``side`` items: (G, side, side) blocks,
+    upper item i on dim 1, lower item j on dim 2."""
     slots = torch.arange(side, device=scores.device)
     real = slots[None, :] < sizes[:, None]
     index = torch.where(real, offsets[:, None] + slots[None, :], 0)
     block_scores = scores[index]
-    block_levels = level[index]
-    # costs[a, b] is zero unless a > b, so it masks the invalid pairs; padding is masked here.
-    both_real = real[:, :, None] & real[:, None, :]
-    weight = torch.where(both_real, costs[block_levels[:, :, None], block_levels[:, None, :]], 0)
-    weight = weight * coefficients[:, None, None]
-    value, slope = surrogate_value_and_slope(
-        block_scores[:, :, None] - block_scores[:, None, :], surrogate, margin
+    levels = item_level_values[index]
+    gap = levels[:, :, None] - levels[:, None, :]
+    valid = (gap > 0) & real[:, :, None] & real[:, None, :]
+    weight = torch.where(valid, gap if linear_cost else torch.ones_like(gap), 0) * coefficients[:, None, None]
+    value, pull = surrogate_value_and_pull(
+        block_scores[:, None, :] - block_scores[:, :, None], surrogate, margin
     )
-    weighted_slope = weight * slope
-    item_grad = weighted_slope.sum(2) - weighted_slope.sum(1)
+    weighted_pull = weight * pull
+    item_grad = weighted_pull.sum(1) - weighted_pull.sum(2)  # lower side minus upper side
     grad[index[real]] = item_grad[real]
     return (weight * value).sum()
 
 
-def _tiled_group(
+def _level_rectangles(
     scores: Tensor,
-    level: Tensor,
-    coefficient: Tensor,
-    costs: Tensor,
+    layout: OrdinalLayout,
+    groups: Tensor,
+    cost_matrix: Tensor,
+    group_coefficients: Tensor,
     surrogate: str,
     margin: float,
     grad: Tensor,
 ) -> list[Tensor]:
-    """Pairs inside one large group whose items are sorted by level, descending.
-
-    Rows are upper items, columns lower items. Because levels descend, a tile can hold a valid
-    pair only if its first row's level exceeds its last column's, and every pair in it is valid if
-    its last row's level exceeds its first column's.
-    """
-    size = scores.numel()
-    side = int(TILE_ELEMENTS**0.5)
-    starts = list(range(0, size, side))
-    ends = [min(start + side, size) for start in starts]
-    first_level = level[starts].tolist()
-    last_level = level[[end - 1 for end in ends]].tolist()
-    uniform_cost = bool((costs[costs > 0] == 1).all())
+    """Pairs of the selected groups, rectangle by rectangle: (run of level a) x (run of level b),
+    a above b in the same group; each rectangle has one weight c_ab * coef_u and no invalid pair."""
+    cell_ends = torch.cumsum(layout.cell_lengths, 0)
+    selected = groups[layout.cell_group]
+    cells = list(
+        zip(
+            layout.cell_group[selected].tolist(),
+            layout.cell_level[selected].tolist(),
+            (cell_ends - layout.cell_lengths)[selected].tolist(),
+            cell_ends[selected].tolist(),
+        )
+    )
+    costs = cost_matrix.tolist()
+    coefficients = group_coefficients.tolist()
     partial_sums = []
-    for row, (row_start, row_end) in enumerate(zip(starts, ends)):
-        row_scores = scores[row_start:row_end]
-        row_grad = torch.zeros_like(row_scores)
-        for col, (col_start, col_end) in enumerate(zip(starts, ends)):
-            if first_level[row] <= last_level[col]:
-                continue  # no row level above any column level
-            all_valid = last_level[row] > first_level[col]
-            value, slope = surrogate_value_and_slope(
-                row_scores[:, None] - scores[None, col_start:col_end], surrogate, margin
+    # Cells of one group are consecutive, levels descending: every later cell of the group is lower.
+    for index, (group, upper_level, upper_start, upper_end) in enumerate(cells):
+        for lower_group, lower_level, lower_start, lower_end in cells[index + 1 :]:
+            if lower_group != group:
+                break
+            weight = costs[upper_level][lower_level] * coefficients[group]
+            partial_sums.extend(
+                _rectangle(scores, upper_start, upper_end, lower_start, lower_end, weight, surrogate, margin, grad)
             )
-            if all_valid and uniform_cost:
-                partial_sums.append(value.sum() * coefficient)
-                row_grad += slope.sum(1) * coefficient
-                grad[col_start:col_end] -= slope.sum(0) * coefficient
-                continue
-            # costs[a, b] is zero unless a > b: it weighs and masks the pairs at once.
-            weight = costs[level[row_start:row_end, None], level[None, col_start:col_end]] * coefficient
-            partial_sums.append((weight * value).sum())
-            weighted_slope = weight * slope
-            row_grad += weighted_slope.sum(1)
-            grad[col_start:col_end] -= weighted_slope.sum(0)
-        grad[row_start:row_end] += row_grad
+    return partial_sums
+
+
+def _rectangle(
+    scores: Tensor,
+    upper_start: int,
+    upper_end: int,
+    lower_start: int,
+    lower_end: int,
+    weight: float,
+    surrogate: str,
+    margin: float,
+    grad: Tensor,
+) -> list[Tensor]:
+    """weight * sum over the rectangle of phi(s_i - s_j), in tiles of at most TILE_ELEMENTS."""
+    num_cols = min(lower_end - lower_start, TILE_ELEMENTS)
+    num_rows = max(1, TILE_ELEMENTS // num_cols)
+    partial_sums = []
+    for row_start in range(upper_start, upper_end, num_rows):
+        row_end = min(row_start + num_rows, upper_end)
+        rows = scores[row_start:row_end]
+        for col_start in range(lower_start, lower_end, num_cols):
+            col_end = min(col_start + num_cols, lower_end)
+            value, pull = surrogate_value_and_pull(
+                scores[None, col_start:col_end] - rows[:, None], surrogate, margin
+            )
+            partial_sums.append(value.sum() * weight)
+            grad[row_start:row_end] -= pull.sum(1) * weight
+            grad[col_start:col_end] += pull.sum(0) * weight
     return partial_sums

@@ -1,0 +1,229 @@
+r"""Optional PyTorch Lightning integration: a callback that logs exact ranking metrics at validation.
+
+Importing this module needs ``pytorch_lightning``; the rest of :mod:`mlloss` does not. The losses
+themselves need nothing from Lightning: put ``LaALoss()`` (or any other loss) in a
+``LightningModule`` and call it in ``training_step``; with ``cross_device=True`` the pairs are taken
+across the ranks of a DDP job (``docs/lightning.md``).
+
+:class:`RankingMetrics` collects the validation predictions of every rank, and at the end of each
+validation epoch logs, computed once over the whole validation set:
+
+- ``{prefix}auc/<label>``: the AUC of the score against each label (:func:`mlloss.metrics.multilabel_auc`);
+- ``{prefix}gauc/<label>``: the group AUC (GAUC, per user) of each label, when groups are given
+  (:func:`mlloss.metrics.group_auc`);
+- ``{prefix}diff_auc`` and ``{prefix}min_auc``: max - min and min of the per-label AUCs;
+- ``{prefix}multipartite_auc``: the multipartite AUC of the aggregated label, the metric LaA targets
+  (:func:`mlloss.metrics.multipartite_auc`, linear cost);
+- ``{prefix}dictatorship/...``: :meth:`mlloss.DictatorshipReport.as_dict` of the validation labels
+  (priors, LoA effective weights and shares per label, ``dominance_ratio``), with the name of the
+  dominant label logged as ``dominant_index`` (its position in ``label_names``) and the full report
+  printed on rank zero;
+- ``{prefix}num_items``: the number of validation items seen over all ranks (check it against the
+  size of the validation set: a ``DistributedSampler`` pads it by repeating items).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities.rank_zero import rank_zero_info
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+from .diagnostics import DictatorshipReport, label_dictatorship
+from .metrics import group_auc, multilabel_auc, multipartite_auc
+
+__all__ = ["RankingMetrics"]
+
+
+class _Predictions(Metric):
+    """The (scores, labels, groups) seen by :meth:`update`; :meth:`compute` returns them concatenated
+    over every process (``dist_reduce_fx="cat"``), in rank order."""
+
+    full_state_update = False
+    scores: list[Tensor]
+    labels: list[Tensor]
+    groups: list[Tensor]
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in ("scores", "labels", "groups"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, scores: Tensor, labels: Tensor, groups: Optional[Tensor]) -> None:
+        self.scores.append(scores)
+        self.labels.append(labels)
+        if groups is not None:
+            self.groups.append(groups)
+
+    def compute(self) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        scores, labels = dim_zero_cat(self.scores), dim_zero_cat(self.labels)
+        # Without groups the state is [] in one process, or one empty tensor per rank after a sync.
+        groups = dim_zero_cat(self.groups) if len(self.groups) > 0 else None
+        if groups is None or groups.numel() == 0:
+            return scores, labels, None
+        if groups.numel() != scores.numel():
+            raise ValueError("RankingMetrics: either every validation batch, on every rank, has groups or none has")
+        return scores, labels, groups.long()
+
+
+class RankingMetrics(pl.Callback):
+    """Log per-label AUC, GAUC, DiffAUC, MinAUC, the multipartite AUC and the label-dictatorship
+    report of the validation predictions, once per validation epoch.
+
+    Contract: the LightningModule's ``validation_step`` returns a mapping with
+
+    - ``outputs[score_key]``: scores of shape ``(N,)`` or ``(N, 1)`` (logits or probabilities: the
+      metrics only use their order);
+    - ``outputs[labels_key]``: 0/1 labels of shape ``(N, K)``, ``K = len(label_names)`` (or ``(N,)``
+      when ``K == 1``);
+    - ``outputs[groups_key]``, optional: integer group (user) ids of shape ``(N,)``. Give them in
+      every batch or in none. Without them, GAUC is not logged.
+
+    Other keys (a validation loss, say) are ignored. The callback keeps the detached predictions of
+    the epoch (O(N) numbers per rank) in a ``torchmetrics`` metric that, at the end of the epoch,
+    gathers every rank's predictions, so each rank computes the metrics of the whole validation set
+    and logs them with ``sync_dist=False`` (they are equal on every rank already; Lightning's
+    "sync_dist=True is recommended" warning for these names is silenced). All validation dataloaders
+    of an epoch are pooled. Nothing is logged during the sanity check. A metric without a valid pair
+    (a label with one class) is NaN, with an ``UndefinedMetricWarning``.
+
+    Under DDP the metrics are exact only if every validation item is seen exactly once: Lightning's
+    default ``DistributedSampler`` pads the set by repeating items unless its size is a multiple of
+    the number of ranks; ``{prefix}num_items`` shows what was seen. Every rank must run at least
+    one validation batch. See ``docs/lightning.md``.
+
+    Args:
+        label_names: one name per label column, used in the logged names.
+        label_weights: the LaA label weights ``w_k`` of the multipartite AUC (default all ones).
+        loa_weights: the LoA mixing weights ``a_k`` of the dictatorship report (default all ones).
+        prefix: prepended to every logged name.
+        score_key, labels_key, groups_key: the keys of the ``validation_step`` outputs.
+        group_weighting: GAUC over groups, ``"uniform"`` (default) or ``"size"`` (by items).
+        print_report: print the dictatorship report on rank zero after each validation epoch.
+
+    Attributes:
+        report: the :class:`mlloss.DictatorshipReport` of the last validation epoch (or ``None``).
+    """
+
+    def __init__(
+        self,
+        label_names: Sequence[str],
+        *,
+        label_weights: Optional[Sequence[float]] = None,
+        loa_weights: Optional[Sequence[float]] = None,
+        prefix: str = "val/",
+        score_key: str = "scores",
+        labels_key: str = "labels",
+        groups_key: str = "groups",
+        group_weighting: str = "uniform",
+        print_report: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(label_names, str) or len(label_names) == 0 or len(set(label_names)) != len(label_names):
+            raise ValueError(f"label_names must be a non-empty sequence of distinct names; got {label_names!r}")
+        if group_weighting not in ("uniform", "size"):
+            raise ValueError(f"group_weighting must be 'uniform' or 'size'; got {group_weighting!r}")
+        self.label_names = tuple(str(name) for name in label_names)
+        self.label_weights = label_weights
+        self.loa_weights = loa_weights
+        self.prefix = prefix
+        self.keys = (score_key, labels_key, groups_key)
+        self.group_weighting = group_weighting
+        self.print_report = print_report
+        self.report: Optional[DictatorshipReport] = None
+        self._predictions = _Predictions()
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # The values are global already; Lightning would still recommend sync_dist=True for each.
+        warnings.filterwarnings("ignore", message=rf"It is recommended to use `self.log\('{re.escape(self.prefix)}")
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._predictions.reset()
+        self._predictions.to(pl_module.device)
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._predictions.update(*self._batch(outputs))
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            for name, value in self.compute().items():
+                pl_module.log(name, value, sync_dist=False)
+            if self.print_report and self.report is not None:
+                rank_zero_info(f"Label dictatorship on the validation labels:\n{self.report}")
+        self._predictions.reset()
+
+    def compute(self) -> dict[str, Tensor]:
+        """The metrics of the predictions collected so far, gathered over every rank (a collective:
+        call it on every rank), as float64 scalars named as logged."""
+        scores, labels, groups = self._predictions.compute()
+        labels = labels.reshape(scores.numel(), len(self.label_names))
+        per_label = multilabel_auc(scores, labels)
+        values: dict[str, Any] = {"num_items": scores.numel()}
+        for k, name in enumerate(self.label_names):
+            values[f"auc/{name}"] = per_label[k]
+            if groups is not None:
+                values[f"gauc/{name}"] = group_auc(scores, labels[:, k], groups, self.group_weighting)
+        values["diff_auc"] = per_label.max() - per_label.min()
+        values["min_auc"] = per_label.min()
+        values["multipartite_auc"] = multipartite_auc(scores, labels, label_weights=self.label_weights)
+        self.report = label_dictatorship(labels, self.loa_weights, label_names=self.label_names)
+        for key, value in self.report.as_dict().items():
+            if key == "dominant":
+                key, value = "dominant_index", self.label_names.index(str(value))
+            values[f"dictatorship/{key}"] = value
+        return {
+            self.prefix + key: torch.as_tensor(value, dtype=torch.float64, device=scores.device).reshape(())
+            for key, value in values.items()
+        }
+
+    def _batch(self, outputs: Any) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Detached (scores (N,) float64, labels (N, K) uint8, groups (N,) int64 or None) of one batch."""
+        score_key, labels_key, groups_key = self.keys
+        if not isinstance(outputs, Mapping) or score_key not in outputs or labels_key not in outputs:
+            raise TypeError(
+                f"RankingMetrics needs validation_step to return a mapping with {score_key!r} and "
+                f"{labels_key!r} (and optionally {groups_key!r}); got {type(outputs).__name__}"
+                + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
+            )
+        scores = torch.as_tensor(outputs[score_key]).detach()
+        if scores.ndim == 2 and scores.shape[1] == 1:
+            scores = scores[:, 0]
+        if scores.ndim != 1:
+            raise ValueError(f"outputs[{score_key!r}] must have shape (N,) or (N, 1); got {tuple(scores.shape)}")
+        num_items, num_labels = scores.shape[0], len(self.label_names)
+        labels = torch.as_tensor(outputs[labels_key]).detach()
+        if labels.ndim == 1 and num_labels == 1:
+            labels = labels[:, None]
+        if labels.shape != (num_items, num_labels):
+            raise ValueError(
+                f"outputs[{labels_key!r}] must have shape (N, K) = ({num_items}, {num_labels}) for "
+                f"label_names={self.label_names}; got {tuple(labels.shape)}"
+            )
+        if bool(((labels != 0) & (labels != 1)).any()):
+            raise ValueError(f"outputs[{labels_key!r}] must be binary (0 or 1)")
+        groups = outputs.get(groups_key)
+        if groups is not None:
+            groups = torch.as_tensor(groups).detach().reshape(-1)
+            if groups.shape[0] != num_items or groups.dtype.is_floating_point or groups.dtype == torch.bool:
+                raise ValueError(
+                    f"outputs[{groups_key!r}] must hold {num_items} integer ids; got {groups.dtype} "
+                    f"of shape {tuple(groups.shape)}"
+                )
+            groups = groups.long()
+        # float64 holds bf16/fp16/fp32 scores exactly, so the metrics see the model's own order.
+        return scores.to(torch.float64), labels.to(torch.uint8), groups
