@@ -5,9 +5,9 @@ taken across ranks (loss spec, "Distributed batches"). ``gather_batch`` all-gath
 and groups (local sizes may differ; O(N) numbers are sent, never pairs). Every rank then computes
 the same global loss.
 
-Gradient scale: the scores go through ``torch.distributed.nn.functional.all_gather``, whose
-backward *sums* the incoming gradients over ranks. Each rank's loss is the same global L, so rank
-r receives sum over ranks of dL/ds_r = W * dL/ds_r for its local scores; DDP then averages the
+Gradient scale: the scores go through ``_GatherWithGrad``, whose backward *sums* the incoming
+gradients over ranks (an all-reduce) and keeps the local slice. Each rank's loss is the same global
+L, so rank r receives sum over ranks of dL/ds_r = W * dL/ds_r for its local scores; DDP then averages the
 parameter gradients over the W ranks, which leaves exactly dL/dtheta of the single-process loss on
 the concatenated batch. (Gathering without autograd and re-inserting the local scores would give
 1/W of that: the known trap.) Every rank must call the loss, and backward, in the same order, as
@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.nn.functional import all_gather as all_gather_with_grad
 
 
 def world_size() -> int:
@@ -42,11 +41,27 @@ def gather_batch(scores: Tensor, labels: Tensor, groups: Tensor | None) -> tuple
     if len(grouped) > 1:
         raise ValueError("cross_device=True: some ranks pass groups and others pass groups=None")
     largest = max(sizes)
-    padded_scores = _pad_rows(scores, largest)
-    gathered_scores = torch.cat([part[:n] for part, n in zip(all_gather_with_grad(padded_scores), sizes)])
+    gathered_scores = _GatherWithGrad.apply(scores, sizes, largest)
     gathered_labels = _gather_rows(labels, sizes, largest)
     gathered_groups = _gather_rows(groups, sizes, largest) if groups is not None else None
     return gathered_scores, gathered_labels, gathered_groups
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather in forward; in backward, the sum over ranks of the gradient, local slice kept."""
+
+    @staticmethod
+    def forward(ctx, local: Tensor, sizes: list[int], largest: int) -> Tensor:
+        ctx.sizes = sizes
+        ctx.rank = dist.get_rank()
+        return _gather_rows(local, sizes, largest)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total)  # every rank differentiated the same global loss
+        start = sum(ctx.sizes[: ctx.rank])
+        return total[start : start + ctx.sizes[ctx.rank]], None, None
 
 
 def _gather_shapes(scores: Tensor, labels: Tensor, groups: Tensor | None) -> list[Tensor]:

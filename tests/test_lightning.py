@@ -1,0 +1,200 @@
+"""Lightning integration: LaALoss in a LightningModule (automatic optimisation, bf16-mixed on the CPU,
+gradient accumulation), the RankingMetrics callback, and a 2-process DDP fit with
+``LaALoss(cross_device=True)`` whose logged metrics and trained weights equal single-process ones."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+import lightning_ddp_script as script
+from mlloss import DictatorshipReport, LaALoss, label_dictatorship
+from mlloss.lightning import RankingMetrics
+from mlloss.metrics import binary_auc, group_auc, multipartite_auc
+
+SCRIPT = Path(__file__).with_name("lightning_ddp_script.py")
+TRAIN_BATCHES = script.NUM_TRAIN // script.BATCH_SIZE  # one process: 8 batches per epoch
+
+
+def quiet_trainer(**options) -> pl.Trainer:
+    defaults = dict(
+        accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+    )
+    return pl.Trainer(**{**defaults, **options})
+
+
+def expected_metrics(scores, labels, groups, label_names=script.LABEL_NAMES, prefix="val/") -> dict[str, float]:
+    """What RankingMetrics must log, recomputed in one process from the whole validation set."""
+    per_label = [float(binary_auc(scores, labels[:, k])) for k in range(labels.shape[1])]
+    values = {"num_items": scores.numel(), "diff_auc": max(per_label) - min(per_label), "min_auc": min(per_label)}
+    for k, name in enumerate(label_names):
+        values[f"auc/{name}"] = per_label[k]
+        if groups is not None:
+            values[f"gauc/{name}"] = float(group_auc(scores, labels[:, k], groups))
+    values["multipartite_auc"] = float(multipartite_auc(scores, labels))
+    report = label_dictatorship(labels, label_names=label_names)
+    values["dictatorship/dominance_ratio"] = report.dominance_ratio
+    values["dictatorship/dominant_index"] = label_names.index(report.dominant)
+    for k, name in enumerate(label_names):
+        values[f"dictatorship/prior/{name}"] = report.priors[k]
+        values[f"dictatorship/effective_weight/{name}"] = report.effective_weights[k]
+        values[f"dictatorship/share/{name}"] = report.shares[k]
+    return {prefix + key: float(value) for key, value in values.items()}
+
+
+def assert_metrics_equal(logged: dict[str, float], expected: dict[str, float]) -> None:
+    logged = {key: value for key, value in logged.items() if key.startswith("val/")}
+    assert sorted(logged) == sorted(expected)
+    for key, value in expected.items():
+        assert math.isclose(logged[key], value, rel_tol=0, abs_tol=1e-6), (key, logged[key], value)
+
+
+# --------------------------------------------------------------------------- one process
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"precision": "bf16-mixed"}, {"accumulate_grad_batches": 2}],
+    ids=["fp32", "bf16-mixed", "accumulate-2"],
+)
+def test_laa_loss_trains_in_a_lightning_module(options):
+    model = script.Ranker(dtype=torch.float32, lr=0.1)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = quiet_trainer(limit_val_batches=0, num_sanity_val_steps=0, **options)
+    trainer.fit(model)
+
+    logged = trainer.callback_metrics
+    assert math.isfinite(float(logged["train/laa"])) and float(logged["train/laa"]) > 0
+    assert float(logged["train/valid_pairs"]) > 0 and float(logged["train/groups_with_pairs"]) > 0  # loss.parts
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    changed = {name: not torch.equal(p, initial[name]) for name, p in model.named_parameters()}
+    # Every weight moved. The output bias shifts every score alike, to which pairwise losses are
+    # blind: its gradient is 0 up to rounding.
+    assert all(moved for name, moved in changed.items() if name != "net.2.bias"), changed
+    assert trainer.global_step == TRAIN_BATCHES // options.get("accumulate_grad_batches", 1)
+    expected_dtype = torch.bfloat16 if options.get("precision") == "bf16-mixed" else torch.float32
+    assert model.score_dtypes == {expected_dtype}  # autocast really ran the net in bf16
+
+
+def test_callback_logs_exact_metrics_of_the_validation_set():
+    callback = RankingMetrics(script.LABEL_NAMES, print_report=False)
+    model = script.Ranker()
+    trainer = quiet_trainer(callbacks=[callback], limit_train_batches=2)  # with the default sanity check
+    trainer.fit(model)
+
+    features, labels, users = model.val_data.tensors
+    with torch.no_grad():
+        scores = model.net(features)[:, 0]
+    logged = {key: float(value) for key, value in trainer.callback_metrics.items()}
+    assert_metrics_equal(logged, expected_metrics(scores, labels, users))
+    assert logged["val/num_items"] == script.NUM_VAL  # the sanity-check batches were not kept
+    assert isinstance(callback.report, DictatorshipReport) and callback.report.label_names == script.LABEL_NAMES
+
+
+def feed(callback: RankingMetrics, *outputs) -> None:
+    for batch_idx, output in enumerate(outputs):
+        callback.on_validation_batch_end(None, None, output, None, batch_idx)
+
+
+def test_callback_without_groups_and_with_one_label():
+    gen = torch.Generator().manual_seed(0)
+    scores, labels = torch.randn(40, 1, generator=gen), torch.randint(0, 2, (40,), generator=gen)
+    callback = RankingMetrics(["click"], prefix="eval/")
+    feed(callback, {"scores": scores[:25], "labels": labels[:25]}, {"scores": scores[25:], "labels": labels[25:]})
+    computed = {key: float(value) for key, value in callback.compute().items()}
+    expected = expected_metrics(scores[:, 0], labels[:, None], None, label_names=("click",), prefix="eval/")
+    assert sorted(computed) == sorted(expected) and not any("gauc" in key for key in computed)
+    for key, value in expected.items():
+        assert math.isclose(computed[key], value, abs_tol=1e-12), key
+
+
+def test_callback_rejects_outputs_that_break_the_contract():
+    callback = RankingMetrics(script.LABEL_NAMES)
+    scores, labels, groups = torch.randn(4), torch.tensor([[1, 0], [0, 0], [1, 1], [0, 0]]), torch.arange(4)
+    with pytest.raises(TypeError, match="validation_step to return a mapping"):
+        feed(callback, scores)
+    with pytest.raises(TypeError, match="'labels'"):
+        feed(callback, {"scores": scores})
+    with pytest.raises(ValueError, match=r"\(4, 2\)"):
+        feed(callback, {"scores": scores, "labels": labels[:, :1]})
+    with pytest.raises(ValueError, match="binary"):
+        feed(callback, {"scores": scores, "labels": labels * 2})
+    with pytest.raises(ValueError, match="integer ids"):
+        feed(callback, {"scores": scores, "labels": labels, "groups": groups.float()})
+    with pytest.raises(ValueError, match="shape"):
+        RankingMetrics(script.LABEL_NAMES, score_key="logits").on_validation_batch_end(
+            None, None, {"logits": torch.randn(4, 2), "labels": labels}, None, 0
+        )
+    with pytest.raises(ValueError, match="distinct"):
+        RankingMetrics(["click", "click"])
+    feed(callback, {"scores": scores, "labels": labels, "groups": groups}, {"scores": scores, "labels": labels})
+    with pytest.raises(ValueError, match="every validation batch"):
+        callback.compute()
+
+
+# --------------------------------------------------------------------------- two processes
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """Run tests/lightning_ddp_script.py (Trainer(devices=2, strategy="ddp") re-launches it for rank 1)."""
+    out_dir = tmp_path_factory.mktemp("lightning_ddp")
+    command = [sys.executable, str(SCRIPT), str(out_dir)]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as process:
+        try:
+            output, _ = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # rank 1 too: it is in the script's session
+            output, _ = process.communicate()
+            pytest.fail(f"the DDP script timed out:\n{output[-5000:]}")
+    assert process.returncode == 0, output[-5000:]
+    return json.loads((out_dir / "metrics.json").read_text()), torch.load(out_dir / "run.pt")
+
+
+@pytest.mark.distributed
+def test_ddp_callback_metrics_equal_single_process_evaluation(ddp_run):
+    logged, run = ddp_run
+    assert logged["val/num_items"] == script.NUM_VAL  # each item seen once: no padding, no duplicates
+    expected = expected_metrics(run["scores"], run["labels"], run["users"])
+    assert_metrics_equal(logged, expected)
+    assert 0.55 < expected["val/auc/click"] < 1 and 0.55 < expected["val/gauc/purchase"] < 1  # it learned
+
+
+@pytest.mark.distributed
+def test_ddp_cross_device_training_equals_single_process_on_concatenated_batches(ddp_run):
+    """Each DDP step took pairs across both ranks' batches, with the exact gradient scale: plain SGD
+    in one process on the concatenation of the ranks' batches ends at the same weights."""
+    _, run = ddp_run
+    model = script.Ranker()
+    for name, value in model.net.state_dict().items():
+        torch.testing.assert_close(value, run["initial"][name], rtol=0, atol=0)
+    optimizer = torch.optim.SGD(model.net.parameters(), lr=script.LR)
+    loss_fn = LaALoss()
+    loaders = [
+        DataLoader(script.shard(model.train_data, rank, script.WORLD), batch_size=script.BATCH_SIZE)
+        for rank in range(script.WORLD)
+    ]
+    for _ in range(script.EPOCHS):
+        for rank_batches in zip(*loaders, strict=True):
+            features, labels, users = (torch.cat(parts) for parts in zip(*rank_batches))
+            optimizer.zero_grad()
+            loss_fn(model.net(features), labels, users).backward()
+            optimizer.step()
+    moved = 0.0
+    for name, value in model.net.state_dict().items():
+        torch.testing.assert_close(run["final"][name], value, rtol=1e-9, atol=1e-11)
+        moved = max(moved, float((value - run["initial"][name]).abs().max()))
+    assert moved > 1e-2
