@@ -52,6 +52,8 @@ raises :class:`OverflowError` instead of returning ``inf`` / ``nan``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -66,8 +68,6 @@ from ._common import (
 )
 
 __all__ = [
-    "LabelBitsPairsFunction",
-    "OrdinalPairsFunction",
     "label_bits_pairs_loss",
     "label_bits_pairs_loss_and_grad",
     "ordinal_pairs_loss",
@@ -415,74 +415,70 @@ def label_bits_pairs_loss_and_grad(
 
 
 # --------------------------------------------------------------------------- #
-# Autograd wrappers                                                           #
+# torch.library ops: opaque to torch.compile, differentiable by register_autograd #
 # --------------------------------------------------------------------------- #
-class OrdinalPairsFunction(torch.autograd.Function):
-    """Autograd node for :func:`ordinal_pairs_loss_and_grad`.
-
-    The gradient is computed in the forward launch and saved; backward only scales
-    it by ``grad_output`` (no second launch). Only ``scores`` receives a gradient.
-    """
-
-    @staticmethod
-    def forward(
-        ctx,
-        scores: torch.Tensor,
-        level: torch.Tensor,
-        level_value: torch.Tensor,
-        group_start: torch.Tensor,
-        group_end: torch.Tensor,
-        coef: torch.Tensor,
-        cost: str,
-        surrogate: str,
-        margin: float,
-        block_m: int | None,
-        block_n: int | None,
-    ) -> torch.Tensor:
-        loss, grad = ordinal_pairs_loss_and_grad(
-            scores, level, level_value, group_start, group_end, coef,
-            cost=cost, surrogate=surrogate, margin=margin, block_m=block_m, block_n=block_n,
-        )
-        ctx.save_for_backward(grad)
-        ctx.scores_dtype = scores.dtype
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (grad,) = ctx.saved_tensors
-        return ((grad * grad_output).to(ctx.scores_dtype),) + (None,) * 10
+# Each op returns (loss, grad): the gradient is computed in the forward launch; backward only
+# scales it by the loss's incoming gradient (no second launch). Registering them as custom ops
+# lets torch.compile(fullgraph=True) capture a model that calls them without a graph break.
 
 
-class LabelBitsPairsFunction(torch.autograd.Function):
-    """Autograd node for :func:`label_bits_pairs_loss_and_grad` (gradient saved in forward)."""
+@torch.library.custom_op("mlloss::ordinal_pairs", mutates_args=())
+def _ordinal_pairs_op(
+    scores: torch.Tensor,
+    level: torch.Tensor,
+    level_value: torch.Tensor,
+    group_start: torch.Tensor,
+    group_end: torch.Tensor,
+    coef: torch.Tensor,
+    cost: str,
+    surrogate: str,
+    margin: float,
+    block_m: Optional[int],
+    block_n: Optional[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return ordinal_pairs_loss_and_grad(
+        scores, level, level_value, group_start, group_end, coef,
+        cost=cost, surrogate=surrogate, margin=margin, block_m=block_m, block_n=block_n,
+    )
 
-    @staticmethod
-    def forward(
-        ctx,
-        scores: torch.Tensor,
-        label_bits: torch.Tensor,
-        group_start: torch.Tensor,
-        group_end: torch.Tensor,
-        coef: torch.Tensor,
-        surrogate: str,
-        margin: float,
-        block_m: int | None,
-        block_n: int | None,
-    ) -> torch.Tensor:
-        loss, grad = label_bits_pairs_loss_and_grad(
-            scores, label_bits, group_start, group_end, coef,
-            surrogate=surrogate, margin=margin, block_m=block_m, block_n=block_n,
-        )
-        ctx.save_for_backward(grad)
-        ctx.scores_dtype = scores.dtype
-        return loss
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (grad,) = ctx.saved_tensors
-        return ((grad * grad_output).to(ctx.scores_dtype),) + (None,) * 8
+@torch.library.custom_op("mlloss::label_bits_pairs", mutates_args=())
+def _label_bits_pairs_op(
+    scores: torch.Tensor,
+    label_bits: torch.Tensor,
+    group_start: torch.Tensor,
+    group_end: torch.Tensor,
+    coef: torch.Tensor,
+    surrogate: str,
+    margin: float,
+    block_m: Optional[int],
+    block_n: Optional[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return label_bits_pairs_loss_and_grad(
+        scores, label_bits, group_start, group_end, coef,
+        surrogate=surrogate, margin=margin, block_m=block_m, block_n=block_n,
+    )
+
+
+def _fake_loss_and_grad(scores: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor]:
+    acc = compute_dtype(scores)
+    return scores.new_empty((), dtype=acc), scores.new_empty(scores.shape, dtype=acc)
+
+
+def _save_grad(ctx, inputs, output) -> None:
+    ctx.scores_dtype = inputs[0].dtype
+    ctx.num_inputs = len(inputs)
+    ctx.save_for_backward(output[1])
+
+
+def _scale_saved_grad(ctx, grad_loss: torch.Tensor, _grad_of_grad: torch.Tensor):
+    (grad,) = ctx.saved_tensors
+    return ((grad * grad_loss).to(ctx.scores_dtype),) + (None,) * (ctx.num_inputs - 1)
+
+
+for _op in (_ordinal_pairs_op, _label_bits_pairs_op):
+    _op.register_fake(_fake_loss_and_grad)
+    _op.register_autograd(_scale_saved_grad, setup_context=_save_grad)
 
 
 def ordinal_pairs_loss(
@@ -500,9 +496,9 @@ def ordinal_pairs_loss(
     block_n: int | None = None,
 ) -> torch.Tensor:
     """Differentiable ordinal-pairs loss (0-dim); see :func:`ordinal_pairs_loss_and_grad`."""
-    return OrdinalPairsFunction.apply(
-        scores, level, level_value, group_start, group_end, coef, cost, surrogate, margin, block_m, block_n
-    )
+    return _ordinal_pairs_op(
+        scores, level, level_value, group_start, group_end, coef, cost, surrogate, float(margin), block_m, block_n
+    )[0]
 
 
 def label_bits_pairs_loss(
@@ -518,6 +514,6 @@ def label_bits_pairs_loss(
     block_n: int | None = None,
 ) -> torch.Tensor:
     """Differentiable label-bits (LoA) loss (0-dim); see :func:`label_bits_pairs_loss_and_grad`."""
-    return LabelBitsPairsFunction.apply(
-        scores, label_bits, group_start, group_end, coef, surrogate, margin, block_m, block_n
-    )
+    return _label_bits_pairs_op(
+        scores, label_bits, group_start, group_end, coef, surrogate, float(margin), block_m, block_n
+    )[0]

@@ -73,3 +73,30 @@ def test_triton_backend_in_bf16_accumulates_in_fp32():
     assert value.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
     expected = laa_loss(rounded.double(), labels, groups)
     torch.testing.assert_close(value.cpu().double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_op_is_captured_by_torch_compile_fullgraph():
+    # The kernels are torch.library custom ops: a model step calling one compiles as one graph
+    # and gives the eager values and gradients (aot_eager: graph capture without C++ codegen).
+    from mlloss.kernels.pairwise import ordinal_pairs_loss
+
+    n = 64
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(n, 3, generator=gen)
+    level = torch.sort(torch.randint(0, 2, (n,), generator=gen), descending=True).values.to(torch.int32)
+    span = dict(group_start=torch.zeros(n, dtype=torch.int32), group_end=torch.full((n,), n, dtype=torch.int32))
+    coef = torch.full((n,), 1.0 / n)
+    layer = torch.nn.Linear(3, 1)
+
+    def step(x):
+        return ordinal_pairs_loss(layer(x)[:, 0], level, torch.tensor([0.0, 1.0]), coef=coef, **span)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (compiled, step):
+        layer.zero_grad()
+        value = fn(features)
+        value.backward()
+        results.append((value.detach(), layer.weight.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])
