@@ -1,7 +1,8 @@
 """Multi-task towers for recommender models, in plain PyTorch.
 
-A model is an ``embedding`` of the sparse id fields, concatenated with the dense features,
-fed to a multi-task ``backbone`` that returns one logit per task::
+A model is an ``embedding`` of the sparse id fields, optionally extended by an
+``interaction`` (pairwise dot products of the field embeddings), concatenated with the dense
+features and fed to a multi-task ``backbone`` that returns one logit per task::
 
     model = MultiTaskModel(
         embedding=FieldEmbedding(cardinalities=[4000, 2000, 40], dim=16),
@@ -45,6 +46,7 @@ __all__ = [
     "DotInteraction",
     "SharedBottom",
     "MMoE",
+    "ExtractionLevel",
     "CGC",
     "PLE",
     "MultiTaskModel",

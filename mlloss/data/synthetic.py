@@ -21,6 +21,7 @@ returned with the data so that experiments can report an oracle ceiling.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -53,7 +54,7 @@ class SyntheticConfig:
     num_slots: int = 8
     mean_impressions: float = 60.0
     activity_sigma: float = 1.0  # log-normal sigma of per-user activity: larger = longer tail
-    zipf_exponent: float = 1.1
+    zipf_exponent: float = 0.8
     latent_dim: int = 8
     click_rate: float = 0.07
     purchase_rate: float = 0.0075
@@ -130,73 +131,104 @@ def generate_impressions(config: SyntheticConfig | None = None) -> ImpressionDat
     """Draw an impression log; the same config (seed included) gives the same tensors."""
     cfg = config or SyntheticConfig()
     gen = torch.Generator().manual_seed(cfg.seed)
-
-    def randn(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=gen)
-
-    # Users: segment, latent factors near the segment centroid, long-tailed activity.
-    user_segment = torch.randint(cfg.num_segments, (cfg.num_users,), generator=gen)
-    segment_factors = randn(cfg.num_segments, cfg.latent_dim)
-    scale = (1 + cfg.factor_noise**2) ** -0.5  # keeps unit variance per factor coordinate
-    user_factors = scale * (segment_factors[user_segment] + cfg.factor_noise * randn(cfg.num_users, cfg.latent_dim))
-    rates = torch.exp(cfg.activity_sigma * randn(cfg.num_users) - cfg.activity_sigma**2 / 2)
-    rates = rates * (cfg.mean_impressions - 1)
-    counts = 1 + torch.poisson(rates, generator=gen).long()
-
-    # Items: category, latent factors near the category centroid, Zipf popularity, price.
-    item_category = torch.randint(cfg.num_categories, (cfg.num_items,), generator=gen)
-    category_factors = randn(cfg.num_categories, cfg.latent_dim)
-    item_factors = scale * (category_factors[item_category] + cfg.factor_noise * randn(cfg.num_items, cfg.latent_dim))
-    popularity = torch.arange(1, cfg.num_items + 1, dtype=torch.float64).pow(-cfg.zipf_exponent)
-    popularity = (popularity / popularity.sum())[torch.randperm(cfg.num_items, generator=gen)]
-    item_quality = randn(cfg.num_items)
-    item_price = randn(cfg.num_items)
+    users = _draw_users(cfg, gen)
+    items = _draw_items(cfg, gen)
 
     # Impressions, grouped by user and sorted by time within a user.
-    user = torch.repeat_interleave(torch.arange(cfg.num_users), counts)
+    user = torch.repeat_interleave(torch.arange(cfg.num_users), users.counts)
     n = user.shape[0]
     timestamp = torch.rand(n, generator=gen)
     order = torch.argsort(user.double() + timestamp.double())  # user-major, then time
     user, timestamp = user[order], timestamp[order]
-    item = torch.multinomial(popularity, n, replacement=True, generator=gen)
+    item = torch.multinomial(items.popularity, n, replacement=True, generator=gen)
     slot = torch.randint(cfg.num_slots, (n,), generator=gen)
-
-    log_pop = _standardize(torch.log(popularity.float() * cfg.num_items)[item])
-    log_activity = _standardize(torch.log(counts.float())[user])
-    position = slot.float() / max(cfg.num_slots - 1, 1)
-    price = item_price[item]
-
-    match = (user_factors[user] * item_factors[item]).sum(1) / cfg.latent_dim**0.5
-    click_logit = (
-        cfg.interaction_scale * match + 0.5 * item_quality[item] + 0.3 * log_pop
-        + 0.2 * log_activity - 0.8 * position
+    dense = torch.stack(
+        [
+            _standardize(torch.log(items.popularity.float() * cfg.num_items)[item]),  # log_item_popularity
+            _standardize(torch.log(users.counts.float())[user]),  # log_user_activity
+            items.price[item],  # price
+            slot.float() / max(cfg.num_slots - 1, 1),  # position
+        ],
+        dim=1,
     )
-    # Conversion depends on a partly different taste (second half of the factors) and price.
-    half = cfg.latent_dim // 2
-    cvr_match = (user_factors[user, half:] * item_factors[item, half:]).sum(1) / max(cfg.latent_dim - half, 1) ** 0.5
-    cvr_logit = cfg.interaction_scale * cvr_match + 0.4 * item_quality[item] - 0.6 * price
 
+    click_logit, cvr_logit = _logits(cfg, users, items, user, item, dense)
     p_click = torch.sigmoid(click_logit + _calibrate_intercept(click_logit, cfg.click_rate))
     conversion_rate = cfg.purchase_rate / cfg.click_rate
     p_cvr = torch.sigmoid(cvr_logit + _calibrate_intercept(cvr_logit, conversion_rate, weights=p_click))
     click = torch.bernoulli(p_click, generator=gen)
     purchase = click * torch.bernoulli(p_cvr, generator=gen)
 
-    sparse = torch.stack([user, item, item_category[item], user_segment[user], slot], dim=1)
-    dense = torch.stack([log_pop, log_activity, price, position], dim=1)
     return ImpressionData(
-        sparse=sparse,
-        dense=dense.float(),
-        click=click.float(),
-        purchase=purchase.float(),
+        sparse=torch.stack([user, item, items.category[item], users.segment[user], slot], dim=1),
+        dense=dense,
+        click=click,
+        purchase=purchase,
         user=user,
         timestamp=timestamp,
-        p_click=p_click.float(),
-        p_purchase=(p_click * p_cvr).float(),
+        p_click=p_click,
+        p_purchase=p_click * p_cvr,
         field_names=SPARSE_FIELDS,
         cardinalities=(cfg.num_users, cfg.num_items, cfg.num_categories, cfg.num_segments, cfg.num_slots),
         dense_names=DENSE_FEATURES,
     )
+
+
+class _Users(NamedTuple):
+    segment: Tensor  # (U,) segment id
+    factors: Tensor  # (U, latent_dim) taste
+    counts: Tensor  # (U,) number of impressions, >= 1
+
+
+class _Items(NamedTuple):
+    category: Tensor  # (I,) category id
+    factors: Tensor  # (I, latent_dim)
+    popularity: Tensor  # (I,) float64 impression probabilities (Zipf, shuffled over ids)
+    quality: Tensor  # (I,) appeal shared by all users, correlated with popularity
+    price: Tensor  # (I,) standardized price
+
+
+def _draw_users(cfg: SyntheticConfig, gen: torch.Generator) -> _Users:
+    """Users: a segment, latent factors near the segment centroid, long-tailed activity."""
+    segment = torch.randint(cfg.num_segments, (cfg.num_users,), generator=gen)
+    centroids = torch.randn(cfg.num_segments, cfg.latent_dim, generator=gen)
+    factors = _near(centroids[segment], cfg.factor_noise, gen)
+    sigma = cfg.activity_sigma
+    rates = torch.exp(sigma * torch.randn(cfg.num_users, generator=gen) - sigma**2 / 2) * (cfg.mean_impressions - 1)
+    return _Users(segment, factors, 1 + torch.poisson(rates, generator=gen).long())
+
+
+def _draw_items(cfg: SyntheticConfig, gen: torch.Generator) -> _Items:
+    """Items: a category, latent factors near the category centroid, Zipf popularity,
+    a quality correlated with popularity (popular items tend to be good ones) and a price."""
+    category = torch.randint(cfg.num_categories, (cfg.num_items,), generator=gen)
+    centroids = torch.randn(cfg.num_categories, cfg.latent_dim, generator=gen)
+    factors = _near(centroids[category], cfg.factor_noise, gen)
+    popularity = torch.arange(1, cfg.num_items + 1, dtype=torch.float64).pow(-cfg.zipf_exponent)
+    popularity = (popularity / popularity.sum())[torch.randperm(cfg.num_items, generator=gen)]
+    quality = 0.5 * _standardize(torch.log(popularity.float())) + 0.87 * torch.randn(cfg.num_items, generator=gen)
+    return _Items(category, factors, popularity, quality, torch.randn(cfg.num_items, generator=gen))
+
+
+def _near(centroids: Tensor, noise: float, gen: torch.Generator) -> Tensor:
+    """Centroids plus Gaussian noise of scale ``noise``, rescaled to unit variance per coordinate."""
+    return (centroids + noise * torch.randn(centroids.shape, generator=gen)) / (1 + noise**2) ** 0.5
+
+
+def _logits(
+    cfg: SyntheticConfig, users: _Users, items: _Items, user: Tensor, item: Tensor, dense: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Click and conversion logits before the intercepts. Clicks follow the user-item match
+    of all latent factors; conversion a partly different taste (the second half of the
+    factors), quality and price."""
+    log_pop, log_activity, price, position = dense.unbind(1)
+    match = (users.factors[user] * items.factors[item]).sum(1) / cfg.latent_dim**0.5
+    quality = items.quality[item]
+    click = cfg.interaction_scale * match + 0.4 * quality + 0.2 * log_pop + 0.2 * log_activity - 0.8 * position
+    half = cfg.latent_dim // 2
+    taste = (users.factors[user, half:] * items.factors[item, half:]).sum(1) / (cfg.latent_dim - half) ** 0.5
+    cvr = 0.5 * cfg.interaction_scale * taste + 0.3 * quality - 0.3 * price
+    return click, cvr
 
 
 def split_by_time(

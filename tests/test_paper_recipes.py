@@ -1,0 +1,170 @@
+"""Tests of the paper-reproduction recipes (recipes/label_dictatorship.py, bank_marketing.py,
+pdaom_ablation.py): each runs its ``--quick`` mode in-process and the tests check properties of
+the results that hold robustly at that size, plus the data-file errors and the small helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+BANK_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bank-marketing" / "bank-full.csv"
+
+
+def load_recipe(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{name}_recipe", RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dictatorship() -> ModuleType:
+    return load_recipe("label_dictatorship")
+
+
+@pytest.fixture(scope="module")
+def bank() -> ModuleType:
+    return load_recipe("bank_marketing")
+
+
+@pytest.fixture(scope="module")
+def pdaom() -> ModuleType:
+    return load_recipe("pdaom_ablation")
+
+
+def _finite_unit(value: float) -> bool:
+    return math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+# --------------------------------------------------------------------------- label dictatorship
+
+
+@pytest.fixture(scope="module")
+def dictatorship_results(dictatorship, tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("label_dictatorship")
+    return dictatorship.main(["--quick", "--output-dir", str(out)]), out
+
+
+def _bayes_row(results: dict, tau: float, prior: float) -> dict:
+    (row,) = [r for r in results["bayes"] if r["tau"] == tau and r["pi2"] == prior]
+    return row
+
+
+def test_shift_for_prior_hits_the_target(dictatorship):
+    x = dictatorship.sample_inputs(5000, torch.Generator().manual_seed(1))
+    for tau, prior in ((1.0, 0.02), (20.0, 0.3), (100.0, 0.9)):
+        rho = dictatorship.shift_for_prior(x, tau, prior)
+        eta = dictatorship.class_probabilities(x, tau, rho)
+        assert float(eta[:, 1].mean()) == pytest.approx(prior, abs=1e-9)
+
+
+def test_bayes_scorers_coincide_for_balanced_labels(dictatorship_results):
+    """pi_1 = pi_2 = 0.5: the LoA scorer is 4 x the LaA scorer, the same ranking."""
+    row = _bayes_row(dictatorship_results[0], 100.0, 0.5)
+    assert row["loa"] == row["laa"]
+
+
+def test_bayes_loa_gap_rises_with_skew_and_exceeds_laa(dictatorship_results):
+    """Fig. 2, near-deterministic labels (tau = 100): skewing label 2 makes the LoA scorer favour it
+    (label dictatorship), widening |AUC_1 - AUC_2| well beyond LaA's."""
+    results = dictatorship_results[0]
+    balanced = _bayes_row(results, 100.0, 0.5)["loa"]["diff"]
+    for prior in (0.3, 0.2):
+        row = _bayes_row(results, 100.0, prior)
+        assert row["loa"]["diff"] > balanced + 0.005
+        assert row["loa"]["diff"] > row["laa"]["diff"] + 0.01
+        assert row["loa"]["auc2"] > row["laa"]["auc2"]  # the skewed label is the one favoured
+
+
+def test_trained_study_reports_every_objective(dictatorship_results):
+    results, out = dictatorship_results
+    cells = {(r["pi2"], r["objective"]) for r in results["trained"]}
+    assert cells == {(p, o) for p in (0.5, 0.9) for o in ("loa", "laa", "balanced-loa")}
+    for row in results["trained"]:
+        assert len(row["per_seed"]) == 2
+        assert all(_finite_unit(row[m]["mean"]) for m in ("auc1", "auc2", "diff", "min"))
+        assert row["auc1"]["mean"] > 0.6 and row["auc2"]["mean"] > 0.6  # the MLP learned something
+    assert json.loads((out / "results.json").read_text())["trained"]
+    assert "Table 6" in (out / "results.md").read_text()
+
+
+# --------------------------------------------------------------------------- banking
+
+
+@pytest.fixture(scope="module")
+def bank_results(bank, tmp_path_factory) -> tuple[dict, Path]:
+    if not BANK_DATA.is_file():
+        pytest.skip(f"Bank Marketing data not found at {BANK_DATA}")
+    out = tmp_path_factory.mktemp("bank_marketing")
+    return bank.main(["--quick", "--data", str(BANK_DATA), "--output-dir", str(out)]), out
+
+
+def test_bank_quick_run_gives_finite_aucs_for_every_objective(bank, bank_results):
+    results, out = bank_results
+    assert [r["objective"] for r in results["table3"]] == list(bank.OBJECTIVES)
+    for row in results["table3"] + results["sweep"]:
+        assert all(_finite_unit(t[m]) for t in row["per_trial"] for m in ("mortgage", "loan", "diff", "min"))
+        for trial in row["per_trial"]:
+            assert trial["diff"] == pytest.approx(abs(trial["mortgage"] - trial["loan"]))
+            assert trial["min"] == min(trial["mortgage"], trial["loan"])
+    assert {r["rate"] for r in results["sweep"]} == {0.5}
+    assert "| LaA | paper | 0.616" in (out / "results.md").read_text()
+
+
+def test_bank_resample_hits_the_rate_exactly(bank):
+    mortgage = torch.tensor([1.0] * 60 + [0.0] * 40)
+    index = bank.resample(mortgage, 0.9, 50, torch.Generator().manual_seed(0))
+    assert len(index) == 50 and len(set(index.tolist())) == 50
+    assert int(mortgage[index].sum()) == 45
+    with pytest.raises(ValueError, match="cannot draw 80 rows"):
+        bank.resample(mortgage, 0.9, 80, torch.Generator().manual_seed(0))
+
+
+def test_bank_missing_file_names_the_path(bank, tmp_path):
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        bank.load_bank(missing)
+
+
+def test_bank_malformed_files_name_the_path_and_line(bank, tmp_path):
+    comma = tmp_path / "comma.csv"
+    comma.write_text("age,balance,housing,loan\n30,100,yes,no\n")
+    with pytest.raises(ValueError, match="comma.csv lacks the columns"):
+        bank.load_bank(comma)
+    header = ";".join(f'"{c}"' for c in (*bank.NUMERIC_FEATURES, *bank.LABELS))
+    bad_label = tmp_path / "bad_label.csv"
+    bad_label.write_text(header + "\n" + ";".join(["1"] * 7) + ';"yes";"maybe"\n')
+    with pytest.raises(ValueError, match="bad_label.csv, line 2"):
+        bank.load_bank(bad_label)
+    bad_number = tmp_path / "bad_number.csv"
+    bad_number.write_text(header + "\n" + ";".join(["1"] * 6) + ';"x";"yes";"no"\n')
+    with pytest.raises(ValueError, match="bad_number.csv, line 2"):
+        bank.load_bank(bad_number)
+
+
+# --------------------------------------------------------------------------- PDAOM
+
+
+def test_pdaom_quick_run_trains_and_reports_auc_and_gauc(pdaom, tmp_path):
+    results = pdaom.main(["--quick", "--output-dir", str(tmp_path)])
+    assert set(results["table5"]) == set(pdaom.OBJECTIVES)
+    for stats in results["table5"].values():
+        for metric in pdaom.METRICS:
+            assert 0 < stats[metric]["mean"] < 100  # in points (x100)
+    bce = results["table5"]["bce"]
+    assert all(bce[m]["delta_mean"] == 0 for m in pdaom.METRICS)  # CE minus itself, same seed
+    assert all(math.isfinite(results["oracle"][m]) for m in pdaom.METRICS)
+    assert set(results["lambda_sweep"]) == {"10.0"} and set(results["batch_sweep"]) == {"128"}
+    assert "CE+PDAOM" in (tmp_path / "results.md").read_text()
+
+
+def test_pdaom_objectives_use_groups_only_for_pdaom(pdaom):
+    grouped = {name: pdaom.build_objective(name, 1.0)[1] for name in pdaom.OBJECTIVES}
+    assert grouped == {"bce": False, "bce+pel": False, "bce+daom": False, "bce+pdaom": True}
