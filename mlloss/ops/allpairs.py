@@ -181,19 +181,46 @@ def _rectangle(
     margin: float,
     grad: Tensor,
 ) -> list[Tensor]:
-    """weight * sum over the rectangle of phi(s_i - s_j), in tiles of at most TILE_ELEMENTS."""
+    """weight * sum over the rectangle of phi(s_i - s_j), in tiles of at most TILE_ELEMENTS.
+
+    Two tile buffers are allocated once and reused: allocating fresh 16 MB temporaries per tile
+    made glibc keep gigabytes of freed memory in long runs (benchmarks/README.md).
+    """
     num_cols = min(lower_end - lower_start, TILE_ELEMENTS)
     num_rows = max(1, TILE_ELEMENTS // num_cols)
+    size = min(num_rows, upper_end - upper_start) * num_cols
+    reverse_buffer, work_buffer = scores.new_empty(size), scores.new_empty(size)
     partial_sums = []
     for row_start in range(upper_start, upper_end, num_rows):
         row_end = min(row_start + num_rows, upper_end)
         rows = scores[row_start:row_end]
         for col_start in range(lower_start, lower_end, num_cols):
             col_end = min(col_start + num_cols, lower_end)
-            value, pull = surrogate_value_and_pull(
-                scores[None, col_start:col_end] - rows[:, None], surrogate, margin
-            )
-            partial_sums.append(value.sum() * weight)
+            shape = (row_end - row_start, col_end - col_start)
+            reverse = reverse_buffer[: shape[0] * shape[1]].view(shape)
+            torch.sub(scores[None, col_start:col_end], rows[:, None], out=reverse)
+            value_sum, pull = _tile_sum_and_pull(reverse, work_buffer[: reverse.numel()].view(shape), surrogate, margin)
+            partial_sums.append(value_sum * weight)
             grad[row_start:row_end] -= pull.sum(1) * weight
             grad[col_start:col_end] += pull.sum(0) * weight
     return partial_sums
+
+
+def _tile_sum_and_pull(reverse: Tensor, work: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
+    """(sum of phi over the tile, -dphi/dt per pair) from r = s_j - s_i, in the two given buffers
+    (``reverse`` may be overwritten); the same arithmetic as ``surrogate_value_and_pull``."""
+    if surrogate == "logistic":
+        torch.logaddexp(reverse, reverse.new_zeros(()), out=work)  # softplus(r)
+        value_sum = work.sum()
+        return value_sum, torch.sigmoid(reverse, out=work)
+    if surrogate == "exponential":
+        torch.exp(reverse, out=work)
+        return work.sum(), work
+    gap = reverse.add_(margin)  # m - t
+    if surrogate == "hinge":
+        torch.clamp(gap, min=0, out=work)
+        return work.sum(), torch.sign(work, out=work)  # 1 where active, 0 at and past the kink
+    if surrogate == "squared":
+        torch.square(gap, out=work)
+        return work.sum(), gap.mul_(2)
+    raise ValueError(f"unknown surrogate {surrogate!r}")
