@@ -161,6 +161,58 @@ def device_description() -> dict[str, Any]:
     }
 
 
+def source_provenance(repo_root: str) -> dict[str, Any]:
+    """Git commit and dirty state of the library, plus a hash of its sources (detects edits mid-run)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", repo_root, *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--", "mlloss", "kernels")
+    return {
+        "git_commit": git("rev-parse", "HEAD"),
+        "library_dirty_files": status.splitlines() if status else [],
+        "library_sha256": library_hash(repo_root),
+    }
+
+
+def snapshot_library(repo_root: str, target: str) -> str:
+    """Copy mlloss/ (and kernels/ as mlloss/kernels, as installed) into ``target``; return it.
+
+    Workers get ``target`` first on PYTHONPATH, which wins over the editable install's finder
+    (appended to ``sys.meta_path``), so a run measures one version even if the tree is edited.
+    """
+    import shutil
+
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(os.path.join(repo_root, "mlloss"), os.path.join(target, "mlloss"), ignore=ignore)
+    kernels = os.path.join(repo_root, "kernels")
+    if os.path.isdir(kernels) and not os.path.exists(os.path.join(target, "mlloss", "kernels")):
+        shutil.copytree(kernels, os.path.join(target, "mlloss", "kernels"), ignore=ignore)
+    return target
+
+
+def library_hash(repo_root: str) -> str:
+    """sha256 over the library's Python sources (mlloss/ and kernels/), path-sorted."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for folder in ("mlloss", "kernels"):
+        base = os.path.join(repo_root, folder)
+        for root, dirs, files in os.walk(base):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(root, name)
+                    digest.update(os.path.relpath(path, repo_root).encode())
+                    with open(path, "rb") as handle:
+                        digest.update(handle.read())
+    return digest.hexdigest()[:16]
+
+
 def fmt_num(value: Any, spec: str) -> str:
     if value is None:
         return "-"

@@ -22,17 +22,28 @@ Sections (``--sections 1,2,3,4``):
 
 Every (case, N, implementation) runs in a fresh process (see ``_measure`` for the memory method);
 time is forward + backward wall time, the min over 3-4 full-size runs after a warm-up on a tiny
-input, with ``torch.set_num_threads(2)``. "pairs/s" is valid pairs (the loss's pair set, the same
-numerator for every implementation of a case) per second. "value rel. diff" compares each row with
+input, with ``torch.set_num_threads(2)`` and OMP_WAIT_POLICY=PASSIVE (``--omp-wait-policy``: on a
+shared machine the default spinning OpenMP barrier made 2-thread ops up to 6x slower). "peak extra
+MB" is the first full-size run's peak RSS above the baseline; "peak all runs MB" the peak over all
+the full-size runs (grows when the C allocator keeps freed buffers between steps). Baselines whose
+projected peak exceeds ``--mem-limit-gb`` (8) are skipped, and the naive LaA / grouped baselines
+stop at N = 8192 to keep the full run near 15 minutes. "pairs/s" is valid pairs (the loss's pair
+set, the same numerator for every implementation of a case) per second. "value rel. diff" compares each row with
 the case's reference row (mlloss; for section 3 the closed form); the reference row shows, for
 N <= 4096, its own difference from a float64 naive evaluation. "grad rel. diff" is
 max|g - g_ref| / max|g_ref|.
 
+The workers import mlloss from a copy of ``mlloss/`` taken at start (``--no-snapshot`` to use the
+live tree), and the JSON records the git commit, the dirty library files and a hash of the sources.
+
 Usage::
 
-    python benchmarks/bench_pairwise.py                 # full run (~15 min on 2 cores)
-    python benchmarks/bench_pairwise.py --quick         # smoke test, small sizes
+    python benchmarks/bench_pairwise.py                 # full run: ~10 min on 2 idle cores, ~16 busy
+    python benchmarks/bench_pairwise.py --quick         # smoke test (~20-30 s): small sizes, one process
     python benchmarks/bench_pairwise.py --sections 1,3 --output benchmarks/results/x.json
+
+``--quick`` runs every case in the driver process (memory numbers approximate: earlier cases'
+heap is reused) and writes ``results/cpu-2core-quick.json`` unless ``--output`` is given.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _measure  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
+REPO_ROOT = os.path.dirname(os.path.dirname(SCRIPT))
 DEFAULT_OUTPUT = os.path.join(os.path.dirname(SCRIPT), "results", "cpu-2core.json")
 LAA_PRIORS = (0.5, 0.1)
 THREADS = 2
@@ -121,7 +133,7 @@ def naive_broadcast_loss(spec, scores, labels, groups):
     else:
         cost = cost * (groups[:, None] == groups[None, :])
         _, inverse = torch.unique(groups, return_inverse=True)
-        group_cost = torch.zeros(int(inverse.max()) + 1).index_add_(0, inverse, cost.sum(1))
+        group_cost = torch.zeros(int(inverse.max()) + 1, dtype=cost.dtype).index_add_(0, inverse, cost.sum(1))
         groups_with_pairs = (group_cost > 0).sum()
         weight = cost / (group_cost[inverse].clamp(min=1e-30)[:, None] * groups_with_pairs)
     t = scores[:, None] - scores[None, :]
@@ -209,12 +221,11 @@ def build_step(spec: dict[str, Any], inputs):
     return step
 
 
-def worker_main(spec_path: str) -> None:
+def run_case(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build the inputs, warm up, measure; save value and gradient to ``out_prefix + .grad.pt``."""
     import torch
 
     torch.set_num_threads(THREADS)
-    with open(spec_path) as handle:
-        spec = json.load(handle)
     inputs = make_inputs(spec)
     tiny = make_inputs(spec, n=min(256, spec["n"]))
     step, warm = build_step(spec, inputs), build_step(spec, tiny)
@@ -222,12 +233,22 @@ def worker_main(spec_path: str) -> None:
     measured = _measure.measure_step(step, warm, repeats=spec["repeats"], long_run_s=spec["long_run_s"])
     value = measured.pop("result")
     torch.save({"value": value, "grad": inputs[0].grad.detach().clone()}, spec["out_prefix"] + ".grad.pt")
+    import mlloss
+
     measured.update(
         value=value,
+        mlloss_file=mlloss.__file__,
         loadavg_before=list(load_before),
         loadavg_after=list(os.getloadavg()),
         threads=torch.get_num_threads(),
     )
+    return measured
+
+
+def worker_main(spec_path: str) -> None:
+    with open(spec_path) as handle:
+        spec = json.load(handle)
+    measured = run_case(spec)
     with open(spec["out_prefix"] + ".result.json", "w") as handle:
         json.dump(measured, handle)
 
@@ -250,9 +271,9 @@ def section_cases(section: int, quick: bool) -> list[dict[str, Any]]:
     if section == 2:
         return [dict(section=2, case=f"LaA logistic, 2 labels (priors {LAA_PRIORS[0]}, {LAA_PRIORS[1]})",
                      kind="laa", priors=list(LAA_PRIORS), surrogate="logistic", sizes=sizes,
-                     impls=["mlloss", "naive"])]
+                     impls=["mlloss", "naive"], max_n={"naive": 8192})]
     if section == 3:
-        n, n_groups = (100_000, 2_000) if quick else (1_000_000, 20_000)
+        n, n_groups = (50_000, 1_000) if quick else (1_000_000, 20_000)
         cases = []
         for surrogate in ("exponential", "squared", "hinge"):
             cases.append(dict(section=3, case=f"AUC {surrogate}, groups, prior 0.1", kind="auc", prior=0.1,
@@ -265,7 +286,8 @@ def section_cases(section: int, quick: bool) -> list[dict[str, Any]]:
         return cases
     if section == 4:
         return [dict(section=4, case="grouped AUC logistic, ~50 items/user, prior 0.1", kind="auc", prior=0.1,
-                     surrogate="logistic", group_size=50, sizes=sizes, impls=["mlloss", "naive", "libauc-loop"])]
+                     surrogate="logistic", group_size=50, sizes=sizes, impls=["mlloss", "naive", "libauc-loop"],
+                     max_n={"naive": 8192})]
     raise ValueError(f"unknown section {section}")
 
 
@@ -297,7 +319,7 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
     for case in section_cases(section, args.quick):
         measured_per_element: dict[str, tuple[float, float]] = {}  # impl -> (elements, MB)
         for n in case["sizes"]:
-            spec_base = {k: v for k, v in case.items() if k not in ("sizes", "impls")}
+            spec_base = {k: v for k, v in case.items() if k not in ("sizes", "impls", "max_n")}
             spec_base.update(n=n, seed=args.seed, repeats=args.repeats, long_run_s=args.long_run_s)
             inputs = make_inputs(spec_base)
             pairs = count_pairs(spec_base, inputs[1], inputs[2])
@@ -318,13 +340,27 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
                     else:
                         projected_mb = PRIOR_BYTES_PER_ELEMENT[impl] * elements / _measure.MB
                     row["projected_peak_mb"] = projected_mb
+                    cap = case.get("max_n", {}).get(impl)
                     if projected_mb > args.mem_limit_gb * 1024:
                         row["skipped"] = f"projected {projected_mb / 1024:.1f} GB > {args.mem_limit_gb:g} GB"
+                    elif cap is not None and n > cap:
+                        row["skipped"] = f"time budget: run up to N={cap} here (projected {projected_mb / 1024:.1f} GB)"
+                    if "skipped" in row:
                         rows.append(row)
                         print(f"  skip {case['case']} N={n} {impl}: {row['skipped']}", flush=True)
                         continue
+                if args.snapshot is None:  # measuring the live working tree: flag edits mid-run
+                    row["library_sha256"] = _measure.library_hash(REPO_ROOT)
+                    if row["library_sha256"] != args.library_sha256:
+                        print(f"  WARNING: the mlloss sources changed during the run "
+                              f"({args.library_sha256} -> {row['library_sha256']})", flush=True)
                 spec["out_prefix"] = os.path.join(tmpdir, f"s{section}-{len(rows)}-{impl}-{n}")
-                result = _measure.run_worker(SCRIPT, spec, timeout_s=args.timeout, env_extra=env_extra)
+                if args.in_process:
+                    result = run_case(spec)
+                    result["memory_isolation"] = "in-process (approximate: earlier cases' heap is reused)"
+                else:
+                    result = _measure.run_worker(SCRIPT, spec, timeout_s=args.timeout, env_extra=env_extra)
+                    result["memory_isolation"] = "fresh process"
                 row.update(result)
                 if "error" not in result:
                     if elements is not None and result["peak_extra_mb"] > 0:
@@ -351,15 +387,15 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    headers = ["case", "N", "implementation", "time ms", "peak extra MB", "pairs/s",
+    headers = ["case", "N", "implementation", "time ms", "peak extra MB", "peak all runs MB", "pairs/s",
                "value rel. diff", "grad rel. diff"]
     table = []
     for row in rows:
         if "skipped" in row:
-            table.append([row["case"], row["n"], row["impl"], f"skipped: {row['skipped']}", "-", "-", "-", "-"])
+            table.append([row["case"], row["n"], row["impl"], f"skipped: {row['skipped']}", "-", "-", "-", "-", "-"])
             continue
         if "error" in row:
-            table.append([row["case"], row["n"], row["impl"], f"error: {row['error'][:80]}", "-", "-", "-", "-"])
+            table.append([row["case"], row["n"], row["impl"], f"error: {row['error'][:80]}", "-", "-", "-", "-", "-"])
             continue
         if row.get("reference"):
             diff = "ref" + (f" (vs f64: {row['f64_rel_diff']:.1e})" if "f64_rel_diff" in row else "")
@@ -370,7 +406,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         pairs_per_s = "-" if row.get("pairs_per_s") is None else f"{row['pairs_per_s']:.3g}"
         table.append([
             row["case"], row["n"], row["impl"], f"{row['time_s'] * 1e3:.1f}",
-            f"{row['peak_extra_mb']:.0f}", pairs_per_s, diff, grad,
+            f"{row['peak_extra_mb']:.0f}", f"{row['peak_extra_all_runs_mb']:.0f}", pairs_per_s, diff, grad,
         ])
     return _measure.markdown_table(headers, table)
 
@@ -409,6 +445,17 @@ def main() -> None:
                         help="skip baseline cases whose projected peak exceeds this")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-case worker timeout, seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every case in this process (no fresh process per case; memory numbers "
+                             "approximate); implied by --quick unless --fresh-process is given")
+    parser.add_argument("--fresh-process", action="store_true", help="with --quick, still isolate cases")
+    parser.add_argument("--omp-wait-policy", default="PASSIVE",
+                        help="OMP_WAIT_POLICY for the measured processes (default PASSIVE; 'unset' leaves "
+                             "it unset). With other processes on the cores, the default spinning OpenMP "
+                             "barrier makes every 2-thread op wait for a descheduled thread")
+    parser.add_argument("--no-snapshot", action="store_true",
+                        help="import mlloss from the working tree in every worker instead of from a copy "
+                             "taken at start (the copy keeps one version if the tree is edited mid-run)")
     parser.add_argument("--malloc-mmap-threshold", type=int, default=None,
                         help="set MALLOC_MMAP_THRESHOLD_ (bytes) in the workers (pins glibc's mmap threshold)")
     args = parser.parse_args()
@@ -417,27 +464,51 @@ def main() -> None:
         return
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
+    if args.quick and not args.fresh_process:
+        args.in_process = True
     output = args.output or (DEFAULT_OUTPUT if not args.quick else
                              os.path.join(os.path.dirname(DEFAULT_OUTPUT), "cpu-2core-quick.json"))
     sections = [int(s) for s in args.sections.split(",") if s.strip()]
+    snapshot = None
+    if not args.no_snapshot:
+        snapshot = os.environ.get("MLLOSS_BENCH_SNAPSHOT") or _measure.snapshot_library(
+            REPO_ROOT, tempfile.mkdtemp(prefix="mlloss-bench-src-"))
     env_extra = {"OMP_NUM_THREADS": str(THREADS)}
+    if snapshot:
+        env_extra["MLLOSS_BENCH_SNAPSHOT"] = snapshot
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != snapshot]
+        env_extra["PYTHONPATH"] = os.pathsep.join([snapshot, *inherited])
+    if args.omp_wait_policy.lower() != "unset":
+        env_extra["OMP_WAIT_POLICY"] = args.omp_wait_policy
     if args.malloc_mmap_threshold is not None:
         env_extra["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
+    if args.in_process and any(os.environ.get(k) != v for k, v in env_extra.items()):
+        # OpenMP and glibc read these at start-up: re-execute this driver with them set.
+        os.environ.update(env_extra)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    if snapshot and snapshot not in sys.path:
+        sys.path.insert(0, snapshot)
 
     import torch
 
     torch.set_num_threads(THREADS)
     device = _measure.device_description()
+    provenance = _measure.source_provenance(REPO_ROOT)
+    provenance["measured"] = "snapshot of the working tree taken at start" if snapshot else "working tree"
+    args.library_sha256 = provenance["library_sha256"]
+    args.snapshot = snapshot
     device["torch_threads"] = THREADS
     started = time.perf_counter()
     print(f"device: {device['cpu_model']}, {device['logical_cpus']} logical CPUs, torch {device['torch']}, "
           f"load average {tuple(round(x, 2) for x in device['loadavg_start'])}", flush=True)
+    print(f"mlloss at {provenance['git_commit']}, dirty library files: {provenance['library_dirty_files']}, "
+          f"sources sha256 {provenance['library_sha256']}", flush=True)
     all_rows: list[dict[str, Any]] = []
     markdown = []
     with tempfile.TemporaryDirectory(prefix="mlloss-bench-") as tmpdir:
         for section in sections:
             load_start = os.getloadavg()
-            print(f"\n## {SECTION_TITLES[section]}", flush=True)
+            print(f"\nrunning {SECTION_TITLES[section]} ...", flush=True)
             rows = run_section(section, args, tmpdir, env_extra)
             load_end = os.getloadavg()
             table = format_rows(rows)
@@ -464,11 +535,14 @@ def main() -> None:
     device["mlloss"] = mlloss.__version__
     report = {
         "device": device,
+        "provenance": dict(provenance, working_tree_sha256_end=_measure.library_hash(REPO_ROOT)),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "settings": {
             "quick": args.quick, "sections": sections, "repeats": args.repeats,
             "long_run_s": args.long_run_s, "mem_limit_gb": args.mem_limit_gb, "seed": args.seed,
             "threads": THREADS, "malloc_mmap_threshold": args.malloc_mmap_threshold,
+            "omp_wait_policy": args.omp_wait_policy, "in_process": args.in_process,
+            "worker_env": env_extra,
             "memory_method": _measure.__doc__.split("\n\n")[1].replace("\n", " "),
             "time_method": "forward+backward wall time, min over the full-size runs (the memory run "
                            "included) after a warm-up on a 256-item input",
@@ -484,6 +558,10 @@ def main() -> None:
         handle.write(f"# mlloss pairwise benchmark\n\ndevice: {device['cpu_model']}, {device['logical_cpus']} "
                      f"logical CPUs, torch {device['torch']}, {device['date_utc']}\n\ncommand: "
                      f"`{report['command']}`\n" + "".join(markdown))
+    if snapshot:
+        import shutil
+
+        shutil.rmtree(snapshot, ignore_errors=True)
     print(f"\nwrote {output} ({report['total_wall_s']:.0f} s)")
 
 
