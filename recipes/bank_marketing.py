@@ -154,15 +154,10 @@ def make_trials(
 
 def build_objective(name: str) -> nn.Module:
     """The pairwise loss of ``name``; trials are its groups and their losses are summed."""
-    if name in ("auc-mortgage", "auc-loan"):
-        return mlloss.AUCLoss(reduction="sum")
-    if name == "laa":
-        return mlloss.LaALoss(reduction="sum")
-    if name == "loa":
-        return mlloss.LoALoss(weights=[1.0, 1.0], reduction="sum")
-    if name == "balanced-loa":
-        return mlloss.LoALoss(weights="balanced", reduction="sum")
-    raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
+    library_name = "auc" if name in ("auc-mortgage", "auc-loan") else name  # loa: weights (1, 1)
+    return mlloss.build_loss(library_name, reduction="sum")
 
 
 def objective_labels(name: str, labels: Tensor) -> Tensor:

@@ -220,15 +220,10 @@ def _uniform(shape: tuple[int, ...], bound: float, generator: torch.Generator) -
 
 def build_objective(name: str) -> nn.Module:
     """The loss for ``name``, summing the per-seed losses (seeds are the groups)."""
-    if name == "loa":
-        return mlloss.LoALoss(weights=[1.0, 1.0], reduction="sum")
-    if name == "laa":
-        return mlloss.LaALoss(reduction="sum")
-    if name == "balanced-loa":
-        return mlloss.LoALoss(weights="balanced", reduction="sum")
-    if name in ("auc-y1", "auc-y2"):
-        return mlloss.AUCLoss(reduction="sum")
-    raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
+    library_name = "auc" if name in ("auc-y1", "auc-y2") else name  # loa: weights (1, 1)
+    return mlloss.build_loss(library_name, reduction="sum")
 
 
 def objective_labels(name: str, labels: Tensor) -> Tensor:
