@@ -96,8 +96,9 @@ def scores_vector(scores: object) -> Tensor:
     return scores
 
 
-def label_matrix(labels: object, num_items: int) -> Tensor:
-    """Labels as a float64 matrix (N, K); accepts (N,) or (N, K) bool, int or float."""
+def label_matrix(labels: object, num_items: int | None) -> Tensor:
+    """Labels as a float64 matrix (N, K); accepts (N,) or (N, K) bool, int or float. With
+    ``num_items`` the number of rows must match it."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"labels must be a torch.Tensor; got {type(labels).__name__}")
     if labels.is_complex():
@@ -106,7 +107,7 @@ def label_matrix(labels: object, num_items: int) -> Tensor:
         labels = labels[:, None]
     if labels.dim() != 2:
         raise ValueError(f"labels must have shape (N,) or (N, K); got {tuple(labels.shape)}")
-    if labels.shape[0] != num_items:
+    if num_items is not None and labels.shape[0] != num_items:
         raise ValueError(
             f"labels have {labels.shape[0]} rows but scores have {num_items} items; "
             f"got labels of shape {tuple(labels.shape)}"

@@ -70,7 +70,7 @@ def label_dictatorship(
     label_names: Sequence[str] | None = None,
 ) -> DictatorshipReport:
     """Report the effective LoA weights of binary ``labels`` (N, K) under mixing ``weights``."""
-    matrix = check.check_binary(check.label_matrix(labels, labels.shape[0] if isinstance(labels, Tensor) else 0))
+    matrix = check.check_binary(check.label_matrix(labels, None))
     num_labels = matrix.shape[1]
     mixing = check.check_weights("weights", weights, strictly_positive=False)
     mixing = torch.ones(num_labels, dtype=torch.float64) if mixing is None else mixing

@@ -68,7 +68,7 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
     "bce": BCELoss,
 }
 # Pairwise losses that take one binary label and so combine with BCE on the same logits.
-SINGLE_LABEL = ("auc", "pdaom")
+SINGLE_LABEL = {"auc", "pdaom"}
 
 
 def register_loss(name: str, factory: Callable[..., nn.Module], *, single_label: bool = False) -> None:
@@ -76,9 +76,8 @@ def register_loss(name: str, factory: Callable[..., nn.Module], *, single_label:
     if not isinstance(name, str) or not name or "+" in name:
         raise ValueError(f"a loss name must be a non-empty string without '+'; got {name!r}")
     LOSSES[name] = factory
-    global SINGLE_LABEL
-    if single_label and name not in SINGLE_LABEL:
-        SINGLE_LABEL = (*SINGLE_LABEL, name)
+    if single_label:
+        SINGLE_LABEL.add(name)
 
 
 def build_loss(name: str, **kwargs) -> nn.Module:
@@ -91,13 +90,13 @@ def build_loss(name: str, **kwargs) -> nn.Module:
         ranking_name = key[len("bce+"):]
         if ranking_name not in SINGLE_LABEL:
             raise ValueError(
-                f"'bce+' combines with a single-label pairwise loss ({', '.join(SINGLE_LABEL)}); "
+                f"'bce+' combines with a single-label pairwise loss ({', '.join(sorted(SINGLE_LABEL))}); "
                 f"got name={name!r}"
             )
         lam = kwargs.pop("lam", 1.0)
         ranking_input = kwargs.pop("ranking_input", "probability")
         return BCEPlusRanking(LOSSES[ranking_name](**kwargs), lam=lam, ranking_input=ranking_input)
     if key not in LOSSES:
-        known = sorted(LOSSES) + [f"bce+{n}" for n in SINGLE_LABEL]
+        known = sorted(LOSSES) + [f"bce+{n}" for n in sorted(SINGLE_LABEL)]
         raise ValueError(f"unknown loss name {name!r}; known: {', '.join(known)}")
     return LOSSES[key](**kwargs)

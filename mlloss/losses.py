@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from . import _validation as check
 from .distributed import gather_batch
-from .ops.ranking import PairTerm, ordinal_ranking_loss
+from .ops.ranking import PairTerm, ordinal_ranking_loss, zero_loss
 
 # Aggregated labels are compared after rounding to this relative resolution, so that weighted sums
 # of binary labels that are equal in exact arithmetic (0.1 + 0.2 and 0.3) form one level.
@@ -227,7 +227,7 @@ class LoALoss(_PairwiseLoss):
             self._pair_term(scores, labels[:, k], groups, "uniform") if mixing[k] > 0 else None
             for k in range(labels.shape[1])
         ]
-        zero = scores.sum().to(torch.float64 if scores.dtype == torch.float64 else torch.float32) * 0
+        zero = zero_loss(scores)
         label_losses = [zero if term is None else term.loss for term in terms]
         loss = sum((float(a) * term for a, term in zip(mixing, label_losses)), zero)
         self.parts = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layout import OrdinalLayout, dense_cells, segment_logsumexp
+from .layout import OrdinalLayout, dense_cells, level_pair_sums, segment_logsumexp
 
 # The (G, L, L) term table of the exponential form is built in chunks of groups of this many entries.
 TERM_TABLE_ELEMENTS = 1 << 24
@@ -58,8 +58,8 @@ def squared_all_pairs(
     first = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=lengths), 0.0)
     second = dense_cells(layout, torch.segment_reduce(centred.square(), "sum", lengths=lengths), 0.0)
 
-    def pairs(upper: Tensor, lower: Tensor) -> Tensor:  # sum_{a > b} C_ab * upper_a * lower_b
-        return torch.einsum("ga,ab,gb->g", upper, cost_matrix, lower)
+    def pairs(upper: Tensor, lower: Tensor) -> Tensor:
+        return level_pair_sums(upper, cost_matrix, lower)
 
     # sum over pairs of (m - x_i + x_j)^2 = m^2 + x_i^2 + x_j^2 - 2m x_i + 2m x_j - 2 x_i x_j
     per_group = (

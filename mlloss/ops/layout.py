@@ -132,10 +132,14 @@ def pair_cost_matrix(level_values: Tensor, cost: str) -> Tensor:
     return upper.to(torch.float64)
 
 
+def level_pair_sums(upper: Tensor, cost_matrix: Tensor, lower: Tensor) -> Tensor:
+    """Per group u: sum_{a > b} C_ab * upper_ua * lower_ub over (G, L) tables (float64, (G,))."""
+    return torch.einsum("ga,ab,gb->g", upper.to(torch.float64), cost_matrix, lower.to(torch.float64))
+
+
 def group_pair_cost(counts: Tensor, cost_matrix: Tensor) -> Tensor:
     """Z_u = sum over valid pairs in group u of c_ij = sum_{a,b} n_ua C_ab n_ub (float64, (G,))."""
-    counts = counts.to(torch.float64)
-    return torch.einsum("ga,ab,gb->g", counts, cost_matrix, counts)
+    return level_pair_sums(counts, cost_matrix, counts)
 
 
 def reduction_coefficients(group_cost: Tensor, reduction: str) -> Tensor:

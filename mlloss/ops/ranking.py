@@ -39,6 +39,16 @@ class PairTerm:
     groups_with_pairs: Tensor  # groups that contributed to the reduction
 
 
+def loss_dtype(scores: Tensor) -> torch.dtype:
+    """float64 for float64 scores, else float32 (fp32 accumulation for fp32/bf16/fp16)."""
+    return torch.float64 if scores.dtype == torch.float64 else torch.float32
+
+
+def zero_loss(scores: Tensor) -> Tensor:
+    """An exact 0 loss whose gradient with respect to ``scores`` is zero (not missing)."""
+    return scores.sum().to(loss_dtype(scores)) * 0
+
+
 def resolve_backend(backend: str, surrogate: str, pairs: str, device: torch.device) -> str:
     """The path that ``backend`` selects for this surrogate (``pairs="hardest"`` is always O(N))."""
     if pairs == "hardest":
@@ -72,10 +82,10 @@ def ordinal_ranking_loss(
     backend: str,
 ) -> PairTerm:
     """The pairwise loss of ``scores`` (N,) for float64 ``levels`` (N,) and int64 ``groups``."""
-    output_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    if scores.numel() < 2:  # no pair at all: exactly zero, with a zero (not missing) gradient
+    output_dtype = loss_dtype(scores)
+    if scores.numel() < 2:  # no pair at all
         nothing = torch.zeros((), dtype=torch.float64)
-        return PairTerm(scores.sum().to(output_dtype) * 0, nothing, nothing.to(torch.int64))
+        return PairTerm(zero_loss(scores), nothing, nothing.to(torch.int64))
     layout = ordinal_layout(levels, groups)
     cost_matrix = pair_cost_matrix(layout.level_values, cost).to(scores.device)
     path = resolve_backend(backend, surrogate, pairs, scores.device)
@@ -85,15 +95,15 @@ def ordinal_ranking_loss(
             scores.to(torch.float64)[layout.order], layout, cost_matrix, surrogate, margin,
             reduction, temperature,
         )
-        present = (layout.counts > 0).to(torch.float64)
-        level_pairs = torch.einsum("ga,ab,gb->", present, (cost_matrix > 0).to(torch.float64), present)
+        present = layout.counts > 0
+        level_pairs = group_pair_cost(present, (cost_matrix > 0).to(torch.float64)).sum()
         return PairTerm(_finish(loss, output_dtype, surrogate), level_pairs, groups_with_pairs)
 
     group_cost = group_pair_cost(layout.counts, cost_matrix)
     valid_pairs = group_pair_cost(layout.counts, (cost_matrix > 0).to(torch.float64)).sum()
     groups_with_pairs = (group_cost > 0).sum()
     if not bool(groups_with_pairs):
-        return PairTerm(scores.sum().to(output_dtype) * 0, valid_pairs, groups_with_pairs)
+        return PairTerm(zero_loss(scores), valid_pairs, groups_with_pairs)
     coefficients = reduction_coefficients(group_cost, reduction)
 
     if path == "exact":
