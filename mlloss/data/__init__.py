@@ -1,4 +1,5 @@
-"""Data for mlloss experiments: a synthetic Ali-CCP-like impression log generator."""
+"""Data for mlloss experiments: a synthetic Ali-CCP-like impression log generator and
+loaders for the real Ali-CCP and AliExpress click/conversion CSVs."""
 
 from mlloss.data.synthetic import (
     DENSE_FEATURES,
@@ -8,12 +9,26 @@ from mlloss.data.synthetic import (
     generate_impressions,
     split_by_time,
 )
+from mlloss.data.tabular import (
+    ALI_CCP_DENSE_FEATURES,
+    ALI_CCP_SPARSE_FIELDS,
+    ALIEXPRESS_DENSE_FEATURES,
+    ALIEXPRESS_SPARSE_FIELDS,
+    load_ali_ccp,
+    load_aliexpress,
+)
 
 __all__ = [
+    "ALI_CCP_DENSE_FEATURES",
+    "ALI_CCP_SPARSE_FIELDS",
+    "ALIEXPRESS_DENSE_FEATURES",
+    "ALIEXPRESS_SPARSE_FIELDS",
     "DENSE_FEATURES",
     "SPARSE_FIELDS",
     "ImpressionData",
     "SyntheticConfig",
     "generate_impressions",
+    "load_ali_ccp",
+    "load_aliexpress",
     "split_by_time",
 ]

@@ -1,0 +1,278 @@
+"""Tests of the real-data loaders (mlloss.data.tabular) on the shared Ali-CCP and AliExpress
+samples, and of their error messages on small files written to tmp_path."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlloss.data import (
+    ALI_CCP_DENSE_FEATURES,
+    ALI_CCP_SPARSE_FIELDS,
+    ALIEXPRESS_DENSE_FEATURES,
+    ALIEXPRESS_SPARSE_FIELDS,
+    ImpressionData,
+    load_ali_ccp,
+    load_aliexpress,
+)
+
+# The repository is cloned next to shared/, which holds the data (see shared/data/README.md).
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ALI_CCP_DIR = SHARED_DATA / "ali-ccp-sample"
+ALIEXPRESS_DIR = SHARED_DATA / "aliexpress-sample"
+needs_shared_data = pytest.mark.skipif(
+    not SHARED_DATA.is_dir(), reason=f"shared data folder not found at {SHARED_DATA} (clone the repo next to shared/)"
+)
+
+ALI_CCP_HEADER = ["click", "purchase", *ALI_CCP_SPARSE_FIELDS, *ALI_CCP_DENSE_FEATURES]
+
+
+def _csv_column(path: Path, column: str) -> list[str]:
+    """One column of a CSV file read with the csv module: an independent reference."""
+    with path.open(newline="") as file:
+        return [row[column] for row in csv.DictReader(file)]
+
+
+def _check_ids_within_cardinalities(*splits: ImpressionData) -> None:
+    cardinalities = torch.tensor(splits[0].cardinalities)
+    for split in splits:
+        assert split.cardinalities == splits[0].cardinalities
+        assert bool((split.sparse >= 0).all()) and bool((split.sparse < cardinalities).all())
+    # Shared: max id + 1 over all splits, so every field's largest id is used somewhere.
+    largest = torch.stack([split.sparse.max(0).values for split in splits]).max(0).values
+    assert torch.equal(largest + 1, cardinalities)
+
+
+# --------------------------------------------------------------------------- Ali-CCP sample
+
+
+@needs_shared_data
+def test_ali_ccp_sample_shapes_labels_and_groups():
+    train, val, test = load_ali_ccp(ALI_CCP_DIR)
+    for split, rows in ((train, 100), (val, 50), (test, 50)):
+        assert len(split) == rows
+        assert split.sparse.shape == (rows, 23) and split.sparse.dtype == torch.long
+        assert split.dense.shape == (rows, 8) and split.dense.dtype == torch.float32
+        assert split.labels.shape == (rows, 2) and split.labels.dtype == torch.float32
+        assert split.field_names == ALI_CCP_SPARSE_FIELDS and split.dense_names == ALI_CCP_DENSE_FEATURES
+        assert split.item_field == "205" and split.p_click is None and split.p_purchase is None
+        assert torch.equal(split.user, split.sparse[:, split.field_names.index("101")])
+        assert split.user.unique().tolist() == [1]  # one user in these samples (README)
+        assert float(split.timestamp.min()) == 0.0 and float(split.timestamp.max()) < 1.0
+        assert bool((split.timestamp.diff() > 0).all())
+    assert train.click.mean().item() == pytest.approx(0.07)  # README: click 0.07, purchase 0.01
+    assert train.purchase.mean().item() == pytest.approx(0.01)
+    assert (val.click.sum().item(), val.purchase.sum().item()) == (3, 1)
+    assert (test.click.sum().item(), test.purchase.sum().item()) == (2, 1)
+    _check_ids_within_cardinalities(train, val, test)
+    assert train.cardinalities[ALI_CCP_SPARSE_FIELDS.index("205")] == 120  # its largest id, 119, is in val
+
+
+@needs_shared_data
+def test_ali_ccp_values_match_the_csv_module():
+    train, _, _ = load_ali_ccp(ALI_CCP_DIR)
+    path = ALI_CCP_DIR / "ali_ccp_train_sample.csv"
+    for field in ("101", "205", "853"):
+        expected = [int(v) for v in _csv_column(path, field)]
+        assert train.sparse[:, ALI_CCP_SPARSE_FIELDS.index(field)].tolist() == expected
+    expected_dense = torch.tensor([float(v) for v in _csv_column(path, "D508")])
+    assert torch.equal(train.dense[:, ALI_CCP_DENSE_FEATURES.index("D508")], expected_dense)
+    assert train.purchase.tolist() == [float(v) for v in _csv_column(path, "purchase")]
+
+
+@needs_shared_data
+def test_ali_ccp_explicit_files_equal_the_directory_lookup():
+    by_directory = load_ali_ccp(ALI_CCP_DIR)
+    by_file = load_ali_ccp(
+        train=ALI_CCP_DIR / "ali_ccp_train_sample.csv",
+        val=str(ALI_CCP_DIR / "ali_ccp_val_sample.csv"),
+        test=ALI_CCP_DIR / "ali_ccp_test_sample.csv",
+    )
+    for a, b in zip(by_directory, by_file):
+        assert torch.equal(a.sparse, b.sparse) and torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
+
+
+@needs_shared_data
+def test_real_data_subset_keeps_missing_probabilities_none():
+    train, _, _ = load_ali_ccp(ALI_CCP_DIR)
+    part = train.subset(train.click == 1)
+    assert len(part) == 7 and part.p_click is None and part.p_purchase is None
+    assert part.cardinalities == train.cardinalities and part.item_field == "205"
+
+
+# --------------------------------------------------------------------------- AliExpress sample
+
+
+@needs_shared_data
+def test_aliexpress_sample_shapes_labels_and_groups():
+    train, val, test = load_aliexpress(ALIEXPRESS_DIR)
+    assert len(train) + len(val) == 100 and len(test) == 20
+    for split in (train, val, test):
+        assert split.sparse.shape == (len(split), 16) and split.dense.shape == (len(split), 63)
+        assert split.field_names == ALIEXPRESS_SPARSE_FIELDS and split.dense_names == ALIEXPRESS_DENSE_FEATURES
+        assert split.item_field is None and split.p_click is None
+    train_file = ALIEXPRESS_DIR / "aliexpress_train_sample.csv"
+    search_ids = [int(v) for v in _csv_column(train_file, "search_id")]
+    assert len(set(search_ids)) == 41  # README
+    assert sorted(torch.cat([train.user, val.user]).tolist()) == sorted(search_ids)
+    assert test.user.unique().numel() == 10
+    # README rates over the whole training file: click 0.60, conversion 0.02.
+    labels = torch.cat([train.labels, val.labels])
+    assert labels.mean(0).tolist() == pytest.approx([0.60, 0.02])
+    assert test.labels.mean(0).tolist() == pytest.approx([0.5, 0.1])
+    _check_ids_within_cardinalities(train, val, test)
+
+
+@needs_shared_data
+def test_aliexpress_validation_is_whole_searches_and_deterministic():
+    train, val, _ = load_aliexpress(ALIEXPRESS_DIR)
+    train_groups, val_groups = set(train.user.tolist()), set(val.user.tolist())
+    assert not train_groups & val_groups
+    assert len(val_groups) == round(0.1 * 41)
+    # Validation rows keep their position in the training file; together the two cover it.
+    positions = torch.cat([train.timestamp, val.timestamp]).sort().values
+    assert torch.equal(positions, torch.arange(100, dtype=torch.float64).div(100).float())
+    again = load_aliexpress(ALIEXPRESS_DIR)[1]
+    assert torch.equal(again.user, val.user) and torch.equal(again.sparse, val.sparse)
+    other_seed = load_aliexpress(ALIEXPRESS_DIR, seed=1)[1]
+    assert set(other_seed.user.tolist()) != val_groups
+    larger = load_aliexpress(ALIEXPRESS_DIR, val_fraction=0.5)[1]
+    assert len(set(larger.user.tolist())) == round(0.5 * 41)
+
+
+@pytest.mark.parametrize("val_fraction", [0.0, 1.0, -0.1, 1.5])
+def test_aliexpress_rejects_a_val_fraction_outside_0_1(val_fraction):
+    with pytest.raises(ValueError, match=r"val_fraction must be in \(0, 1\)"):
+        load_aliexpress(ALIEXPRESS_DIR, val_fraction=val_fraction)
+
+
+def test_aliexpress_needs_two_searches_to_hold_one_out(tmp_path):
+    header = ["search_id", *ALIEXPRESS_SPARSE_FIELDS, *ALIEXPRESS_DENSE_FEATURES, "click", "conversion"]
+    row = ["7"] + ["0"] * 16 + ["0.5"] * 63 + ["1", "0"]
+    for split in ("train", "test"):
+        _write_csv(tmp_path / f"aliexpress_{split}.csv", header, [row, row])
+    with pytest.raises(ValueError, match="1 distinct search_id"):
+        load_aliexpress(tmp_path)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _ali_ccp_row(index: int) -> list[str]:
+    return [str(index % 2), "0", *(str(index) for _ in ALI_CCP_SPARSE_FIELDS), *("0.25" for _ in ALI_CCP_DENSE_FEATURES)]
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
+    path.write_text("\n".join(",".join(line) for line in [header, *rows]) + "\n")
+    return path
+
+
+def _write_ali_ccp(directory: Path, rows: int = 4) -> dict[str, Path]:
+    """A valid three-split Ali-CCP folder of tiny files."""
+    return {
+        split: _write_csv(directory / f"ali_ccp_{split}.csv", ALI_CCP_HEADER, [_ali_ccp_row(i) for i in range(rows)])
+        for split in ("train", "val", "test")
+    }
+
+
+def test_tiny_ali_ccp_folder_loads(tmp_path):
+    _write_ali_ccp(tmp_path)
+    train, val, test = load_ali_ccp(tmp_path)
+    assert len(train) == len(val) == len(test) == 4
+    assert train.cardinalities == (4,) * 23 and train.click.tolist() == [0, 1, 0, 1]
+
+
+def test_missing_file_names_the_path_and_what_it_should_be(tmp_path):
+    paths = _write_ali_ccp(tmp_path)
+    absent = tmp_path / "nowhere" / "ali_ccp_val.csv"
+    with pytest.raises(FileNotFoundError, match=r"Ali-CCP val file not found: .*nowhere.*columns click, purchase, 101"):
+        load_ali_ccp(train=paths["train"], val=absent, test=paths["test"])
+    paths["test"].unlink()
+    with pytest.raises(FileNotFoundError, match=r"no Ali-CCP test file \(\*test\*\.csv\) in .*ali_ccp_test_sample\.csv"):
+        load_ali_ccp(tmp_path)
+    with pytest.raises(FileNotFoundError, match="AliExpress data directory not found: .*missing-dir"):
+        load_aliexpress(tmp_path / "missing-dir")
+    with pytest.raises(TypeError, match=r"needs a directory or the test file \(test=\.\.\.\)"):
+        load_ali_ccp(train=paths["train"], val=paths["val"])
+
+
+def test_several_matching_files_are_ambiguous(tmp_path):
+    _write_ali_ccp(tmp_path)
+    _write_csv(tmp_path / "ali_ccp_train_sample.csv", ALI_CCP_HEADER, [_ali_ccp_row(0)])
+    with pytest.raises(ValueError, match=r"2 files match \*train\*\.csv .*ali_ccp_train\.csv, ali_ccp_train_sample\.csv"):
+        load_ali_ccp(tmp_path)
+
+
+def test_missing_columns_are_named_with_the_file(tmp_path):
+    paths = _write_ali_ccp(tmp_path)
+    keep = [i for i, name in enumerate(ALI_CCP_HEADER) if name not in ("205", "D508")]
+    rows = [[row[i] for i in keep] for row in (_ali_ccp_row(0), _ali_ccp_row(1))]
+    _write_csv(paths["val"], [ALI_CCP_HEADER[i] for i in keep], rows)
+    with pytest.raises(ValueError, match=r"ali_ccp_val\.csv: missing column\(s\) '205', 'D508' of the Ali-CCP layout"):
+        load_ali_ccp(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "problem"),
+    [
+        ("205", "abc", "'abc' is not a non-negative integer id"),
+        ("205", "-3", "'-3' is not a non-negative integer id"),
+        ("205", "1.5", "'1.5' is not a non-negative integer id"),
+        ("101", "nan", "'nan' is not a non-negative integer id"),
+        ("click", "2", "'2' is not a 0/1 label"),
+        ("purchase", "", "'' is not a 0/1 label"),
+        ("D508", "nan", "'nan' is not a finite number"),
+        ("D853", "inf", "'inf' is not a finite number"),
+        ("D853", "x", "'x' is not a number"),
+    ],
+)
+def test_bad_value_names_file_line_and_column(tmp_path, column, value, problem):
+    paths = _write_ali_ccp(tmp_path)
+    rows = [_ali_ccp_row(i) for i in range(4)]
+    rows[2][ALI_CCP_HEADER.index(column)] = value  # data row 3 is line 4 (the header is line 1)
+    _write_csv(paths["test"], ALI_CCP_HEADER, rows)
+    with pytest.raises(ValueError) as error:
+        load_ali_ccp(tmp_path)
+    assert str(error.value) == f"{paths['test']}, line 4, column {column!r}: {problem}"
+
+
+def test_line_numbers_count_blank_lines_and_short_rows_are_named(tmp_path):
+    paths = _write_ali_ccp(tmp_path)
+    lines = [",".join(ALI_CCP_HEADER), ",".join(_ali_ccp_row(0)), "", ",".join(_ali_ccp_row(1)[:-1])]
+    paths["train"].write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"ali_ccp_train\.csv, line 4: 32 fields, the header has 33"):
+        load_ali_ccp(tmp_path)
+    lines[3] = ",".join(_ali_ccp_row(1)).replace(",0.25", ",bad", 1)
+    paths["train"].write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"ali_ccp_train\.csv, line 4, column 'D109_14': 'bad' is not a number"):
+        load_ali_ccp(tmp_path)
+
+
+def test_empty_files_are_rejected(tmp_path):
+    paths = _write_ali_ccp(tmp_path)
+    paths["val"].write_text("")
+    with pytest.raises(ValueError, match=r"ali_ccp_val\.csv is empty: expected a header line and data rows"):
+        load_ali_ccp(tmp_path)
+    paths["val"].write_text(",".join(ALI_CCP_HEADER) + "\n\n")
+    with pytest.raises(ValueError, match=r"ali_ccp_val\.csv has a header but no data rows"):
+        load_ali_ccp(tmp_path)
+
+
+def test_impression_data_rejects_an_unknown_item_field():
+    data = ImpressionData(
+        sparse=torch.zeros(2, 1, dtype=torch.long),
+        dense=torch.zeros(2, 0),
+        click=torch.zeros(2),
+        purchase=torch.zeros(2),
+        user=torch.zeros(2, dtype=torch.long),
+        timestamp=torch.zeros(2),
+        field_names=("user",),
+        cardinalities=(1,),
+        dense_names=(),
+    )
+    assert data.p_click is None and data.item_field is None and len(data.subset(torch.tensor([1]))) == 1
+    with pytest.raises(ValueError, match=r"item_field='item' is not one of field_names \('user',\)"):
+        ImpressionData(**{**data.__dict__, "item_field": "item"})
