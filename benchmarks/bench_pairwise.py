@@ -44,6 +44,9 @@ Usage::
 
 ``--quick`` runs every case in the driver process (memory numbers approximate: earlier cases'
 heap is reused) and writes ``results/cpu-2core-quick.json`` unless ``--output`` is given.
+
+The GPU benchmark, bench_gpu.py, reuses this module's inputs, pair counts, naive losses,
+implementation builders (``build_forward``) and cross-checks (``check_against_reference``).
 """
 
 from __future__ import annotations
@@ -133,7 +136,9 @@ def naive_broadcast_loss(spec, scores, labels, groups):
     else:
         cost = cost * (groups[:, None] == groups[None, :])
         _, inverse = torch.unique(groups, return_inverse=True)
-        group_cost = torch.zeros(int(inverse.max()) + 1, dtype=cost.dtype).index_add_(0, inverse, cost.sum(1))
+        group_cost = torch.zeros(int(inverse.max()) + 1, dtype=cost.dtype, device=cost.device).index_add_(
+            0, inverse, cost.sum(1)
+        )
         groups_with_pairs = (group_cost > 0).sum()
         weight = cost / (group_cost[inverse].clamp(min=1e-30)[:, None] * groups_with_pairs)
     t = scores[:, None] - scores[None, :]
@@ -147,24 +152,32 @@ def naive_pdaom_loss(scores, labels, groups):
     _, inverse = torch.unique(groups, return_inverse=True)
     num_groups = int(inverse.max()) + 1
     pos, neg = labels > 0, labels == 0
-    low_pos = torch.full((num_groups,), math.inf).scatter_reduce(0, inverse[pos], scores[pos], "amin")
-    high_neg = torch.full((num_groups,), -math.inf).scatter_reduce(0, inverse[neg], scores[neg], "amax")
+    low_pos = torch.full((num_groups,), math.inf, device=scores.device).scatter_reduce(
+        0, inverse[pos], scores[pos], "amin"
+    )
+    high_neg = torch.full((num_groups,), -math.inf, device=scores.device).scatter_reduce(
+        0, inverse[neg], scores[neg], "amax"
+    )
     valid = torch.isfinite(low_pos) & torch.isfinite(high_neg)
     return torch.exp(-(low_pos[valid] - high_neg[valid])).sum()
 
 
-def build_step(spec: dict[str, Any], inputs):
-    """A closure running one forward + backward on ``inputs``; returns the loss value."""
+def build_forward(spec: dict[str, Any], inputs):
+    """A closure computing the loss of ``inputs`` (scores made to require grad) for ``spec["impl"]``.
+
+    ``"mlloss"`` is mlloss with ``backend="auto"``, ``"mlloss-<backend>"`` mlloss with that backend
+    (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``). The inputs may live on any device.
+    """
     import torch
 
     scores, labels, groups = inputs
     scores.requires_grad_(True)
     impl, kind, surrogate = spec["impl"], spec["kind"], spec["surrogate"]
 
-    if impl in ("mlloss", "mlloss-torch"):
+    if impl == "mlloss" or impl.startswith("mlloss-"):
         import mlloss
 
-        backend = "torch" if impl == "mlloss-torch" else "auto"
+        backend = impl.partition("-")[2] or "auto"
         if kind == "pdaom":
             loss_fn = mlloss.PDAOMLoss(backend=backend)
         elif kind == "laa":
@@ -211,6 +224,13 @@ def build_step(spec: dict[str, Any], inputs):
 
     else:
         raise ValueError(f"unknown implementation {impl!r}")
+    return forward
+
+
+def build_step(spec: dict[str, Any], inputs):
+    """A closure running one forward + backward on ``inputs``; returns the loss value."""
+    scores = inputs[0]
+    forward = build_forward(spec, inputs)
 
     def step():
         scores.grad = None
@@ -312,6 +332,27 @@ def float64_reference(spec, inputs) -> float | None:
     return float(value)
 
 
+def check_against_reference(
+    row: dict[str, Any], value: float, grad, reference: dict[str, Any] | None, f64: float | None
+) -> dict[str, Any]:
+    """Fill ``row``'s cross-check fields; return the case's reference (value, gradient, implementation).
+
+    The first measured implementation of a (case, N) is the reference: it is compared with the
+    float64 naive value when there is one; every later row with the reference's value and
+    gradient (relative to the largest reference gradient entry).
+    """
+    if reference is None:
+        row["reference"] = True
+        if f64 is not None:
+            row["f64_rel_diff"] = abs(value - f64) / abs(f64)
+        return {"value": value, "grad": grad, "impl": row["impl"]}
+    row["value_rel_diff"] = abs(value - reference["value"]) / abs(reference["value"])
+    scale = float(reference["grad"].abs().max())
+    row["grad_rel_diff"] = float((grad - reference["grad"]).abs().max()) / scale
+    row["reference_impl"] = reference["impl"]
+    return reference
+
+
 def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> list[dict[str, Any]]:
     import torch
 
@@ -367,16 +408,7 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
                         measured_per_element[impl] = (elements, result["peak_extra_mb"])
                     row["pairs_per_s"] = pairs / result["time_s"] if case["kind"] != "pdaom" else None
                     saved = torch.load(spec["out_prefix"] + ".grad.pt")
-                    if reference is None:
-                        reference = {"value": saved["value"], "grad": saved["grad"], "impl": impl}
-                        row["reference"] = True
-                        if f64 is not None:
-                            row["f64_rel_diff"] = abs(saved["value"] - f64) / abs(f64)
-                    else:
-                        row["value_rel_diff"] = abs(saved["value"] - reference["value"]) / abs(reference["value"])
-                        scale = float(reference["grad"].abs().max())
-                        row["grad_rel_diff"] = float((saved["grad"] - reference["grad"]).abs().max()) / scale
-                        row["reference_impl"] = reference["impl"]
+                    reference = check_against_reference(row, saved["value"], saved["grad"], reference, f64)
                     os.remove(spec["out_prefix"] + ".grad.pt")
                 rows.append(row)
                 print(f"  {case['case']} N={n} {impl}: " + (

@@ -1,0 +1,800 @@
+"""GPU benchmark of mlloss's pairwise losses: the Triton kernel against the torch backend, the
+closed forms, and naive broadcast (eager and ``torch.compile``) and LibAUC baselines.
+
+Sections (``--sections``, run in the order given; the default 2,5,3,1,4 puts the headline first):
+
+1. Logistic bipartite AUC, no groups, label priors 0.5 and 0.1: mlloss ``backend="triton"`` and
+   ``backend="torch"``, a naive N x N broadcast eager and under ``torch.compile``, and LibAUC
+   ``PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)`` (the same mean of log(1 + exp(-(s_i - s_j)))
+   over positive x negative pairs; see bench_pairwise.py).
+2. Logistic LaA (linear cost), two binary labels with priors 0.5 and 0.1, no groups: the headline
+   case. Triton, torch backend, naive eager, naive compiled.
+3. Closed forms at N = 1,048,576 in users of ~50 items: exponential / squared / hinge ``AUCLoss``
+   and ``LaALoss`` with ``backend="exact"`` (what ``"auto"`` picks for them; the reference row)
+   against the Triton kernel and the torch backend on the same input; ``PDAOMLoss()`` (hardest
+   pair, O(N)) against a naive scatter min / max.
+4. Grouped logistic AUC, users of ~50 items, prior 0.1: Triton, torch backend, naive masked
+   broadcast (eager, compiled), LibAUC called once per user in a Python loop.
+5. Grouped logistic LaA, users of ~50 items, two labels: Triton, torch backend, naive (eager,
+   compiled).
+
+N = 1,024 to 1,048,576 (x4) in the full run; ``--quick``: N = 1,024, 16,384, 1,048,576 (grouped:
+16,384 and 1,048,576), AUC prior 0.1 only, and fewer compiled rows -- every acceptance line in a
+few minutes. ``torch.compile`` costs 5-30 s per (case, N), so the compiled naive rows run at every
+N only in sections 2 and 5 of the full run, and at N = 16,384 elsewhere (the skip rows say so).
+Inputs, valid-pair counts, the naive losses and the LibAUC wrappers are bench_pairwise.py's (same
+seeds as the CPU benchmark); the inputs are built on the CPU and copied to the device.
+
+Method (one process, one GPU). Each (case, N, implementation) row: one full-size warm-up step
+(two for ``torch.compile``, whose first call compiles forward and backward, and for steps under a
+second), so that Triton's JIT, Inductor and cuBLAS set-up stay outside the timing;
+``first_call_s`` records the first call's wall time (the compile time for compiled rows). Then
+forward + backward steps, each between two ``torch.cuda.Event``s: at least ``--min-repeats``
+(5; quick 3), more for fast steps, up to about ``--target-s`` seconds of timing or
+``--max-repeats`` steps, and at most three for steps over a second; ``time_s`` is the median,
+``time_min_s`` the minimum, ``wall_s`` the median host wall time. Memory: before the
+first timed step the gradient is cleared, ``torch.cuda.reset_peak_memory_stats()`` is called and
+the baseline is ``torch.cuda.memory_allocated()`` (the inputs and whatever the warm-up keeps);
+"peak extra MB" is ``max_memory_allocated()`` minus that baseline over the step: everything the
+step allocates, the scores' gradient included (4 MB at N = 1,048,576). "pairs/s" is valid pairs
+(the loss's pair set, the same numerator for every implementation of a case) per median second.
+Every row is cross-checked against the case's reference row (the first implementation: mlloss's
+Triton kernel, or the closed form in section 3): loss value relative difference and
+max|g - g_ref| / max|g_ref|; for N <= 4096 the reference row is compared with a float64 naive
+evaluation.
+
+Skips (the reason is recorded in the row): a baseline whose projected peak exceeds
+``--mem-limit-gb`` (default 85% of the GPU's memory) -- naive rows scale with N^2 and LibAUC with
+its pos x neg matrix, extrapolated from the largest size measured so far at the measured bytes per
+element (24 B before any measurement); any row but the reference whose projected step time (the
+last measured time times the ratio of work: N^2 for naive rows, valid pairs otherwise) exceeds
+``--max-step-s`` (10 s; quick 2 s); LibAUC
+when it is not importable; every row once ``--budget-s`` of the run is spent. The JSON (and its
+``.md``) is rewritten after every row, so a run cut short keeps what it measured.
+
+Acceptance lines (computed from the rows, printed, stored in the JSON and the .md): Triton LaA
+valid pairs per second (target >= 5e11); naive eager and naive ``torch.compile`` time over Triton at
+N = 16,384 (>= 20x, >= 5x); Triton LaA peak extra memory at N = 1,048,576 (< 64 MB); grouped time
+over (sum_u n_u^2) x the dense per-element time (<= 2), where the dense per-element time is the
+ungrouped Triton row's time / N^2 at the largest N measured, for the same labels.
+
+Usage::
+
+    python benchmarks/bench_gpu.py                        # full run on CUDA
+    python benchmarks/bench_gpu.py --quick --output $OUT  # every acceptance line, fewer rows
+    python benchmarks/bench_gpu.py --device cpu           # smoke run: N = 256, Triton interpreted
+
+    # a run split across commands (each under 10 minutes), then its rows combined:
+    python benchmarks/bench_gpu.py --sections 2,5 --output a.json
+    python benchmarks/bench_gpu.py --sections 3,1,4 --output b.json
+    python benchmarks/bench_gpu.py --merge a.json b.json --output results/<gpu-slug>.json
+
+No GPU run has been made yet, so the run times are estimates: the full run is meant to take 5-8
+minutes on an H100 and quick 2-4, mostly ``torch.compile``; ``--budget-s`` (500 s, quick 400 s)
+skips whatever is left once it is spent, so one command stays under ten minutes.
+
+``--device cpu`` sets ``TRITON_INTERPRET=1`` (before torch or triton is imported), runs N = 256 so
+that the Triton rows run on Triton's interpreter, compiles with ``--compile-backend aot_eager`` by
+default (Inductor's C++ build takes ~40 s per graph on a small CPU), times with ``perf_counter``
+and measures memory as in-process peak RSS (approximate); it exercises every path but the CUDA
+events and memory statistics. Its output defaults to ``results/cpu-interpret-quick.json``
+(ignored by git); CUDA runs write ``results/<gpu-name-slug>[-quick].json`` unless ``--output``
+names a file or a folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _measure  # noqa: E402
+import bench_pairwise as shared  # noqa: E402
+
+SCRIPT = os.path.abspath(__file__)
+REPO_ROOT = os.path.dirname(os.path.dirname(SCRIPT))
+RESULTS_DIR = os.path.join(os.path.dirname(SCRIPT), "results")
+GB = 1024**3
+GROUP_SIZE = 50  # items per user in the grouped cases and section 3
+SLOW_STEP_S = 1.0  # a first call slower than this is the only warm-up; slower steps are timed at most 3 times
+
+# Sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
+SIZES = {
+    "full": ([1024, 4096, 16384, 65536, 262144, 1048576], [1024, 4096, 16384, 65536, 262144, 1048576], 1048576),
+    "quick": ([1024, 16384, 1048576], [16384, 1048576], 1048576),
+    "smoke": ([256], [256], 256),
+}
+# Per mode: (min repeats, max repeats, seconds of timing aimed at, max projected step s, run budget s).
+REPEATS = {"full": (5, 20, 1.0, 10.0, 500.0), "quick": (3, 10, 0.5, 2.0, 400.0), "smoke": (2, 3, 0.05, 30.0, 600.0)}
+
+SECTION_TITLES = {
+    1: "Section 1: logistic bipartite AUC, no groups",
+    2: "Section 2: logistic LaA, two labels, no groups (headline)",
+    3: "Section 3: closed forms at scale (users of ~50 items)",
+    4: "Section 4: grouped logistic AUC (users of ~50 items)",
+    5: "Section 5: grouped logistic LaA (users of ~50 items)",
+}
+LAA_CASE = f"LaA logistic, 2 labels (priors {shared.LAA_PRIORS[0]}, {shared.LAA_PRIORS[1]})"
+HEADLINE_SPEEDUP_N = 16384
+HEADLINE_MEMORY_N = 1048576
+
+
+# --------------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------------
+
+
+def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) -> list[dict[str, Any]]:
+    """Each case: the loss definition, its sizes and its implementations (reference first)."""
+    sweep, grouped_sweep, big = SIZES[mode]
+    if sizes_override:
+        sweep = grouped_sweep = sizes_override
+    quick = mode == "quick"
+    # torch.compile costs ~5-30 s per (case, N): compiled rows at every size only where they feed the
+    # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise.
+    compile_at_speedup_n = {} if mode == "smoke" or sizes_override else {"naive-compile": [HEADLINE_SPEEDUP_N]}
+    if section == 1:
+        # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
+        priors = [0.1] if quick else [0.5, 0.1]
+        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc"]
+        if not quick:
+            impls.insert(3, "naive-compile")
+        return [dict(section=1, case=f"AUC logistic, prior {p}", kind="auc", prior=p, surrogate="logistic",
+                     sizes=sweep, impls=impls, only_at=compile_at_speedup_n) for p in priors]
+    if section == 2:
+        return [dict(section=2, case=LAA_CASE, kind="laa", priors=list(shared.LAA_PRIORS), surrogate="logistic",
+                     sizes=sweep, impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
+                     only_at=compile_at_speedup_n if quick else {})]
+    if section == 3:
+        if sizes_override:
+            big = max(sizes_override)
+        cases = []
+        for surrogate in ("exponential", "squared", "hinge"):
+            impls = ["mlloss-exact", "mlloss-triton", "mlloss-torch"]
+            cases.append(dict(section=3, case=f"AUC {surrogate}, groups, prior 0.1", kind="auc", prior=0.1,
+                              surrogate=surrogate, group_size=GROUP_SIZE, sizes=[big], impls=impls))
+            cases.append(dict(section=3, case=f"LaA {surrogate}, groups, 2 labels", kind="laa",
+                              priors=list(shared.LAA_PRIORS), surrogate=surrogate, group_size=GROUP_SIZE,
+                              sizes=[big], impls=impls))
+        cases.append(dict(section=3, case="PDAOM exponential, groups, prior 0.1", kind="pdaom", prior=0.1,
+                          surrogate="exponential", group_size=GROUP_SIZE, sizes=[big],
+                          impls=["mlloss", "naive-scatter"]))
+        return cases
+    if section == 4:
+        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc-loop"]
+        if not quick:
+            impls.insert(3, "naive-compile")
+        return [dict(section=4, case=f"grouped AUC logistic, ~{GROUP_SIZE} items/user, prior 0.1", kind="auc",
+                     prior=0.1, surrogate="logistic", group_size=GROUP_SIZE, sizes=grouped_sweep, impls=impls,
+                     only_at=compile_at_speedup_n, dense_case="AUC logistic, prior 0.1")]
+    if section == 5:
+        return [dict(section=5, case=f"grouped LaA logistic, ~{GROUP_SIZE} items/user, 2 labels", kind="laa",
+                     priors=list(shared.LAA_PRIORS), surrogate="logistic", group_size=GROUP_SIZE,
+                     sizes=grouped_sweep, impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
+                     only_at=compile_at_speedup_n if quick else {}, dense_case=LAA_CASE)]
+    raise ValueError(f"unknown section {section}; expected one of {sorted(SECTION_TITLES)}")
+
+
+# --------------------------------------------------------------------------------------------
+# One row: build, warm up, time, measure memory
+# --------------------------------------------------------------------------------------------
+
+
+def build_step(spec: dict[str, Any], inputs, compile_backend: str) -> Callable[[], Any]:
+    """One forward + backward on ``inputs``; returns the detached loss (no host sync of its own)."""
+    import torch
+
+    scores, labels, groups = inputs
+    if spec["impl"] == "naive-compile":
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()  # a fresh, static-shape compile per row: no recompile limit, no reuse
+        counters.clear()
+        scores.requires_grad_(True)
+
+        def naive(s, y, g):
+            return shared.naive_broadcast_loss(spec, s, y, g)
+
+        compiled = torch.compile(naive, backend=compile_backend, dynamic=False)
+
+        def forward():
+            return compiled(scores, labels, groups)
+
+    else:
+        forward = shared.build_forward(spec, inputs)
+
+    def step():
+        scores.grad = None
+        loss = forward()
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def compile_counters() -> dict[str, int]:
+    """Graph breaks and compiled graphs of the last ``torch.compile`` row (counters since its reset)."""
+    from torch._dynamo.utils import counters
+
+    return {"graph_breaks": sum(counters["graph_break"].values()),
+            "compiled_graphs": int(counters["stats"]["unique_graphs"])}
+
+
+class DeviceClock:
+    """Step timing and peak extra memory: CUDA events and allocator statistics, or, on the CPU
+    (smoke mode), ``perf_counter`` and in-process peak RSS (approximate)."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.cuda = device == "cuda"
+        self.memory_method = (
+            "torch.cuda.max_memory_allocated() over the first timed step - memory_allocated() before it"
+            if self.cuda else "in-process VmHWM - VmRSS baseline (approximate: earlier rows' heap is reused)"
+        )
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def wall(self, step: Callable[[], Any]) -> float:
+        self.sync()
+        start = time.perf_counter()
+        step()
+        self.sync()
+        return time.perf_counter() - start
+
+    def start_memory(self) -> float:
+        if self.cuda:
+            self.sync()
+            self.torch.cuda.reset_peak_memory_stats()
+            return self.torch.cuda.memory_allocated() / _measure.MB
+        return _measure.reset_peak()[0]
+
+    def peak_memory(self) -> float:
+        if self.cuda:
+            self.sync()
+            return self.torch.cuda.max_memory_allocated() / _measure.MB
+        return _measure.peak_mb()
+
+    def timed(self, step: Callable[[], Any]) -> tuple[Any, float, float]:
+        """(step result, device seconds, host wall seconds) of one step."""
+        if not self.cuda:
+            start = time.perf_counter()
+            result = step()
+            elapsed = time.perf_counter() - start
+            return result, elapsed, elapsed
+        start_event = self.torch.cuda.Event(enable_timing=True)
+        end_event = self.torch.cuda.Event(enable_timing=True)
+        self.sync()
+        wall_start = time.perf_counter()
+        start_event.record()
+        result = step()
+        end_event.record()
+        end_event.synchronize()
+        wall = time.perf_counter() - wall_start
+        return result, start_event.elapsed_time(end_event) / 1e3, wall
+
+    def release(self) -> None:
+        """Return a finished row's device memory (the next row may need all of it); a no-op on the
+        CPU, where ``start_memory`` collects anyway."""
+        if self.cuda:
+            gc.collect()
+            self.torch.cuda.empty_cache()
+
+
+def measure_row(step, scores, clock: DeviceClock, *, compiled: bool, repeats: tuple[int, int, float]) -> dict[str, Any]:
+    """Warm up, then time ``repeats`` steps; the first timed step also gives the peak extra memory."""
+    min_repeats, max_repeats, target_s = repeats
+    first_call = clock.wall(step)
+    last_warm = first_call
+    warmup_steps = 1
+    if compiled or first_call < SLOW_STEP_S:
+        last_warm = clock.wall(step)
+        warmup_steps = 2
+    count = int(min(max(target_s / max(last_warm, 1e-6), min_repeats), max_repeats))
+    if last_warm > SLOW_STEP_S:  # multi-second steps: a median of three is enough
+        count = min(count, 3)
+    scores.grad = None
+    baseline = clock.start_memory()
+    times, walls, peak = [], [], None
+    loss = None
+    for index in range(count):
+        loss, device_s, wall_s = clock.timed(step)
+        times.append(device_s)
+        walls.append(wall_s)
+        if index == 0:
+            peak = clock.peak_memory() - baseline
+    return {
+        "value": float(loss),
+        "times_s": times,
+        "time_s": statistics.median(times),
+        "time_min_s": min(times),
+        "wall_s": statistics.median(walls),
+        "first_call_s": first_call,
+        "warmup_steps": warmup_steps,
+        "peak_extra_mb": peak,
+        "baseline_mb": baseline,
+    }
+
+
+class Projector:
+    """Projected peak memory and step time of an implementation at the next size, from the
+    largest size measured so far in the same case."""
+
+    def __init__(self, mem_limit_gb: float, max_step_s: float) -> None:
+        self.mem_limit_gb = mem_limit_gb
+        self.max_step_s = max_step_s
+        self.seen: dict[str, dict[str, float]] = {}  # impl -> its last measurement
+
+    @staticmethod
+    def memory_elements(impl: str, n: int, pairs: float) -> float | None:
+        """Elements of the quadratic temporaries, for the implementations that build them."""
+        if impl.startswith("naive") and impl != "naive-scatter":
+            return float(n) * n
+        if impl == "libauc":
+            return pairs
+        return None
+
+    @staticmethod
+    def work(impl: str, n: int, pairs: float) -> float:
+        return float(n) * n if impl in ("naive", "naive-compile") else max(pairs, float(n))
+
+    def skip_reason(self, row: dict[str, Any], *, time_limited: bool = True) -> str | None:
+        """Why ``row`` should not run, or None; ``time_limited=False`` checks memory only."""
+        impl, n, pairs = row["impl"], row["n"], row["pairs"]
+        seen = self.seen.get(impl)
+        elements = self.memory_elements(impl, n, pairs)
+        if elements is not None:
+            if seen and seen["elements"] and seen["peak_mb"] and seen["peak_mb"] > 0:
+                projected_mb = seen["peak_mb"] / seen["elements"] * elements
+            else:
+                prior = shared.PRIOR_BYTES_PER_ELEMENT["libauc" if impl == "libauc" else "naive"]
+                projected_mb = prior * elements / _measure.MB
+            row["projected_peak_mb"] = projected_mb
+            if projected_mb > self.mem_limit_gb * 1024:
+                return f"projected peak {projected_mb / 1024:.3g} GB > {self.mem_limit_gb:.3g} GB"
+        if seen:
+            projected_s = seen["time_s"] * self.work(impl, n, pairs) / seen["work"]
+            row["projected_time_s"] = projected_s
+            if time_limited and projected_s > self.max_step_s:
+                return f"projected step {projected_s:.3g} s > {self.max_step_s:g} s"
+        return None
+
+    def record(self, row: dict[str, Any]) -> None:
+        impl, n, pairs = row["impl"], row["n"], row["pairs"]
+        self.seen[impl] = {
+            "elements": self.memory_elements(impl, n, pairs) or 0.0,
+            "peak_mb": row.get("peak_extra_mb") or 0.0,
+            "time_s": row["time_s"],
+            "work": self.work(impl, n, pairs),
+        }
+
+
+def group_pair_elements(groups, n: int) -> float:
+    """sum_u n_u^2 (N^2 without groups): the dense-equivalent size of the pair space."""
+    import torch
+
+    if groups is None:
+        return float(n) * n
+    counts = torch.unique(groups, return_counts=True)[1].to(torch.float64)
+    return float((counts * counts).sum())
+
+
+def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str | None,
+             started: float, on_row: Callable[[dict[str, Any]], None]) -> None:
+    import torch
+
+    projector = Projector(args.mem_limit_gb, args.max_step_s)
+    for n in case["sizes"]:
+        spec_base = {k: v for k, v in case.items() if k not in ("sizes", "impls", "dense_case", "only_at")}
+        spec_base.update(n=n, seed=args.seed)
+        cpu_inputs = shared.make_inputs(spec_base)
+        pairs = shared.count_pairs(spec_base, cpu_inputs[1], cpu_inputs[2])
+        elements = group_pair_elements(cpu_inputs[2], n)
+        reference: dict[str, Any] | None = None
+        f64: float | None = None
+        f64_done = False
+        for impl in case["impls"]:
+            row = dict(section=case["section"], case=case["case"], n=n, impl=impl, pairs=pairs,
+                       pair_elements=elements)
+            if case.get("dense_case"):
+                row["dense_case"] = case["dense_case"]
+            reason = None
+            if time.perf_counter() - started > args.budget_s:
+                reason = f"run budget of {args.budget_s:.0f} s spent"
+            elif impl.startswith("libauc") and libauc_missing:
+                reason = libauc_missing
+            elif n not in case.get("only_at", {}).get(impl, [n]):
+                sizes = ", ".join(f"{size:,}" for size in case["only_at"][impl])
+                reason = f"run time: this mode runs {impl} here only at N={sizes}"
+            else:
+                # The reference row always runs: a small-N step is mostly launch overhead, so the
+                # work-ratio projection overestimates it, and every other row is checked against it.
+                reason = projector.skip_reason(row, time_limited=impl != case["impls"][0])
+            if reason:
+                row["skipped"] = reason
+                on_row(row)
+                print(f"  skip {case['case']} N={n} {impl}: {reason}", flush=True)
+                continue
+            # Fresh device copies per row: no implementation sees another's autograd state.
+            inputs = tuple(None if t is None else t.to(args.device) for t in cpu_inputs)
+            if not f64_done:
+                f64, f64_done = shared.float64_reference(spec_base, inputs), True
+            try:
+                step = build_step(dict(spec_base, impl=impl), inputs, args.compile_backend)
+                result = measure_row(step, inputs[0], clock, compiled=impl == "naive-compile",
+                                     repeats=args.repeats)
+                grad = inputs[0].grad.detach().clone()
+                if impl == "naive-compile":
+                    result.update(compile_counters())
+                del step
+            except Exception as exc:  # noqa: BLE001 -- record the failure (e.g. out of memory) and go on
+                message = " ".join(str(exc).split())[:300]
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    message = "out of memory: " + message
+                row["error"] = f"{type(exc).__name__}: {message}"
+            if "error" in row:  # outside the except block: its traceback no longer holds the tensors
+                print(f"  {case['case']} N={n} {impl}: {row['error']}", flush=True)
+                del inputs
+                clock.release()
+                on_row(row)
+                continue
+            row.update(result)
+            row["pairs_per_s"] = pairs / result["time_s"] if case["kind"] != "pdaom" else None
+            reference = shared.check_against_reference(row, result["value"], grad, reference, f64)
+            projector.record(row)
+            on_row(row)
+            extra = "" if result["peak_extra_mb"] is None else f", peak extra {result['peak_extra_mb']:.0f} MB"
+            print(f"  {case['case']} N={n} {impl}: {result['time_s'] * 1e3:.2f} ms (median of "
+                  f"{len(result['times_s'])}){extra}, first call {result['first_call_s']:.2f} s", flush=True)
+            del inputs, grad
+            clock.release()
+
+
+# --------------------------------------------------------------------------------------------
+# Report: tables, acceptance, JSON
+# --------------------------------------------------------------------------------------------
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    headers = ["case", "N", "implementation", "median ms", "min ms", "peak extra MB", "pairs/s",
+               "value rel. diff", "grad rel. diff", "first call s"]
+    table = []
+    for row in rows:
+        head = [row["case"], f"{row['n']:,}", row["impl"]]
+        if "skipped" in row or "error" in row:
+            note = f"skipped: {row['skipped']}" if "skipped" in row else f"error: {row['error'][:100]}"
+            table.append(head + [note] + ["-"] * 6)
+            continue
+        if row.get("reference"):
+            diff = "ref" + (f" (vs f64: {row['f64_rel_diff']:.1e})" if "f64_rel_diff" in row else "")
+            grad = "ref"
+        else:
+            diff, grad = f"{row['value_rel_diff']:.1e}", f"{row['grad_rel_diff']:.1e}"
+        table.append(head + [
+            f"{row['time_s'] * 1e3:.3g}", f"{row['time_min_s'] * 1e3:.3g}",
+            _measure.fmt_num(row["peak_extra_mb"], ".1f"), _measure.fmt_num(row.get("pairs_per_s"), ".3g"),
+            diff, grad, f"{row['first_call_s']:.2f}",
+        ])
+    return _measure.markdown_table(headers, table)
+
+
+def _measured(rows, case: str, impl: str) -> list[dict[str, Any]]:
+    return sorted((r for r in rows if r["case"] == case and r["impl"] == impl and "time_s" in r),
+                  key=lambda r: r["n"])
+
+
+def _verdict(ok: bool, at_target: bool, gpu: bool) -> str:
+    if not (at_target and gpu):
+        return "no verdict: " + ("not on a GPU" if not gpu else "target N not measured")
+    return "PASS" if ok else "FAIL"
+
+
+def _row_at(rows: list[dict[str, Any]], n: int) -> tuple[dict[str, Any] | None, bool]:
+    """The row at N = n, else the largest N measured below it (flagged as not at the target)."""
+    exact = [r for r in rows if r["n"] == n]
+    if exact:
+        return exact[0], True
+    below = [r for r in rows if r["n"] < n]
+    return (below[-1] if below else None), False
+
+
+def _missing(rows_all, case: str, impl: str, n: int) -> str:
+    for row in rows_all:
+        if row["case"] == case and row["impl"] == impl and row["n"] == n:
+            return row.get("skipped") or row.get("error") or "not measured"
+    return "not in this run"
+
+
+def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
+    """The issue's targets (H100/H200, logistic LaA fwd+bwd), computed from the rows."""
+    return _headline_lines(rows, gpu) + _grouped_lines(rows, gpu)
+
+
+def _headline_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
+    """Triton LaA throughput, speedups over the naive baselines at N = 16,384, memory at 1M."""
+    triton = _measured(rows, LAA_CASE, "mlloss-triton")
+    if not triton:
+        reason = _missing(rows, LAA_CASE, "mlloss-triton", HEADLINE_MEMORY_N)
+        return [f"- {LAA_CASE}: no Triton row measured ({reason})"]
+    largest, best = triton[-1], max(triton, key=lambda r: r["pairs_per_s"])
+    lines = [
+        f"- Triton LaA throughput: {largest['pairs_per_s']:.3g} valid pairs/s at N={largest['n']:,} "
+        f"(best {best['pairs_per_s']:.3g} at N={best['n']:,}); target >= 5e11: "
+        f"{_verdict(best['pairs_per_s'] >= 5e11, largest['n'] >= HEADLINE_MEMORY_N, gpu)}"
+    ]
+    row, at_target = _row_at(triton, HEADLINE_SPEEDUP_N)
+    for impl, target in (("naive", 20.0), ("naive-compile", 5.0)):
+        label = "naive eager" if impl == "naive" else "naive torch.compile"
+        base = [r for r in _measured(rows, LAA_CASE, impl) if row and r["n"] == row["n"]]
+        if row is None or not base:
+            n = row["n"] if row else HEADLINE_SPEEDUP_N
+            lines.append(f"- {label} / Triton at N={n:,}: not measured ({_missing(rows, LAA_CASE, impl, n)})")
+            continue
+        speedup = base[0]["time_s"] / row["time_s"]
+        lines.append(f"- {label} / Triton at N={row['n']:,}: {speedup:.1f}x ({base[0]['time_s'] * 1e3:.3g} ms vs "
+                     f"{row['time_s'] * 1e3:.3g} ms); target >= {target:g}x: "
+                     f"{_verdict(speedup >= target, at_target, gpu)}")
+    row, at_target = _row_at(triton, HEADLINE_MEMORY_N)
+    if row is not None and row["peak_extra_mb"] is not None:
+        lines.append(f"- Triton LaA peak extra memory at N={row['n']:,}: {row['peak_extra_mb']:.1f} MB; "
+                     f"target < 64 MB: {_verdict(row['peak_extra_mb'] < 64, at_target, gpu)}")
+    return lines
+
+
+def _grouped_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
+    """Grouped Triton time over (sum_u n_u^2) x the dense Triton time per N^2 element, same labels."""
+    lines = []
+    for grouped_case in sorted({r["case"] for r in rows if r.get("dense_case")}):
+        grouped = _measured(rows, grouped_case, "mlloss-triton")
+        dense_case = next(r["dense_case"] for r in rows if r["case"] == grouped_case)
+        dense = _measured(rows, dense_case, "mlloss-triton")
+        if not grouped or not dense:
+            lines.append(f"- {grouped_case}: grouped-vs-dense ratio not computable (Triton rows of "
+                         f"'{grouped_case}' and '{dense_case}' both needed)")
+            continue
+        g, d = grouped[-1], dense[-1]
+        per_element = d["time_s"] / d["pair_elements"]
+        predicted = g["pair_elements"] * per_element
+        ratio = g["time_s"] / predicted
+        at_target = g["n"] >= HEADLINE_MEMORY_N and d["n"] >= HEADLINE_MEMORY_N
+        lines.append(
+            f"- {grouped_case}, N={g['n']:,}: {g['time_s'] * 1e3:.3g} ms vs (sum_u n_u^2 = {g['pair_elements']:.3g}) x "
+            f"dense per-element time ({d['time_s'] * 1e3:.3g} ms / {d['n']:,}^2 = {per_element:.3g} s) = "
+            f"{predicted * 1e3:.3g} ms: ratio {ratio:.2f}; target <= 2: {_verdict(ratio <= 2.0, at_target, gpu)}")
+    return lines
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def describe_device(device: str) -> dict[str, Any]:
+    """The CPU-side description of ``_measure`` plus the GPU, CUDA and Triton versions."""
+    import torch
+
+    described = _measure.device_description()
+    described["torch_threads"] = torch.get_num_threads()
+    described["device"] = device
+    try:
+        import triton
+
+        described["triton"] = triton.__version__
+    except ImportError:
+        described["triton"] = None
+    described["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        described.update(
+            gpu_name=torch.cuda.get_device_name(0),
+            gpu_memory_gb=round(props.total_memory / GB, 1),
+            gpu_sm_count=props.multi_processor_count,
+            gpu_capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+        )
+    else:
+        described["gpu_name"] = None
+    try:
+        described["libauc"] = importlib.metadata.version("libauc")
+    except importlib.metadata.PackageNotFoundError:
+        described["libauc"] = None
+    return described
+
+
+def write_report(path: str, report: dict[str, Any]) -> None:
+    """The JSON at ``path`` and a markdown page beside it (tables in section order, acceptance)."""
+    rows = report["results"]
+    report["acceptance"] = acceptance_lines(rows, report["device"]["device"] == "cuda")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(report, handle, indent=1)
+    device = report["device"]
+    name = device.get("gpu_name") or f"{device['cpu_model']} (CPU, Triton interpreter smoke run)"
+    parts = [f"# mlloss pairwise benchmark: GPU\n\ndevice: {name}, torch {device['torch']}, triton "
+             f"{device.get('triton')}, libauc {device.get('libauc')}, {device['date_utc']}\n\n"
+             f"command: `{report['command']}`\n"]
+    for section in sorted({r["section"] for r in rows}):
+        parts.append(f"\n## {SECTION_TITLES[section]}\n\n"
+                     f"{format_rows([r for r in rows if r['section'] == section])}\n")
+    parts.append("\n## Acceptance\n\n" + "\n".join(report["acceptance"]) + "\n")
+    with open(os.path.splitext(path)[0] + ".md", "w") as handle:
+        handle.write("".join(parts))
+
+
+def output_path(args, device: dict[str, Any]) -> str:
+    slug = device_slug(device["gpu_name"]) if device.get("gpu_name") else "cpu-interpret"
+    name = slug + ("-quick" if args.mode != "full" else "") + ".json"
+    if args.output is None:
+        return os.path.join(RESULTS_DIR, name)
+    if os.path.isdir(args.output) or args.output.endswith(os.sep):
+        return os.path.join(args.output, name)
+    return args.output
+
+
+def merge(paths: Sequence[str], output: str, command: str) -> None:
+    """Combine the rows of several runs (later files win for the same case, N and implementation)."""
+    reports = []
+    for path in paths:
+        with open(path) as handle:
+            reports.append(json.load(handle))
+    rows: dict[tuple, dict[str, Any]] = {}
+    for report in reports:
+        for row in report["results"]:
+            rows[(row["section"], row["case"], row["n"], row["impl"])] = row
+    merged = dict(reports[0], command=command, merged_from=[os.path.abspath(p) for p in paths],
+                  results=list(rows.values()))
+    write_report(output, merged)
+    print("\n".join(merged["acceptance"]))
+    print(f"wrote {output}")
+
+
+# --------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cuda (default), or cpu: smoke run with TRITON_INTERPRET=1 and N = 256")
+    parser.add_argument("--quick", action="store_true",
+                        help="N = 1k, 16k, 1M (grouped 16k, 1M), fewer baselines: every acceptance line")
+    parser.add_argument("--sections", default="2,5,3,1,4", help="comma-separated sections, run in this order")
+    parser.add_argument("--sizes", default=None, help="comma-separated N for every section (overrides the mode's)")
+    parser.add_argument("--impls", default=None,
+                        help="comma-separated implementations to keep (default all); the first kept is the reference")
+    parser.add_argument("--output", default=None, help="JSON path or folder (default results/<gpu-slug>.json)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier runs' JSONs into --output")
+    parser.add_argument("--mem-limit-gb", type=float, default=None,
+                        help="skip baselines projected above this peak (default 85%% of the GPU; 8 on cpu)")
+    parser.add_argument("--max-step-s", type=float, default=None,
+                        help="skip rows whose projected step exceeds this (default 10 s, quick 2 s)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="skip the remaining rows after this many seconds (default 500, quick 400)")
+    parser.add_argument("--min-repeats", type=int, default=None)
+    parser.add_argument("--max-repeats", type=int, default=None)
+    parser.add_argument("--target-s", type=float, default=None, help="seconds of timed steps aimed at per row")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile backend of the naive-compile rows (default inductor; aot_eager on cpu)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.command = " ".join(["python", *(sys.argv if argv is None else ["benchmarks/bench_gpu.py", *argv])])
+    args.mode = "smoke" if args.device == "cpu" else ("quick" if args.quick else "full")
+    min_repeats, max_repeats, target_s, max_step_s, budget_s = REPEATS[args.mode]
+    args.repeats = (args.min_repeats or min_repeats, args.max_repeats or max_repeats, args.target_s or target_s)
+    args.max_step_s = args.max_step_s or max_step_s
+    args.budget_s = args.budget_s or budget_s
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.device == "cpu" else "inductor")
+    args.section_list = [int(s) for s in args.sections.split(",") if s.strip()]
+    args.size_list = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+    args.impl_list = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else None
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.merge:
+        if not args.output:
+            sys.exit("bench_gpu.py: --merge needs --output")
+        merge(args.merge, args.output, args.command)
+        return
+    if args.device == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            sys.exit("bench_gpu.py: --device cpu needs TRITON_INTERPRET=1 set before triton is imported")
+        os.environ["TRITON_INTERPRET"] = "1"  # before torch / triton are imported
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"bench_gpu.py: --device cuda asked, but torch.cuda.is_available() is False (torch "
+                 f"{torch.__version__}, built for CUDA {torch.version.cuda}). Run it on a GPU machine, or "
+                 f"use --device cpu for the Triton-interpreter smoke run.")
+    snapshot = _measure.snapshot_library(REPO_ROOT, tempfile.mkdtemp(prefix="mlloss-bench-src-"))
+    try:
+        sys.path.insert(0, snapshot)  # mlloss with kernels/ as mlloss.kernels, installed or not
+        run(args)
+    finally:
+        sys.path.remove(snapshot)
+        shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    import mlloss
+    import torch
+
+    if args.mem_limit_gb is None:
+        args.mem_limit_gb = (0.85 * torch.cuda.get_device_properties(0).total_memory / GB
+                             if args.device == "cuda" else 8.0)
+    cases = [case for section in args.section_list for case in gpu_cases(section, args.mode, args.size_list)]
+    for case in cases:
+        if args.impl_list:
+            case["impls"] = [impl for impl in case["impls"] if impl in args.impl_list]
+    libauc_missing = None
+    if any(impl.startswith("libauc") for case in cases for impl in case["impls"]):
+        try:
+            import libauc.losses  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 -- optional peer: its rows are skipped with the reason
+            libauc_missing = f"libauc not importable ({type(exc).__name__}: {exc})"
+
+    device = describe_device(args.device)
+    device["mlloss"] = mlloss.__version__
+    output = output_path(args, device)
+    provenance = _measure.source_provenance(REPO_ROOT)
+    provenance["measured"] = "snapshot of the working tree taken at start"
+    started = time.perf_counter()
+    print(f"device: {device.get('gpu_name') or device['cpu_model'] + ' (CPU smoke run, Triton interpreted)'}, "
+          f"torch {device['torch']}, triton {device['triton']}, libauc {device['libauc']}", flush=True)
+    print(f"mlloss at {provenance['git_commit']}, dirty library files: {provenance['library_dirty_files']}, "
+          f"sources sha256 {provenance['library_sha256']}; writing {output}", flush=True)
+    report: dict[str, Any] = {
+        "device": device,
+        "provenance": provenance,
+        "command": args.command,
+        "settings": {
+            "mode": args.mode, "sections": args.section_list, "sizes": args.size_list, "impls": args.impl_list,
+            "seed": args.seed,
+            "repeats_min_max_target_s": list(args.repeats), "max_step_s": args.max_step_s,
+            "budget_s": args.budget_s, "mem_limit_gb": args.mem_limit_gb,
+            "compile_backend": args.compile_backend, "compile_dynamic": False,
+            "memory_method": DeviceClock(args.device).memory_method,
+            "time_method": "forward+backward, median over the timed steps after 1-2 full-size warm-up "
+                           "steps; CUDA events around each step (perf_counter on the CPU)",
+        },
+        "results": [],
+    }
+
+    def on_row(row: dict[str, Any]) -> None:
+        report["results"].append(row)
+        report["total_wall_s"] = time.perf_counter() - started
+        write_report(output, report)
+
+    clock = DeviceClock(args.device)
+    for section in args.section_list:
+        print(f"\nrunning {SECTION_TITLES[section]} ...", flush=True)
+        for case in cases:
+            if case["section"] == section:
+                run_case(case, args, clock, libauc_missing, started, on_row)
+        print("\n" + format_rows([r for r in report["results"] if r["section"] == section]), flush=True)
+    report["provenance"]["working_tree_sha256_end"] = _measure.library_hash(REPO_ROOT)
+    report["device"]["loadavg_end"] = list(os.getloadavg())
+    report["total_wall_s"] = time.perf_counter() - started
+    write_report(output, report)
+    print("\n## Acceptance\n\n" + "\n".join(report["acceptance"]))
+    print(f"\nwrote {output} ({report['total_wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The GPU benchmark's CPU smoke mode end to end: rows, cross-checks, acceptance lines, JSON and .md.
+
+``benchmarks/bench_gpu.py --device cpu`` runs the Triton rows on Triton's interpreter, so this
+exercises every path of the benchmark except the CUDA events and memory statistics. Tiny N and
+the cheap implementations only (the Triton interpreter and torch.compile are slow on the CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest
+
+pytest.importorskip("triton")
+
+import mlloss  # noqa: E402,F401 -- the installed package, not the benchmark's temporary snapshot
+
+pytestmark = pytest.mark.triton
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench_gpu():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 before triton is imported")
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_gpu
+
+        yield bench_gpu
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_path):
+    output = tmp_path / "smoke.json"
+    bench_gpu.main(["--device", "cpu", "--sections", "2,5", "--sizes", "96", "--min-repeats", "1",
+                    "--max-repeats", "1", "--impls", "mlloss-triton,mlloss-torch,naive", "--output", str(output)])
+    report = json.loads(output.read_text())
+    rows = report["results"]
+    assert {(r["section"], r["impl"]) for r in rows} == {
+        (section, impl) for section in (2, 5) for impl in ("mlloss-triton", "mlloss-torch", "naive")
+    }
+    for row in rows:
+        assert "error" not in row and "skipped" not in row, row
+        assert row["time_s"] > 0 and row["pairs_per_s"] > 0
+        if row["impl"] == "mlloss-triton":
+            assert row["reference"] and row["f64_rel_diff"] < 1e-5
+        else:
+            assert row["value_rel_diff"] < 1e-5 and row["grad_rel_diff"] < 1e-5
+    acceptance = "\n".join(report["acceptance"])
+    assert "Triton LaA throughput" in acceptance and "ratio" in acceptance
+    assert "no verdict: not on a GPU" in acceptance
+    assert "## Acceptance" in output.with_suffix(".md").read_text()
+
+
+def test_merge_recomputes_acceptance_from_both_files(bench_gpu, tmp_path):
+    row = dict(section=2, case=bench_gpu.LAA_CASE, n=16384, impl="mlloss-triton", pairs=1e8,
+               pair_elements=16384.0**2, time_s=1e-3, time_min_s=1e-3, peak_extra_mb=1.0,
+               pairs_per_s=1e11, value=0.7, first_call_s=0.1, reference=True)
+    naive = dict(row, impl="naive", time_s=3e-2, reference=None, value_rel_diff=0.0, grad_rel_diff=0.0)
+    base = {"device": {"device": "cuda", "gpu_name": "NVIDIA H100", "torch": "2.11", "date_utc": "today",
+                       "cpu_model": "x"}, "command": "c"}
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(dict(base, results=[row])))
+    second.write_text(json.dumps(dict(base, results=[naive])))
+    bench_gpu.main(["--merge", str(first), str(second), "--output", str(tmp_path / "m.json")])
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert len(merged["results"]) == 2
+    assert any("naive eager / Triton at N=16,384: 30.0x" in line and "PASS" in line for line in merged["acceptance"])
