@@ -3,13 +3,37 @@
     python recipes/ctr_cvr.py                          # MMoE, BCE, 5 epochs: ~30 s on 2 CPU cores
     python recipes/ctr_cvr.py --model ple --loss bce+pdaom --lambda 10
     python recipes/ctr_cvr.py --loss loa --esmm
+    python recipes/ctr_cvr.py --data ali-ccp --data-dir ../shared/data/ali-ccp-sample
     python recipes/ctr_cvr.py --accelerator gpu --devices 4 --strategy ddp
+    python recipes/ctr_cvr.py --accelerator cpu --devices 2 --sharding table_wise   # TorchRec DMP
+    python recipes/ctr_cvr.py --epochs 8 --resume last   # continue from the last checkpoint
+
+Data (``--data``): the built-in synthetic generator (default; it knows the true click and
+purchase probabilities, reported as an "oracle" row), or the Ali-CCP and AliExpress CSV
+layouts (``mlloss.data.load_ali_ccp`` / ``load_aliexpress``; AliExpress groups are searches).
+
+Embeddings (``--embedding``, ``--sharding``): plain ``torch.nn.Embedding`` tables, or TorchRec
+``EmbeddingBagCollection`` tables fed a ``KeyedJaggedTensor`` (``mlloss.sharding``, needs the
+torchrec extra). ``--sharding table_wise|column_wise|data_parallel`` shards the tables with
+``DistributedModelParallel`` through ``mlloss.sharding.TorchRecStrategy``: DMP is built in
+``configure_model``, the tables train with a fused sparse optimizer (``--sparse-optimizer``,
+``--sparse-lr``) and the rest with Adam, and checkpoints are ``torch.distributed.checkpoint``
+directories.
+
+Checkpoints: every epoch writes ``<checkpoint-dir>/last.ckpt`` (a file, or a directory under
+``--sharding``); ``--resume last`` (or a path) continues from it with the same data order, so
+that the continued run equals an uninterrupted one.
 
 Every epoch prints the validation AUC and GAUC (AUC per user, averaged with weights equal to
 the users' numbers of impressions, over users with both classes) of click and purchase. At
 the end the validation and test results, next to an item-popularity baseline and an oracle
 (the generator's true probabilities), are printed as a markdown table and written to
-``<output-dir>/results.json`` and ``<output-dir>/results.md``.
+``<output-dir>/results.json`` and ``<output-dir>/results.md``, and the curves to
+``<output-dir>/curves.png`` (if matplotlib is installed). At the start the label-dictatorship
+report of the training labels says which label would dominate a loss-aggregation (LoA) ranking
+score; with a ranking head, every epoch also reports its per-label AUCs, DiffAUC (max - min)
+and MinAUC. Each epoch's training throughput (impressions per second over all ranks) is kept
+in the history.
 
 Tasks and objectives. The model has a click head (pCTR) and a purchase head (P(purchase |
 impression), or with ``--esmm`` pCTCVR = pCTR * pCVR), both trained on all impressions.
@@ -23,6 +47,7 @@ The ``--loss`` names map to ``mlloss.build_loss`` in two ways:
   with the (B, 2) labels (click, purchase). BCE stays on the click and purchase heads so that
   the model still predicts probabilities; the total is BCE + lambda * ranking loss
   (lambda defaults to 1). The ranking head's AUCs are reported in the row ``model:rank``.
+  ``--cross-device`` takes the ranking pairs across all DDP ranks (``cross_device=True``).
 
 Batches keep users together: every epoch shuffles the users and cuts the user-sorted
 impressions into batches, so most users' impressions share a batch and per-user (GAUC)
@@ -38,23 +63,37 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import torchmetrics
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 import mlloss
-from mlloss.data import ImpressionData, SyntheticConfig, generate_impressions, split_by_time
-from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc
+from mlloss.data import (
+    ImpressionData,
+    SyntheticConfig,
+    generate_impressions,
+    load_ali_ccp,
+    load_aliexpress,
+    split_by_time,
+)
+from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc, multipartite_auc
+from mlloss.sharding import SHARDING_TYPES, SPARSE_OPTIMIZERS, TorchRecStrategy, dense_parameters
 from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
 
 TASKS = ("click", "purchase")
 PER_TASK_LOSSES = ("bce", "bce+auc", "bce+pdaom", "auc", "pdaom")
 RANKING_SCORE_LOSSES = ("laa", "loa", "balanced-loa")
 MODELS = ("mmoe", "ple", "cgc", "shared-bottom")
+DATA_SOURCES = ("synthetic", "ali-ccp", "aliexpress")
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_DATA_DIRS = {"ali-ccp": SHARED_DATA / "ali-ccp-sample", "aliexpress": SHARED_DATA / "aliexpress-sample"}
+SHARDINGS = ("none", *SHARDING_TYPES)
 
 
 # --------------------------------------------------------------------------- data
@@ -81,9 +120,11 @@ class UserBlockBatchSampler(Sampler[Tensor]):
     The users are put in a random order (a fixed order if ``shuffle=False``), the
     impressions are sorted by user in that order (stable, so time order within a user is
     kept) and cut into consecutive batches of ``batch_size``. Rank ``rank`` of
-    ``world_size`` takes batches ``rank, rank + world_size, ...``; with ``even_shards`` the
+    ``world_size`` takes batches ``rank, rank + world_size, ...``. With ``even_shards`` the
     batches are first truncated to a multiple of ``world_size`` so that all ranks run the
-    same number of steps (needed for DDP training, not for evaluation).
+    same number of steps (DDP training); otherwise (evaluation) every impression is kept and
+    ranks short of a batch get an empty one, because a sharded embedding's forward is a
+    collective that every rank must join.
     """
 
     def __init__(
@@ -100,7 +141,7 @@ class UserBlockBatchSampler(Sampler[Tensor]):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        self.users = users
+        self.users = torch.unique(users, return_inverse=True)[1]  # ids 0..U-1, whatever the raw ids
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -118,7 +159,7 @@ class UserBlockBatchSampler(Sampler[Tensor]):
         return total // self.world_size * self.world_size if self.even_shards else total
 
     def __len__(self) -> int:
-        return len(range(self.rank, self._num_batches(), self.world_size))
+        return -(-self._num_batches() // self.world_size)  # ceil: short ranks get an empty batch
 
     def __iter__(self) -> Iterator[Tensor]:
         num_users = int(self.users.max()) + 1 if len(self.users) else 0
@@ -128,8 +169,10 @@ class UserBlockBatchSampler(Sampler[Tensor]):
         else:
             user_rank = torch.arange(num_users)
         order = torch.argsort(user_rank[self.users], stable=True)
-        batches = order.split(self.batch_size)[: self._num_batches()]
-        yield from batches[self.rank :: self.world_size]
+        own = order.split(self.batch_size)[: self._num_batches()][self.rank :: self.world_size]
+        yield from own
+        for _ in range(len(self) - len(own)):
+            yield order[:0]
 
 
 class ImpressionDataModule(pl.LightningDataModule):
@@ -178,6 +221,19 @@ def ranking_metrics(scores: Tensor, labels: Tensor, users: Tensor) -> dict[str, 
     return out
 
 
+def ranking_score_metrics(scores: Tensor, labels: Tensor, users: Tensor) -> dict[str, float]:
+    """:func:`ranking_metrics` of one ranking score, plus its DiffAUC (max - min of the
+    per-label AUCs), MinAUC and the multipartite AUC of click + purchase (what LaA targets)."""
+    out = ranking_metrics(scores, labels, users)
+    per_label = torch.tensor([out[f"{task}_auc"] for task in TASKS])  # NaN where a label is one-class
+    out["diff_auc"] = float(per_label.max() - per_label.min())  # NaN propagates
+    out["min_auc"] = float(per_label.min())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        out["multipartite_auc"] = float(multipartite_auc(scores, labels))
+    return out
+
+
 class ScoreCollector(torchmetrics.Metric):
     """Accumulates (scores, labels, users) over an epoch; gathered across ranks under DDP."""
 
@@ -203,7 +259,12 @@ class ScoreCollector(torchmetrics.Metric):
 def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) -> MultiTaskModel:
     """The tower selected by ``args.model`` over the concatenated field embeddings (with
     their pairwise dot products unless ``--interaction none``) and the dense features."""
-    embedding = FieldEmbedding(data.cardinalities, args.embedding_dim)
+    if args.embedding == "torchrec":
+        from mlloss.sharding import TorchRecEmbedding
+
+        embedding = TorchRecEmbedding(data.cardinalities, args.embedding_dim, data.field_names)
+    else:
+        embedding = FieldEmbedding(data.cardinalities, args.embedding_dim)
     interaction = DotInteraction(len(data.cardinalities), args.embedding_dim) if args.interaction == "dot" else None
     input_dim = (interaction or embedding).output_dim + data.dense.shape[1]
     expert_hidden, tower_hidden = tuple(args.expert_hidden), tuple(args.tower_hidden)
@@ -225,18 +286,19 @@ def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) 
 class MultiTaskObjective(nn.Module):
     """The training loss of the (B, 2) or (B, 3) logits for ``--loss`` (see module docstring)."""
 
-    def __init__(self, name: str, lam: float | None) -> None:
+    def __init__(self, name: str, lam: float | None, cross_device: bool = False) -> None:
         super().__init__()
         if name not in PER_TASK_LOSSES + RANKING_SCORE_LOSSES:
             raise ValueError(f"--loss must be one of {PER_TASK_LOSSES + RANKING_SCORE_LOSSES}, got {name!r}")
         self.uses_ranking_head = name in RANKING_SCORE_LOSSES
+        ranking = {"cross_device": True} if cross_device else {}
         if self.uses_ranking_head:
             self.task_loss = mlloss.build_loss("bce")
-            self.ranking_loss = mlloss.build_loss(name)
+            self.ranking_loss = mlloss.build_loss(name, **ranking)
             self.lam = 1.0 if lam is None else lam
         else:
             kwargs = {"lam": lam} if lam is not None and name.startswith("bce+") else {}
-            self.task_loss = mlloss.build_loss(name, **kwargs)
+            self.task_loss = mlloss.build_loss(name, **kwargs, **(ranking if name != "bce" else {}))
 
     def forward(self, logits: Tensor, labels: Tensor, users: Tensor) -> Tensor:
         total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users) for t in range(len(TASKS)))
@@ -258,7 +320,14 @@ class CtrCvrModule(pl.LightningModule):
         self.collector = ScoreCollector()
         self.history: list[dict[str, float]] = []
         self.eval_results: dict[str, float] = {}
-        self._epoch_start = time.perf_counter()
+        self._epoch_start = self._train_end = time.perf_counter()
+        self._epoch_samples = 0
+
+    def configure_model(self) -> None:
+        """Under ``TorchRecStrategy``, shard the embedding tables (once: fit and test both call this)."""
+        strategy = self.trainer.strategy
+        if isinstance(strategy, TorchRecStrategy) and strategy.sharded_model is None:
+            self.model = strategy.shard(self.model)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.model(batch["sparse"], batch["dense"])
@@ -266,10 +335,15 @@ class CtrCvrModule(pl.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self.objective(self(batch), batch["labels"], batch["user"])
         self.train_loss.update(loss.detach())
+        self._epoch_samples += batch["labels"].shape[0]
         return loss
 
     def on_train_epoch_start(self) -> None:
-        self._epoch_start = time.perf_counter()
+        self._epoch_start = self._train_end = time.perf_counter()
+        self._epoch_samples = 0
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._train_end = time.perf_counter()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self.collector.update(self(batch), batch["labels"], batch["user"])
@@ -282,7 +356,7 @@ class CtrCvrModule(pl.LightningModule):
         logits_per_task = scores[:, : len(TASKS)]
         results = {f"model/{k}": v for k, v in ranking_metrics(logits_per_task, labels, users).items()}
         if self.objective.uses_ranking_head:
-            rank = ranking_metrics(scores[:, len(TASKS)], labels, users)
+            rank = ranking_score_metrics(scores[:, len(TASKS)], labels, users)
             results |= {f"model:rank/{k}": v for k, v in rank.items()}
         return results
 
@@ -290,8 +364,11 @@ class CtrCvrModule(pl.LightningModule):
         results = self._evaluate()
         train_loss = float(self.train_loss.compute())
         self.train_loss.reset()
+        train_seconds = self._train_end - self._epoch_start
+        samples = self._epoch_samples * self.trainer.world_size  # ranks run equal shards
         row = {"epoch": self.current_epoch + 1, "train_loss": train_loss,
-               "seconds": time.perf_counter() - self._epoch_start, **results}
+               "seconds": time.perf_counter() - self._epoch_start, "train_seconds": train_seconds,
+               "train_samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"), **results}
         self.history.append(row)
         self.log_dict({f"val/{k}": v for k, v in results.items()}, sync_dist=True)  # equal on all ranks
         self.print(_format_epoch(row))
@@ -299,30 +376,78 @@ class CtrCvrModule(pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.eval_results = self._evaluate()
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["ctr_cvr"] = {"history": self.history, "torch_rng_state": torch.get_rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("ctr_cvr")
+        if saved is None:
+            raise KeyError("this checkpoint was not written by recipes/ctr_cvr.py (no 'ctr_cvr' entry)")
+        self.history = list(saved["history"])
+        torch.set_rng_state(saved["torch_rng_state"])
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        # Sharded tables are trained by the fused sparse optimizer (mlloss.sharding); the rest here.
+        dense = [parameter for _, parameter in dense_parameters(self)]
+        return torch.optim.Adam(dense, lr=self.lr, weight_decay=self.weight_decay)
 
 
 # --------------------------------------------------------------------------- reporting
 
 
 def baseline_results(train: ImpressionData, split: ImpressionData) -> dict[str, float]:
-    """AUC/GAUC of item popularity (training impressions of the item) and of the true probabilities."""
-    item = train.field_names.index("item")
-    popularity = torch.bincount(train.sparse[:, item], minlength=train.cardinalities[item]).float()
+    """AUC/GAUC of item popularity (training impressions of the item), when the data names an
+    item field, and of the true probabilities, when the data knows them (synthetic data)."""
     results = {}
-    pop = ranking_metrics(popularity[split.sparse[:, item]], split.labels, split.user)
-    oracle = ranking_metrics(torch.stack([split.p_click, split.p_purchase], 1), split.labels, split.user)
-    results |= {f"popularity/{k}": v for k, v in pop.items()}
-    results |= {f"oracle/{k}": v for k, v in oracle.items()}
+    if train.item_field is not None:
+        item = train.field_names.index(train.item_field)
+        popularity = torch.bincount(train.sparse[:, item], minlength=train.cardinalities[item]).float()
+        pop = ranking_metrics(popularity[split.sparse[:, item]], split.labels, split.user)
+        results |= {f"popularity/{k}": v for k, v in pop.items()}
+    if split.p_click is not None and split.p_purchase is not None:
+        oracle = ranking_metrics(torch.stack([split.p_click, split.p_purchase], 1), split.labels, split.user)
+        results |= {f"oracle/{k}": v for k, v in oracle.items()}
     return results
 
 
 def _format_epoch(row: dict[str, float]) -> str:
-    parts = [f"epoch {row['epoch']:>2}", f"loss {row['train_loss']:.4f}", f"{row['seconds']:.1f}s"]
+    parts = [f"epoch {row['epoch']:>2}", f"loss {row['train_loss']:.4f}", f"{row['seconds']:.1f}s",
+             f"{row['train_samples_per_s']:,.0f} imp/s"]
     for task in TASKS:
         parts.append(f"val {task} AUC {row[f'model/{task}_auc']:.4f} GAUC {row[f'model/{task}_gauc']:.4f}")
+    if "model:rank/diff_auc" in row:
+        parts.append(f"rank head AUC {row['model:rank/click_auc']:.4f}/{row['model:rank/purchase_auc']:.4f} "
+                     f"Diff {row['model:rank/diff_auc']:.4f} Min {row['model:rank/min_auc']:.4f}")
     return " | ".join(parts)
+
+
+def plot_curves(history: Sequence[dict[str, float]], path: Path) -> bool:
+    """Training loss and validation AUC/GAUC per task against the epoch, saved as a PNG;
+    False (and nothing written) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    epochs = [row["epoch"] for row in history]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True)
+    axes[0].plot(epochs, [row["train_loss"] for row in history], marker="o")
+    axes[0].set(title="training loss", xlabel="epoch")
+    for ax, metric in zip(axes[1:], ("auc", "gauc")):
+        for task in TASKS:
+            ax.plot(epochs, [row[f"model/{task}_{metric}"] for row in history], marker="o", label=f"{task} head")
+            if f"model:rank/{task}_{metric}" in history[0]:
+                ax.plot(epochs, [row[f"model:rank/{task}_{metric}"] for row in history], marker="s",
+                        linestyle="--", label=f"ranking head vs {task}")
+        ax.set(title=f"validation {metric.upper()}", xlabel="epoch")
+        ax.legend(fontsize=8)
+    for ax in axes:
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def markdown_table(results: dict[str, dict[str, float]]) -> str:
@@ -334,6 +459,11 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
         for scorer in scorers:
             values = " | ".join(f"{flat[f'{scorer}/{m}']:.4f}" for m in metrics)
             lines.append(f"| {split} | {scorer} | {values} |")
+    for split, flat in results.items():
+        if "model:rank/diff_auc" in flat:
+            lines.append(f"\n{split}, ranking head: DiffAUC {flat['model:rank/diff_auc']:.4f}, "
+                         f"MinAUC {flat['model:rank/min_auc']:.4f}, "
+                         f"multipartite AUC {flat['model:rank/multipartite_auc']:.4f}")
     return "\n".join(lines)
 
 
@@ -356,6 +486,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-4, help="Adam L2 penalty (curbs id-embedding overfitting)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of the training")
+    p.add_argument("--cross-device", action="store_true",
+                   help="under DDP, take the ranking loss's pairs across all ranks (cross_device=True)")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", choices=DATA_SOURCES, default="synthetic",
+                   help="synthetic Ali-CCP-like log, or an Ali-CCP / AliExpress CSV directory")
+    g.add_argument("--data-dir", type=Path, default=None,
+                   help="directory of the *train*/*val*/*test* CSV files (default: the samples in ../shared/data)")
     g = p.add_argument_group("synthetic data")
     g.add_argument("--num-users", type=int, default=SyntheticConfig.num_users, help="users in the log")
     g.add_argument("--num-items", type=int, default=SyntheticConfig.num_items, help="items (Zipf popularity)")
@@ -376,6 +513,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--num-shared-experts", type=int, default=2, help="CGC/PLE shared experts")
     g.add_argument("--num-levels", type=int, default=2, help="PLE extraction levels")
     g.add_argument("--dropout", type=float, default=0.0, help="dropout after hidden layers")
+    g.add_argument("--embedding", choices=("plain", "torchrec"), default="plain",
+                   help="torch.nn.Embedding tables, or a TorchRec EmbeddingBagCollection fed a KeyedJaggedTensor")
+    g = p.add_argument_group("TorchRec sharding (needs the torchrec extra)")
+    g.add_argument("--sharding", choices=SHARDINGS, default="none",
+                   help="shard the tables with DistributedModelParallel (implies --embedding torchrec)")
+    g.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="rowwise_adagrad",
+                   help="fused optimizer of sharded tables (adam only on CUDA)")
+    g.add_argument("--sparse-lr", type=float, default=0.05, help="learning rate of the sparse optimizer")
     g = p.add_argument_group("hardware and output")
     g.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu")
     g.add_argument("--devices", default="1", help="number of devices, or 'auto'")
@@ -383,7 +528,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--cpu-threads", type=int, default=1,
                    help="torch intra-op threads per process: these small models run fastest on one, "
                         "which also keeps DDP ranks from oversubscribing the cores")
-    g.add_argument("--output-dir", type=Path, default=Path("runs/ctr_cvr"), help="where results.json/.md go")
+    g.add_argument("--output-dir", type=Path, default=Path("runs/ctr_cvr"),
+                   help="where results.json, results.md and curves.png go")
+    g.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="where last.ckpt is written every epoch (default: <output-dir>/checkpoints)")
+    g.add_argument("--no-checkpoint", action="store_true", help="write no checkpoints")
+    g.add_argument("--resume", default=None, metavar="PATH",
+                   help="continue training from a checkpoint: a path, or 'last' for <checkpoint-dir>/last.ckpt")
+    g.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
+                   help="show Lightning's progress bar")
     args = p.parse_args(argv)
     args.devices = args.devices if args.devices == "auto" else int(args.devices)
     for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads"):
@@ -391,6 +544,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lam is not None and not (args.loss.startswith("bce+") or args.loss in RANKING_SCORE_LOSSES):
         p.error(f"--lambda weighs a ranking term, which --loss {args.loss} does not have")
+    if args.cross_device and args.loss == "bce":
+        p.error("--cross-device applies to a ranking loss, which --loss bce does not have")
+    if args.sharding != "none":
+        if args.strategy not in ("auto", "ddp"):
+            p.error(f"--sharding uses its own strategy (TorchRec DMP); drop --strategy {args.strategy}")
+        args.embedding = "torchrec"
+    if not args.sparse_lr > 0:
+        p.error(f"--sparse-lr must be > 0, got {args.sparse_lr}")
+    if args.data == "synthetic" and args.data_dir is not None:
+        p.error("--data-dir needs --data ali-ccp or --data aliexpress")
+    if args.data != "synthetic" and args.data_dir is None:
+        args.data_dir = DEFAULT_DATA_DIRS[args.data]
+    if args.checkpoint_dir is None:
+        args.checkpoint_dir = args.output_dir / "checkpoints"
+    if args.resume is not None and args.no_checkpoint:
+        p.error("--resume continues a checkpointed run; drop --no-checkpoint")
     return args
 
 
@@ -406,28 +575,30 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Generate the data, train, evaluate and write the report of ``main``."""
+    """Load or generate the data, train, evaluate and write the report of ``main``."""
     start = time.perf_counter()
     pl.seed_everything(args.seed, verbose=False)
-    config = SyntheticConfig(
-        num_users=args.num_users, num_items=args.num_items, mean_impressions=args.mean_impressions,
-        click_rate=args.click_rate, purchase_rate=args.purchase_rate, seed=args.seed,
-    )
-    train, val, test = split_by_time(generate_impressions(config))
-    objective = MultiTaskObjective(args.loss, args.lam)
+    (train, val, test), data_info = load_data(args)
+    objective = MultiTaskObjective(args.loss, args.lam, args.cross_device)
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
     module = CtrCvrModule(model, objective, args.lr, args.weight_decay)
+    ckpt_path = resume_path(args)
+    callbacks = [] if args.no_checkpoint else [
+        ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last", save_top_k=1, enable_version_counter=False)
+    ]
     trainer = pl.Trainer(
-        accelerator=args.accelerator, devices=args.devices, strategy=args.strategy, max_epochs=args.epochs,
-        use_distributed_sampler=False, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        accelerator=args.accelerator, devices=args.devices, strategy=build_strategy(args), max_epochs=args.epochs,
+        use_distributed_sampler=False, num_sanity_val_steps=0, logger=False, callbacks=callbacks,
+        enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar,
+        enable_model_summary=False,
     )
-    _print_rank_zero(_describe_data(train, val, test))
+    dictatorship = mlloss.label_dictatorship(train.labels, label_names=TASKS)
+    _print_rank_zero(_describe_data(train, val, test) + "\n\nLabel dictatorship of the training labels:\n" + str(dictatorship))
     datamodule = ImpressionDataModule(train, val, test, args.batch_size, args.seed)
     with warnings.catch_warnings():
         # Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; the message is noise here.
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         trainer.test(module, datamodule=datamodule, verbose=False)
 
     results = {
@@ -436,7 +607,8 @@ def run(args: argparse.Namespace) -> dict:
     }
     report = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "data": asdict(config) | {"sizes": {"train": len(train), "val": len(val), "test": len(test)}},
+        "data": data_info | {"sizes": {"train": len(train), "val": len(val), "test": len(test)}},
+        "label_dictatorship": dictatorship.as_dict(),
         "history": module.history,
         "results": results,
         "runtime_s": time.perf_counter() - start,
@@ -447,8 +619,44 @@ def run(args: argparse.Namespace) -> dict:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         (args.output_dir / "results.json").write_text(json.dumps(report, indent=2, allow_nan=True))
         (args.output_dir / "results.md").write_text(table + "\n")
-        print(f"\nwrote {args.output_dir / 'results.json'} ({report['runtime_s']:.0f}s)")
+        written = ["results.json", "results.md"]
+        if plot_curves(module.history, args.output_dir / "curves.png"):
+            written.append("curves.png")
+        else:
+            print("(curves.png skipped: pip install matplotlib to draw it)")
+        print(f"\nwrote {', '.join(str(args.output_dir / name) for name in written)} ({report['runtime_s']:.0f}s)")
     return report
+
+
+def load_data(args: argparse.Namespace) -> tuple[tuple[ImpressionData, ImpressionData, ImpressionData], dict]:
+    """The (train, val, test) splits of ``--data`` and a description of their source."""
+    if args.data == "ali-ccp":
+        return load_ali_ccp(args.data_dir), {"source": "ali-ccp", "directory": str(args.data_dir)}
+    if args.data == "aliexpress":
+        return load_aliexpress(args.data_dir, seed=args.seed), {"source": "aliexpress", "directory": str(args.data_dir)}
+    config = SyntheticConfig(
+        num_users=args.num_users, num_items=args.num_items, mean_impressions=args.mean_impressions,
+        click_rate=args.click_rate, purchase_rate=args.purchase_rate, seed=args.seed,
+    )
+    return split_by_time(generate_impressions(config)), {"source": "synthetic", **asdict(config)}
+
+
+def build_strategy(args: argparse.Namespace) -> str | pl.strategies.Strategy:
+    """``--strategy``, or with ``--sharding`` the TorchRec DMP strategy (gloo on the CPU)."""
+    if args.sharding == "none":
+        return args.strategy
+    backend = "gloo" if args.accelerator == "cpu" or not torch.cuda.is_available() else "nccl"
+    return TorchRecStrategy(args.sharding, args.sparse_optimizer, args.sparse_lr, process_group_backend=backend)
+
+
+def resume_path(args: argparse.Namespace) -> Path | None:
+    """The checkpoint ``--resume`` names, which must exist."""
+    if args.resume is None:
+        return None
+    path = args.checkpoint_dir / "last.ckpt" if args.resume == "last" else Path(args.resume)
+    if not path.exists():
+        raise FileNotFoundError(f"--resume {args.resume}: no checkpoint at {path}")
+    return path
 
 
 def _describe_data(*splits: ImpressionData) -> str:

@@ -220,3 +220,76 @@ def test_recipe_rejects_bad_arguments(recipe, capsys):
     with pytest.raises(SystemExit):
         recipe.parse_args(["--loss", "bce", "--lambda", "2"])
     assert "--lambda" in capsys.readouterr().err
+
+
+SMALL = ["--num-users", "300", "--num-items", "200", "--mean-impressions", "30", "--batch-size", "512",
+         "--no-progress-bar"]
+
+
+def _without_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if "second" not in k and "per_s" not in k} for row in history]
+
+
+def test_resume_from_a_checkpoint_continues_identically(recipe, tmp_path):
+    """2 epochs in one run equal 1 epoch, a checkpoint, and a resumed second epoch: the same
+    history, test metrics and weights (dropout on, so the saved RNG state matters too)."""
+    args = [*SMALL, "--loss", "bce+auc", "--dropout", "0.2"]
+    straight = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "a")])
+    recipe.main([*args, "--epochs", "1", "--output-dir", str(tmp_path / "b")])
+    first_epoch = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    resumed = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume", "last"])
+    assert len(resumed["history"]) == 2
+    assert _without_timing(resumed["history"]) == _without_timing(straight["history"])
+    assert resumed["results"]["test"] == straight["results"]["test"]
+    final_a = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    final_b = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert final_a.keys() == final_b.keys()
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+    assert not all(torch.equal(final_a[k], first_epoch[k]) for k in final_a), "the second epoch must train"
+
+
+def test_resume_errors_name_the_missing_checkpoint(recipe, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        recipe.main([*SMALL, "--output-dir", str(tmp_path), "--resume", "last"])
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--resume", "last", "--no-checkpoint"])
+
+
+def test_ranking_head_reports_diff_min_auc_and_the_dictatorship(recipe, tmp_path):
+    report = recipe.main([*SMALL, "--loss", "loa", "--epochs", "1", "--output-dir", str(tmp_path)])
+    row = report["history"][0]
+    per_label = [row["model:rank/click_auc"], row["model:rank/purchase_auc"]]
+    assert row["model:rank/diff_auc"] == pytest.approx(max(per_label) - min(per_label))
+    assert row["model:rank/min_auc"] == pytest.approx(min(per_label))
+    assert 0.0 <= row["model:rank/multipartite_auc"] <= 1.0
+    assert row["train_samples_per_s"] > 0
+    dictatorship = report["label_dictatorship"]
+    assert dictatorship["dominant"] == "purchase"  # the rarer label dominates LoA
+    assert dictatorship["share/purchase"] > dictatorship["share/click"]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ranking head: DiffAUC" in (tmp_path / "results.md").read_text()
+
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data not found at {SHARED_DATA}")
+@pytest.mark.parametrize(("source", "folder"), [("ali-ccp", "ali-ccp-sample"), ("aliexpress", "aliexpress-sample")])
+def test_recipe_trains_on_the_real_csv_layouts(recipe, tmp_path, source, folder):
+    report = recipe.main(["--data", source, "--data-dir", str(SHARED_DATA / folder), "--epochs", "1",
+                          "--batch-size", "32", "--loss", "laa", "--no-progress-bar", "--output-dir", str(tmp_path)])
+    assert report["data"]["source"] == source
+    sizes = report["data"]["sizes"]
+    if source == "ali-ccp":  # three files of 100 / 50 / 50 rows
+        assert (sizes["train"], sizes["val"], sizes["test"]) == (100, 50, 50)
+    else:  # validation searches are held out of the 100-row training file
+        assert sizes["train"] + sizes["val"] == 100 and sizes["val"] > 0 and sizes["test"] == 20
+    assert not any(key.startswith("oracle/") for key in report["results"]["test"]), "real data has no true probabilities"
+    assert any(key.startswith("popularity/") for key in report["results"]["test"]) == (source == "ali-ccp")
+
+
+def test_recipe_data_errors_are_clear(recipe, tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nowhere")):
+        recipe.main(["--data", "ali-ccp", "--data-dir", str(tmp_path / "nowhere"), "--output-dir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--data-dir", str(tmp_path)])  # a directory without --data ali-ccp/aliexpress

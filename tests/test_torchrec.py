@@ -1,0 +1,182 @@
+"""TorchRec integration (mlloss.sharding): the EmbeddingBagCollection feature module against the
+plain FieldEmbedding, sharded models against their unsharded copy on 2 gloo processes, and the
+CTR/CVR recipe trained, checkpointed and resumed with table-wise sharded tables."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
+
+import torchrec_worker  # noqa: E402
+from mlloss.sharding import SHARDING_TYPES, TorchRecEmbedding, TorchRecStrategy, ids_to_kjt, shard_model  # noqa: E402
+from mlloss.towers import FieldEmbedding  # noqa: E402
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "ctr_cvr.py"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- the embedding module
+
+
+def _twin_field_embedding(module: TorchRecEmbedding, cardinalities) -> FieldEmbedding:
+    plain = FieldEmbedding(cardinalities, module.output_dim // len(cardinalities))
+    with torch.no_grad():
+        for table, key in zip(plain.tables, module.keys):
+            table.weight.copy_(module.ebc.embedding_bags[f"t_{key}"].weight)
+    return plain
+
+
+def test_embedding_equals_field_embedding_with_the_same_weights():
+    cardinalities = (5, 7, 3)
+    module = TorchRecEmbedding(cardinalities, 4, ["user", "item", "slot"])
+    plain = _twin_field_embedding(module, cardinalities)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randint(0, c, (9,), generator=gen) for c in cardinalities], dim=1)
+    out, expected = module(ids), plain(ids)
+    assert module.output_dim == plain.output_dim == 12
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    weights = torch.randn(out.shape, generator=gen)
+    (out * weights).sum().backward()
+    (expected * weights).sum().backward()
+    for table, key in zip(plain.tables, module.keys):
+        torch.testing.assert_close(module.ebc.embedding_bags[f"t_{key}"].weight.grad, table.weight.grad)
+
+
+def test_embedding_sum_pools_several_ids_from_a_keyed_jagged_tensor():
+    import torchrec
+
+    module = TorchRecEmbedding((6, 4), 3, ["a", "b"])
+    # row 0: a = {1, 2}, b = {3}; row 1: a = {}, b = {0, 1, 2}
+    kjt = torchrec.KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3, 0, 1, 2]), lengths=torch.tensor([2, 0, 1, 3])
+    )
+    a, b = (module.ebc.embedding_bags[f"t_{k}"].weight.detach() for k in "ab")
+    expected = torch.stack([torch.cat([a[1] + a[2], b[3]]), torch.cat([torch.zeros(3), b[0] + b[1] + b[2]])])
+    torch.testing.assert_close(module(kjt), expected)
+    roundtrip = ids_to_kjt(torch.tensor([[1, 3], [5, 0]]), ["a", "b"])
+    assert roundtrip.keys() == ["a", "b"] and roundtrip.values().tolist() == [1, 5, 3, 0]
+
+
+def test_embedding_errors_name_the_bad_argument():
+    with pytest.raises(ValueError, match="cardinalities"):
+        TorchRecEmbedding([5, 0], 4)
+    with pytest.raises(ValueError, match="dim"):
+        TorchRecEmbedding([5], 0)
+    with pytest.raises(ValueError, match="field_names"):
+        TorchRecEmbedding([5, 6], 4, ["a", "a"])
+    module = TorchRecEmbedding([5, 6], 4, ["a", "b"])
+    with pytest.raises(ValueError, match=r"shape \(B, 2\)"):
+        module(torch.zeros(3, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="int32 or int64"):
+        module(torch.zeros(3, 2))
+
+
+def test_sharding_arguments_are_checked():
+    with pytest.raises(RuntimeError, match="process group"):
+        shard_model(torchrec_worker.make_model(), "table_wise")
+    with pytest.raises(ValueError, match="sharding must be one of"):
+        TorchRecStrategy("row_wise")
+    with pytest.raises(ValueError, match="sparse_optimizer must be one of"):
+        TorchRecStrategy("table_wise", sparse_optimizer="lamb")
+
+
+# --------------------------------------------------------------------------- 2 processes
+
+
+@pytest.fixture(scope="module")
+def sharded_results(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("torchrec")
+    results = {}
+    for sharding in SHARDING_TYPES:
+        mp.spawn(torchrec_worker.run, args=(2, free_port(), str(out_dir), sharding), nprocs=2, join=True)
+        results[sharding] = [
+            torch.load(out_dir / f"{sharding}-rank{rank}.pt", weights_only=False) for rank in range(2)
+        ]
+    return results
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("sharding", SHARDING_TYPES)
+def test_sharded_model_equals_the_unsharded_one(sharded_results, sharding):
+    """Same weights, same scores, and one fused SGD step on the tables equals a single-process
+    SGD step on the concatenated batch (the mean loss over both ranks)."""
+    ranks = sharded_results[sharding]
+    model = torchrec_worker.make_model()
+    ids, target = torchrec_worker.global_batch()
+    scores = model(ids)
+    torch.nn.functional.mse_loss(scores, target).backward()
+    for rank, result in enumerate(ranks):
+        local = slice(rank * torchrec_worker.BATCH, (rank + 1) * torchrec_worker.BATCH)
+        torch.testing.assert_close(result["scores"], scores[local].detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(result["head_grad"], model.head.weight.grad, rtol=1e-5, atol=1e-7)
+    if sharding == "column_wise":
+        plan = ranks[0]["plan"]  # each 8-wide table split in two 4-wide column shards, one per rank
+        assert "column_wise" in plan and "[0, 4]" in plan and "table_wise" not in plan
+    for key in model.embedding.keys:
+        name = f"embedding.ebc.embedding_bags.t_{key}.weight"
+        weight = model.embedding.ebc.embedding_bags[f"t_{key}"].weight
+        before = sum(result["before"][name] for result in ranks)
+        after = sum(result["after"][name] for result in ranks)
+        torch.testing.assert_close(before, weight.detach(), rtol=0, atol=0)
+        if sharding == "data_parallel":  # replicated tables are left to the dense optimizer
+            torch.testing.assert_close(after, before, rtol=0, atol=0)
+        else:
+            expected = weight.detach() - torchrec_worker.SPARSE_LR * weight.grad
+            torch.testing.assert_close(after, expected, rtol=1e-5, atol=1e-7)
+            assert not torch.equal(after, before)
+
+
+def _run_recipe(out_dir: Path, *extra: str) -> dict:
+    argv = [sys.executable, str(RECIPE), "--num-users", "300", "--num-items", "200", "--mean-impressions", "30",
+            "--batch-size", "512", "--loss", "laa", "--no-progress-bar", "--accelerator", "cpu", "--devices", "2",
+            "--sharding", "table_wise", "--output-dir", str(out_dir), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads((out_dir / "results.json").read_text())
+
+
+def _without_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if "second" not in k and "per_s" not in k} for row in history]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_recipe_trains_checkpoints_and_resumes_with_table_wise_sharding(tmp_path):
+    straight = _run_recipe(tmp_path / "straight", "--epochs", "2")
+    _run_recipe(tmp_path / "resumed", "--epochs", "1")
+    checkpoint = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_dir() and (checkpoint / "meta.pt").is_file() and (checkpoint / ".metadata").is_file()
+    assert len(list(checkpoint.glob("*.distcp"))) == 2, "one shard file per rank"
+    resumed = _run_recipe(tmp_path / "resumed", "--epochs", "2", "--resume", "last")
+    assert len(resumed["history"]) == 2
+    assert _without_timing(resumed["history"]) == _without_timing(straight["history"])
+    assert resumed["results"]["test"] == straight["results"]["test"]
+    assert straight["history"][1]["train_loss"] < straight["history"][0]["train_loss"]
+
+
+def test_recipe_runs_with_torchrec_embeddings_in_one_process(tmp_path):
+    """No process group: the EmbeddingBagCollection model trains like the plain one."""
+    spec = importlib.util.spec_from_file_location("ctr_cvr_recipe_torchrec", RECIPE)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    argv = ["--num-users", "1000", "--epochs", "2", "--batch-size", "256", "--lr", "5e-3", "--seed", "1",
+            "--embedding", "torchrec", "--no-progress-bar", "--no-checkpoint", "--output-dir", str(tmp_path)]
+    results = recipe.main(argv)["results"]["test"]
+    assert results["model/click_auc"] > results["popularity/click_auc"] + 0.03
