@@ -82,6 +82,27 @@ _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
 # Kernel 1: ordinal pairs                                                     #
 # --------------------------------------------------------------------------- #
 @triton.jit
+def _accumulate_tile(
+    s_m, s_n, w, valid, margin, grad_acc, loss_acc, SURROGATE: tl.constexpr, OWN_UPPER: tl.constexpr,
+):
+    """Add one tile's valid pairs, weighted by ``w``, to the row accumulators. Rows are the
+    upper items (OWN_UPPER: d/ds_upper and the loss) or the lower items (d/ds_lower)."""
+    if OWN_UPPER:
+        t = s_m[:, None] - s_n[None, :]
+    else:
+        t = s_n[None, :] - s_m[:, None]
+    phi, dphi = surrogate_and_derivative(t, margin, SURROGATE, OWN_UPPER)
+    # where(), not a 0/1 multiply: invalid pairs may hold inf (exponential).
+    g = tl.where(valid, w * dphi, 0.0)
+    if OWN_UPPER:
+        grad_acc += tl.sum(g, axis=1)
+        loss_acc += tl.sum(tl.where(valid, w * phi, 0.0), axis=1)
+    else:
+        grad_acc -= tl.sum(g, axis=1)
+    return grad_acc, loss_acc
+
+
+@triton.jit
 def _ordinal_block(
     scores_ptr, level_ptr, level_value_ptr, group_start_ptr, group_end_ptr, coef_ptr,
     loss_part_ptr, grad_ptr, N, margin_ptr, pid,
@@ -127,11 +148,9 @@ def _ordinal_block(
         if tl.sum(valid.to(tl.int32)) > 0:
             s_n = tl.load(scores_ptr + offs_n, mask=mask_n, other=0.0).to(ACC)
             if OWN_UPPER:
-                t = s_m[:, None] - s_n[None, :]
                 w = tl.broadcast_to(coef_m[:, None], [BLOCK_M, BLOCK_N])
             else:
                 coef_n = tl.load(coef_ptr + offs_n, mask=mask_n, other=0.0).to(ACC)
-                t = s_n[None, :] - s_m[:, None]
                 w = tl.broadcast_to(coef_n[None, :], [BLOCK_M, BLOCK_N])
             if COST_LINEAR:
                 val_n = tl.load(level_value_ptr + lvl_n, mask=mask_n, other=0.0).to(ACC)
@@ -139,14 +158,9 @@ def _ordinal_block(
                     w = w * (val_m[:, None] - val_n[None, :])
                 else:
                     w = w * (val_n[None, :] - val_m[:, None])
-            phi, dphi = surrogate_and_derivative(t, margin, SURROGATE, OWN_UPPER)
-            # where(), not a 0/1 multiply: invalid pairs may hold inf (exponential).
-            g = tl.where(valid, w * dphi, 0.0)
-            if OWN_UPPER:
-                grad_acc += tl.sum(g, axis=1)
-                loss_acc += tl.sum(tl.where(valid, w * phi, 0.0), axis=1)
-            else:
-                grad_acc -= tl.sum(g, axis=1)
+            grad_acc, loss_acc = _accumulate_tile(
+                s_m, s_n, w, valid, margin, grad_acc, loss_acc, SURROGATE, OWN_UPPER
+            )
 
     tl.store(grad_ptr + offs_m, grad_acc, mask=mask_m)
     if OWN_UPPER:
@@ -218,17 +232,9 @@ def _label_bits_block(
                 else:
                     c_k = tl.load(coef_ptr + k * coef_stride_k + offs_n, mask=mask_n, other=0.0).to(ACC)[None, :]
                 w += tl.where(((diff >> k) & 1) != 0, c_k, 0.0)
-            if OWN_UPPER:
-                t = s_m[:, None] - s_n[None, :]
-            else:
-                t = s_n[None, :] - s_m[:, None]
-            phi, dphi = surrogate_and_derivative(t, margin, SURROGATE, OWN_UPPER)
-            g = tl.where(valid, w * dphi, 0.0)
-            if OWN_UPPER:
-                grad_acc += tl.sum(g, axis=1)
-                loss_acc += tl.sum(tl.where(valid, w * phi, 0.0), axis=1)
-            else:
-                grad_acc -= tl.sum(g, axis=1)
+            grad_acc, loss_acc = _accumulate_tile(
+                s_m, s_n, w, valid, margin, grad_acc, loss_acc, SURROGATE, OWN_UPPER
+            )
 
     tl.store(grad_ptr + offs_m, grad_acc, mask=mask_m)
     if OWN_UPPER:
