@@ -195,7 +195,9 @@ def shard_model(
         raise RuntimeError("shard_model needs an initialised torch.distributed process group")
     device = torch.device(device or "cpu")
     if sparse_optimizer == "adam" and device.type != "cuda":
-        raise ValueError("sparse_optimizer='adam' needs CUDA: fbgemm's CPU kernels support rowwise_adagrad, adagrad, sgd")
+        raise ValueError(
+            "sparse_optimizer='adam' needs CUDA: fbgemm's CPU kernels support rowwise_adagrad, adagrad and sgd"
+        )
     collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
     if not collections:
         raise ValueError(f"{type(module).__name__} holds no torchrec EmbeddingBagCollection to shard")

@@ -7,6 +7,7 @@
     python recipes/ctr_cvr.py --accelerator gpu --devices 4 --strategy ddp
     python recipes/ctr_cvr.py --accelerator cpu --devices 2 --sharding table_wise   # TorchRec DMP
     python recipes/ctr_cvr.py --epochs 8 --resume last   # continue from the last checkpoint
+    python recipes/ctr_cvr.py --config run.yaml          # options from a YAML/JSON file
 
 Data (``--data``): the built-in synthetic generator (default; it knows the true click and
 purchase probabilities, reported as an "oracle" row), or the Ali-CCP and AliExpress CSV
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -474,6 +476,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    p.add_argument("--config", type=Path, default=None,
+                   help="YAML or JSON file of option values, keyed by long option name (loss: laa, batch-size: "
+                        "512, expert-hidden: [64, 32], esmm: true); options on the command line override it")
     p.add_argument("--model", choices=MODELS, default="mmoe", help="multi-task tower")
     p.add_argument("--loss", choices=PER_TASK_LOSSES + RANKING_SCORE_LOSSES, default="bce",
                    help="objective name passed to mlloss.build_loss")
@@ -524,6 +529,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("hardware and output")
     g.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu")
     g.add_argument("--devices", default="1", help="number of devices, or 'auto'")
+    g.add_argument("--num-nodes", type=int, default=1, help="machines of a multi-node job (Lightning's num_nodes)")
     g.add_argument("--strategy", default="auto", help="Lightning strategy, e.g. ddp")
     g.add_argument("--cpu-threads", type=int, default=1,
                    help="torch intra-op threads per process: these small models run fastest on one, "
@@ -537,9 +543,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="continue training from a checkpoint: a path, or 'last' for <checkpoint-dir>/last.ckpt")
     g.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
                    help="show Lightning's progress bar")
-    args = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = p.parse_known_args(argv)[0].config
+    args = p.parse_args(config_argv(config, p) + argv if config is not None else argv)
     args.devices = args.devices if args.devices == "auto" else int(args.devices)
-    for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads"):
+    for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lam is not None and not (args.loss.startswith("bce+") or args.loss in RANKING_SCORE_LOSSES):
@@ -561,6 +569,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.resume is not None and args.no_checkpoint:
         p.error("--resume continues a checkpointed run; drop --no-checkpoint")
     return args
+
+
+def config_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
+    """The options of a YAML/JSON config file as command-line tokens, so that argparse checks
+    them like typed options (types, choices) and later command-line options override them."""
+    import yaml  # a dependency of pytorch-lightning; JSON is YAML too
+
+    if not path.is_file():
+        parser.error(f"--config {path}: no such file")
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        parser.error(f"--config {path}: not valid YAML/JSON ({error})")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: expected a mapping of option names to values, got {type(values).__name__}")
+    tokens: list[str] = []
+    for key, value in values.items():
+        option = "--" + str(key).replace("_", "-")
+        action = parser._option_string_actions.get(option)
+        if action is None or option in ("--config", "--help"):
+            parser.error(f"--config {path}: unknown option {key!r}")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            tokens.append(option if value else "--no-" + option[2:])
+        elif action.nargs == 0:  # store_true flags
+            if not isinstance(value, bool):
+                parser.error(f"--config {path}: {key} is a flag and takes true or false, got {value!r}")
+            tokens += [option] if value else []
+        elif isinstance(value, list):
+            tokens += [option, *map(str, value)]
+        else:
+            tokens += [option, str(value)]
+    return tokens
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -587,13 +627,14 @@ def run(args: argparse.Namespace) -> dict:
         ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last", save_top_k=1, enable_version_counter=False)
     ]
     trainer = pl.Trainer(
-        accelerator=args.accelerator, devices=args.devices, strategy=build_strategy(args), max_epochs=args.epochs,
+        accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
+        max_epochs=args.epochs,
         use_distributed_sampler=False, num_sanity_val_steps=0, logger=False, callbacks=callbacks,
         enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar,
         enable_model_summary=False,
     )
     dictatorship = mlloss.label_dictatorship(train.labels, label_names=TASKS)
-    _print_rank_zero(_describe_data(train, val, test) + "\n\nLabel dictatorship of the training labels:\n" + str(dictatorship))
+    _print_rank_zero(f"{_describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
     datamodule = ImpressionDataModule(train, val, test, args.batch_size, args.seed)
     with warnings.catch_warnings():
         # Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; the message is noise here.

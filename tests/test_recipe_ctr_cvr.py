@@ -293,3 +293,18 @@ def test_recipe_data_errors_are_clear(recipe, tmp_path):
         recipe.main(["--data", "ali-ccp", "--data-dir", str(tmp_path / "nowhere"), "--output-dir", str(tmp_path)])
     with pytest.raises(SystemExit):
         recipe.parse_args(["--data-dir", str(tmp_path)])  # a directory without --data ali-ccp/aliexpress
+
+
+def test_config_file_sets_options_and_the_command_line_overrides_it(recipe, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("loss: laa\nmodel: ple\nbatch-size: 256\nexpert_hidden: [32, 16]\nesmm: true\n"
+                      "progress-bar: false\n")
+    args = recipe.parse_args(["--config", str(config), "--batch-size", "128"])
+    assert (args.loss, args.model, args.batch_size, args.expert_hidden) == ("laa", "ple", 128, [32, 16])
+    assert args.esmm is True and args.progress_bar is False
+    (tmp_path / "bad.json").write_text('{"loss": "hinge"}')
+    with pytest.raises(SystemExit):  # choices are checked as on the command line
+        recipe.parse_args(["--config", str(tmp_path / "bad.json")])
+    (tmp_path / "unknown.yaml").write_text("learning-rate: 0.1\n")
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--config", str(tmp_path / "unknown.yaml")])
