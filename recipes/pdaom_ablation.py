@@ -35,13 +35,14 @@ the paired difference to BCE at the same seed and batch size.
     python recipes/pdaom_ablation.py --no-sweeps   # Table V analogue only
     python recipes/pdaom_ablation.py --quick       # small version used by the tests
 
-Writes ``results.json``, ``results.md`` and (with matplotlib) ``sweeps.png`` to ``--output-dir``.
+Writes ``results.json``, ``results.md`` (headed by the command that made them, its wall time and
+the load average) and (with matplotlib) ``sweeps.png`` to ``--output-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -54,6 +55,10 @@ import mlloss
 from mlloss.data import ImpressionData, SyntheticConfig, generate_impressions, split_by_time
 from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc
 from mlloss.towers import DotInteraction, FieldEmbedding, MultiTaskModel, SharedBottom
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Provenance, config_dict, pyplot, sample_std, write_outputs  # noqa: E402
 
 TASKS = ("click", "purchase")
 OBJECTIVES = ("bce", "bce+pel", "bce+daom", "bce+pdaom")
@@ -163,14 +168,9 @@ def summarize(runs: list[dict], baseline: list[dict]) -> dict:
     for m in METRICS:
         values = torch.tensor([r[m] for r in runs], dtype=torch.float64)
         deltas = torch.tensor([r[m] - base[r["seed"]][m] for r in runs], dtype=torch.float64)
-        out[m] = {"mean": float(values.mean()), "std": _std(values),
-                  "delta_mean": float(deltas.mean()), "delta_std": _std(deltas)}
+        out[m] = {"mean": float(values.mean()), "std": sample_std(values),
+                  "delta_mean": float(deltas.mean()), "delta_std": sample_std(deltas)}
     return out
-
-
-def _std(values: Tensor) -> float:
-    """Sample standard deviation, 0 for a single value."""
-    return float(values.std()) if len(values) > 1 else 0.0
 
 
 def cells(runs: list[dict], **match: object) -> list[dict]:
@@ -207,12 +207,8 @@ def sweep_markdown(title: str, summary: dict[float, dict]) -> str:
 
 def plot_sweeps(lam_summary: dict[float, dict], batch_summary: dict[float, dict], path: Path) -> bool:
     """Fig. 4 (a) batch size and (b) lambda: CE+PDAOM minus CE, per metric; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, summary, xlabel in ((axes[0], batch_summary, "batch size"), (axes[1], lam_summary, "lambda")):
@@ -275,8 +271,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict:
     """Run the ablation; returns the dictionary also written to ``results.json``."""
     args = parse_args(argv)
+    provenance = Provenance(__file__, argv, workers=1, threads=args.threads)
     torch.set_num_threads(args.threads)
-    start = time.perf_counter()
     config = SyntheticConfig(num_users=args.users, num_items=args.items, mean_impressions=args.mean_impressions,
                              seed=args.data_seed)
     train_data, _, test_data = split_by_time(generate_impressions(config), val_fraction=0.0, test_fraction=args.test_fraction)
@@ -292,8 +288,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
              for name in args.objectives}
     text = (f"## Table V analogue: lambda = {args.lam:g}, batch {args.batch_size}, {len(args.seeds)} seeds, "
             f"{args.epochs} epochs (AUC/GAUC x100, test)\n\n{table5_markdown(table, oracle)}\n")
-    results: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                     "sizes": {"train": len(train_data), "test": len(test_data)}, "oracle": oracle, "table5": table}
+    results: dict = {"config": config_dict(args), "sizes": {"train": len(train_data), "test": len(test_data)},
+                     "oracle": oracle, "table5": table}
     if args.sweeps:
         lam_summary, batch_summary = sweeps(runs, splits, args)
         text += (f"\n## Fig. 4b analogue: lambda sweep (batch {args.batch_size})\n\n"
@@ -306,13 +302,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"wrote {args.output_dir / 'sweeps.png'}" if plot_sweeps(lam_summary, batch_summary, args.output_dir / "sweeps.png")
               else "matplotlib is not installed: no plot")
     results["runs"] = runs
-    results["runtime_s"] = time.perf_counter() - start
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    print(text)
-    (args.output_dir / "results.md").write_text(text)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"wrote {args.output_dir / 'results.json'} ({results['runtime_s']:.0f}s)")
-    return results
+    return write_outputs(args.output_dir, results, text, provenance)
 
 
 def sweeps(runs: list[dict], splits: tuple[ImpressionData, ImpressionData], args: argparse.Namespace

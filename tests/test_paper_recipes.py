@@ -13,6 +13,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from mlloss.metrics import multilabel_auc
+
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 BANK_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bank-marketing" / "bank-full.csv"
 
@@ -63,6 +65,8 @@ def test_shift_for_prior_hits_the_target(dictatorship):
         rho = dictatorship.shift_for_prior(x, tau, prior)
         eta = dictatorship.class_probabilities(x, tau, rho)
         assert float(eta[:, 1].mean()) == pytest.approx(prior, abs=1e-9)
+    rho = dictatorship.shift_for_prior(x, math.inf, 0.3)  # deterministic labels: a quantile of x2
+    assert float(dictatorship.class_probabilities(x, math.inf, rho)[:, 1].mean()) == pytest.approx(0.3, abs=1 / 5000)
 
 
 def test_bayes_scorers_coincide_for_balanced_labels(dictatorship_results):
@@ -71,16 +75,69 @@ def test_bayes_scorers_coincide_for_balanced_labels(dictatorship_results):
     assert row["loa"] == row["laa"]
 
 
-def test_bayes_loa_gap_rises_with_skew_and_exceeds_laa(dictatorship_results):
-    """Fig. 2, near-deterministic labels (tau = 100): skewing label 2 makes the LoA scorer favour it
-    (label dictatorship), widening |AUC_1 - AUC_2| well beyond LaA's."""
+def test_population_auc_is_the_auc_with_labels_integrated_out(dictatorship):
+    generator = torch.Generator().manual_seed(3)
+    scores = torch.randint(0, 6, (40,), generator=generator).double()  # many ties
+    hard = torch.randint(0, 2, (40, 2), generator=generator).double()
+    assert torch.equal(dictatorship.population_auc(scores, hard), multilabel_auc(scores, hard))
+    eta = torch.rand(40, 1, generator=generator, dtype=torch.float64)
+    draws = torch.bernoulli(eta.T.expand(20_000, -1), generator=generator)  # 20k label vectors
+    # E[#concordant] / E[#pairs] over draws: sum the per-draw numerators and denominators
+    positive, negative = draws, 1 - draws
+    above = (scores[:, None] > scores[None, :]).double() + 0.5 * (scores[:, None] == scores[None, :]).double()
+    above.fill_diagonal_(0)
+    concordant = torch.einsum("di,ij,dj->", positive, above, negative)
+    pairs = (positive.sum(1) * negative.sum(1)).sum()
+    expected = float(dictatorship.population_auc(scores, eta)[0])
+    assert float(concordant / pairs) == pytest.approx(expected, abs=3e-3)
+
+
+def test_bayes_deterministic_limit_matches_the_closed_form(dictatorship, dictatorship_results):
+    """tau = inf (eta in {0, 1}) on 20k points agrees with the closed form of docs/results.md, which
+    has LoA's gap q^2 *shrink* as label 2 gets more skewed and fall below LaA's q/8 - q^2/2 once
+    pi_2 (1 - pi_2) < 1/12: with a rare label 2 there are few disputed points left to dictate."""
     results = dictatorship_results[0]
-    balanced = _bayes_row(results, 100.0, 0.5)["loa"]["diff"]
-    for prior in (0.3, 0.2):
+    for prior in (0.5, 0.4, 0.3, 0.2, 0.05):
+        row, limit = _bayes_row(results, math.inf, prior), dictatorship.deterministic_limit(prior)
+        for scorer in ("loa", "laa"):
+            assert row[scorer]["diff"] == row[scorer]["population"]["diff"]  # labels are eta
+            for metric in ("auc1", "auc2", "diff"):
+                assert row[scorer][metric] == pytest.approx(limit[scorer][metric], abs=3e-3)
+    gaps = [_bayes_row(results, math.inf, p)["loa"]["diff"] for p in (0.4, 0.3, 0.2, 0.05)]
+    assert gaps == sorted(gaps, reverse=True)
+    most_skewed = _bayes_row(results, math.inf, 0.05)
+    assert most_skewed["laa"]["diff"] > most_skewed["loa"]["diff"]
+
+
+def test_bayes_loa_dictatorship_for_moderate_skew(dictatorship_results):
+    """Fig. 2, near-deterministic labels (tau = 100): once label 2 is skewed, the LoA scorer favours
+    it (label dictatorship), and its |AUC_1 - AUC_2| is well above LaA's and above its own value
+    at pi_2 = 0.5. Population AUCs (no label noise)."""
+    results = dictatorship_results[0]
+    balanced = _bayes_row(results, 100.0, 0.5)["loa"]["population"]["diff"]
+    for prior in (0.4, 0.3, 0.2):
         row = _bayes_row(results, 100.0, prior)
-        assert row["loa"]["diff"] > balanced + 0.005
-        assert row["loa"]["diff"] > row["laa"]["diff"] + 0.01
-        assert row["loa"]["auc2"] > row["laa"]["auc2"]  # the skewed label is the one favoured
+        loa, laa = row["loa"]["population"], row["laa"]["population"]
+        assert loa["diff"] > balanced + 0.005
+        assert loa["diff"] > laa["diff"] + 0.01
+        assert loa["auc2"] > laa["auc2"] and loa["auc1"] < laa["auc1"]  # label 2 is the one favoured
+
+
+def test_bayes_loa_gap_grows_as_labels_become_deterministic(dictatorship_results):
+    """Sec. 7: "the closer the distributions are to being deterministic, the larger is Delta_AUC for
+    loss aggregation" (tau = 5 < 100 < inf)."""
+    results = dictatorship_results[0]
+    for prior in (0.4, 0.3):
+        gaps = [_bayes_row(results, tau, prior)["loa"]["population"]["diff"] for tau in (5.0, 100.0, math.inf)]
+        assert gaps[0] + 0.005 < gaps[1] < gaps[2]
+
+
+def test_results_name_the_command_that_made_them(dictatorship_results):
+    results, out = dictatorship_results
+    command = results["provenance"]["command"]
+    assert command.startswith("python recipes/label_dictatorship.py --quick")
+    assert (out / "results.md").read_text().startswith(f"Produced by `{command}`")
+    assert results["provenance"]["runtime_s"] > 0
 
 
 def test_trained_study_reports_every_objective(dictatorship_results):
@@ -93,6 +150,17 @@ def test_trained_study_reports_every_objective(dictatorship_results):
         assert row["auc1"]["mean"] > 0.6 and row["auc2"]["mean"] > 0.6  # the MLP learned something
     assert json.loads((out / "results.json").read_text())["trained"]
     assert "Table 6" in (out / "results.md").read_text()
+
+
+def test_cells_give_the_same_results_in_worker_processes(dictatorship, tmp_path):
+    """--workers spreads the (pi_2, objective) cells over spawned processes; every cell seeds its
+    own generators and runs with one thread, so the trained models are identical bit for bit."""
+    tiny = ["--study", "trained", "--train-priors", "0.7", "--objectives", "loa", "laa", "--seeds", "0", "1",
+            "--train-size", "300", "--test-size", "300", "--epochs", "2", "--hidden", "8", "--batch-size", "100"]
+    serial = dictatorship.main(tiny + ["--workers", "1", "--output-dir", str(tmp_path / "serial")])
+    parallel = dictatorship.main(tiny + ["--workers", "2", "--output-dir", str(tmp_path / "parallel")])
+    assert [r["per_seed"] for r in serial["trained"]] == [r["per_seed"] for r in parallel["trained"]]
+    assert parallel["provenance"]["workers"] == 2
 
 
 # --------------------------------------------------------------------------- banking
@@ -115,7 +183,9 @@ def test_bank_quick_run_gives_finite_aucs_for_every_objective(bank, bank_results
             assert trial["diff"] == pytest.approx(abs(trial["mortgage"] - trial["loan"]))
             assert trial["min"] == min(trial["mortgage"], trial["loan"])
     assert {r["rate"] for r in results["sweep"]} == {0.5}
-    assert "| LaA | paper | 0.616" in (out / "results.md").read_text()
+    text = (out / "results.md").read_text()
+    assert text.startswith("Produced by `python recipes/bank_marketing.py --quick")
+    assert "| LaA | paper | 0.616" in text
 
 
 def test_bank_resample_hits_the_rate_exactly(bank):
