@@ -31,11 +31,20 @@ class BCELoss(nn.Module):
 
 
 class BCEPlusRanking(nn.Module):
-    r"""``BCE(logits, y) + lam * ranking(f, y, groups)``: cross-entropy plus a pairwise term.
+    r"""Cross-entropy plus ``lam`` times a pairwise term.
+
+    With a ranking loss of ``reduction="mean"`` (``"bce+auc"``) this is
+    ``mean_i CE_i + lam * ranking``. With ``reduction="sum"`` (PDAOM, ``"bce+pdaom"``) it is Sun et
+    al. Eq. 7, ``sum_i CE_i + lam * sum_u phi_u``, divided by the number of items N so that the
+    cross-entropy keeps its usual mean scale: ``mean_i CE_i + lam * sum_u phi_u / N``. ``lam`` is
+    then the paper's lambda and does not have to change with the batch size (the paper's best was
+    10 on its data; on ours ``docs/results.md`` finds 1 neutral and 10 harmful). N counts the
+    items over all ranks when the ranking loss has ``cross_device=True``.
 
     With ``ranking_input="probability"`` (default) the pairwise term sees f = sigmoid(logits), as in
-    Sun et al. Eq. 7, where PDAOM's surrogate acts on predicted probabilities; ``"logit"`` feeds it
-    the logits. ``parts`` holds the two terms.
+    Eq. 7, where PDAOM's surrogate acts on predicted probabilities; ``"logit"`` feeds it the logits.
+    ``parts`` holds the two terms as added (the ranking term already divided by N for
+    ``reduction="sum"``).
     """
 
     def __init__(self, ranking: nn.Module, lam: float = 1.0, ranking_input: str = "probability") -> None:
@@ -52,6 +61,8 @@ class BCEPlusRanking(nn.Module):
         bce = self.bce(logits, labels)
         ranking_scores = torch.sigmoid(logits) if self.ranking_input == "probability" else logits
         ranking = self.ranking(ranking_scores, labels, groups)
+        if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
+            ranking = ranking / max(getattr(self.ranking, "num_items", logits.shape[0]), 1)
         self.parts = {"bce": bce.detach(), "ranking": ranking.detach()}
         return bce + self.lam * ranking
 

@@ -52,6 +52,7 @@ class _PairwiseLoss(nn.Module):
             raise TypeError(f"cross_device must be a bool; got {cross_device!r}")
         self.cross_device = cross_device
         self.parts: dict[str, Tensor] = {}
+        self.num_items = 0  # items in the last batch, over all ranks with cross_device=True
 
     def _pair_term(self, scores: Tensor, levels: Tensor, groups: Tensor | None, cost: str) -> PairTerm:
         return ordinal_ranking_loss(
@@ -75,6 +76,7 @@ class _PairwiseLoss(nn.Module):
         groups = check.group_vector(groups, scores.shape[0])
         if self.cross_device:
             scores, labels, groups = gather_batch(scores, labels, groups)
+        self.num_items = scores.shape[0]
         return scores, labels, groups
 
     def extra_repr(self) -> str:

@@ -11,10 +11,12 @@ probabilities; the last ``--test-fraction`` of the time range is the test set).
 Objectives (each task's logit gets its own term, summed over click and purchase; the pairwise term
 sees sigmoid(logit), as in the paper). ``--lam`` is lambda of Eq. 7 read as a loss *summed* over the
 batch, sum_i CE_i + lambda * (pairwise term): Eq. 7 writes the cross-entropy of one sample next to
-a sum over the batch's users. The library's BCE is a batch mean, so the recipe passes
-``lam = lambda / batch_size``, which under Adam (invariant to the scale of the loss) is the same
-optimisation. With a mean cross-entropy, a lambda of order 1 already lets the hardest pairs swamp
-the cross-entropy (see the lambda = 1000 point of the sweep: 1000 / 384 = 2.6 on the mean scale).
+a sum over the batch's users. ``build_loss("bce+pdaom", lam=lambda)`` computes exactly that divided by
+the batch size N (mean CE + lambda * sum_u phi_u / N; under Adam, invariant to the scale of the loss,
+the same optimisation). The all-pairs term of PEL is a mean over pairs, which the library does not
+rescale, so the recipe passes it ``lam = lambda / batch_size`` to put it on the same footing. With a
+mean cross-entropy, a weight of order 1 on the summed hardest pairs already swamps the cross-entropy
+(see the lambda = 1000 point of the sweep: 1000 / 384 = 2.6 on the mean scale).
 
 * ``bce``       -- ``build_loss("bce")``;
 * ``bce+pel``   -- ``build_loss("bce+auc", surrogate="exponential")``: all pairs of the batch, no groups;
@@ -92,12 +94,13 @@ def build_model(data: ImpressionData, args: argparse.Namespace) -> MultiTaskMode
     return MultiTaskModel(embedding, backbone, interaction)
 
 
-def build_objective(name: str, lam: float) -> tuple[nn.Module, bool]:
-    """(loss, whether it takes the user ids as groups) for an objective name."""
+def build_objective(name: str, lam: float, batch_size: int) -> tuple[nn.Module, bool]:
+    """(loss, whether it takes the user ids as groups) for an objective name; ``lam`` is Eq. 7's
+    lambda (see the module docstring)."""
     if name == "bce":
         return mlloss.build_loss("bce"), False
-    if name == "bce+pel":
-        return mlloss.build_loss("bce+auc", surrogate="exponential", lam=lam), False
+    if name == "bce+pel":  # a mean over pairs: put on the summed-CE scale by hand
+        return mlloss.build_loss("bce+auc", surrogate="exponential", lam=lam / batch_size), False
     if name == "bce+daom":
         return mlloss.build_loss("bce+pdaom", lam=lam), False
     if name == "bce+pdaom":
@@ -112,7 +115,7 @@ def train(name: str, train_data: ImpressionData, seed: int, lam: float, batch_si
     """Train a fresh model (initialised from ``seed``) with one objective."""
     torch.manual_seed(seed)
     model = build_model(train_data, args)
-    objective, grouped = build_objective(name, lam / batch_size)  # mean BCE: see the module docstring
+    objective, grouped = build_objective(name, lam, batch_size)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     labels = train_data.labels
     generator = torch.Generator().manual_seed(seed)

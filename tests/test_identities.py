@@ -167,7 +167,11 @@ def test_build_loss_by_name_and_bce_plus_pdaom_is_eq7():
     value = combined(scores, label, groups)
     bce = torch.nn.functional.binary_cross_entropy_with_logits(scores.float(), label.float())
     pdaom = hardest_loss(torch.sigmoid(scores), label, groups, surrogate="exponential", reduction="sum")
-    torch.testing.assert_close(value.double(), bce.double() + 10.0 * pdaom, rtol=1e-6, atol=1e-6)
+    # Eq. 7 (summed cross-entropy + lam * sum over users) divided by the batch size
+    torch.testing.assert_close(value.double(), bce.double() + 10.0 * pdaom / len(label), rtol=1e-6, atol=1e-6)
+    all_pairs = mlloss.build_loss("bce+auc", lam=10.0)  # a mean-reduced ranking term is not rescaled
+    expected = bce.double() + 10.0 * mlloss.AUCLoss()(torch.sigmoid(scores), label, groups).double()
+    torch.testing.assert_close(all_pairs(scores, label, groups).double(), expected, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="unknown loss name 'lda'"):
         mlloss.build_loss("lda")
     with pytest.raises(ValueError, match="single-label"):

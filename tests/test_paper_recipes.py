@@ -236,5 +236,5 @@ def test_pdaom_quick_run_trains_and_reports_auc_and_gauc(pdaom, tmp_path):
 
 
 def test_pdaom_objectives_use_groups_only_for_pdaom(pdaom):
-    grouped = {name: pdaom.build_objective(name, 1.0)[1] for name in pdaom.OBJECTIVES}
+    grouped = {name: pdaom.build_objective(name, 1.0, 384)[1] for name in pdaom.OBJECTIVES}
     assert grouped == {"bce": False, "bce+pel": False, "bce+daom": False, "bce+pdaom": True}
