@@ -45,6 +45,12 @@ def loss_and_grads(model, name, features, labels, groups, **options):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
+def bce_pdaom_loss_and_grads(model, features, labels, groups, **options):
+    loss = mlloss.build_loss("bce+pdaom", lam=3.0, **options)(model(features)[:, 0], labels[:, 0], groups)
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
 def run(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -60,5 +66,12 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
             results[split, name] = loss_and_grads(
                 ddp, name, features[local], labels[local], groups[local], cross_device=True
             )
+    # BCE + PDAOM (Eq. 7 over N): the BCE is a per-rank mean, so ranks hold equal halves.
+    half = features.shape[0] // world
+    local = slice(rank * half, (rank + 1) * half)
+    ddp = DistributedDataParallel(make_model())
+    results["bce+pdaom"] = bce_pdaom_loss_and_grads(
+        ddp, features[local], labels[local], groups[local], cross_device=True
+    )
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()

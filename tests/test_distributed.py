@@ -51,3 +51,16 @@ def test_cross_device_is_a_no_op_in_a_single_process():
     torch.testing.assert_close(
         mlloss.LaALoss(cross_device=True)(scores, labels, groups), mlloss.LaALoss()(scores, labels, groups)
     )
+
+
+def test_bce_plus_pdaom_across_devices_equals_single_process(rank_results):
+    """Eq. 7 over N with N counted over all ranks: the mean of the ranks' losses and the
+    DDP-averaged gradients equal the single-process ones on the concatenated batch."""
+    features, labels, groups = ddp_worker.global_batch()
+    model = ddp_worker.make_model()
+    expected_loss, expected_grads = ddp_worker.bce_pdaom_loss_and_grads(model, features, labels, groups)
+    losses = torch.stack([results["bce+pdaom"][0] for results in rank_results])
+    torch.testing.assert_close(losses.mean(), expected_loss, rtol=1e-6, atol=1e-12)
+    for results in rank_results:
+        for grad, expected in zip(results["bce+pdaom"][1], expected_grads):
+            torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-10)
