@@ -315,9 +315,14 @@ class TorchRecStrategy(DDPStrategy):
         self._fused_optimizer()  # DMP already wraps the dense parameters in DDP
 
     def model_to_device(self) -> None:
-        # Sharded tables live where DMP put them; move only the unsharded parameters.
         if self.sharded_model is None:
             super().model_to_device()
+            return
+        # DMP already placed its shards and dense part on the device; move the module's other
+        # parts (losses with buffers, metric states) there too.
+        for child in self.lightning_module.children():
+            if child is not self.sharded_model:
+                child.to(self.root_device)
 
     def setup(self, trainer) -> None:
         from lightning_fabric.utilities.optimizer import _optimizers_to_device
