@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU checks a session with a lent GPU should run, one stage per device command (each well
+# under the device tool's 10 minutes). Written without access to a GPU: not yet run on one.
+#
+#   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference
+#   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
+#   bash benchmarks/gpu_session.sh recipe   # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
+#
+# Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
+# The device image has torch, triton and pytorch-lightning but no network: nothing is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
+print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee "$out/device.txt"
+# mlloss.kernels is the folder kernels/ (pyproject's package-dir); without an install, link it.
+python -c "import mlloss.kernels" 2>/dev/null || ln -sfn ../kernels mlloss/kernels
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+case "${1:?usage: gpu_session.sh tests|bench|recipe}" in
+tests)
+    # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
+    MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
+        tests/test_triton_backend.py tests/test_metrics.py 2>&1 | tee "$out/tests.txt" | tail -5
+    ;;
+bench)
+    python benchmarks/bench_gpu.py --quick --output "$out" 2>&1 | tee "$out/bench.log" | tail -30
+    ;;
+recipe)
+    # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term;
+    # DDP on one GPU uses NCCL. One combined JSON comes back.
+    for loss in bce bce+pdaom bce+auc laa; do
+        python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" \
+            --no-progress-bar --no-checkpoint --output-dir "runs/gpu-$loss" > "runs/gpu-$loss.log" 2>&1
+    done
+    python - "$out/recipe-throughput.json" <<'EOF'
+import json, statistics, sys
+rows = {}
+for loss in ("bce", "bce+pdaom", "bce+auc", "laa"):
+    report = json.load(open(f"runs/gpu-{loss}/results.json"))
+    speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up
+    test = report["results"]["test"]
+    rows[loss] = {"impressions_per_s_median": statistics.median(speeds),
+                  **{k: test[f"model/{k}"] for k in ("click_auc", "click_gauc", "purchase_auc", "purchase_gauc")}}
+    print(loss, rows[loss])
+json.dump(rows, open(sys.argv[1], "w"), indent=2)
+EOF
+    ;;
+*)
+    echo "unknown stage $1: tests, bench or recipe" >&2
+    exit 2
+    ;;
+esac
