@@ -180,3 +180,18 @@ def test_recipe_runs_with_torchrec_embeddings_in_one_process(tmp_path):
             "--embedding", "torchrec", "--no-progress-bar", "--no-checkpoint", "--output-dir", str(tmp_path)]
     results = recipe.main(argv)["results"]["test"]
     assert results["model/click_auc"] > results["popularity/click_auc"] + 0.03
+
+
+def test_docs_example_builds():
+    """The example of docs/torchrec.md defines a module that builds, and a trainer with the strategy."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    code = next(block for block in blocks if "class Recommender" in block)
+    namespace: dict = {}
+    exec(compile(code, "docs/torchrec.md", "exec"), namespace)
+    module = namespace["Recommender"]([10, 20], ["user", "item"], num_dense=3)
+    logits = module.model(torch.tensor([[1, 2], [3, 4]]), torch.zeros(2, 3))
+    assert logits.shape == (2, 3)
+    assert isinstance(namespace["trainer"].strategy, TorchRecStrategy)
