@@ -12,6 +12,12 @@ parameter gradients over the W ranks, which leaves exactly dL/dtheta of the sing
 the concatenated batch. (Gathering without autograd and re-inserting the local scores would give
 1/W of that: the known trap.) Every rank must call the loss, and backward, in the same order, as
 with any collective.
+
+Work: the quadratic all-pairs paths (logistic, or backend="torch"/"triton") with groups do not
+repeat the global pair work on every rank: each rank computes the pairs of its share of the
+groups (about 1/W of the sum of n_u^2, with the global normalisers) and ``sum_partials`` adds the
+shares up, with a gradient scaled by W so that the scale above is unchanged. Without groups the
+whole batch is one group and every rank computes it whole, as do the O(N log N) paths.
 """
 
 from __future__ import annotations
@@ -45,6 +51,36 @@ def gather_batch(scores: Tensor, labels: Tensor, groups: Tensor | None) -> tuple
     gathered_labels = _gather_rows(labels, sizes, largest)
     gathered_groups = _gather_rows(groups, sizes, largest) if groups is not None else None
     return gathered_scores, gathered_labels, gathered_groups
+
+
+# Split the quadratic pair work over the ranks (below); False makes every rank compute the whole
+# gathered batch, the behaviour before the split (benchmarks/bench_cross_device.py compares both).
+SPLIT_PAIR_WORK = True
+
+
+def partition() -> tuple[int, int] | None:
+    """(rank, world size) to split the pair work of a gathered batch over, or None in one process."""
+    return (dist.get_rank(), world_size()) if SPLIT_PAIR_WORK and world_size() > 1 else None
+
+
+def sum_partials(partial: Tensor) -> Tensor:
+    """The sum over ranks of each rank's partial loss (every rank gets the total). Its gradient is
+    world_size times the local one, the scale that _GatherWithGrad's backward expects from a loss
+    that every rank computes whole: the all-reduced gradient is then world_size times the
+    gradient of the total, as before, and DDP's averaging brings it back to the exact gradient."""
+    return _SumPartials.apply(partial)
+
+
+class _SumPartials(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, partial: Tensor) -> Tensor:
+        total = partial.detach().clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad * world_size()
 
 
 class _GatherWithGrad(torch.autograd.Function):

@@ -9,12 +9,13 @@ counts) for logging, at no extra cost.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
 from . import _validation as check
-from .distributed import gather_batch
+from .distributed import gather_batch, partition, sum_partials
 from .ops.ranking import PairTerm, ordinal_ranking_loss, zero_loss
 
 # Aggregated labels are compared after rounding to this relative resolution, so that weighted sums
@@ -55,7 +56,9 @@ class _PairwiseLoss(nn.Module):
         self.num_items = 0  # items in the last batch, over all ranks with cross_device=True
 
     def _pair_term(self, scores: Tensor, levels: Tensor, groups: Tensor | None, cost: str) -> PairTerm:
-        return ordinal_ranking_loss(
+        # With cross_device, each rank computes its share of the groups' pairs and the shares are
+        # summed (distributed.sum_partials); O(N) paths compute the whole gathered batch.
+        term = ordinal_ranking_loss(
             scores,
             levels,
             groups,
@@ -66,7 +69,9 @@ class _PairwiseLoss(nn.Module):
             temperature=self.temperature,
             reduction=self.reduction,
             backend=self.backend,
+            partition=partition() if self.cross_device else None,
         )
+        return replace(term, loss=sum_partials(term.loss), partial=False) if term.partial else term
 
     def _checked_batch(self, scores: object, labels: object, groups: object) -> tuple[Tensor, Tensor, Tensor | None]:
         """Validated (scores (N,), labels (N, K) float64, groups (N,) or None), gathered across

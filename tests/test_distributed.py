@@ -64,3 +64,19 @@ def test_bce_plus_pdaom_across_devices_equals_single_process(rank_results):
     for results in rank_results:
         for grad, expected in zip(results["bce+pdaom"][1], expected_grads):
             torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-10)
+
+
+def test_group_partition_covers_every_group_once_with_balanced_work():
+    from mlloss.ops.ranking import _owned_groups
+
+    gen = torch.Generator().manual_seed(0)
+    sizes = torch.randint(1, 60, (500,), generator=gen)
+    sizes[7] = 400  # one very large user
+    for world in (2, 3, 8):
+        owners = torch.stack([_owned_groups(sizes, rank, world) for rank in range(world)])
+        assert torch.equal(owners.sum(0), torch.ones(500, dtype=torch.long)), "each group on exactly one rank"
+        work = (owners * sizes.double() ** 2).sum(1)
+        fair = work.sum() / world
+        assert float(work.max()) <= float(fair + 400**2), "no rank gets more than its share plus one group"
+    single = torch.stack([_owned_groups(torch.tensor([5]), rank, 4) for rank in range(4)])
+    assert int(single.sum()) == 1  # one group: exactly one rank computes it

@@ -37,6 +37,7 @@ class PairTerm:
     loss: Tensor
     valid_pairs: Tensor  # number of valid pairs (item pairs; level pairs for pairs="hardest")
     groups_with_pairs: Tensor  # groups that contributed to the reduction
+    partial: bool = False  # the loss covers only this rank's share of the groups (see ``partition``)
 
 
 def loss_dtype(scores: Tensor) -> torch.dtype:
@@ -80,8 +81,15 @@ def ordinal_ranking_loss(
     temperature: float | None,
     reduction: str,
     backend: str,
+    partition: tuple[int, int] | None = None,
 ) -> PairTerm:
-    """The pairwise loss of ``scores`` (N,) for float64 ``levels`` (N,) and int64 ``groups``."""
+    """The pairwise loss of ``scores`` (N,) for float64 ``levels`` (N,) and int64 ``groups``.
+
+    ``partition=(rank, world_size)``, for a batch gathered from every rank: on the quadratic
+    all-pairs paths with groups, compute only the groups this rank owns (contiguous groups of
+    about equal sum of n_u^2), with the global normalisers, and return ``partial=True``; the
+    ranks' partial losses sum to the loss. Other paths ignore it (they are O(N log N) at most).
+    """
     output_dtype = loss_dtype(scores)
     if scores.numel() < 2:  # no pair at all
         nothing = torch.zeros((), dtype=torch.float64)
@@ -114,12 +122,35 @@ def ordinal_ranking_loss(
             loss = closed_form.squared_all_pairs(ordered, layout, cost_matrix, coefficients, margin)
         else:
             loss = closed_form.hinge_all_pairs(ordered, layout, cost_matrix, coefficients, margin)
-    elif path == "torch":
+        return PairTerm(_finish(loss, output_dtype, surrogate), valid_pairs, groups_with_pairs)
+
+    partial = partition is not None and groups is not None and partition[1] > 1
+    if partial:  # keep this rank's groups: a smaller layout with the global coefficients
+        owned = _owned_groups(layout.group_sizes, *partition)[layout.group]
+        kept = layout.order[owned]
+        scores = scores[kept]
+        if kept.numel() < 2:  # this rank owns no pair
+            return PairTerm(zero_loss(scores), valid_pairs, groups_with_pairs, partial)
+        item_coefficients = coefficients[layout.group[owned]]
+        layout = ordinal_layout(levels[kept], groups[kept])
+        cost_matrix = pair_cost_matrix(layout.level_values, cost).to(scores.device)  # levels may be fewer
+        coefficients = torch.zeros(layout.num_groups, dtype=coefficients.dtype, device=coefficients.device)
+        coefficients[layout.group] = item_coefficients[layout.order]  # equal within a group
+    if path == "torch":
         ordered = scores.to(output_dtype)[layout.order]
         loss = allpairs.all_pairs_loss(ordered, layout, cost_matrix, coefficients, surrogate, margin)
     else:
         loss = _triton_all_pairs(scores[layout.order], layout, cost, coefficients, surrogate, margin)
-    return PairTerm(_finish(loss, output_dtype, surrogate), valid_pairs, groups_with_pairs)
+    return PairTerm(_finish(loss, output_dtype, surrogate), valid_pairs, groups_with_pairs, partial)
+
+
+def _owned_groups(group_sizes: Tensor, rank: int, world_size: int) -> Tensor:
+    """(G,) bool: the groups of ``rank`` when consecutive groups are split into ``world_size``
+    runs of about equal work (sum of n_u^2); every rank computes the same split."""
+    work = group_sizes.to(torch.float64) ** 2
+    done_before = torch.cumsum(work, 0) - work
+    owner = torch.floor((done_before + work / 2) * world_size / work.sum()).clamp(max=world_size - 1)
+    return owner == rank
 
 
 def _triton_all_pairs(
