@@ -4,7 +4,6 @@ the results that hold robustly at that size, plus the data-file errors and the s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -14,16 +13,9 @@ import pytest
 import torch
 
 from mlloss.metrics import multilabel_auc
+from recipe_util import load_recipe
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 BANK_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bank-marketing" / "bank-full.csv"
-
-
-def load_recipe(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{name}_recipe", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ configurations."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,17 +13,15 @@ import pytest
 import torch
 
 from mlloss.data import SyntheticConfig, generate_impressions, split_by_time
+from recipe_util import RECIPES, load_recipe, without_timing
 from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom, esmm_logits
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "ctr_cvr.py"
+RECIPE = RECIPES / "ctr_cvr.py"
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("ctr_cvr_recipe", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_recipe("ctr_cvr")
 
 
 @pytest.fixture(scope="module")
@@ -226,10 +223,6 @@ SMALL = ["--num-users", "300", "--num-items", "200", "--mean-impressions", "30",
          "--no-progress-bar"]
 
 
-def _without_timing(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if "second" not in k and "per_s" not in k} for row in history]
-
-
 def test_resume_from_a_checkpoint_continues_identically(recipe, tmp_path):
     """2 epochs in one run equal 1 epoch, a checkpoint, and a resumed second epoch: the same
     history, test metrics and weights (dropout on, so the saved RNG state matters too)."""
@@ -239,7 +232,7 @@ def test_resume_from_a_checkpoint_continues_identically(recipe, tmp_path):
     first_epoch = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     resumed = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume", "last"])
     assert len(resumed["history"]) == 2
-    assert _without_timing(resumed["history"]) == _without_timing(straight["history"])
+    assert without_timing(resumed["history"]) == without_timing(straight["history"])
     assert resumed["results"]["test"] == straight["results"]["test"]
     final_a = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     final_b = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]

@@ -4,7 +4,6 @@ CTR/CVR recipe trained, checkpointed and resumed with table-wise sharded tables.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -19,10 +18,11 @@ import torch.multiprocessing as mp
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
 
 import torchrec_worker  # noqa: E402
+from recipe_util import RECIPES, load_recipe, without_timing  # noqa: E402
 from mlloss.sharding import SHARDING_TYPES, TorchRecEmbedding, TorchRecStrategy, ids_to_kjt, shard_model  # noqa: E402
 from mlloss.towers import FieldEmbedding  # noqa: E402
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "ctr_cvr.py"
+RECIPE = RECIPES / "ctr_cvr.py"
 
 
 def free_port() -> int:
@@ -152,10 +152,6 @@ def _run_recipe(out_dir: Path, *extra: str) -> dict:
     return json.loads((out_dir / "results.json").read_text())
 
 
-def _without_timing(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if "second" not in k and "per_s" not in k} for row in history]
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_recipe_trains_checkpoints_and_resumes_with_table_wise_sharding(tmp_path):
@@ -166,16 +162,14 @@ def test_recipe_trains_checkpoints_and_resumes_with_table_wise_sharding(tmp_path
     assert len(list(checkpoint.glob("*.distcp"))) == 2, "one shard file per rank"
     resumed = _run_recipe(tmp_path / "resumed", "--epochs", "2", "--resume", "last")
     assert len(resumed["history"]) == 2
-    assert _without_timing(resumed["history"]) == _without_timing(straight["history"])
+    assert without_timing(resumed["history"]) == without_timing(straight["history"])
     assert resumed["results"]["test"] == straight["results"]["test"]
     assert straight["history"][1]["train_loss"] < straight["history"][0]["train_loss"]
 
 
 def test_recipe_runs_with_torchrec_embeddings_in_one_process(tmp_path):
     """No process group: the EmbeddingBagCollection model trains like the plain one."""
-    spec = importlib.util.spec_from_file_location("ctr_cvr_recipe_torchrec", RECIPE)
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_recipe("ctr_cvr")
     argv = ["--num-users", "1000", "--epochs", "2", "--batch-size", "256", "--lr", "5e-3", "--seed", "1",
             "--embedding", "torchrec", "--no-progress-bar", "--no-checkpoint", "--output-dir", str(tmp_path)]
     results = recipe.main(argv)["results"]["test"]
