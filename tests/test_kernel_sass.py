@@ -1,0 +1,221 @@
+"""benchmarks/kernel_sass.py: loop finding on a hand-written listing, and real sm_90 compiles.
+
+The compiles run ``benchmarks/kernel_sass.py`` in a subprocess started with
+``TRITON_INTERPRET=1`` on purpose (the suite's usual setting): the tool must compile in worker
+processes with the interpreter off. The variants are two tiny kernels defined here (one
+``ex2.approx`` per pair, elementwise accumulation or a row sum inside the loop) and the first
+two variants of the tool's pinned legacy kernel. About 10-15 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "benchmarks" / "kernel_sass.py"
+
+
+def _load_tool():
+    """benchmarks/kernel_sass.py as the module ``kernel_sass`` (benchmarks/ is not a package)."""
+    if "kernel_sass" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("kernel_sass", TOOL)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["kernel_sass"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["kernel_sass"]
+
+
+kernel_sass = _load_tool()
+
+
+@triton.jit
+def _ex2_tiles_kernel(x_ptr, out_ptr, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROW_SUM: tl.constexpr):
+    """One ex2.approx per (row, column) pair of each tile; accumulated elementwise (no
+    cross-thread work in the loop) or, with ROW_SUM, reduced over the row inside the loop."""
+    rows = tl.arange(0, BLOCK_M)
+    x_m = tl.load(x_ptr + rows)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row_acc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start in range(0, n, BLOCK_N):
+        x_n = tl.load(x_ptr + start + tl.arange(0, BLOCK_N))
+        e = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x_m[:, None] - x_n[None, :]],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )
+        if ROW_SUM:
+            row_acc += tl.sum(e, axis=1)
+        else:
+            acc += e
+    tl.store(out_ptr + rows, row_acc + tl.sum(acc, axis=1))
+
+
+def tiny_variants() -> list:
+    """The variants of :func:`_ex2_tiles_kernel` (32 x 32 tiles, 1 warp: 32 pairs per thread)."""
+    signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "ROW_SUM": "constexpr"}
+    return [
+        kernel_sass.KernelVariant(
+            name=f"ex2 tiles {kind}", kernel=_ex2_tiles_kernel, signature=signature,
+            constexprs={"BLOCK_M": 32, "BLOCK_N": 32, "ROW_SUM": kind == "row sum"}, num_warps=1,
+            pairs_per_iteration=kernel_sass.pairs_per_thread(32, 32, 1), loops=("tiles",),
+        )
+        for kind in ("elementwise", "row sum")
+    ]
+
+
+# --------------------------------------------------------------------------- #
+# Loop finding on a listing                                                   #
+# --------------------------------------------------------------------------- #
+def _listing(lines: list[tuple[int, str]]) -> str:
+    """A cuobjdump-style listing: address comment, instruction, encoding comments."""
+    body = "\n".join(
+        f"        /*{address:04x}*/                   {text} ;   /* 0x000fe40000000f00 */\n"
+        "                                                      /* 0x000fe40000000f00 */"
+        for address, text in lines
+    )
+    return f"\n\tcode for sm_90a\n\t\tFunction : k\n\t.headerflags\t@\"EF_CUDA_SM90\"\n{body}\n"
+
+
+LISTING = _listing([
+    (0x00, "S2R R0, SR_TID.X"),
+    (0x10, "MOV R1, RZ"),  # outer loop head
+    (0x20, "MUFU.EX2 R2, R0"),  # inner loop head
+    (0x30, "SHFL.BFLY PT, R3, R2, 0x1, 0x1f"),
+    (0x40, "@!P0 BRA 0x60"),  # skips 0x50 inside the inner loop
+    (0x50, "FADD R1, R1, R3"),
+    (0x60, "NOP"),
+    (0x70, "@P1 BRA 0xa0"),  # leaves the inner loop
+    (0x80, "@P2 BRA 0x20"),  # inner back edge
+    (0x90, "@P3 BRA 0x10"),  # outer back edge
+    (0xa0, "MUFU.RCP R4, R1"),  # second loop head
+    (0xb0, "@P4 BRA 0xa0"),  # second loop, first latch
+    (0xc0, "BAR.SYNC.DEFER_BLOCKING 0x0"),
+    (0xd0, "@!P5 BRA 0xa0"),  # second loop, second latch
+    (0xe0, "EXIT"),
+    (0xf0, "BRA 0xf0"),  # the end-of-function trap, not a loop
+])
+
+
+def test_innermost_loops_drop_outer_loops_merge_latches_and_skip_the_trap():
+    loops = kernel_sass.innermost_loops(LISTING)
+    assert [(loop.start, loop.end) for loop in loops] == [(0x20, 0x80), (0xa0, 0xd0)]
+    assert [i.opcode for i in loops[1].body] == ["MUFU.RCP", "BRA", "BAR.SYNC.DEFER_BLOCKING", "BRA"]
+
+
+def test_loop_report_counts_and_per_pair():
+    inner = kernel_sass.innermost_loops(LISTING)[0]
+    report = kernel_sass.loop_report("inner", inner, pairs_per_iteration=2.0)
+    assert (report.instructions, report.instructions_with_nops) == (6, 7)
+    assert (report.mufu, report.shfl, report.bar) == (1, 1, 0)
+    assert (report.forward_branches, report.exits) == (1, 1)
+    assert report.per_pair == kernel_sass.PerPair(instructions=3.0, mufu=0.5, shfl=0.5)
+    assert report.opcodes["BRA"] == 3
+
+
+def _listing_variant(loops: tuple[str, ...]):
+    return kernel_sass.KernelVariant(name="listing", kernel=None, signature={}, constexprs={}, num_warps=1,
+                                     pairs_per_iteration=2.0, loops=loops)
+
+
+def test_analyse_labels_loops_and_sums_full_and_masked(monkeypatch):
+    spills = kernel_sass.Spills(store_bytes=0, load_bytes=0, stack_bytes=0)
+    monkeypatch.setattr(kernel_sass, "compile_sass", lambda variant: (LISTING, 42, spills))
+    report = kernel_sass.analyse(_listing_variant(("upper full", "lower masked")))
+    inner, second = report.loops
+    assert (report.registers, inner.label, second.label) == (42, "upper full", "lower masked")
+    assert report.totals["full"] == inner.per_pair and report.totals["masked"] == second.per_pair
+    assert report.totals["all"].instructions == inner.per_pair.instructions + second.per_pair.instructions
+    with pytest.raises(ValueError, match=r"'listing': SASS has 2 innermost loops .* names 1"):
+        kernel_sass.analyse(_listing_variant(("one",)))
+
+
+def test_parse_sass_rejects_bad_listings():
+    with pytest.raises(ValueError, match="no instructions"):
+        kernel_sass.parse_sass("nothing here")
+    with pytest.raises(ValueError, match="2 functions"):
+        kernel_sass.parse_sass(LISTING + LISTING)
+    with pytest.raises(ValueError, match="without a target"):
+        kernel_sass.parse_sass(_listing([(0x0, "BRA R2")]))
+
+
+# --------------------------------------------------------------------------- #
+# Real compiles for sm_90, in a subprocess                                    #
+# --------------------------------------------------------------------------- #
+def _legacy_commit_available() -> bool:
+    if shutil.which("git") is None:
+        return False
+    probe = ["git", "-C", str(ROOT), "cat-file", "-e", f"{kernel_sass.LEGACY_COMMIT}^{{commit}}"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, dict]:
+    """The tool's JSON for the tiny variants (+ 2 legacy ones), keyed by variant name."""
+    for tool in ("cuobjdump", "ptxas_blackwell"):  # ptxas-blackwell is Triton's ptxas for sm_90+
+        try:
+            getattr(triton.knobs.nvidia, tool).path
+        except RuntimeError as exc:
+            pytest.skip(f"Triton's NVIDIA tools are missing: {exc}")
+    output = tmp_path_factory.mktemp("sass") / "sass.json"
+    sources = ["test_kernel_sass:tiny_variants"]
+    if _legacy_commit_available():
+        sources.append(kernel_sass.LEGACY_SOURCE)
+    command = [sys.executable, str(TOOL), "--quick", "--jobs", "2", "--output", str(output)]
+    for source in sources:
+        command += ["--variants-from", source]
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(output.read_text())
+    assert report["target"].startswith("sm_90") and report["triton"] == triton.__version__
+    assert report["sources"] == sources
+    for variant in report["variants"]:
+        assert f"{variant['name']}: instr/pair" in done.stdout
+    return {variant["name"]: variant for variant in report["variants"]}
+
+
+def test_elementwise_ex2_loop_has_one_mufu_per_pair_and_no_shuffles(compiled):
+    variant = compiled["ex2 tiles elementwise"]
+    (loop,) = variant["loops"]
+    assert loop["mufu"] == 32 and loop["opcodes"]["MUFU.EX2"] == 32  # one ex2 per pair, 32 pairs
+    assert loop["shfl"] == 0 and loop["bar"] == 0
+    # subtract, ex2, accumulate per pair, plus the loop's loads and counter
+    assert 3.0 <= loop["per_pair"]["instructions"] <= 4.0
+    assert variant["totals"]["all"] == loop["per_pair"]
+    assert variant["totals"]["full"] is None and variant["totals"]["masked"] is None
+    assert 0 < variant["registers"] <= 255 and variant["spills"]["store_bytes"] == 0
+
+
+def test_row_sum_inside_the_loop_shuffles(compiled):
+    (loop,) = compiled["ex2 tiles row sum"]["loops"]
+    assert loop["mufu"] == 32
+    assert loop["shfl"] > 0
+
+
+def test_legacy_kernel_loops(compiled):
+    """The measured structure of _ordinal_pairs_kernel (logistic, linear cost, fp32, 64 x 64, 4 warps)."""
+    if "legacy ordinal logistic linear" not in compiled:
+        pytest.skip(f"git or commit {kernel_sass.LEGACY_COMMIT} not available")
+    lower, upper = compiled["legacy ordinal logistic linear"]["loops"]
+    # One ex2 (tl.exp) per pair in each pass; one rcp per division (div.full.f32): the sigmoid in
+    # both passes, and _log1p_small's in the upper pass, whose tl.log is a software polynomial
+    # (FFMA), not MUFU.LG2.
+    assert (lower["opcodes"]["MUFU.EX2"], upper["opcodes"]["MUFU.EX2"]) == (32, 32)
+    assert (lower["opcodes"]["MUFU.RCP"], upper["opcodes"]["MUFU.RCP"]) == (32, 64)
+    assert (lower["per_pair"]["mufu"], upper["per_pair"]["mufu"]) == (2.0, 3.0)
+    assert 30 <= lower["per_pair"]["instructions"] <= 50 and 80 <= upper["per_pair"]["instructions"] <= 110
+    for loop in (lower, upper):
+        assert loop["shfl"] > 0 and loop["bar"] > 0
+        assert loop["forward_branches"] >= 1  # the `if` that skips a tile without valid pairs
