@@ -2,7 +2,8 @@
 
 Each function returns  sum_u coef_u * sum_{i, j in u, level_i > level_j} c_ij * phi(s_i - s_j)
 for scores already sorted by the layout, as a differentiable float64 expression of cost
-O(N log N) or O(N + G L^2); autograd supplies the gradient.
+O(N log N) or O(N + G L^2); autograd supplies the gradient. The ``*_loss_and_grad`` forms return
+(loss, d loss / d scores) instead, the gradient computed in the same pass without autograd.
 
 * exponential: sum_{a > b} C_ab * A_a * B_b with A_a = sum_{level a} exp(-s), B_b = sum_{level b}
   exp(s), per group; every sum is carried in the log domain (logsumexp per cell, then per group)
@@ -138,3 +139,188 @@ def _centre_on_group_mean(scores: Tensor, layout: OrdinalLayout) -> Tensor:
     sizes = layout.group_sizes
     means = torch.segment_reduce(scores.detach(), "sum", lengths=sizes) / sizes.clamp(min=1)
     return scores - means.repeat_interleave(sizes)
+
+
+# Fused forms: (loss, d loss / d sorted scores) from plain tensor arithmetic, no autograd (the
+# custom-op path records no graph, so each form carries its own gradient).
+
+
+@torch.no_grad()
+def exponential_all_pairs_loss_and_grad(
+    scores: Tensor, layout: OrdinalLayout, cost_matrix: Tensor, group_coefficients: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(loss, gradient) of the exponential closed form, every sum in the log domain.
+
+    For item i in cell (u, a):  d loss / d s_i = exp(s_i + log P_ua) - exp(-s_i + log Q_ua), with
+    Q_ua = coef_u * sum_b C_ab B_ub (i as the upper item) and P_ua = coef_u * sum_a' C_a'a A_ua'
+    (i as the lower item). Each entry is a partial sum of the loss's own terms: finite if the loss is.
+    """
+    lengths = layout.cell_lengths
+    log_upper = dense_cells(layout, segment_logsumexp(-scores, lengths), float("-inf"))  # log A
+    log_lower = dense_cells(layout, segment_logsumexp(scores, lengths), float("-inf"))  # log B
+    log_cost = torch.log(cost_matrix)  # -inf where a <= b
+    log_coefficients = torch.log(group_coefficients)  # -inf for groups without a valid pair
+    # Groups without a valid pair keep -inf: a zero gradient, and no (G, L, L) work.
+    log_push_down = torch.full_like(log_upper, float("-inf"))  # log Q
+    log_push_up = torch.full_like(log_lower, float("-inf"))  # log P
+    valid_groups = torch.nonzero(group_coefficients > 0).flatten()
+    chunk = max(1, TERM_TABLE_ELEMENTS // max(1, layout.num_levels**2))
+    log_terms = []
+    for start in range(0, valid_groups.numel(), chunk):
+        ids = valid_groups[start : start + chunk]
+        log_coefficient = log_coefficients[ids]
+        table = log_upper[ids, :, None] + log_lower[ids, None, :] + log_cost
+        log_terms.append(torch.logsumexp(table.flatten(1), dim=1) + log_coefficient)
+        log_push_down[ids] = torch.logsumexp(log_lower[ids, None, :] + log_cost, dim=2) + log_coefficient[:, None]
+        log_push_up[ids] = torch.logsumexp(log_upper[ids, :, None] + log_cost, dim=1) + log_coefficient[:, None]
+    if not log_terms:  # no valid pair anywhere
+        return scores.new_zeros(()), torch.zeros_like(scores)
+    loss = torch.exp(torch.logsumexp(torch.cat(log_terms), dim=0))
+    cell = (layout.group, layout.level)
+    grad = torch.exp(scores + log_push_up[cell]) - torch.exp(-scores + log_push_down[cell])
+    return loss, grad
+
+
+@torch.no_grad()
+def squared_all_pairs_loss_and_grad(
+    scores: Tensor,
+    layout: OrdinalLayout,
+    cost_matrix: Tensor,
+    group_coefficients: Tensor,
+    margin: float,
+) -> tuple[Tensor, Tensor]:
+    """(loss, gradient) of the squared closed form from per-cell moments, O(N + G L^2).
+
+    With centred scores x, n / S the cell counts / sums and, for item i in cell (u, a),
+    n^- = sum_b C_ab n_ub, S^- = sum_b C_ab S_ub (its lower partners), n^+ = sum_a' C_a'a n_ua',
+    S^+ = sum_a' C_a'a S_ua' (its upper partners):
+    d loss / d s_i = 2 coef_u [(x_i - m) n^- - S^- + (x_i + m) n^+ - S^+].
+    """
+    centred = _centre_on_group_mean(scores, layout)
+    lengths = layout.cell_lengths
+    count = dense_cells(layout, lengths.to(scores.dtype), 0.0)
+    first = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=lengths), 0.0)
+    second = dense_cells(layout, torch.segment_reduce(centred.square(), "sum", lengths=lengths), 0.0)
+
+    def pairs(upper: Tensor, lower: Tensor) -> Tensor:
+        return level_pair_sums(upper, cost_matrix, lower)
+
+    # sum over pairs of (m - x_i + x_j)^2 = m^2 + x_i^2 + x_j^2 - 2m x_i + 2m x_j - 2 x_i x_j
+    per_group = (
+        margin**2 * pairs(count, count)
+        + pairs(second, count)
+        + pairs(count, second)
+        - 2 * margin * pairs(first, count)
+        + 2 * margin * pairs(count, first)
+        - 2 * pairs(first, first)
+    )
+    loss = (group_coefficients * per_group).sum()
+
+    weight = 2 * group_coefficients[:, None]
+    below_count = weight * (count @ cost_matrix.T)  # 2 coef_u n^-_ua
+    below_sum = weight * (first @ cost_matrix.T)  # 2 coef_u S^-_ua
+    above_count = weight * (count @ cost_matrix)  # 2 coef_u n^+_ua
+    above_sum = weight * (first @ cost_matrix)  # 2 coef_u S^+_ua
+    cell = (layout.group, layout.level)
+    grad = (
+        (centred - margin) * below_count[cell] - below_sum[cell]
+        + (centred + margin) * above_count[cell] - above_sum[cell]
+    )
+    return loss, grad
+
+
+@torch.no_grad()
+def hinge_all_pairs_loss_and_grad(
+    scores: Tensor,
+    layout: OrdinalLayout,
+    cost_matrix: Tensor,
+    group_coefficients: Tensor,
+    margin: float,
+) -> tuple[Tensor, Tensor]:
+    """(loss, subgradient) of the hinge closed form, O(L N log N).
+
+    A pair (i upper, j lower) is active when s_j > fl(s_i - m) (relu'(0) = 0: a pair at the kink
+    is inactive). d loss / d s_i = -sum_{j active with i} w_ij for an upper item and
+    + sum_{i active with j} w_ij for a lower item, w_ij = c_ij * coef_u.
+    """
+    centred = _centre_on_group_mean(scores, layout)
+    cell_sums = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=layout.cell_lengths), 0.0)
+    total = scores.new_zeros(())
+    grad = torch.zeros_like(scores)
+    for lower_level in range(layout.num_levels - 1):
+        pair_weight = cost_matrix[layout.level, lower_level] * group_coefficients[layout.group]
+        total = total + _hinge_against_level_and_grad(
+            scores, centred, layout, lower_level, pair_weight, cell_sums[:, lower_level], margin, grad
+        )
+    return total, grad
+
+
+def _hinge_against_level_and_grad(
+    scores: Tensor,
+    centred: Tensor,
+    layout: OrdinalLayout,
+    lower_level: int,
+    pair_weight: Tensor,
+    cell_sum: Tensor,
+    margin: float,
+    grad: Tensor,
+) -> Tensor:
+    """sum_i pair_weight_i * sum_{j in cell (g_i, lower_level)} max(0, m - x_i + x_j); adds its
+    subgradient into ``grad``.
+
+    One merge serves both sides: lower items (key s_j) and upper queries (key s_i - m) sorted by
+    (group, key), lower first on equal keys. The lower items before a query are its inactive
+    partners (s_j <= s_i - m); the queries before a lower item are exactly its active partners.
+    """
+    lower = torch.nonzero(layout.level == lower_level).flatten()
+    upper = torch.nonzero(pair_weight > 0).flatten()
+    if lower.numel() == 0 or upper.numel() == 0:
+        return centred.new_zeros(())
+    # Activity is decided on the raw scores, the sums use the centred ones: fl(s_i - m) is exact
+    # for integer (and most grid) scores, so the kink s_j = s_i - m is found exactly, whereas the
+    # rounding of the centring could move a pair at the kink to either side.
+    group = torch.cat([layout.group[lower], layout.group[upper]])
+    key = torch.cat([scores[lower], scores[upper] - margin])
+    value = torch.cat([centred[lower], centred[upper] - margin])
+    is_lower = torch.cat([torch.ones_like(lower), torch.zeros_like(upper)]).to(centred.dtype)
+    by_key = torch.sort(key, stable=True).indices
+    merged = by_key[torch.sort(group[by_key], stable=True).indices]
+
+    merged_is_lower = is_lower[merged]
+    merged_group = group[merged]
+    group_first = torch.searchsorted(merged_group, merged_group, right=False)
+    inactive_count = _within_group_cumsum(merged_is_lower, group_first)
+    inactive_sum = _within_group_cumsum(torch.where(merged_is_lower > 0, value[merged], 0.0), group_first)
+
+    group_count = layout.counts[:, lower_level].to(centred.dtype)
+    is_query = merged_is_lower == 0
+    query_group = merged_group[is_query]
+    active_count = group_count[query_group] - inactive_count[is_query]
+    active_sum = cell_sum[query_group] - inactive_sum[is_query]
+    query_item = upper[merged[is_query] - lower.numel()]
+    query_weight = pair_weight[query_item]
+    pair_sum = active_count * (margin - centred[query_item]) + active_sum
+    grad.index_add_(0, query_item, -query_weight * active_count)
+
+    weight = torch.cat([torch.zeros_like(lower, dtype=centred.dtype), pair_weight[upper]])
+    active_weight = _within_group_cumsum(weight[merged], group_first)  # queries before each position
+    is_lower_item = merged_is_lower > 0
+    grad.index_add_(0, lower[merged[is_lower_item]], active_weight[is_lower_item])
+    return (query_weight * pair_sum).sum()
+
+
+def _within_group_cumsum(values: Tensor, group_first: Tensor) -> Tensor:
+    """Inclusive cumulative sum restarted at every group (``group_first``: each position's group start).
+
+    Every group's first value is lowered by the previous group's total, so the running sum
+    enters each group at about 0 and the rounding left over (the running sum just before the
+    group) is subtracted: the error stays of the order of one group's sum instead of growing
+    with the sum of all the groups before it (the weights of the gradient are all positive).
+    """
+    position = torch.arange(values.numel(), device=values.device)
+    starts = torch.nonzero(group_first == position).flatten()
+    group_lengths = torch.diff(starts, append=starts.new_tensor([values.numel()]))
+    totals = torch.segment_reduce(values, "sum", lengths=group_lengths)
+    shifted = values.index_add(0, starts[1:], -totals[:-1])
+    running = torch.cumsum(shifted, 0)
+    return running - (running - values)[group_first]

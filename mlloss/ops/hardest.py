@@ -7,7 +7,8 @@ With ``temperature`` tau the min and max become log-mean-exp:
 softmin = -tau * log(mean exp(-s / tau)), softmax = tau * log(mean exp(s / tau)).
 
 The hard version's gradient goes to the argmin / argmax items; tied extremes share it equally
-(see ``layout.segment_extreme``), which is deterministic.
+(see ``layout.segment_extreme``), which is deterministic. ``hardest_pair_loss`` leaves the gradient
+to autograd; ``hardest_pair_loss_and_grad`` computes it in the forward pass (no autograd graph).
 """
 
 from __future__ import annotations
@@ -57,3 +58,94 @@ def _cell_extremes(scores: Tensor, lengths: Tensor, temperature: float | None) -
     softmax = temperature * (segment_logsumexp(scores / temperature, lengths) - log_count)
     return softmin, softmax
 
+
+@torch.no_grad()
+def hardest_pair_loss_and_grad(
+    scores: Tensor,
+    layout: OrdinalLayout,
+    cost_matrix: Tensor,
+    surrogate: str,
+    margin: float,
+    reduction: str,
+    temperature: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, number of groups with a valid level pair, d loss / d scores), no autograd.
+
+    With w_uab = c_ab / Z_u (and / #groups for "mean") and t_uab = min_ua - max_ub:
+    d loss / d min_ua = sum_b w_uab phi'(t_uab), d loss / d max_ub = -sum_a w_uab phi'(t_uab),
+    then d min_ua / d s_i and d max_ub / d s_i: an equal share among the tied extremes (hard), or
+    the softmax weight of s_i within its cell (soft).
+    """
+    lengths = layout.cell_lengths
+    lowest, lowest_slope, highest, highest_slope = _cell_extremes_and_slopes(scores, lengths, temperature)
+    cell_min = dense_cells(layout, lowest, 0.0)
+    cell_max = dense_cells(layout, highest, 0.0)
+    present = layout.counts > 0
+    pair_cost = torch.where(present[:, :, None] & present[:, None, :], cost_matrix, 0.0)
+    valid = pair_cost > 0
+    # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
+    margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
+    value, slope = _surrogate_value_and_slope(margins, surrogate, margin)
+    per_pair = torch.where(valid, value, 0.0)
+    normaliser = pair_cost.sum((1, 2))
+    has_pairs = normaliser > 0
+    divisor = torch.where(has_pairs, normaliser, 1.0)
+    per_group = (pair_cost * per_pair).sum((1, 2)) / divisor
+    num_groups = has_pairs.sum()
+    loss = per_group.sum()
+    margin_grad = pair_cost * torch.where(valid, slope, 0.0) / divisor[:, None, None]  # d loss / d t_uab
+    if reduction == "mean":
+        loss = loss / num_groups.clamp(min=1)
+        margin_grad = margin_grad / num_groups.clamp(min=1)
+    cells = (layout.cell_group, layout.cell_level)
+    min_grad = margin_grad.sum(2)[cells].repeat_interleave(lengths)
+    max_grad = -margin_grad.sum(1)[cells].repeat_interleave(lengths)
+    return loss, num_groups, min_grad * lowest_slope + max_grad * highest_slope
+
+
+def _cell_extremes_and_slopes(
+    scores: Tensor, lengths: Tensor, temperature: float | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per cell (min, d min / d s, max, d max / d s), or their log-mean-exp versions.
+
+    Hard: the exact min / max, its derivative split equally among the items attaining it (the
+    rule of ``layout.segment_extreme``). Soft: d softmin / d s_i = softmax(-s / tau)_i within the
+    cell, d softmax / d s_i = softmax(s / tau)_i.
+    """
+    if temperature is None:
+        lowest, lowest_slope = _hard_extreme(scores, lengths, "min")
+        highest, highest_slope = _hard_extreme(scores, lengths, "max")
+        return lowest, lowest_slope, highest, highest_slope
+    log_count = torch.log(lengths.to(scores.dtype))
+    log_low, lowest_slope = _segment_logsumexp_and_softmax(-scores / temperature, lengths)
+    log_high, highest_slope = _segment_logsumexp_and_softmax(scores / temperature, lengths)
+    return -temperature * (log_low - log_count), lowest_slope, temperature * (log_high - log_count), highest_slope
+
+
+def _hard_extreme(values: Tensor, lengths: Tensor, extreme: str) -> tuple[Tensor, Tensor]:
+    """(min or max per segment, each item's share of its gradient: 1 / #ties if it attains it, else 0)."""
+    value = torch.segment_reduce(values, extreme, lengths=lengths)
+    attains = (values == value.repeat_interleave(lengths)).to(values.dtype)
+    ties = torch.segment_reduce(attains, "sum", lengths=lengths)
+    return value, attains / ties.repeat_interleave(lengths)
+
+
+def _segment_logsumexp_and_softmax(values: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """(log sum exp per segment, exp(v_i) / sum exp over its segment), shifted by the segment max."""
+    shift = torch.segment_reduce(values, "max", lengths=lengths)
+    exps = torch.exp(values - shift.repeat_interleave(lengths))
+    total = torch.segment_reduce(exps, "sum", lengths=lengths)
+    return torch.log(total) + shift, exps / total.repeat_interleave(lengths)
+
+
+def _surrogate_value_and_slope(t: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
+    """(phi(t), dphi/dt), the slope being the derivative of the value as computed."""
+    value = surrogate_value(t, surrogate, margin)
+    if surrogate == "logistic":
+        # F.softplus(x) returns x itself above x = 20 (its default threshold): slope -1 there.
+        return value, -torch.where(-t > 20, 1.0, torch.sigmoid(-t))
+    if surrogate == "hinge":
+        return value, -(margin - t > 0).to(t.dtype)  # 0 at the kink t == margin
+    if surrogate == "squared":
+        return value, -2 * (margin - t)
+    return value, -value  # exponential (surrogate_value has rejected unknown names)
