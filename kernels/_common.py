@@ -1,9 +1,24 @@
-"""Shared pieces of the pairwise Triton kernels: surrogate math and launch plumbing.
+"""Shared pieces of the Triton kernels: the surrogate terms of one pair and launch plumbing.
 
-The device helpers here are written to run both compiled on CUDA and under
-``TRITON_INTERPRET=1`` on the CPU, which rules out libdevice (``log1p`` and
-friends fail in the interpreter). Everything is computed from a single
-``exp(-|t|)`` so no intermediate can overflow for the bounded surrogates.
+A pair's terms are written in its *reverse margin* x = s_lower - s_upper (= -t, t the margin
+of the loss spec): every surrogate is then a function f(x) with a non-negative "pull"
+f'(x) = -phi'(t), the force that raises the upper item and lowers the lower one
+(loss spec, table):
+
+* logistic     f = softplus(x) = max(x, 0) + log(1 + exp(-|x|)),  pull = sigmoid(x)
+* hinge        f = max(0, m + x),                                  pull = 1 where m + x > 0
+* squared      f = (m + x)^2,                                      pull = 2 (m + x)
+* exponential  f = exp(x),                                         pull = exp(x)
+
+Two branches, chosen at trace time by the ``FAST`` constexpr:
+
+* fast (CUDA, float32): the special-function unit's approximations ``ex2.approx``,
+  ``lg2.approx`` and ``rcp.approx`` through inline PTX. The caller multiplies the scores by
+  log2(e) once per tile row/column (``score_scale``), so x arrives in base-2 units and no
+  per-pair multiply is needed; ``value_scale`` = ln 2 turns the base-2 softplus back into the
+  natural-log loss once per row. 3 special-function ops per pair with the value, 2 without.
+* exact (the interpreter, float64, CPU): ``tl.exp``/``tl.log`` and IEEE division; the log1p is
+  Goldberg's trick, since libdevice calls do not run in the interpreter.
 """
 
 from __future__ import annotations
@@ -14,132 +29,162 @@ import triton.language as tl
 
 __all__ = [
     "INTERPRET",
+    "LOG2E",
     "SURROGATES",
-    "check_finite_exponential",
-    "compute_dtype",
-    "default_blocks",
-    "surrogate_and_derivative",
+    "accumulation_dtype",
+    "fast_math",
+    "reverse_margin_terms",
+    "score_scale",
     "surrogate_id",
+    "tl_dtype",
     "validate_device",
+    "value_scale",
 ]
 
-#: Whether ``@triton.jit`` produced interpreted (CPU, numpy) functions. Triton
-#: decides this once, when the kernels are decorated at import time.
+#: Whether ``@triton.jit`` produced interpreted (CPU, numpy) functions. Triton decides this
+#: once, when the kernels are decorated at import time.
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 
-#: Surrogate name -> the integer the kernels branch on (a ``tl.constexpr``,
-#: so every surrogate compiles to its own straight-line kernel).
+#: Surrogate name -> the integer the kernels branch on (a ``tl.constexpr``: every surrogate
+#: compiles to its own straight-line loop).
 SURROGATES: dict[str, int] = {"logistic": 0, "hinge": 1, "squared": 2, "exponential": 3}
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 def surrogate_id(surrogate: str) -> int:
-    """Map a surrogate name to the kernel's constexpr id, rejecting unknown names."""
+    """Map a surrogate name to the kernels' constexpr id, rejecting unknown names."""
     try:
         return SURROGATES[surrogate]
     except KeyError:
-        raise ValueError(f"unknown surrogate {surrogate!r}; expected one of {sorted(SURROGATES)}") from None
+        raise ValueError(f"surrogate must be one of {sorted(SURROGATES)}; got {surrogate!r}") from None
 
 
-def compute_dtype(scores: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype: float64 stays float64, every narrower float is upcast to float32."""
+def accumulation_dtype(scores: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; every narrower float is accumulated in float32."""
     if scores.dtype == torch.float64:
         return torch.float64
     if scores.dtype in (torch.float32, torch.float16, torch.bfloat16):
         return torch.float32
-    raise TypeError(f"scores must be a floating tensor (fp16/bf16/fp32/fp64), got {scores.dtype}")
+    raise TypeError(f"scores must be a floating tensor (fp16/bf16/fp32/fp64); got dtype {scores.dtype}")
+
+
+def tl_dtype(dtype: torch.dtype):
+    return {torch.float32: tl.float32, torch.float64: tl.float64}[dtype]
+
+
+def fast_math(device: torch.device, accumulation: torch.dtype) -> bool:
+    """The approximate special functions: compiled CUDA kernels accumulating in float32."""
+    return device.type == "cuda" and not INTERPRET and accumulation == torch.float32
+
+
+def score_scale(surrogate: str, fast: bool) -> float:
+    """Factor applied to the scores so that the fast branch sees x in base-2 units."""
+    return LOG2E if fast and surrogate in ("logistic", "exponential") else 1.0
+
+
+def value_scale(surrogate: str, fast: bool) -> float:
+    """Factor turning the accumulated values back into the loss (ln 2 for the base-2 softplus)."""
+    return LN2 if fast and surrogate == "logistic" else 1.0
 
 
 def validate_device(*tensors: torch.Tensor) -> None:
-    """All inputs must share one device, and that device must be one Triton can run on.
-
-    Compiled Triton needs CUDA tensors; the interpreter (``TRITON_INTERPRET=1`` set
-    before triton was imported) runs on CPU tensors.
-    """
+    """All inputs on one device, and one that Triton runs on: CUDA, or the CPU under the
+    interpreter (``TRITON_INTERPRET=1`` set before triton was imported)."""
     device = tensors[0].device
     for t in tensors[1:]:
         if t.device != device:
-            raise ValueError(f"all inputs must be on one device, got {device} and {t.device}")
+            raise ValueError(f"all inputs must be on one device; got {device} and {t.device}")
     if device.type == "cpu" and not INTERPRET:
         raise RuntimeError(
-            "the Triton pairwise kernels need CUDA tensors; to run them on the CPU set "
-            "TRITON_INTERPRET=1 before importing triton / mlloss.kernels"
-        )
-
-
-def default_blocks(device: torch.device) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) when the caller gives none.
-
-    The interpreter pays ~ms per program-and-tile step regardless of the tile size,
-    so big tiles are cheapest there. On CUDA, 64 x 64 keeps the fp32 tile plus its
-    exp/log temporaries in registers at 4 warps (the flash-attention sweet spot);
-    block sizes are fixed rather than autotuned so that the partial-loss buffer has a
-    known size and results are reproducible run to run.
-    """
-    if device.type == "cpu":
-        return 128, 128
-    return 64, 64
-
-
-def check_finite_exponential(loss: torch.Tensor) -> None:
-    """Raise if the exponential surrogate overflowed the accumulation dtype.
-
-    Every pair term ``coef * c * exp(-t)`` is >= 0 and each gradient entry is a
-    partial sum of those terms, so a finite loss bounds every gradient entry:
-    checking the scalar loss (one device sync, only for this surrogate) is enough.
-    ``exp(-t)`` overflows float32 once ``t < -88.7``.
-    """
-    if not bool(torch.isfinite(loss)):
-        raise OverflowError(
-            "exponential surrogate overflowed in the Triton pairwise kernel "
-            f"(loss = {loss.item()}): some pair has s_i - s_j below about -88 (float32) or "
-            "-709 (float64). Use the library's exact O(N) log-domain exponential path, or "
-            "rescale the scores."
+            "the Triton kernels need CUDA tensors; to run them on the CPU set TRITON_INTERPRET=1 "
+            "before importing triton / mlloss.kernels"
         )
 
 
 @triton.jit
-def _log1p_small(e):
-    """log(1 + e) for e in [0, 1], accurate for tiny e without libdevice.
+def _ex2(x):
+    return tl.inline_asm_elementwise(
+        "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
 
-    Goldberg's trick: with u = fl(1 + e), log(u) * e / (u - 1) cancels the rounding
-    error of forming u; when u rounds to exactly 1, log1p(e) == e to working precision.
-    """
+
+@triton.jit
+def _lg2(x):
+    return tl.inline_asm_elementwise(
+        "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+# 2^-x and 2^-|x|: the negation and absolute value are written in PTX so that ptxas folds them
+# into the special-function unit's operand modifiers (in LLVM they become a sign-bit LOP3 per pair).
+@triton.jit
+def _ex2_neg(x):
+    return tl.inline_asm_elementwise(
+        "{ .reg .f32 t; neg.f32 t, $1; ex2.approx.ftz.f32 $0, t; }", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _ex2_neg_abs(x):
+    return tl.inline_asm_elementwise(
+        "{ .reg .f32 t; abs.f32 t, $1; neg.f32 t, t; ex2.approx.ftz.f32 $0, t; }",
+        "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1,
+    )
+
+
+@triton.jit
+def _rcp(x):
+    return tl.inline_asm_elementwise(
+        "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _log1p_small(e):
+    """log(1 + e) for e in [0, 1] without libdevice: with u = fl(1 + e), log(u) * e / (u - 1)
+    cancels the rounding error of forming u; when u rounds to 1, log1p(e) == e."""
     u = 1.0 + e
     return tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0))
 
 
 @triton.jit
-def surrogate_and_derivative(t, margin, SURROGATE: tl.constexpr, NEED_PHI: tl.constexpr):
-    """phi(t) and phi'(t) for the margin t = s_upper - s_lower.
-
-    SURROGATE: 0 logistic  phi = softplus(-t) = max(-t, 0) + log1p(exp(-|t|)),
-                           phi' = -sigmoid(-t), both from one e = exp(-|t|);
-               1 hinge     phi = max(0, m - t), phi' = -1 where m - t > 0 else 0
-                           (subgradient 0 at the kink t == m);
-               2 squared   phi = (m - t)^2, phi' = -2 (m - t);
-               3 exponential phi = exp(-t), phi' = -exp(-t) (overflows for very
-                           negative t; the host checks the loss is finite).
-    With NEED_PHI false (the column-owning pass, which only needs gradients) phi is
-    returned as 0 and its log is never evaluated.
-    """
+def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.constexpr, FAST: tl.constexpr):
+    """(f(x), f'(x)) of the module docstring for reverse margins x (base-2 units when FAST and
+    the surrogate is logistic or exponential). Without NEED_VALUE the value is 0 and costs
+    nothing. The fast logistic value is in base-2 units (times ln 2 afterwards)."""
     if SURROGATE == 0:
-        e = tl.exp(-tl.abs(t))
-        # sigmoid(-t) = e / (1 + e) for t >= 0 and 1 / (1 + e) for t < 0.
-        dphi = -tl.where(t >= 0, e, 1.0) / (1.0 + e)
-        if NEED_PHI:
-            phi = tl.maximum(-t, 0.0) + _log1p_small(e)
+        if FAST:
+            if NEED_VALUE:
+                # One exp of -|x| serves both terms and cannot overflow.
+                e = _ex2_neg_abs(x)
+                r = _rcp(1.0 + e)
+                pull = tl.where(x >= 0, r, e * r)
+                value = tl.maximum(x, 0.0) + _lg2(1.0 + e)
+            else:
+                # sigmoid(x) = 1 / (1 + 2^-x'): 2^-x' = inf gives 0, 2^-x' = 0 gives 1.
+                pull = _rcp(1.0 + _ex2_neg(x))
+                value = 0.0
         else:
-            phi = tl.zeros_like(t)
+            e = tl.exp(-tl.abs(x))
+            pull = tl.where(x >= 0, 1.0, e) / (1.0 + e)
+            if NEED_VALUE:
+                value = tl.maximum(x, 0.0) + _log1p_small(e)
+            else:
+                value = 0.0
     elif SURROGATE == 1:
-        z = margin - t
-        dphi = tl.where(z > 0, -1.0, 0.0).to(t.dtype)
-        phi = tl.maximum(z, 0.0)
+        gap = margin + x
+        pull = tl.where(gap > 0, 1.0, 0.0)  # subgradient 0 at the kink
+        value = tl.maximum(gap, 0.0)
     elif SURROGATE == 2:
-        z = margin - t
-        dphi = -2.0 * z
-        phi = z * z
+        gap = margin + x
+        pull = 2.0 * gap
+        value = gap * gap
     else:
-        e = tl.exp(-t)
-        dphi = -e
-        phi = e
-    return phi, dphi
+        if FAST:
+            pull = _ex2(x)
+        else:
+            pull = tl.exp(x)
+        value = pull
+    return value, pull

@@ -1,525 +1,583 @@
-"""Fused, deterministic Triton kernels for grouped pairwise ranking losses.
+"""Fused, deterministic Triton kernels for the all-pairs losses of every family.
 
-Two pair families are supported, both as a single launch that returns the loss
-*and* its gradient with respect to the scores (the backward pass then only scales
-the saved gradient, as in Liger-Kernel's fused losses):
+The input is ``mlloss.ops.layout.PairLayout``: B problems (one per label for LoA, one for AUC
+and LaA) over N items, each sorted by (group, level ascending), so that the valid partners of
+the item at sorted position p are two position ranges: its lower partners
+``[group_start, cell_start)`` and its upper partners ``[cell_end, group_end)``. For every
+problem b the kernels compute
 
-* **ordinal pairs** (bipartite / multi-level AUC, LaA label aggregation):
-  items sorted by (group ascending, level descending); pair (i, j) is valid iff
-  same group and ``level[i] > level[j]``;
-  ``loss = sum_valid coef[i] * c_ij * phi(s_i - s_j)`` with
-  ``c_ij = 1`` (uniform) or ``level_value[level[i]] - level_value[level[j]]`` (linear).
-* **label bits** (LoA loss aggregation over K binary labels): items sorted by group;
-  ``w_ij = sum_k bit_k(i) * (1 - bit_k(j)) * coef[k, i]``;
-  ``loss = sum_{same group, i != j} w_ij * phi(s_i - s_j)``.
+    loss_b = reduce_u  sum_{i, j in u, level_i > level_j} c_ij phi(s_i - s_j) / Z_u
 
-``phi`` is one of logistic, hinge, squared, exponential (see
-:func:`mlloss.kernels._common.surrogate_and_derivative`), and
-``d loss / d s_i = sum_{pairs with i upper} w phi'(t) - sum_{pairs with i lower} w phi'(t)``.
+with c_ij = 1 (uniform) or level_i - level_j (linear), Z_u = sum over the valid pairs of u of
+c_ij, and ``reduce`` the mean over the groups with a valid pair (or the sum), then
+``loss = sum_b mixing_b loss_b`` and its gradient with respect to the scores, in three
+launches (the gradient is computed in the forward pass; backward only scales it, as in
+Liger-Kernel's fused losses):
 
-Tiling (flash-attention style, never an N x N matrix): a program owns BLOCK_M
-consecutive items and streams BLOCK_N-wide tiles of the other items of the same
-groups through registers. Because the input is sorted by group, the partners of a
-block lie in one contiguous range, read from ``group_start`` / ``group_end``:
+1. ``_pair_partials_kernel``, grid (row blocks x chunks, 2 passes, B). A program owns BLOCK_M
+   consecutive positions as *upper* items (pass 0: the loss and the upper side of the
+   gradient) or as *lower* items (pass 1: the lower side), and streams BLOCK_N-wide tiles of
+   its partner range through registers. Per-pair terms go into [BLOCK_M, BLOCK_N] register
+   accumulators that are reduced once after the loops: no cross-thread reduction inside a loop.
+   Tiles where every row's partner range covers the whole tile run a loop with no masks;
+   the others run a second, masked loop. The partner range of a row block is split into
+   ``num_chunks`` chunks (more programs when N is small, so that the GPU fills up); each
+   (block, chunk, pass) writes its own slice of a partial buffer.
+2. ``_finalize_kernel``, grid (position blocks, B): sums the chunks of each position in a
+   fixed order, divides by its group's Z_u (from a prefix sum of per-position contributions),
+   writes the gradient to the caller's item order, and per-block sums of the loss, the groups
+   with a valid pair and the valid pairs.
+3. ``_combine_kernel``, grid (position blocks,): every program sums the block sums in the same
+   fixed order, so all agree on the totals without a host round trip, and writes
+   ``grad = sum_b mixing_b / G_b * grad_b`` (G_b the groups with pairs, for the mean) and,
+   from program 0, the loss and the per-problem statistics.
 
-* ordinal, own the upper items: partners in ``[first_row, group_end[last_row])``
-  (a lower item always comes after its upper item);
-* ordinal, own the lower items: partners in ``[group_start[first_row], last_row]``;
-* label bits (either side): ``[group_start[first_row], group_end[last_row])``.
+No float atomics: every output element is written by one program, and every sum runs in a
+fixed order, so results are bit-identical run to run. Integer atomics set the status bits of
+``_check_batch_kernel`` (non-finite scores, bad labels) and of the combine step (a non-finite
+loss); their result does not depend on the order.
 
-A tile whose ``BLOCK_M x BLOCK_N`` pair mask is empty (other group, no level below,
-no differing label bit) is skipped after loading only the int32 metadata, so the
-work grows with the number of same-group pairs, not with N^2.
-
-Determinism (no float atomics anywhere): the launch grid is ``(num_blocks, 2)``.
-Programs with ``program_id(1) == 0`` own their items as *upper* items: they
-accumulate the upper-side gradient and the loss in registers; programs with
-``program_id(1) == 1`` own the same items as *lower* items and recompute those pair
-terms from the other side (pairwise symmetry) to accumulate the lower-side gradient.
-Each program writes its own slice of a ``(2, N)`` gradient buffer and the upper
-programs one float each of a ``(num_blocks,)`` partial-loss buffer; the host adds the
-two gradient rows and sums the partials, so every output is produced in a fixed
-order and memory stays O(N). The price is evaluating each pair's derivative twice
-(the lower pass skips the log of the logistic loss).
-
-Precision: scores of any float dtype are loaded and upcast; fp16/bf16/fp32 are
-accumulated in float32 and float64 in float64 (``coef``, ``level_value`` and the
-margin are passed in that accumulation dtype too). Loss and gradient come back in that
-accumulation dtype (float32, or float64 for float64 scores). The exponential
-surrogate overflows float32 once ``s_i - s_j < -88``; the host checks the loss and
-raises :class:`OverflowError` instead of returning ``inf`` / ``nan``.
+Precision: scores of any float dtype are upcast; fp16/bf16/fp32 accumulate in float32 (with
+the approximate special functions on CUDA) and float64 in float64; per-position sums of the
+finalize step and the normalisers are float64.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    check_finite_exponential,
-    compute_dtype,
-    default_blocks,
-    surrogate_and_derivative,
-    surrogate_id,
-    validate_device,
-)
+from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
+from ._common import reverse_margin_terms, tl_dtype
 
 __all__ = [
-    "label_bits_pairs_loss",
-    "label_bits_pairs_loss_and_grad",
-    "ordinal_pairs_loss",
-    "ordinal_pairs_loss_and_grad",
+    "STATUS_BAD_LABEL",
+    "STATUS_BAD_SCORE",
+    "STATUS_OVERFLOW",
+    "check_batch",
+    "combine",
+    "finalize",
+    "pair_partials",
 ]
 
-_COSTS = ("uniform", "linear")
-_TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
+# Status bits (mlloss._validation), OR-ed into a one-element int32 tensor read once per call.
+_BAD_SCORE: tl.constexpr = tl.constexpr(STATUS_BAD_SCORE)
+_BAD_LABEL: tl.constexpr = tl.constexpr(STATUS_BAD_LABEL)
+_OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
 
 
 # --------------------------------------------------------------------------- #
-# Kernel 1: ordinal pairs                                                     #
+# 1. Pair partials                                                            #
 # --------------------------------------------------------------------------- #
 @triton.jit
-def _accumulate_tile(
-    s_m, s_n, w, valid, margin, grad_acc, loss_acc, SURROGATE: tl.constexpr, OWN_UPPER: tl.constexpr,
+def _accumulate(
+    s_m, s_n, w, keep, margin, acc_value, acc_pull,
+    UPPER_ROWS: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    WEIGHTED: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """Add one tile's valid pairs, weighted by ``w``, to the row accumulators. Rows are the
-    upper items (OWN_UPPER: d/ds_upper and the loss) or the lower items (d/ds_lower)."""
-    if OWN_UPPER:
-        t = s_m[:, None] - s_n[None, :]
+    """Add one tile's terms to the register accumulators. Rows are the upper items
+    (UPPER_ROWS: value and pull) or the lower items (pull only). ``w`` is the pair cost
+    (WEIGHTED) and ``keep`` the validity mask (MASKED)."""
+    if UPPER_ROWS:
+        x = s_n[None, :] - s_m[:, None]
     else:
-        t = s_n[None, :] - s_m[:, None]
-    phi, dphi = surrogate_and_derivative(t, margin, SURROGATE, OWN_UPPER)
-    # where(), not a 0/1 multiply: invalid pairs may hold inf (exponential).
-    g = tl.where(valid, w * dphi, 0.0)
-    if OWN_UPPER:
-        grad_acc += tl.sum(g, axis=1)
-        loss_acc += tl.sum(tl.where(valid, w * phi, 0.0), axis=1)
-    else:
-        grad_acc -= tl.sum(g, axis=1)
-    return grad_acc, loss_acc
-
-
-@triton.jit
-def _ordinal_block(
-    scores_ptr, level_ptr, level_value_ptr, group_start_ptr, group_end_ptr, coef_ptr,
-    loss_part_ptr, grad_ptr, N, margin_ptr, pid,
-    OWN_UPPER: tl.constexpr, COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """One program: items [pid*BLOCK_M, +BLOCK_M) as upper (OWN_UPPER) or lower items."""
-    first = pid * BLOCK_M
-    last = tl.minimum(first + BLOCK_M, N) - 1
-    offs_m = first + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < N
-    # The margin comes through memory in the accumulation dtype: a Python float
-    # argument would be typed fp32 and round m in the float64 path.
-    margin = tl.load(margin_ptr)
-    s_m = tl.load(scores_ptr + offs_m, mask=mask_m, other=0.0).to(ACC)
-    lvl_m = tl.load(level_ptr + offs_m, mask=mask_m, other=0)
-    # group_start doubles as a group id; padding gets -1 (rows) / -2 (columns)
-    # so a padded row never pairs with a padded column.
-    grp_m = tl.load(group_start_ptr + offs_m, mask=mask_m, other=-1)
-    if COST_LINEAR:
-        val_m = tl.load(level_value_ptr + lvl_m, mask=mask_m, other=0.0).to(ACC)
-    if OWN_UPPER:
-        coef_m = tl.load(coef_ptr + offs_m, mask=mask_m, other=0.0).to(ACC)
-        # Sorted by level descending inside a group: lowers follow their upper.
-        lo = first
-        hi = tl.load(group_end_ptr + last)
-    else:
-        lo = tl.load(group_start_ptr + first)
-        hi = last + 1
-
-    grad_acc = tl.zeros([BLOCK_M], dtype=ACC)
-    loss_acc = tl.zeros([BLOCK_M], dtype=ACC)
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        lvl_n = tl.load(level_ptr + offs_n, mask=mask_n, other=0)
-        grp_n = tl.load(group_start_ptr + offs_n, mask=mask_n, other=-2)
-        same = grp_m[:, None] == grp_n[None, :]
-        if OWN_UPPER:
-            valid = same & (lvl_m[:, None] > lvl_n[None, :])
-        else:
-            valid = same & (lvl_n[None, :] > lvl_m[:, None])
-        if tl.sum(valid.to(tl.int32)) > 0:
-            s_n = tl.load(scores_ptr + offs_n, mask=mask_n, other=0.0).to(ACC)
-            if OWN_UPPER:
-                w = tl.broadcast_to(coef_m[:, None], [BLOCK_M, BLOCK_N])
+        x = s_m[:, None] - s_n[None, :]
+    value, pull = reverse_margin_terms(x, margin, SURROGATE, UPPER_ROWS, FAST)
+    if MASKED:
+        if SURROGATE == 3:
+            # exp(x) of an invalid pair may be inf, and 0 * inf is nan: select instead.
+            if WEIGHTED:
+                pull = tl.where(keep, w * pull, 0.0)
             else:
-                coef_n = tl.load(coef_ptr + offs_n, mask=mask_n, other=0.0).to(ACC)
-                w = tl.broadcast_to(coef_n[None, :], [BLOCK_M, BLOCK_N])
-            if COST_LINEAR:
-                val_n = tl.load(level_value_ptr + lvl_n, mask=mask_n, other=0.0).to(ACC)
-                if OWN_UPPER:
-                    w = w * (val_m[:, None] - val_n[None, :])
-                else:
-                    w = w * (val_n[None, :] - val_m[:, None])
-            grad_acc, loss_acc = _accumulate_tile(
-                s_m, s_n, w, valid, margin, grad_acc, loss_acc, SURROGATE, OWN_UPPER
-            )
-
-    tl.store(grad_ptr + offs_m, grad_acc, mask=mask_m)
-    if OWN_UPPER:
-        tl.store(loss_part_ptr + pid, tl.sum(loss_acc))
-
-
-@triton.jit
-def _ordinal_pairs_kernel(
-    scores_ptr, level_ptr, level_value_ptr, group_start_ptr, group_end_ptr, coef_ptr,
-    loss_part_ptr, grad_upper_ptr, grad_lower_ptr, N, margin_ptr,
-    COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """Grid (cdiv(N, BLOCK_M), 2): axis 1 picks the upper-owning or lower-owning pass."""
-    pid = tl.program_id(0)
-    if tl.program_id(1) == 0:
-        _ordinal_block(scores_ptr, level_ptr, level_value_ptr, group_start_ptr, group_end_ptr, coef_ptr,
-                       loss_part_ptr, grad_upper_ptr, N, margin_ptr, pid,
-                       True, COST_LINEAR, SURROGATE, ACC, BLOCK_M, BLOCK_N)
+                pull = tl.where(keep, pull, 0.0)
+            if UPPER_ROWS:
+                acc_value += pull
+            acc_pull += pull
+        else:
+            # Finite terms: a 0/1 (or 0/c) weight costs one select for both accumulators.
+            if WEIGHTED:
+                w = tl.where(keep, w, 0.0)
+            else:
+                w = tl.where(keep, 1.0, 0.0)
+            if UPPER_ROWS:
+                acc_value += w * value
+            acc_pull += w * pull
     else:
-        _ordinal_block(scores_ptr, level_ptr, level_value_ptr, group_start_ptr, group_end_ptr, coef_ptr,
-                       loss_part_ptr, grad_lower_ptr, N, margin_ptr, pid,
-                       False, COST_LINEAR, SURROGATE, ACC, BLOCK_M, BLOCK_N)
+        if WEIGHTED:
+            if UPPER_ROWS:
+                acc_value += w * value
+            acc_pull += w * pull
+        else:
+            if UPPER_ROWS:
+                acc_value += value
+            acc_pull += pull
+    return acc_value, acc_pull
 
 
-# --------------------------------------------------------------------------- #
-# Kernel 2: label bits (LoA)                                                  #
-# --------------------------------------------------------------------------- #
 @triton.jit
-def _label_bits_block(
-    scores_ptr, bits_ptr, group_start_ptr, group_end_ptr, coef_ptr, coef_stride_k,
-    loss_part_ptr, grad_ptr, N, margin_ptr, pid,
-    K: tl.constexpr, OWN_UPPER: tl.constexpr, SURROGATE: tl.constexpr,
+def _partner_tile(
+    scores_ptr, rank_row, values_row, order_row, start, v_m, bound,
+    UPPER_ROWS: tl.constexpr, COST_LINEAR: tl.constexpr, MASKED: tl.constexpr,
+    SCORE_SCALE: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Positions, scores and pair costs of the partner tile starting at ``start``."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        in_range = offs_n < bound
+        item_n = tl.load(order_row + offs_n, mask=in_range, other=0)
+    else:
+        item_n = tl.load(order_row + offs_n)
+    s_n = tl.load(scores_ptr + item_n).to(ACC) * SCORE_SCALE
+    if COST_LINEAR:
+        v_n = tl.load(values_row + tl.load(rank_row + item_n)).to(ACC)
+        if UPPER_ROWS:
+            w = v_m[:, None] - v_n[None, :]
+        else:
+            w = v_n[None, :] - v_m[:, None]
+    else:
+        w = 1.0
+    return offs_n, s_n, w
+
+
+@triton.jit
+def _pass(
+    scores_ptr, rank_row, values_row, order_row, lo_ptr, hi_ptr, grad_row, value_row,
+    N, margin, row_block, chunk, num_chunks,
+    UPPER_ROWS: tl.constexpr, LO_IS_ZERO: tl.constexpr, HI_IS_N: tl.constexpr,
+    COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One program: items [pid*BLOCK_M, +BLOCK_M) as upper (OWN_UPPER) or lower items."""
-    first = pid * BLOCK_M
+    """Rows [row_block * BLOCK_M, +BLOCK_M) against their partner ranges [lo, hi), one chunk.
+    Writes the rows' side of the gradient to ``grad_row`` and (UPPER_ROWS) their loss to
+    ``value_row``."""
+    first = row_block * BLOCK_M
     last = tl.minimum(first + BLOCK_M, N) - 1
-    offs_m = first + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < N
-    margin = tl.load(margin_ptr)
-    s_m = tl.load(scores_ptr + offs_m, mask=mask_m, other=0.0).to(ACC)
-    bits_m = tl.load(bits_ptr + offs_m, mask=mask_m, other=0)
-    grp_m = tl.load(group_start_ptr + offs_m, mask=mask_m, other=-1)
-    # Pairs run both ways inside a group, so either side scans the whole group span.
-    lo = tl.load(group_start_ptr + first)
-    hi = tl.load(group_end_ptr + last)
+    rows = first + tl.arange(0, BLOCK_M)
+    row_mask = rows < N
+    item_m = tl.load(order_row + rows, mask=row_mask, other=0)
+    s_m = tl.load(scores_ptr + item_m, mask=row_mask, other=0.0).to(ACC) * SCORE_SCALE
+    if COST_LINEAR:
+        v_m = tl.load(values_row + tl.load(rank_row + item_m, mask=row_mask, other=0), mask=row_mask, other=0.0)
+        v_m = v_m.to(ACC)
+    else:
+        v_m = 0.0
+    # Partner ranges [lo_m, hi_m) per row; both ends are non-decreasing in the position, so the
+    # block scans [lo(first), hi(last)) and every row covers [lo(last), hi(first)) whole.
+    if LO_IS_ZERO:
+        lo_m = tl.zeros([BLOCK_M], dtype=tl.int32)
+        block_lo = 0
+        full_lo = 0
+    else:
+        lo_m = tl.load(lo_ptr + rows, mask=row_mask, other=0)
+        block_lo = tl.load(lo_ptr + first)
+        full_lo = tl.load(lo_ptr + last)
+    if HI_IS_N:
+        hi_m = tl.where(row_mask, N, 0)
+        block_hi = N
+        full_hi = N
+    else:
+        hi_m = tl.load(hi_ptr + rows, mask=row_mask, other=0)
+        block_hi = tl.load(hi_ptr + last)
+        full_hi = tl.load(hi_ptr + first)
 
-    grad_acc = tl.zeros([BLOCK_M], dtype=ACC)
-    loss_acc = tl.zeros([BLOCK_M], dtype=ACC)
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        bits_n = tl.load(bits_ptr + offs_n, mask=mask_n, other=0)
-        grp_n = tl.load(group_start_ptr + offs_n, mask=mask_n, other=-2)
-        # Bit k of `diff` is set iff label k is positive on the upper, negative on the lower.
-        if OWN_UPPER:
-            diff = bits_m[:, None] & ~bits_n[None, :]
-        else:
-            diff = bits_n[None, :] & ~bits_m[:, None]
-        valid = (grp_m[:, None] == grp_n[None, :]) & (diff != 0)
-        if tl.sum(valid.to(tl.int32)) > 0:
-            s_n = tl.load(scores_ptr + offs_n, mask=mask_n, other=0.0).to(ACC)
-            w = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
-            for k in tl.static_range(K):
-                # coef[k, upper]: a column vector when rows are the uppers, else a row vector.
-                if OWN_UPPER:
-                    c_k = tl.load(coef_ptr + k * coef_stride_k + offs_m, mask=mask_m, other=0.0).to(ACC)[:, None]
-                else:
-                    c_k = tl.load(coef_ptr + k * coef_stride_k + offs_n, mask=mask_n, other=0.0).to(ACC)[None, :]
-                w += tl.where(((diff >> k) & 1) != 0, c_k, 0.0)
-            grad_acc, loss_acc = _accumulate_tile(
-                s_m, s_n, w, valid, margin, grad_acc, loss_acc, SURROGATE, OWN_UPPER
-            )
+    # This chunk's tiles [k0, k1) of the block's range; the unmasked ones [fs, fe) inside it.
+    num_tiles = tl.cdiv(tl.maximum(block_hi - block_lo, 0), BLOCK_N)
+    per_chunk = tl.cdiv(num_tiles, num_chunks)
+    k0 = tl.minimum(chunk * per_chunk, num_tiles)
+    k1 = tl.minimum(k0 + per_chunk, num_tiles)
+    first_full = tl.cdiv(tl.maximum(full_lo - block_lo, 0), BLOCK_N)
+    end_full = tl.maximum(full_hi - block_lo, 0) // BLOCK_N
+    fs = tl.minimum(tl.maximum(first_full, k0), k1)
+    fe = tl.minimum(tl.maximum(end_full, fs), k1)
 
-    tl.store(grad_ptr + offs_m, grad_acc, mask=mask_m)
-    if OWN_UPPER:
-        tl.store(loss_part_ptr + pid, tl.sum(loss_acc))
+    acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+    acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+    for k in range(fs, fe):
+        offs_n, s_n, w = _partner_tile(
+            scores_ptr, rank_row, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
+            UPPER_ROWS, COST_LINEAR, False, SCORE_SCALE, ACC, BLOCK_N,
+        )
+        acc_value, acc_pull = _accumulate(
+            s_m, s_n, w, True, margin, acc_value, acc_pull, UPPER_ROWS, SURROGATE, FAST, COST_LINEAR, False
+        )
+    head = fs - k0
+    for i in range(head + (k1 - fe)):
+        k = tl.where(i < head, k0 + i, fe + (i - head))
+        offs_n, s_n, w = _partner_tile(
+            scores_ptr, rank_row, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
+            UPPER_ROWS, COST_LINEAR, True, SCORE_SCALE, ACC, BLOCK_N,
+        )
+        # offs_n - lo_m < hi_m - lo_m as unsigned: one subtraction and one compare per pair.
+        keep = (offs_n[None, :] - lo_m[:, None]).to(tl.uint32, bitcast=True) < (hi_m - lo_m).to(
+            tl.uint32, bitcast=True
+        )[:, None]
+        acc_value, acc_pull = _accumulate(
+            s_m, s_n, w, keep, margin, acc_value, acc_pull, UPPER_ROWS, SURROGATE, FAST, COST_LINEAR, True
+        )
+
+    row_pull = tl.sum(acc_pull, axis=1)
+    if UPPER_ROWS:
+        tl.store(grad_row + rows, -row_pull, mask=row_mask)  # d/ds_upper = -pull
+        tl.store(value_row + rows, tl.sum(acc_value, axis=1) * VALUE_SCALE, mask=row_mask)
+    else:
+        tl.store(grad_row + rows, row_pull, mask=row_mask)  # d/ds_lower = +pull
+    return v_m, lo_m, hi_m, rows, row_mask
 
 
 @triton.jit
-def _label_bits_pairs_kernel(
-    scores_ptr, bits_ptr, group_start_ptr, group_end_ptr, coef_ptr, coef_stride_k,
-    loss_part_ptr, grad_upper_ptr, grad_lower_ptr, N, margin_ptr,
-    K: tl.constexpr, SURROGATE: tl.constexpr, ACC: tl.constexpr,
+def _pair_partials_kernel(
+    scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr,
+    group_end_ptr, work_ptr, N, num_ranks, num_chunks,
+    MARGIN: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr,
+    FAST: tl.constexpr, SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M), 2): axis 1 picks the upper-owning or lower-owning pass."""
-    pid = tl.program_id(0)
+    """Grid (row blocks * num_chunks, 2, B). ``work`` (B, 3 * num_chunks + 2, N) gets rows
+    [c] the loss of the upper pass, [num_chunks + c] the upper side of the gradient and
+    [2 * num_chunks + c] the lower side, of chunk c, and [3 * num_chunks] each position's share
+    of its group's Z_u (written with chunk 0 of the upper pass). MARGIN is a constexpr so that
+    the float64 path sees it unrounded (a float argument is typed fp32)."""
+    row_block = tl.program_id(0) // num_chunks
+    chunk = tl.program_id(0) % num_chunks
+    problem = tl.program_id(2).to(tl.int64)
+    row = problem * N
+    rank_row = rank_ptr + row
+    values_row = values_ptr + problem * num_ranks
+    order_row = order_ptr + row
+    work = work_ptr + problem * (3 * num_chunks + 2) * N
     if tl.program_id(1) == 0:
-        _label_bits_block(scores_ptr, bits_ptr, group_start_ptr, group_end_ptr, coef_ptr, coef_stride_k,
-                          loss_part_ptr, grad_upper_ptr, N, margin_ptr, pid,
-                          K, True, SURROGATE, ACC, BLOCK_M, BLOCK_N)
+        # Upper rows: lower partners [group_start, cell_start).
+        v_m, lo_m, hi_m, rows, row_mask = _pass(
+            scores_ptr, rank_row, values_row, order_row, group_start_ptr, cell_start_ptr + row,
+            work + (num_chunks + chunk) * N, work + chunk * N, N, MARGIN, row_block, chunk, num_chunks,
+            True, not HAS_GROUPS, False, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
+            ACC, BLOCK_M, BLOCK_N,
+        )
+        if chunk == 0:
+            # Z_u = sum over the group's positions of this share (lower partners for the uniform
+            # cost; v * (lower - upper partners) for the linear one, see _cost_shares).
+            lower = hi_m - lo_m
+            if COST_LINEAR:
+                if HAS_GROUPS:
+                    upper = tl.load(group_end_ptr + rows, mask=row_mask, other=0) - tl.load(
+                        cell_end_ptr + row + rows, mask=row_mask, other=0
+                    )
+                else:
+                    upper = N - tl.load(cell_end_ptr + row + rows, mask=row_mask, other=N)
+                share = v_m * (lower - upper).to(ACC)
+            else:
+                share = lower.to(ACC)
+            tl.store(work + 3 * num_chunks * N + rows, share, mask=row_mask)
     else:
-        _label_bits_block(scores_ptr, bits_ptr, group_start_ptr, group_end_ptr, coef_ptr, coef_stride_k,
-                          loss_part_ptr, grad_lower_ptr, N, margin_ptr, pid,
-                          K, False, SURROGATE, ACC, BLOCK_M, BLOCK_N)
+        # Lower rows: upper partners [cell_end, group_end).
+        _pass(
+            scores_ptr, rank_row, values_row, order_row, cell_end_ptr + row, group_end_ptr,
+            work + (2 * num_chunks + chunk) * N, work + chunk * N, N, MARGIN, row_block, chunk, num_chunks,
+            False, False, not HAS_GROUPS, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
+            ACC, BLOCK_M, BLOCK_N,
+        )
 
 
-# --------------------------------------------------------------------------- #
-# Host launchers                                                              #
-# --------------------------------------------------------------------------- #
-def _check_1d(name: str, t: torch.Tensor, n: int) -> None:
-    if t.dim() != 1 or t.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
-
-
-def _blocks(device: torch.device, block_m: int | None, block_n: int | None) -> tuple[int, int]:
-    dm, dn = default_blocks(device)
-    bm, bn = block_m or dm, block_n or dn
-    for name, b in (("block_m", bm), ("block_n", bn)):
-        if b < 16 or b & (b - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {b}")
-    return bm, bn
-
-
-def _margin(margin: float, acc: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The margin as a 1-element device tensor in the accumulation dtype (no host sync)."""
-    return torch.full((1,), float(margin), dtype=acc, device=device)
-
-
-def _finish(
-    loss_part: torch.Tensor, grad_parts: torch.Tensor, surrogate: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fixed-order reductions of the per-program partials (deterministic)."""
-    loss = loss_part.sum()
-    if surrogate == "exponential":
-        check_finite_exponential(loss)
-    return loss, grad_parts[0] + grad_parts[1]
-
-
-def ordinal_pairs_loss_and_grad(
+def pair_partials(
     scores: torch.Tensor,
-    level: torch.Tensor,
-    level_value: torch.Tensor,
-    group_start: torch.Tensor,
-    group_end: torch.Tensor,
-    coef: torch.Tensor,
+    levels,
+    layout,
     *,
-    cost: str = "uniform",
-    surrogate: str = "logistic",
-    margin: float = 1.0,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    num_warps: int = 4,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss and d loss / d scores over ordinal pairs, in one fused launch.
-
-    Args:
-        scores: (N,) float scores, sorted by (group ascending, level descending).
-        level: (N,) int dense level index (0 = lowest).
-        level_value: (L,) value of each level, used by ``cost="linear"``.
-        group_start, group_end: (N,) int, the ``[start, end)`` span of each item's group.
-        coef: (N,) per-item coefficient; a pair is weighted by its upper item's coef.
-        cost: ``"uniform"`` (c = 1) or ``"linear"`` (c = value gap of the two levels).
-        surrogate: ``"logistic"``, ``"hinge"``, ``"squared"`` or ``"exponential"``.
-        margin: m of the hinge and squared surrogates.
-        block_m, block_n: tile sizes (powers of two >= 16); defaults per device.
-        num_warps: CUDA warps per program (ignored by the interpreter).
-
-    Returns:
-        ``(loss, grad)``: a 0-dim tensor and an (N,) tensor, float32 (float64 when
-        ``scores`` is float64).
-
-    Raises:
-        OverflowError: the exponential surrogate overflowed (see module docstring).
-    """
-    if cost not in _COSTS:
-        raise ValueError(f"unknown cost {cost!r}; expected one of {_COSTS}")
-    sid = surrogate_id(surrogate)
-    acc = compute_dtype(scores)
-    if scores.dim() != 1:
-        raise ValueError(f"scores must be 1-D, got shape {tuple(scores.shape)}")
-    n = scores.shape[0]
-    for name, t in (("level", level), ("group_start", group_start), ("group_end", group_end), ("coef", coef)):
-        _check_1d(name, t, n)
-    validate_device(scores, level, level_value, group_start, group_end, coef)
-    if n == 0:
-        return scores.new_zeros((), dtype=acc), scores.new_zeros(0, dtype=acc)
-    bm, bn = _blocks(scores.device, block_m, block_n)
-
-    scores = scores.contiguous()
-    level = level.to(torch.int32).contiguous()
-    level_value = level_value.to(acc).contiguous()
-    group_start = group_start.to(torch.int32).contiguous()
-    group_end = group_end.to(torch.int32).contiguous()
-    coef = coef.to(acc).contiguous()
-
-    num_blocks = triton.cdiv(n, bm)
-    loss_part = torch.empty(num_blocks, dtype=acc, device=scores.device)
-    grad_parts = torch.empty((2, n), dtype=acc, device=scores.device)
-    _ordinal_pairs_kernel[(num_blocks, 2)](
-        scores, level, level_value, group_start, group_end, coef,
-        loss_part, grad_parts[0], grad_parts[1], n, _margin(margin, acc, scores.device),
-        COST_LINEAR=cost == "linear", SURROGATE=sid, ACC=_TL_DTYPE[acc],
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=num_warps,
+    cost_linear: bool,
+    surrogate_id: int,
+    margin: float,
+    fast: bool,
+    score_scale: float,
+    value_scale: float,
+    accumulation: torch.dtype,
+    tiles: tuple[int, int, int],
+    num_chunks: int,
+) -> torch.Tensor:
+    """Launch kernel 1; returns the (B, 3 * num_chunks + 2, N) work buffer (see the kernel)."""
+    num_problems, n = layout.order.shape
+    block_m, block_n, num_warps = tiles
+    work = torch.empty((num_problems, 3 * num_chunks + 2, n), dtype=accumulation, device=scores.device)
+    has_groups = layout.group_start is not None
+    values = levels.values if levels.values is not None else scores  # not read for 0/1 levels
+    _pair_partials_kernel[(triton.cdiv(n, block_m) * num_chunks, 2, num_problems)](
+        scores, levels.rank, values, layout.order, layout.cell_start, layout.cell_end,
+        layout.group_start if has_groups else layout.cell_start,
+        layout.group_end if has_groups else layout.cell_end,
+        work, n, levels.num_ranks, num_chunks,
+        MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
+        SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
-    return _finish(loss_part, grad_parts, surrogate)
+    return work
 
 
-def label_bits_pairs_loss_and_grad(
-    scores: torch.Tensor,
-    label_bits: torch.Tensor,
-    group_start: torch.Tensor,
-    group_end: torch.Tensor,
-    coef: torch.Tensor,
+# --------------------------------------------------------------------------- #
+# 2. Finalize: chunks summed, normalised per group, written in the caller's order #
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _finalize_kernel(
+    work_ptr, order_ptr, cell_start_ptr, group_start_ptr, group_end_ptr, cost_prefix_ptr,
+    block_sums_ptr, N, num_chunks, num_blocks,
+    HAS_GROUPS: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Grid (position blocks, B). ``cost_prefix`` (B, N) float64 is the inclusive prefix sum over
+    positions of the shares of Z_u, so that Z_u = prefix[group_end - 1] - prefix[group_start - 1].
+    Writes the gradient in the caller's item order, not yet divided by the number of groups,
+    to row 3 * num_chunks + 1 of ``work``, and block_sums (B, 3, num_blocks): [sum of
+    row loss / Z_u, groups with a valid pair (counted at their first position), valid pairs
+    (each counted at its upper item)]."""
+    block = tl.program_id(0)
+    problem = tl.program_id(1).to(tl.int64)
+    row = problem * N
+    positions = block * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < N
+    work = work_ptr + problem * (3 * num_chunks + 2) * N
+    row_loss = tl.zeros([BLOCK], dtype=ACC)
+    row_grad = tl.zeros([BLOCK], dtype=ACC)
+    for chunk in range(num_chunks):
+        row_loss += tl.load(work + chunk * N + positions, mask=mask, other=0.0)
+        row_grad += tl.load(work + (num_chunks + chunk) * N + positions, mask=mask, other=0.0)
+        row_grad += tl.load(work + (2 * num_chunks + chunk) * N + positions, mask=mask, other=0.0)
+    if HAS_GROUPS:
+        group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
+        group_end = tl.load(group_end_ptr + positions, mask=mask, other=1)
+    else:
+        group_start = tl.zeros([BLOCK], dtype=tl.int32)
+        group_end = tl.zeros([BLOCK], dtype=tl.int32) + N
+    prefix = cost_prefix_ptr + row
+    cost = tl.load(prefix + group_end - 1, mask=mask, other=0.0) - tl.load(
+        prefix + group_start - 1, mask=mask & (group_start > 0), other=0.0
+    )
+    has_pairs = cost > 0
+    coefficient = tl.where(has_pairs, 1.0 / tl.where(has_pairs, cost, 1.0), 0.0)
+    item = tl.load(order_ptr + row + positions, mask=mask, other=0)
+    tl.store(work + (3 * num_chunks + 1) * N + item, row_grad * coefficient.to(ACC), mask=mask)
+    lower_partners = tl.load(cell_start_ptr + row + positions, mask=mask, other=0) - group_start
+    sums = block_sums_ptr + problem * 3 * num_blocks + block
+    tl.store(sums, tl.sum(row_loss.to(tl.float64) * coefficient))
+    tl.store(sums + num_blocks, tl.sum((has_pairs & (positions == group_start) & mask).to(tl.float64)))
+    tl.store(sums + 2 * num_blocks, tl.sum(lower_partners.to(tl.float64)))
+
+
+def finalize(work: torch.Tensor, layout, *, num_chunks: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch kernel 2; returns (the gradient rows (B, N) of ``work``, block sums (B, 3, blocks))."""
+    num_problems, _, n = work.shape
+    num_blocks = triton.cdiv(n, block)
+    cost_prefix = torch.cumsum(work[:, 3 * num_chunks], dim=1, dtype=torch.float64)
+    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=work.device)
+    has_groups = layout.group_start is not None
+    _finalize_kernel[(num_blocks, num_problems)](
+        work, layout.order, layout.cell_start,
+        layout.group_start if has_groups else layout.cell_start,
+        layout.group_end if has_groups else layout.cell_start,
+        cost_prefix, block_sums, n, num_chunks, num_blocks,
+        HAS_GROUPS=has_groups, ACC=tl_dtype(work.dtype), BLOCK=block,
+    )
+    return work, block_sums
+
+
+# --------------------------------------------------------------------------- #
+# 3. Combine: totals, the reduction over groups, the mixing over problems      #
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _combine_kernel(
+    grad_parts_ptr, grad_parts_offset, grad_parts_stride, block_sums_ptr, mixing_ptr, grad_ptr, loss_ptr, stats_ptr, status_ptr,
+    N, num_problems, num_blocks,
+    MEAN: tl.constexpr, HAS_MIXING: tl.constexpr, CHECK: tl.constexpr, ACC: tl.constexpr,
+    BLOCK: tl.constexpr, SUM_BLOCK: tl.constexpr,
+):
+    """Grid (position blocks,). ``grad_parts``: problem b's gradient (caller order) at
+    ``grad_parts + grad_parts_offset + b * grad_parts_stride``. stats (3, B) float64: [loss_b], [valid pairs],
+    [groups with pairs]."""
+    block = tl.program_id(0)
+    items = block * BLOCK + tl.arange(0, BLOCK)
+    mask = items < N
+    grad = tl.zeros([BLOCK], dtype=ACC)
+    loss = tl.zeros([1], dtype=tl.float64).sum()  # a float64 scalar
+    for problem in range(num_problems):
+        # Every program sums the block sums in the same order: identical totals everywhere.
+        sums = block_sums_ptr + problem * 3 * num_blocks
+        value = tl.zeros([SUM_BLOCK], dtype=tl.float64)
+        groups = tl.zeros([SUM_BLOCK], dtype=tl.float64)
+        pairs = tl.zeros([SUM_BLOCK], dtype=tl.float64)
+        for start in range(0, num_blocks, SUM_BLOCK):
+            offs = start + tl.arange(0, SUM_BLOCK)
+            in_range = offs < num_blocks
+            value += tl.load(sums + offs, mask=in_range, other=0.0)
+            groups += tl.load(sums + num_blocks + offs, mask=in_range, other=0.0)
+            pairs += tl.load(sums + 2 * num_blocks + offs, mask=in_range, other=0.0)
+        value_total = tl.sum(value)
+        groups_total = tl.sum(groups)
+        if MEAN:
+            denominator = tl.maximum(groups_total, 1.0)
+        else:
+            denominator = 1.0
+        problem_loss = value_total / denominator
+        if HAS_MIXING:
+            weight = tl.load(mixing_ptr + problem).to(tl.float64)
+        else:
+            weight = 1.0
+        loss += weight * problem_loss
+        scale = (weight / denominator).to(ACC)
+        problem_grad = grad_parts_ptr + grad_parts_offset + problem * grad_parts_stride
+        grad += scale * tl.load(problem_grad + items, mask=mask, other=0.0)
+        if block == 0:
+            tl.store(stats_ptr + problem, problem_loss)
+            tl.store(stats_ptr + num_problems + problem, tl.sum(pairs))
+            tl.store(stats_ptr + 2 * num_problems + problem, groups_total)
+    tl.store(grad_ptr + items, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+    if block == 0:
+        tl.store(loss_ptr, loss.to(loss_ptr.dtype.element_ty))
+        if CHECK:
+            finite = (loss == loss) & (tl.abs(loss) < float("inf"))
+            tl.atomic_or(status_ptr, tl.where(finite, 0, _OVERFLOW))
+
+
+def combine(
+    grad_parts: torch.Tensor,
+    grad_parts_offset: int,
+    grad_parts_stride: int,
+    block_sums: torch.Tensor,
+    mixing: torch.Tensor | None,
     *,
-    surrogate: str = "logistic",
-    margin: float = 1.0,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    num_warps: int = 4,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss and d loss / d scores over label-bit (LoA) pairs, in one fused launch.
-
-    Args:
-        scores: (N,) float scores, sorted by group.
-        label_bits: (N,) int, bit k = binary label k of the item (K <= 32).
-        group_start, group_end: (N,) int, the ``[start, end)`` span of each item's group.
-        coef: (K, N) coefficient of label k for each item (its group's coefficient);
-            K is taken from ``coef.shape[0]``.
-        surrogate, margin, block_m, block_n, num_warps: as in
-            :func:`ordinal_pairs_loss_and_grad`.
-
-    Returns:
-        ``(loss, grad)`` as in :func:`ordinal_pairs_loss_and_grad`.
-    """
-    sid = surrogate_id(surrogate)
-    acc = compute_dtype(scores)
-    if scores.dim() != 1:
-        raise ValueError(f"scores must be 1-D, got shape {tuple(scores.shape)}")
-    n = scores.shape[0]
-    for name, t in (("label_bits", label_bits), ("group_start", group_start), ("group_end", group_end)):
-        _check_1d(name, t, n)
-    if coef.dim() != 2 or coef.shape[1] != n or not 1 <= coef.shape[0] <= 32:
-        raise ValueError(f"coef must have shape (K, {n}) with 1 <= K <= 32, got {tuple(coef.shape)}")
-    validate_device(scores, label_bits, group_start, group_end, coef)
-    if n == 0:
-        return scores.new_zeros((), dtype=acc), scores.new_zeros(0, dtype=acc)
-    bm, bn = _blocks(scores.device, block_m, block_n)
-
-    scores = scores.contiguous()
-    label_bits = label_bits.to(torch.int32).contiguous()
-    group_start = group_start.to(torch.int32).contiguous()
-    group_end = group_end.to(torch.int32).contiguous()
-    coef = coef.to(acc).contiguous()
-
-    num_blocks = triton.cdiv(n, bm)
-    loss_part = torch.empty(num_blocks, dtype=acc, device=scores.device)
-    grad_parts = torch.empty((2, n), dtype=acc, device=scores.device)
-    _label_bits_pairs_kernel[(num_blocks, 2)](
-        scores, label_bits, group_start, group_end, coef, coef.stride(0),
-        loss_part, grad_parts[0], grad_parts[1], n, _margin(margin, acc, scores.device),
-        K=coef.shape[0], SURROGATE=sid, ACC=_TL_DTYPE[acc],
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=num_warps,
+    mean: bool,
+    loss_dtype: torch.dtype,
+    status: torch.Tensor | None,
+    block: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch kernel 3 on the problems' gradients in ``grad_parts`` (problem b's N values, in
+    the caller's order, start at element ``grad_parts_offset + b * grad_parts_stride``); returns
+    (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), the
+    loss and the gradient in ``loss_dtype``."""
+    num_problems, n = block_sums.shape[0], grad_parts.shape[-1]
+    loss = torch.empty((), dtype=loss_dtype, device=grad_parts.device)
+    stats = torch.empty(3 * num_problems, dtype=torch.float64, device=grad_parts.device)
+    grad = torch.empty(n, dtype=loss_dtype, device=grad_parts.device)
+    _combine_kernel[(max(triton.cdiv(n, block), 1),)](
+        grad_parts, grad_parts_offset, grad_parts_stride, block_sums, mixing if mixing is not None else block_sums, grad, loss, stats,
+        status if status is not None else stats, n, num_problems, block_sums.shape[2],
+        MEAN=mean, HAS_MIXING=mixing is not None, CHECK=status is not None,
+        ACC=tl_dtype(grad_parts.dtype), BLOCK=block, SUM_BLOCK=256,
     )
-    return _finish(loss_part, grad_parts, surrogate)
+    return loss, stats, grad
 
 
 # --------------------------------------------------------------------------- #
-# torch.library ops: opaque to torch.compile, differentiable by register_autograd #
+# Data check: non-finite scores, non-binary (or non-finite) labels             #
 # --------------------------------------------------------------------------- #
-# Each op returns (loss, grad): the gradient is computed in the forward launch; backward only
-# scales it by the loss's incoming gradient (no second launch). Registering them as custom ops
-# lets torch.compile(fullgraph=True) capture a model that calls them without a graph break.
+@triton.jit
+def _check_batch_kernel(
+    scores_ptr, labels_ptr, status_ptr, N, K, label_stride_n, label_stride_k,
+    BINARY_LABELS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Grid (item blocks,): OR the status bits of this block's items into ``status``."""
+    items = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = items < N
+    s = tl.load(scores_ptr + items, mask=mask, other=0.0)
+    bad_score = mask & ((s != s) | (tl.abs(s) == float("inf")))
+    bad_label = tl.zeros([BLOCK], dtype=tl.int1)
+    for k in range(K):
+        label = tl.load(labels_ptr + items * label_stride_n + k * label_stride_k, mask=mask, other=0)
+        if BINARY_LABELS:
+            bad_label |= mask & (label != 0) & (label != 1)
+        else:
+            bad_label |= mask & ((label != label) | (tl.abs(label) == float("inf")))
+    status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, _BAD_SCORE, 0)
+    status |= tl.where(tl.max(bad_label.to(tl.int32)) > 0, _BAD_LABEL, 0)
+    tl.atomic_or(status_ptr, status)
 
 
-@torch.library.custom_op("mlloss::ordinal_pairs", mutates_args=())
-def _ordinal_pairs_op(
+def check_batch(scores: torch.Tensor, labels: torch.Tensor, status: torch.Tensor, *, binary_labels: bool) -> None:
+    """OR the data-check bits of (scores (N,), labels (N, K)) into ``status`` (one int32)."""
+    n, k = labels.shape
+    block = 1024
+    _check_batch_kernel[(max(triton.cdiv(n, block), 1),)](
+        scores, labels, status, n, k, labels.stride(0), labels.stride(1),
+        BINARY_LABELS=binary_labels, BLOCK=block,
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Host entry                                                                  #
+# --------------------------------------------------------------------------- #
+# (BLOCK_M, BLOCK_N, num_warps) of kernel 1 per device. Fixed, not autotuned at run time, so that
+# the summation order (and so every bit of the result) depends only on the device and N.
+# CUDA: 64 x 64 tiles at 4 warps keep both [64, 64] fp32 accumulators in registers
+# (../gpu-baseline: 64x64 and 32x128 were the fastest shapes on an H100). The interpreter pays
+# about a millisecond per program-and-tile step whatever the tile size: big tiles are cheapest.
+TILES = {"cuda": (64, 64, 4), "interpreter": (128, 128, 4)}
+FINALIZE_BLOCK = {"cuda": 1024, "interpreter": 1024}
+# Kernel 1 aims at this many programs per streaming multiprocessor (each pass of each problem
+# counts), splitting partner ranges into chunks when N alone gives too few row blocks.
+PROGRAMS_PER_SM = 8
+MAX_CHUNKS = 32
+
+
+def launch_config(device: torch.device, num_items: int, num_problems: int) -> tuple[tuple[int, int, int], int, int]:
+    """((BLOCK_M, BLOCK_N, num_warps), chunks, finalize block) for a batch on ``device``."""
+    kind = "interpreter" if device.type == "cpu" else "cuda"
+    tiles = TILES[kind]
+    if kind == "cuda":
+        row_blocks = triton.cdiv(num_items, tiles[0]) * 2 * num_problems
+        programs = PROGRAMS_PER_SM * _multiprocessors(device)
+        chunks = min(MAX_CHUNKS, max(1, triton.cdiv(programs, max(row_blocks, 1))))
+    else:
+        chunks = 1
+    return tiles, chunks, FINALIZE_BLOCK[kind]
+
+
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def pair_loss_and_grad(
     scores: torch.Tensor,
-    level: torch.Tensor,
-    level_value: torch.Tensor,
-    group_start: torch.Tensor,
-    group_end: torch.Tensor,
-    coef: torch.Tensor,
+    levels,
+    layout,
+    *,
+    mixing: torch.Tensor | None,
     cost: str,
     surrogate: str,
     margin: float,
-    block_m: Optional[int],
-    block_n: Optional[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return ordinal_pairs_loss_and_grad(
-        scores, level, level_value, group_start, group_end, coef,
-        cost=cost, surrogate=surrogate, margin=margin, block_m=block_m, block_n=block_n,
+    reduction: str,
+    status: torch.Tensor | None,
+    tiles: tuple[int, int, int] | None = None,
+    chunks: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every problem's all-pairs loss over a ``PairLayout``, mixed, and its gradient.
+
+    Args:
+        scores: (N,) float scores in the caller's item order.
+        levels: the problems' ``mlloss.ops.layout.Levels`` (rank per item, value table).
+        layout: their ``mlloss.ops.layout.PairLayout``.
+        mixing: (B,) weights of the problems' losses, or None for all ones.
+        cost: ``"uniform"`` or ``"linear"``; surrogate, margin: the pair loss.
+        reduction: ``"mean"`` or ``"sum"`` over the groups with a valid pair.
+        status: a one-element int32 tensor that gets STATUS_OVERFLOW if the loss is not
+            finite, or None for no check.
+        tiles, chunks: override :func:`launch_config` (tests).
+
+    Returns:
+        (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)):
+        the loss in float32 (float64 for float64 scores), the gradient in the accumulation dtype.
+    """
+    from ._common import accumulation_dtype, fast_math, score_scale, surrogate_id, validate_device, value_scale
+
+    validate_device(scores, levels.rank, layout.order)
+    accumulation = accumulation_dtype(scores)
+    default_tiles, default_chunks, finalize_block = launch_config(scores.device, layout.num_items, layout.num_problems)
+    num_chunks = chunks or default_chunks
+    fast = fast_math(scores.device, accumulation)
+    work = pair_partials(
+        scores, levels, layout,
+        cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=fast,
+        score_scale=score_scale(surrogate, fast), value_scale=value_scale(surrogate, fast),
+        accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=num_chunks,
     )
-
-
-@torch.library.custom_op("mlloss::label_bits_pairs", mutates_args=())
-def _label_bits_pairs_op(
-    scores: torch.Tensor,
-    label_bits: torch.Tensor,
-    group_start: torch.Tensor,
-    group_end: torch.Tensor,
-    coef: torch.Tensor,
-    surrogate: str,
-    margin: float,
-    block_m: Optional[int],
-    block_n: Optional[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return label_bits_pairs_loss_and_grad(
-        scores, label_bits, group_start, group_end, coef,
-        surrogate=surrogate, margin=margin, block_m=block_m, block_n=block_n,
+    work, block_sums = finalize(work, layout, num_chunks=num_chunks, block=finalize_block)
+    return combine(
+        work, (3 * num_chunks + 1) * layout.num_items, work.stride(0), block_sums, mixing, mean=reduction == "mean",
+        loss_dtype=accumulation, status=status, block=finalize_block,
     )
-
-
-def _fake_loss_and_grad(scores: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor]:
-    acc = compute_dtype(scores)
-    return scores.new_empty((), dtype=acc), scores.new_empty(scores.shape, dtype=acc)
-
-
-def _save_grad(ctx, inputs, output) -> None:
-    ctx.scores_dtype = inputs[0].dtype
-    ctx.num_inputs = len(inputs)
-    ctx.save_for_backward(output[1])
-
-
-def _scale_saved_grad(ctx, grad_loss: torch.Tensor, _grad_of_grad: torch.Tensor):
-    (grad,) = ctx.saved_tensors
-    return ((grad * grad_loss).to(ctx.scores_dtype),) + (None,) * (ctx.num_inputs - 1)
-
-
-for _op in (_ordinal_pairs_op, _label_bits_pairs_op):
-    _op.register_fake(_fake_loss_and_grad)
-    _op.register_autograd(_scale_saved_grad, setup_context=_save_grad)
-
-
-def ordinal_pairs_loss(
-    scores: torch.Tensor,
-    level: torch.Tensor,
-    level_value: torch.Tensor,
-    group_start: torch.Tensor,
-    group_end: torch.Tensor,
-    coef: torch.Tensor,
-    *,
-    cost: str = "uniform",
-    surrogate: str = "logistic",
-    margin: float = 1.0,
-    block_m: int | None = None,
-    block_n: int | None = None,
-) -> torch.Tensor:
-    """Differentiable ordinal-pairs loss (0-dim); see :func:`ordinal_pairs_loss_and_grad`."""
-    return _ordinal_pairs_op(
-        scores, level, level_value, group_start, group_end, coef, cost, surrogate, float(margin), block_m, block_n
-    )[0]
-
-
-def label_bits_pairs_loss(
-    scores: torch.Tensor,
-    label_bits: torch.Tensor,
-    group_start: torch.Tensor,
-    group_end: torch.Tensor,
-    coef: torch.Tensor,
-    *,
-    surrogate: str = "logistic",
-    margin: float = 1.0,
-    block_m: int | None = None,
-    block_n: int | None = None,
-) -> torch.Tensor:
-    """Differentiable label-bits (LoA) loss (0-dim); see :func:`label_bits_pairs_loss_and_grad`."""
-    return _label_bits_pairs_op(
-        scores, label_bits, group_start, group_end, coef, surrogate, float(margin), block_m, block_n
-    )[0]

@@ -14,6 +14,11 @@ import torch
 from torch import Tensor
 
 SURROGATES = ("logistic", "hinge", "squared", "exponential")
+
+# Data-check bits: the kernels OR them into one int32 status word that the host reads once.
+STATUS_BAD_SCORE = 1
+STATUS_BAD_LABEL = 2
+STATUS_OVERFLOW = 4
 REDUCTIONS = ("mean", "sum")
 BACKENDS = ("auto", "torch", "exact", "triton")
 PAIR_SETS = ("all", "hardest")
@@ -79,8 +84,9 @@ def check_weights_length(name: str, weights: Tensor, num_labels: int) -> None:
         )
 
 
-def scores_vector(scores: object) -> Tensor:
-    """Scores as a finite floating vector of shape (N,); accepts (N,) or (N, 1)."""
+def scores_vector(scores: object, *, finite: bool = True) -> Tensor:
+    """Scores as a floating vector of shape (N,); accepts (N,) or (N, 1). With ``finite`` the
+    values are checked too (a host read); the losses check them in their data check instead."""
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor; got {type(scores).__name__}")
     if not scores.is_floating_point():
@@ -89,16 +95,22 @@ def scores_vector(scores: object) -> Tensor:
         scores = scores[:, 0]
     if scores.dim() != 1:
         raise ValueError(f"scores must have shape (N,) or (N, 1); got {tuple(scores.shape)}")
+    if finite:
+        _require_finite_scores(scores)
+    return scores
+
+
+def _require_finite_scores(scores: Tensor) -> None:
     finite = torch.isfinite(scores)
     if not bool(finite.all()):
         index = int((~finite).nonzero()[0, 0])
         raise ValueError(f"scores must be finite; scores[{index}] = {scores[index].item()}")
-    return scores
 
 
-def label_matrix(labels: object, num_items: int | None) -> Tensor:
-    """Labels as a float64 matrix (N, K); accepts (N,) or (N, K) bool, int or float. With
-    ``num_items`` the number of rows must match it."""
+def label_columns(labels: object, num_items: int | None) -> Tensor:
+    """Labels as a matrix (N, K) of their own dtype, a view when possible; accepts (N,) or (N, K)
+    bool, int or float. With ``num_items`` the number of rows must match it. Shapes only: the
+    values are checked by ``label_matrix`` or by a loss's data check."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"labels must be a torch.Tensor; got {type(labels).__name__}")
     if labels.is_complex():
@@ -114,12 +126,35 @@ def label_matrix(labels: object, num_items: int | None) -> Tensor:
         )
     if labels.shape[1] == 0:
         raise ValueError(f"labels must have at least one column; got shape {tuple(labels.shape)}")
-    labels = labels.detach().to(torch.float64)
+    return labels
+
+
+def label_matrix(labels: object, num_items: int | None) -> Tensor:
+    """Labels as a finite float64 matrix (N, K); accepts (N,) or (N, K) bool, int or float."""
+    labels = label_columns(labels, num_items).to(torch.float64)
+    _require_finite_labels(labels)
+    return labels
+
+
+def _require_finite_labels(labels: Tensor) -> None:
     finite = torch.isfinite(labels)
     if not bool(finite.all()):
         row, col = (~finite).nonzero()[0].tolist()
         raise ValueError(f"labels must be finite; labels[{row}, {col}] = {labels[row, col].item()}")
-    return labels
+
+
+def raise_for_bad_batch(scores: Tensor, labels: Tensor, *, binary: bool, several: bool) -> None:
+    """Raise the error a failed data check stands for, naming the first offending entry.
+
+    The slow path of a loss's data check (``mlloss.ops.ranking``): it runs only once the fused
+    check has found something. ``binary``: labels must be 0/1 (``several``: the rule holds
+    because several columns are aggregated).
+    """
+    _require_finite_scores(scores)
+    labels = labels.to(torch.float64)
+    _require_finite_labels(labels)
+    if binary:
+        check_binary(labels, "labels with several columns" if several else "labels")
 
 
 def check_binary(labels: Tensor, what: str = "labels") -> Tensor:
@@ -133,12 +168,16 @@ def check_binary(labels: Tensor, what: str = "labels") -> Tensor:
     return labels
 
 
-def check_single_column(labels: Tensor, loss_name: str) -> Tensor:
+def require_single_column(labels: Tensor, loss_name: str) -> None:
     if labels.shape[1] != 1:
         raise ValueError(
             f"{loss_name} takes one binary label column; got labels with {labels.shape[1]} columns "
             f"(use LoALoss or LaALoss for several labels)"
         )
+
+
+def check_single_column(labels: Tensor, loss_name: str) -> Tensor:
+    require_single_column(labels, loss_name)
     return labels[:, 0]
 
 
@@ -157,3 +196,32 @@ def group_vector(groups: object, num_items: int) -> Tensor | None:
     if groups.shape[0] != num_items:
         raise ValueError(f"groups have {groups.shape[0]} entries but scores have {num_items} items")
     return groups.to(torch.int64)
+
+
+def data_status(scores: Tensor, labels: Tensor, binary_labels: bool) -> int:
+    """The data-check bits of a batch, computed with tensor operations (host reads): non-finite
+    scores, and labels other than 0/1 (``binary_labels``) or non-finite labels."""
+    status = 0 if bool(torch.isfinite(scores).all()) else STATUS_BAD_SCORE
+    if binary_labels:
+        ok = bool(((labels == 0) | (labels == 1)).all())
+    else:
+        ok = not labels.is_floating_point() or bool(torch.isfinite(labels).all())
+    return status | (0 if ok else STATUS_BAD_LABEL)
+
+
+def overflow_status(loss: Tensor) -> Tensor:
+    """STATUS_OVERFLOW where the loss is not finite, as an int32 tensor (no host read)."""
+    return torch.where(torch.isfinite(loss), 0, STATUS_OVERFLOW).to(torch.int32)
+
+
+def raise_for_status(status: int, scores: Tensor, labels: Tensor, binary_labels: bool, several: bool) -> None:
+    """Raise the error that a status word stands for: the offending entry for bad data, and
+    the one overflow contract of every loss path for a non-finite loss."""
+    if status & (STATUS_BAD_SCORE | STATUS_BAD_LABEL):
+        raise_for_bad_batch(scores, labels, binary=binary_labels, several=several)
+    if status & STATUS_OVERFLOW:
+        raise OverflowError(
+            "the pairwise loss is not finite: with the exponential surrogate some valid pair has "
+            "s_j - s_i above about 88 (float32) or 709 (float64), whose exp overflows. Use float64 "
+            "scores, a bounded surrogate ('logistic', 'hinge'), or scale the scores down."
+        )

@@ -12,22 +12,29 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _validation as check
 from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
+from .ops.pointwise import binary_cross_entropy
 
 
 class BCELoss(nn.Module):
-    """Binary cross-entropy on logits, mean over items (and label columns); ``groups`` is ignored."""
+    """Binary cross-entropy on logits, mean over items; ``groups`` is ignored. An empty batch
+    gives 0. ``validate_args``: check for non-finite logits and labels other than 0/1 (one host
+    read per call), as the pairwise losses do."""
+
+    def __init__(self, *, validate_args: bool = True) -> None:
+        super().__init__()
+        if not isinstance(validate_args, bool):
+            raise TypeError(f"validate_args must be a bool; got {validate_args!r}")
+        self.validate_args = validate_args
 
     def forward(self, logits: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
-        logits = check.scores_vector(logits)
-        label = check.check_single_column(
-            check.check_binary(check.label_matrix(labels, logits.shape[0])), "BCELoss"
-        )
-        return F.binary_cross_entropy_with_logits(logits.float(), label.to(logits.device, torch.float32))
+        logits = check.scores_vector(logits, finite=False)
+        labels = check.label_columns(labels, logits.shape[0])
+        check.require_single_column(labels, "BCELoss")
+        return binary_cross_entropy(logits, labels, validate=self.validate_args)
 
 
 class BCEPlusRanking(nn.Module):
@@ -54,7 +61,7 @@ class BCEPlusRanking(nn.Module):
         self.ranking = ranking
         self.lam = float(lam)
         self.ranking_input = check.check_choice("ranking_input", ranking_input, ("probability", "logit"))
-        self.bce = BCELoss()
+        self.bce = BCELoss(validate_args=getattr(ranking, "validate_args", True))
         self.parts: dict[str, Tensor] = {}
 
     def forward(self, logits: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:

@@ -16,11 +16,9 @@ from torch import Tensor, nn
 
 from . import _validation as check
 from .distributed import gather_batch, partition, sum_partials
-from .ops.ranking import PairTerm, ordinal_ranking_loss, zero_loss
+from .ops.ranking import LEVEL_RESOLUTION, PairLossResult, pair_loss
 
-# Aggregated labels are compared after rounding to this relative resolution, so that weighted sums
-# of binary labels that are equal in exact arithmetic (0.1 + 0.2 and 0.3) form one level.
-LEVEL_RESOLUTION = 2.0**-40
+__all__ = ["AUCLoss", "LEVEL_RESOLUTION", "LaALoss", "LoALoss", "PDAOMLoss"]
 
 
 class _PairwiseLoss(nn.Module):
@@ -36,6 +34,7 @@ class _PairwiseLoss(nn.Module):
         reduction: str,
         backend: str,
         cross_device: bool,
+        validate_args: bool,
     ) -> None:
         super().__init__()
         self.surrogate = check.check_choice("surrogate", surrogate, check.SURROGATES)
@@ -51,17 +50,29 @@ class _PairwiseLoss(nn.Module):
             )
         if not isinstance(cross_device, bool):
             raise TypeError(f"cross_device must be a bool; got {cross_device!r}")
+        if not isinstance(validate_args, bool):
+            raise TypeError(f"validate_args must be a bool; got {validate_args!r}")
         self.cross_device = cross_device
+        self.validate_args = validate_args
         self.parts: dict[str, Tensor] = {}
         self.num_items = 0  # items in the last batch, over all ranks with cross_device=True
 
-    def _pair_term(self, scores: Tensor, levels: Tensor, groups: Tensor | None, cost: str) -> PairTerm:
-        # With cross_device, each rank computes its share of the groups' pairs and the shares are
-        # summed (distributed.sum_partials); O(N) paths compute the whole gathered batch.
-        term = ordinal_ranking_loss(
-            scores,
-            levels,
-            groups,
+    def _pair_loss(
+        self,
+        scores: Tensor,
+        labels: Tensor,
+        groups: Tensor | None,
+        *,
+        mixing: Tensor | None = None,
+        label_weights: list[float] | None = None,
+        cost: str = "uniform",
+    ) -> PairLossResult:
+        # With cross_device, each rank may compute only its share of the groups' pairs; the shares
+        # are then summed (distributed.sum_partials).
+        result = pair_loss(
+            scores, labels, groups,
+            mixing=mixing,
+            label_weights=label_weights,
             cost=cost,
             surrogate=self.surrogate,
             margin=self.margin,
@@ -69,15 +80,17 @@ class _PairwiseLoss(nn.Module):
             temperature=self.temperature,
             reduction=self.reduction,
             backend=self.backend,
+            validate=self.validate_args,
             partition=partition() if self.cross_device else None,
         )
-        return replace(term, loss=sum_partials(term.loss), partial=False) if term.partial else term
+        return replace(result, loss=sum_partials(result.loss), partial=False) if result.partial else result
 
     def _checked_batch(self, scores: object, labels: object, groups: object) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Validated (scores (N,), labels (N, K) float64, groups (N,) or None), gathered across
-        processes when ``cross_device=True`` (see ``mlloss.distributed``)."""
-        scores = check.scores_vector(scores)
-        labels = check.label_matrix(labels, scores.shape[0])
+        """(scores (N,), labels (N, K) in their own dtype, groups (N,) int64 or None), shapes
+        and dtypes checked, gathered across processes when ``cross_device=True`` (see
+        ``mlloss.distributed``). The values are checked by the op (``validate_args``)."""
+        scores = check.scores_vector(scores, finite=False)
+        labels = check.label_columns(labels, scores.shape[0])
         groups = check.group_vector(groups, scores.shape[0])
         if self.cross_device:
             scores, labels, groups = gather_batch(scores, labels, groups)
@@ -94,7 +107,13 @@ class _PairwiseLoss(nn.Module):
             options.append(f"backend={self.backend!r}")
         if self.cross_device:
             options.append("cross_device=True")
+        if not self.validate_args:
+            options.append("validate_args=False")
         return ", ".join(options)
+
+
+def _unit_weights(num_labels: int) -> Tensor:
+    return torch.ones(num_labels, dtype=torch.float64)
 
 
 class AUCLoss(_PairwiseLoss):
@@ -115,6 +134,11 @@ class AUCLoss(_PairwiseLoss):
         cross_device: take pairs across the processes of a distributed job: the loss (and, after
             DDP's gradient averaging, the parameter gradients) equal the single-process ones on
             the concatenation of the ranks' batches. Every rank must call the loss.
+        validate_args: check the batch's values (finite scores, 0/1 labels) and that the loss
+            is finite, raising ``ValueError`` / ``OverflowError`` that name the offending entry.
+            The check is fused into the loss's kernels and read once per call: the call's only
+            host synchronisation. ``False`` removes it (e.g. to capture a step in a
+            ``torch.cuda.CUDAGraph``). Shapes, dtypes and arguments are always checked.
 
     ``forward(scores, labels, groups=None)``: scores (N,) or (N, 1); labels (N,) binary; groups (N,)
     integer ids (e.g. user ids, any order). A batch without a valid pair gives exactly 0.
@@ -130,18 +154,19 @@ class AUCLoss(_PairwiseLoss):
         reduction: str = "mean",
         backend: str = "auto",
         cross_device: bool = False,
+        validate_args: bool = True,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs=pairs, temperature=temperature,
-            reduction=reduction, backend=backend, cross_device=cross_device,
+            reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
         )
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
         scores, labels, groups = self._checked_batch(scores, labels, groups)
-        label = check.check_single_column(check.check_binary(labels), type(self).__name__)
-        term = self._pair_term(scores, label, groups, "uniform")
-        self.parts = {"valid_pairs": term.valid_pairs, "groups_with_pairs": term.groups_with_pairs}
-        return term.loss
+        check.require_single_column(labels, type(self).__name__)
+        result = self._pair_loss(scores, labels, groups)
+        self.parts = {"valid_pairs": result.stats[1], "groups_with_pairs": result.stats[2]}
+        return result.loss
 
 
 class PDAOMLoss(AUCLoss):
@@ -163,10 +188,11 @@ class PDAOMLoss(AUCLoss):
         reduction: str = "sum",
         backend: str = "auto",
         cross_device: bool = False,
+        validate_args: bool = True,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs="hardest", temperature=temperature,
-            reduction=reduction, backend=backend, cross_device=cross_device,
+            reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
         )
 
 
@@ -186,6 +212,9 @@ class LoALoss(_PairwiseLoss):
             running estimate: the label means over every batch seen in training mode (the current
             one included), kept in the module's state dict.
         priors: label priors pi_k in (0, 1) for ``weights="balanced"``.
+        num_labels: K, for ``weights="balanced"`` without ``priors``: sizes the running estimate
+            at construction. Without it the estimate is sized by the first batch, which makes a
+            ``torch.compile``-d step compile once more after that batch.
         surrogate, margin, pairs, temperature, reduction, backend, cross_device: as in ``AUCLoss``.
             With groups, each L_k is reduced over the groups where label k has a valid pair.
 
@@ -198,6 +227,7 @@ class LoALoss(_PairwiseLoss):
         weights: Sequence[float] | Tensor | str | None = None,
         *,
         priors: Sequence[float] | Tensor | None = None,
+        num_labels: int | None = None,
         surrogate: str = "logistic",
         margin: float = 1.0,
         pairs: str = "all",
@@ -205,68 +235,77 @@ class LoALoss(_PairwiseLoss):
         reduction: str = "mean",
         backend: str = "auto",
         cross_device: bool = False,
+        validate_args: bool = True,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs=pairs, temperature=temperature,
-            reduction=reduction, backend=backend, cross_device=cross_device,
+            reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
         )
         self.balanced = isinstance(weights, str)
         if self.balanced and weights != "balanced":
             raise ValueError(f"weights must be a sequence of numbers, 'balanced' or None; got {weights!r}")
-        self.weights = None if self.balanced else check.check_weights("weights", weights, strictly_positive=False)
-        if self.weights is not None and not bool((self.weights > 0).any()):
-            raise ValueError(f"weights must not all be zero; got {self.weights.tolist()}")
+        fixed = None if self.balanced else check.check_weights("weights", weights, strictly_positive=False)
+        if fixed is not None and not bool((fixed > 0).any()):
+            raise ValueError(f"weights must not all be zero; got {fixed.tolist()}")
         if priors is not None and not self.balanced:
             raise ValueError("priors are only used with weights='balanced'")
-        self.priors = check.check_weights("priors", priors, strictly_positive=True)
-        if self.priors is not None and bool((self.priors >= 1).any()):
-            raise ValueError(f"priors must lie in (0, 1); got {self.priors.tolist()}")
+        given_priors = check.check_weights("priors", priors, strictly_positive=True)
+        if given_priors is not None and bool((given_priors >= 1).any()):
+            raise ValueError(f"priors must lie in (0, 1); got {given_priors.tolist()}")
+        # Constants as buffers: they follow the module to the device and cost no copy per call.
+        self.register_buffer("weights", fixed, persistent=False)
+        self.register_buffer("priors", given_priors, persistent=False)
+        if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1):
+            raise ValueError(f"num_labels must be a positive int or None; got {num_labels!r}")
         # Running prior estimate for weights="balanced": positives per label and items seen.
-        self.register_buffer("seen_positives", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
         scores, labels, groups = self._checked_batch(scores, labels, groups)
-        check.check_binary(labels)
         self._update_running_priors(labels)
-        mixing = self.mixing_weights(labels)
-        terms = [
-            self._pair_term(scores, labels[:, k], groups, "uniform") if mixing[k] > 0 else None
-            for k in range(labels.shape[1])
-        ]
-        zero = zero_loss(scores)
-        label_losses = [zero if term is None else term.loss for term in terms]
-        loss = sum((float(a) * term for a, term in zip(mixing, label_losses)), zero)
+        mixing = self._mixing(labels)
+        result = self._pair_loss(scores, labels, groups, mixing=mixing)
         self.parts = {
-            "label_losses": torch.stack(label_losses).detach(),
-            "mixing_weights": mixing.to(torch.float32),
-            "valid_pairs": torch.stack(
-                [torch.zeros((), dtype=torch.float64) if t is None else t.valid_pairs.cpu() for t in terms]
-            ),
+            "label_losses": result.problem_losses,
+            "mixing_weights": _unit_weights(labels.shape[1]) if mixing is None else mixing,
+            "valid_pairs": result.valid_pairs,
         }
-        return loss
+        return result.loss
 
     def mixing_weights(self, labels: Tensor) -> Tensor:
         """The a_k for a batch of (N, K) labels, float64 on the CPU (no state is changed)."""
+        labels = check.label_columns(labels, None)
+        mixing = self._mixing(labels)
+        return _unit_weights(labels.shape[1]) if mixing is None else mixing.cpu()
+
+    def _mixing(self, labels: Tensor) -> Tensor | None:
+        """The a_k (K,) float64 on the labels' device for (N, K) labels; None for all ones."""
         num_labels = labels.shape[1]
         if not self.balanced:
-            weights = torch.ones(num_labels, dtype=torch.float64) if self.weights is None else self.weights
-            check.check_weights_length("weights", weights, num_labels)
-            return weights
+            if self.weights is None:
+                return None
+            check.check_weights_length("weights", self.weights, num_labels)
+            return self.weights.to(labels.device)  # no copy once the module is on that device
         if self.priors is not None:
-            priors = self.priors
-        elif self.seen_items > 0:
-            priors = (self.seen_positives / self.seen_items).cpu()
-        else:  # nothing seen yet (evaluation before training): the batch's own label means
-            priors = labels.detach().to(torch.float64).mean(0).cpu()
+            priors = self.priors.to(labels.device)
+        elif self.training:
+            priors = (self.seen_positives / self.seen_items).to(labels.device)  # includes this batch
+        else:  # evaluation: the running means once training has seen a batch, else this batch's
+            batch = labels.to(torch.float64).mean(0)
+            if self.seen_positives.numel() == 0:
+                priors = batch
+            else:
+                running = (self.seen_positives / self.seen_items.clamp(min=1)).to(labels.device)
+                priors = torch.where(self.seen_items.to(labels.device) > 0, running, batch)
         check.check_weights_length("priors", priors, num_labels)
-        return priors * (1 - priors)
+        return torch.addcmul(priors, priors, priors, value=-1)  # pi (1 - pi)
 
     def _update_running_priors(self, labels: Tensor) -> None:
         """Add a training batch to the running label means of weights='balanced'."""
         if not (self.balanced and self.priors is None and self.training):
             return
-        positives = labels.detach().to(torch.float64).sum(0).to(self.seen_items.device)
+        positives = labels.sum(0, dtype=torch.float64).to(self.seen_items.device)
         if self.seen_positives.numel() == 0:
             self.seen_positives = torch.zeros_like(positives)
         elif self.seen_positives.numel() != positives.numel():
@@ -315,28 +354,23 @@ class LaALoss(_PairwiseLoss):
         reduction: str = "mean",
         backend: str = "auto",
         cross_device: bool = False,
+        validate_args: bool = True,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs=pairs, temperature=temperature,
-            reduction=reduction, backend=backend, cross_device=cross_device,
+            reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
         )
+        # Host constants: the op derives its level tables from them once per device.
         self.weights = check.check_weights("weights", weights, strictly_positive=True)
+        self._weight_values = None if self.weights is None else self.weights.tolist()
         self.cost = check.check_choice("cost", cost, check.COSTS)
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
         scores, labels, groups = self._checked_batch(scores, labels, groups)
-        term = self._pair_term(scores, self.aggregate(labels), groups, self.cost)
-        self.parts = {"valid_pairs": term.valid_pairs, "groups_with_pairs": term.groups_with_pairs}
-        return term.loss
-
-    def aggregate(self, labels: Tensor) -> Tensor:
-        """The aggregated label ybar (N,) float64 from (N, K) float64 labels."""
         num_labels = labels.shape[1]
-        weights = torch.ones(num_labels, dtype=torch.float64) if self.weights is None else self.weights
-        check.check_weights_length("weights", weights, num_labels)
-        if num_labels == 1:
-            return labels[:, 0] * float(weights[0])  # binary or already ordinal
-        check.check_binary(labels, "labels with several columns")
-        aggregated = labels @ weights.to(labels.device)
-        resolution = float(weights.sum()) * LEVEL_RESOLUTION
-        return torch.round(aggregated / resolution) * resolution
+        if self.weights is not None:
+            check.check_weights_length("weights", self.weights, num_labels)
+        label_weights = [1.0] * num_labels if self.weights is None else self._weight_values
+        result = self._pair_loss(scores, labels, groups, label_weights=label_weights, cost=self.cost)
+        self.parts = {"valid_pairs": result.stats[1], "groups_with_pairs": result.stats[2]}
+        return result.loss

@@ -65,11 +65,15 @@ def test_exponential_closed_form_does_not_overflow_where_the_loss_is_finite():
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
 
 
-def test_overflowing_exponential_loss_warns_instead_of_passing_silently():
+@pytest.mark.parametrize("backend", ["exact", "torch"])
+def test_overflowing_exponential_loss_raises_instead_of_passing_silently(backend):
+    # One overflow contract for every path: a non-finite loss raises (never an inf gradient step).
     scores = torch.tensor([-60.0, 60.0], dtype=torch.float32)
     labels = torch.tensor([1.0, 0.0])
-    with pytest.warns(RuntimeWarning, match="overflowed"):
-        value = mlloss.AUCLoss(surrogate="exponential")(scores, labels)
+    with pytest.raises(OverflowError, match="exp overflows"):
+        mlloss.AUCLoss(surrogate="exponential", backend=backend)(scores, labels)
+    # Without the data check the inf comes back for the caller to see.
+    value = mlloss.AUCLoss(surrogate="exponential", backend=backend, validate_args=False)(scores, labels)
     assert torch.isinf(value)
 
 

@@ -75,21 +75,20 @@ def test_triton_backend_in_bf16_accumulates_in_fp32():
     torch.testing.assert_close(value.cpu().double(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_kernel_op_is_captured_by_torch_compile_fullgraph():
-    # The kernels are torch.library custom ops: a model step calling one compiles as one graph
-    # and gives the eager values and gradients (aot_eager: graph capture without C++ codegen).
-    from mlloss.kernels.pairwise import ordinal_pairs_loss
-
+def test_a_step_with_the_triton_backend_is_captured_by_torch_compile_fullgraph():
+    # The loss is one torch.library op: a model step calling it compiles as one graph (aot_eager:
+    # graph capture without C++ codegen) and gives the eager values and gradients. Every tensor
+    # lives on DEVICE, so on CUDA the compiled kernels run.
     n = 64
     gen = torch.Generator().manual_seed(0)
-    features = torch.randn(n, 3, generator=gen)
-    level = torch.sort(torch.randint(0, 2, (n,), generator=gen), descending=True).values.to(torch.int32)
-    span = dict(group_start=torch.zeros(n, dtype=torch.int32), group_end=torch.full((n,), n, dtype=torch.int32))
-    coef = torch.full((n,), 1.0 / n)
-    layer = torch.nn.Linear(3, 1)
+    features = torch.randn(n, 3, generator=gen).to(DEVICE)
+    labels = torch.randint(0, 2, (n,), generator=gen).to(DEVICE)
+    groups = torch.randint(0, 4, (n,), generator=gen).to(DEVICE)
+    layer = torch.nn.Linear(3, 1).to(DEVICE)
+    loss = mlloss.AUCLoss(backend="triton")
 
     def step(x):
-        return ordinal_pairs_loss(layer(x)[:, 0], level, torch.tensor([0.0, 1.0]), coef=coef, **span)
+        return loss(layer(x), labels, groups)
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     results = []

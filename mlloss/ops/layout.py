@@ -1,12 +1,22 @@
-"""The ordinal pair layout every computation path shares.
+"""The pair layout every computation path shares, and the dense tables of the PyTorch tier.
 
-A batch is described by scores, a level per item (the binary label for AUC, the aggregated label
-ybar for LaA) and an optional group id. A pair (i, j) is valid when g_i == g_j and
-level_i > level_j (loss spec, "Pair sets and weights"). This module sorts the items by
-(group ascending, level descending), so that each group is a contiguous run and, inside it, each
-level is a contiguous *cell*; it counts items per (group, level) and derives from the counts the
-exact per-group normalisers Z_u = sum_{valid pairs in u} c_ij and the coefficients of the group
-reduction. Nothing here is O(N^2): the sort is O(N log N), the rest O(N + G L^2).
+A batch is B *problems* over the same N items (B = 1 for AUC and LaA, one per label for LoA):
+scores, a level per item and problem (the binary label for AUC/LoA, the aggregated label ybar
+for LaA) and an optional group id. A pair (i, j) is valid when g_i == g_j and
+level_i > level_j (loss spec, "Pair sets and weights").
+
+``pair_layout`` sorts the items of every problem by (group ascending, level ascending): each
+group is a contiguous run of positions and, inside it, each level a contiguous *cell*. The
+valid partners of the item at position p are then two ranges of positions, read from four
+(B, N) int32 spans: its lower partners ``[group_start, cell_start)`` and its upper partners
+``[cell_end, group_end)``. Both tiers take these per-item arguments: the Triton kernels stream
+the ranges in tiles, and the PyTorch tier (``dense_tables``) turns one problem into the
+(group, level) count tables its closed forms and blocked all-pairs path need.
+
+``pair_layout`` is sync-free and shape-static: a few sorts and binary searches on the device,
+no ``unique``/``nonzero``/``.item()``, so a CUDA step does not wait for the host and
+``torch.compile`` sees fixed shapes. The tables of ``dense_tables`` are data-dependent in size
+and read counts on the host; they serve the CPU path only.
 """
 
 from __future__ import annotations
@@ -15,6 +25,122 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+@dataclass(frozen=True)
+class PairLayout:
+    """B problems over N items, each sorted by (group ascending, level ascending).
+
+    The lower partners of the item at position p of problem b are the positions
+    ``[group_start[p], cell_start[b, p])``, its upper partners ``[cell_end[b, p], group_end[p])``.
+    Group spans are shared by the problems (every problem's sort keeps the groups in the same
+    runs); without groups they are None and the one group is ``[0, N)``.
+    """
+
+    order: Tensor  # (B, N) int64: sorted position -> item index
+    cell_start: Tensor  # (B, N) int32: first position of the item's (group, level) cell
+    cell_end: Tensor  # (B, N) int32: one past its last position
+    group_start: Tensor | None  # (N,) int32
+    group_end: Tensor | None  # (N,) int32
+
+    @property
+    def num_problems(self) -> int:
+        return self.order.shape[0]
+
+    @property
+    def num_items(self) -> int:
+        return self.order.shape[1]
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The level of every item in every problem, as an order-preserving integer *rank*."""
+
+    rank: Tensor  # (B, N) int32 or int64: level_i > level_j iff rank_i > rank_j
+    num_ranks: int  # every rank is < num_ranks
+    values: Tensor | None  # (B, num_ranks) float64: values[b, rank] is the level's value; None for
+    # 0/1 labels (rank = label), whose pairs all cost 1
+
+    @property
+    def num_problems(self) -> int:
+        return self.rank.shape[0]
+
+
+def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | None = None) -> PairLayout:
+    """Sort every problem by (group, level) and find the spans.
+
+    With groups, an item's group rank is the first position of its group among the sorted ids,
+    which is also where the group starts in every problem's order: one sort of the ids serves
+    all problems. ``tie_scores`` (N,) orders the items of each cell by score (ascending), as the
+    max-violation pairs need (a cell's min and max at its ends). Sync-free: sorts, binary searches
+    and elementwise arithmetic on the device, shapes fixed by (B, N).
+    """
+    num_items = levels.rank.shape[1]
+    if groups is None:
+        key = levels.rank
+        group_start = group_end = None
+    else:
+        sorted_groups = torch.sort(groups).values
+        group_start = torch.searchsorted(sorted_groups, sorted_groups, out_int32=True)
+        group_end = torch.searchsorted(sorted_groups, sorted_groups, right=True, out_int32=True)
+        # key = group rank * ranks + level rank < N * ranks: int32 when it fits (a faster sort).
+        narrow = num_items * levels.num_ranks < 2**31
+        group_rank = torch.searchsorted(sorted_groups, groups, out_int32=narrow)
+        key = torch.add(levels.rank, group_rank, alpha=levels.num_ranks)
+    if tie_scores is None:
+        sorted_key, order = torch.sort(key, dim=1, stable=True)
+    else:  # a stable sort by key of the items in score order
+        by_score = torch.sort(tie_scores).indices
+        sorted_key, within = torch.sort(key[:, by_score], dim=1, stable=True)
+        order = by_score[within]
+    cell_start = torch.searchsorted(sorted_key, sorted_key, out_int32=True)
+    cell_end = torch.searchsorted(sorted_key, sorted_key, right=True, out_int32=True)
+    return PairLayout(order, cell_start, cell_end, group_start, group_end)
+
+
+def dense_tables(layout: PairLayout, levels: Levels, problem: int) -> OrdinalLayout:
+    """The (group, level) tables of one problem, for the PyTorch tier (reads sizes on the host).
+
+    The tables' users expect levels *descending* inside a group, so every group's run of
+    positions is reversed (which keeps each group in place and each cell contiguous).
+    """
+    num_items = layout.num_items
+    device = layout.order.device
+    position = torch.arange(num_items, device=device)
+    if layout.group_start is None:
+        group_start = torch.zeros(num_items, dtype=torch.int64, device=device)
+        group_end = torch.full((num_items,), num_items, dtype=torch.int64, device=device)
+    else:
+        group_start, group_end = layout.group_start.to(torch.int64), layout.group_end.to(torch.int64)
+    order = layout.order[problem][group_start + group_end - 1 - position]
+    rank_values, level_index = torch.unique(levels.rank[problem], return_inverse=True)
+    level_values = rank_values.to(torch.float64) if levels.values is None else levels.values[problem][rank_values]
+    level = level_index[order]
+    group = torch.cumsum(position == group_start, 0) - 1
+    num_levels = level_values.numel()
+    num_groups = int(group[-1]) + 1 if num_items else 1
+    if num_groups * num_levels > MAX_GROUP_LEVEL_CELLS:
+        raise ValueError(
+            f"labels have {num_levels} distinct levels across {num_groups} groups; the dense "
+            f"(group, level) table would need {num_groups * num_levels} cells (limit "
+            f"{MAX_GROUP_LEVEL_CELLS}). Is the label really ordinal?"
+        )
+    # Descending level inside a group: the cell key grows along the reversed positions.
+    cell_key, cell_lengths = torch.unique_consecutive(group * num_levels + (num_levels - 1 - level), return_counts=True)
+    cell_group = torch.div(cell_key, num_levels, rounding_mode="floor")
+    cell_level = num_levels - 1 - (cell_key - cell_group * num_levels)
+    counts = torch.zeros(num_groups, num_levels, dtype=torch.int64, device=device)
+    counts[cell_group, cell_level] = cell_lengths
+    return OrdinalLayout(
+        order=order,
+        group=group,
+        level=level,
+        level_values=level_values,
+        counts=counts,
+        cell_lengths=cell_lengths,
+        cell_group=cell_group,
+        cell_level=cell_level,
+    )
+
 
 # Dense (group, level) tables hold G * L entries; beyond this the layout refuses rather than
 # allocating gigabytes (a label with thousands of distinct values is not an ordinal label).

@@ -1,43 +1,91 @@
-"""One entry point for every pairwise loss: ordinal levels, optional groups, one switch of backend.
+"""One entry point for every pairwise loss: B problems, optional groups, one switch of tier.
 
-AUC is the two-level case (level = label), LaA the multi-level case (level = aggregated label),
-LoA a weighted sum of AUC terms. This module builds the layout, the exact normalisers and the
-group reduction, then hands the pair sums to the chosen path:
+A loss is B *problems* over the same items, mixed with weights: AUC is one binary problem (the
+level is the label), LoA one binary problem per label (mixed by the a_k), LaA one problem whose
+level is the aggregated label ybar. ``pair_loss`` calls the custom op ``mlloss::pair_loss``,
+which returns the loss, per-problem statistics and the gradient (computed in the forward pass;
+backward only scales it). Being one opaque op, it lets ``torch.compile(fullgraph=True)`` capture
+a model step that calls any loss, and labels or groups that change at a fixed N do not
+recompile it. Inside, every tier takes the same per-item arguments (scores, levels, groups) and
+the same sync-free ``PairLayout``:
 
-* ``"exact"``: the closed forms in ``closed_form`` (exponential, squared, hinge), O(N log N);
-* ``"torch"``: the blocked all-pairs path in ``allpairs`` (any surrogate, O(valid pairs) work);
-* ``"triton"``: the fused tiled kernels of ``mlloss.kernels`` (CUDA tensors, or CPU tensors under
-  ``TRITON_INTERPRET=1``), O(valid pairs) work and O(N) memory;
-* ``"auto"``: ``"exact"`` when the surrogate has a closed form, else ``"triton"`` for CUDA tensors
-  and ``"torch"`` on the CPU.
+* ``"triton"``: the fused kernels of ``mlloss.kernels`` (CUDA tensors, or CPU tensors under
+  ``TRITON_INTERPRET=1``): no host synchronisation but the optional data-check read;
+* ``"torch"``: the blocked all-pairs path of ``allpairs`` on the dense (group, level) tables
+  (the CPU path and the kernels' reference; O(valid pairs) work);
+* ``"exact"``: the closed forms of ``closed_form`` (exponential, squared, hinge), O(N log N);
+* ``pairs="hardest"``: the max-violation pairs of ``hardest``, O(N), on the tables.
 
-The O(N) and O(N log N) paths run in float64 whatever the input dtype; the all-pairs path runs in
-float32 for float32/bf16/fp16 input (fp32 accumulation) and float64 for float64 input. The loss
-comes back in float32, or float64 for float64 input; the gradient in the input's dtype.
+``resolve_tier`` turns the user's ``backend`` into a tier: ``"auto"`` is ``"exact"`` for
+surrogates with a closed form, else ``"triton"`` for CUDA tensors and ``"torch"`` on the CPU.
+
+Data checks (``validate=True``): non-finite scores and, for binary problems, labels other than
+0/1 (non-finite labels otherwise) set bits of a status word, and so does a loss that is not
+finite (an overflowing exponential surrogate); the status is read once, at the end of the
+call, and a set bit raises with the offending entry named. That read is the call's only host
+synchronisation on the Triton tier; with ``validate=False`` there is none.
+
+Dtypes: the loss comes back in float32 (float64 for float64 scores); the gradient in the
+scores' dtype. The closed forms and hardest pairs compute in float64, the all-pairs paths in
+float32 (fp32 accumulation for fp16/bf16/fp32 scores) or float64.
 """
 
 from __future__ import annotations
 
-import warnings
+import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
 
+from .. import _validation as check
 from . import allpairs, closed_form, hardest
-from .layout import group_pair_cost, ordinal_layout, pair_cost_matrix, reduction_coefficients
+from .fused import register_fused_gradient
+from .layout import (
+    Levels,
+    dense_tables,
+    group_pair_cost,
+    pair_cost_matrix,
+    pair_layout,
+    reduction_coefficients,
+)
 
 CLOSED_FORMS = ("exponential", "squared", "hinge")
+TIERS = ("triton", "torch", "exact")
+
+# Aggregated labels are compared after rounding to this relative resolution, so that weighted sums
+# of binary labels that are equal in exact arithmetic (0.1 + 0.2 and 0.3) form one level.
+LEVEL_RESOLUTION = 2.0**-40
+
 
 
 @dataclass(frozen=True)
-class PairTerm:
-    """A loss value with the batch facts worth logging beside it."""
+class PairLossResult:
+    """A loss value with the batch facts worth logging beside it (detached), read lazily."""
 
-    loss: Tensor
-    valid_pairs: Tensor  # number of valid pairs (item pairs; level pairs for pairs="hardest")
-    groups_with_pairs: Tensor  # groups that contributed to the reduction
+    loss: Tensor  # the mixed loss, differentiable
+    stats: Tensor  # (3 * B,) float64: the problems' losses, valid pairs, groups with pairs
     partial: bool = False  # the loss covers only this rank's share of the groups (see ``partition``)
+
+    @property
+    def num_problems(self) -> int:
+        return self.stats.shape[0] // 3
+
+    @property
+    def problem_losses(self) -> Tensor:
+        """(B,) each problem's loss (LoA: the L_k, unweighted)."""
+        return self.stats[: self.num_problems]
+
+    @property
+    def valid_pairs(self) -> Tensor:
+        """(B,) valid pairs (item pairs; level pairs for pairs="hardest")."""
+        return self.stats[self.num_problems : 2 * self.num_problems]
+
+    @property
+    def groups_with_pairs(self) -> Tensor:
+        """(B,) groups that contributed to the reduction."""
+        return self.stats[2 * self.num_problems :]
 
 
 def loss_dtype(scores: Tensor) -> torch.dtype:
@@ -45,19 +93,14 @@ def loss_dtype(scores: Tensor) -> torch.dtype:
     return torch.float64 if scores.dtype == torch.float64 else torch.float32
 
 
-def zero_loss(scores: Tensor) -> Tensor:
-    """An exact 0 loss whose gradient with respect to ``scores`` is zero (not missing)."""
-    return scores.sum().to(loss_dtype(scores)) * 0
-
-
-def resolve_backend(backend: str, surrogate: str, pairs: str, device: torch.device) -> str:
-    """The path that ``backend`` selects for this surrogate (``pairs="hardest"`` is always O(N))."""
-    if pairs == "hardest":
-        return "hardest"
+def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device) -> str:
+    """The tier that ``backend`` selects for this surrogate and device."""
     if backend == "auto":
-        if surrogate in CLOSED_FORMS:
+        if pairs == "all" and surrogate in CLOSED_FORMS:
             return "exact"
         return "triton" if device.type == "cuda" and _triton_available() else "torch"
+    if backend == "exact" and pairs == "hardest":
+        return "torch"  # the max-violation pairs are exact and O(N) on the tables
     return backend
 
 
@@ -69,11 +112,13 @@ def _triton_available() -> bool:
     return True
 
 
-def ordinal_ranking_loss(
+def pair_loss(
     scores: Tensor,
-    levels: Tensor,
+    labels: Tensor,
     groups: Tensor | None,
     *,
+    mixing: Tensor | None,
+    label_weights: list[float] | None,
     cost: str,
     surrogate: str,
     margin: float,
@@ -81,67 +126,223 @@ def ordinal_ranking_loss(
     temperature: float | None,
     reduction: str,
     backend: str,
+    validate: bool,
     partition: tuple[int, int] | None = None,
-) -> PairTerm:
-    """The pairwise loss of ``scores`` (N,) for float64 ``levels`` (N,) and int64 ``groups``.
+) -> PairLossResult:
+    """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional int64 ``groups``.
 
-    ``partition=(rank, world_size)``, for a batch gathered from every rank: on the quadratic
-    all-pairs paths with groups, compute only the groups this rank owns (contiguous groups of
-    about equal sum of n_u^2), with the global normalisers, and return ``partial=True``; the
-    ranks' partial losses sum to the loss. Other paths ignore it (they are O(N log N) at most).
+    ``label_weights=None``: every label column is a binary problem, mixed by ``mixing`` (K,)
+    float64 (the a_k of LoA; None for ones). ``label_weights`` [w_k]: one problem whose level is
+    ``sum_k w_k y_k`` (K > 1 binary columns) or ``w_0 y_0`` (one ordinal column): LaA.
+    ``partition=(rank, world_size)``, for a batch gathered from every rank: on the "torch"
+    all-pairs tier with groups, compute only this rank's groups (contiguous groups of about
+    equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
+    the loss); other tiers compute the whole batch.
     """
-    output_dtype = loss_dtype(scores)
-    if scores.numel() < 2:  # no pair at all
-        nothing = torch.zeros((), dtype=torch.float64)
-        return PairTerm(zero_loss(scores), nothing, nothing.to(torch.int64))
-    layout = ordinal_layout(levels, groups)
-    cost_matrix = pair_cost_matrix(layout.level_values, cost).to(scores.device)
-    path = resolve_backend(backend, surrogate, pairs, scores.device)
+    tier = resolve_tier(backend, surrogate, pairs, scores.device)
+    rank, world_size = partition if partition is not None else (0, 1)
+    loss, stats, _ = torch.ops.mlloss.pair_loss(
+        scores, labels, groups, mixing, label_weights, cost, surrogate, float(margin), pairs,
+        temperature, reduction, tier, validate, rank, world_size,
+    )
+    partial = tier == "torch" and pairs == "all" and groups is not None and world_size > 1
+    return PairLossResult(loss, stats, partial)
 
-    if path == "hardest":
-        loss, groups_with_pairs = hardest.hardest_pair_loss(
-            scores.to(torch.float64)[layout.order], layout, cost_matrix, surrogate, margin,
-            reduction, temperature,
-        )
-        present = layout.counts > 0
-        level_pairs = group_pair_cost(present, (cost_matrix > 0).to(torch.float64)).sum()
-        return PairTerm(_finish(loss, output_dtype, surrogate), level_pairs, groups_with_pairs)
 
-    group_cost = group_pair_cost(layout.counts, cost_matrix)
-    valid_pairs = group_pair_cost(layout.counts, (cost_matrix > 0).to(torch.float64)).sum()
-    groups_with_pairs = (group_cost > 0).sum()
-    if not bool(groups_with_pairs):
-        return PairTerm(zero_loss(scores), valid_pairs, groups_with_pairs)
-    coefficients = reduction_coefficients(group_cost, reduction)
+# --------------------------------------------------------------------------- #
+# The op                                                                      #
+# --------------------------------------------------------------------------- #
+@torch.library.custom_op("mlloss::pair_loss", mutates_args=())
+def _pair_loss_op(
+    scores: Tensor,
+    labels: Tensor,
+    groups: Optional[Tensor],
+    mixing: Optional[Tensor],
+    label_weights: Optional[list[float]],
+    cost: str,
+    surrogate: str,
+    margin: float,
+    pairs: str,
+    temperature: Optional[float],
+    reduction: str,
+    tier: str,
+    validate: bool,
+    rank: int,
+    world_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
+    binary_labels = label_weights is None or labels.shape[1] > 1
+    on_kernels = tier == "triton" and scores.shape[0] >= 2
+    if validate and not on_kernels:  # the PyTorch tiers check first, with tensor operations
+        status = check.data_status(scores, labels, binary_labels)
+        check.raise_for_status(status, scores, labels, binary_labels, label_weights is not None)
+    levels = problem_levels(labels, label_weights)
+    if on_kernels:
+        from ..kernels import pairwise as kernels  # imports triton only when asked for
 
-    if path == "exact":
-        ordered = scores.to(torch.float64)[layout.order]
-        if surrogate == "exponential":
-            loss = closed_form.exponential_all_pairs(ordered, layout, cost_matrix, coefficients)
-        elif surrogate == "squared":
-            loss = closed_form.squared_all_pairs(ordered, layout, cost_matrix, coefficients, margin)
-        else:
-            loss = closed_form.hinge_all_pairs(ordered, layout, cost_matrix, coefficients, margin)
-        return PairTerm(_finish(loss, output_dtype, surrogate), valid_pairs, groups_with_pairs)
+        status = torch.zeros(1, dtype=torch.int32, device=scores.device) if validate else None
+        if status is not None:
+            kernels.check_batch(scores, labels, status, binary_labels=binary_labels)
+        if pairs == "all":
+            result = kernels.pair_loss_and_grad(
+                scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
+                surrogate=surrogate, margin=margin, reduction=reduction, status=status,
+            )
+        elif label_weights is None:  # max-violation pairs of binary problems
+            from ..kernels.hardest import hardest_loss_and_grad
 
-    partial = partition is not None and groups is not None and partition[1] > 1
-    if partial:  # keep this rank's groups: a smaller layout with the global coefficients
-        owned = _owned_groups(layout.group_sizes, *partition)[layout.group]
-        kept = layout.order[owned]
-        scores = scores[kept]
-        if kept.numel() < 2:  # this rank owns no pair
-            return PairTerm(zero_loss(scores), valid_pairs, groups_with_pairs, partial)
-        item_coefficients = coefficients[layout.group[owned]]
-        layout = ordinal_layout(levels[kept], groups[kept])
-        cost_matrix = pair_cost_matrix(layout.level_values, cost).to(scores.device)  # levels may be fewer
-        coefficients = torch.zeros(layout.num_groups, dtype=coefficients.dtype, device=coefficients.device)
-        coefficients[layout.group] = item_coefficients[layout.order]  # equal within a group
-    if path == "torch":
-        ordered = scores.to(output_dtype)[layout.order]
-        loss = allpairs.all_pairs_loss(ordered, layout, cost_matrix, coefficients, surrogate, margin)
+            result = hardest_loss_and_grad(
+                scores, levels, pair_layout(levels, groups, tie_scores=scores), mixing=mixing,
+                surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
+            )
+        else:  # LaA's max-violation pairs over every pair of levels: the tables
+            result = _tables_tier(
+                scores, levels, groups, mixing, cost, surrogate, margin, pairs, temperature, reduction, "torch", None
+            )
+            if status is not None:
+                status |= check.overflow_status(result[0])
+        if status is not None:
+            check.raise_for_status(int(status.item()), scores, labels, binary_labels, label_weights is not None)
+        return result
+    owned = (rank, world_size) if world_size > 1 and groups is not None and tier == "torch" else None
+    result = _tables_tier(
+        scores, levels, groups, mixing, cost, surrogate, margin, pairs, temperature, reduction, tier, owned
+    )
+    if validate:
+        check.raise_for_status(int(check.overflow_status(result[0])), scores, labels, binary_labels, label_weights is not None)
+    return result
+
+
+@_pair_loss_op.register_fake
+def _pair_loss_fake(scores, labels, groups, mixing, label_weights, *args):
+    num_problems = 1 if label_weights is not None else labels.shape[1]
+    return (
+        scores.new_empty((), dtype=loss_dtype(scores)),
+        scores.new_empty(3 * num_problems, dtype=torch.float64),
+        scores.new_empty(scores.shape, dtype=loss_dtype(scores)),
+    )
+
+
+register_fused_gradient(_pair_loss_op)
+
+
+# --------------------------------------------------------------------------- #
+# Problems and data checks                                                    #
+# --------------------------------------------------------------------------- #
+# LaA with up to this many binary columns ranks its 2^K label patterns through host tables.
+MAX_PATTERN_COLUMNS = 12
+
+
+def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
+    """The problems' levels as ranks into a value table (see ``layout.Levels``).
+
+    * label columns (``label_weights=None``): one problem per column, the 0/1 label its rank;
+    * several aggregated binary columns: the pattern sum_k 2^k y_k indexes host-computed tables of
+      its level's rank and value (levels equal in exact arithmetic, 0.1 + 0.2 and 0.3, are one);
+    * one aggregated column (an ordinal label): its rank is the number of smaller values.
+    """
+    if label_weights is None:
+        # (K, N) contiguous: the kernels index problems by rows.
+        return Levels(labels.t().to(torch.int32, memory_format=torch.contiguous_format), 2, None)
+    num_labels = labels.shape[1]
+    if 1 < num_labels <= MAX_PATTERN_COLUMNS:
+        powers, rank_table, values = _pattern_tables(tuple(label_weights), labels.device)
+        # The mask keeps labels other than 0/1 (reported by the data check) from indexing out of range.
+        pattern = (labels.to(torch.float64) @ powers).to(torch.int64).bitwise_and_(rank_table.numel() - 1)
+        return Levels(rank_table[pattern][None], values.shape[1], values)
+    if num_labels == 1:
+        level = labels[:, 0].to(torch.float64) * label_weights[0]
     else:
-        loss = _triton_all_pairs(scores[layout.order], layout, cost, coefficients, surrogate, margin)
-    return PairTerm(_finish(loss, output_dtype, surrogate), valid_pairs, groups_with_pairs, partial)
+        level = _rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
+    ordered = torch.sort(level).values
+    return Levels(torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None], level.numel(), ordered[None])
+
+
+def _rounded_levels(aggregated: Tensor, label_weights) -> Tensor:
+    resolution = sum(label_weights) * LEVEL_RESOLUTION
+    return torch.round(aggregated / resolution) * resolution
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern_tables(label_weights: tuple[float, ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(2^k for each column, the rank of each label pattern's level, the (1, L) level values),
+    on ``device``; computed once per weights and device."""
+    num_labels = len(label_weights)
+    patterns = torch.arange(2**num_labels)
+    bits = (patterns[:, None] >> torch.arange(num_labels)) & 1
+    sums = _rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64), label_weights)
+    values, rank = torch.unique(sums, return_inverse=True)
+    powers = 2.0 ** torch.arange(num_labels, dtype=torch.float64)
+    return powers.to(device), rank.to(torch.int32).to(device), values[None].to(device)
+
+
+# --------------------------------------------------------------------------- #
+# The PyTorch tiers: dense (group, level) tables per problem                   #
+# --------------------------------------------------------------------------- #
+def _tables_tier(
+    scores: Tensor,
+    levels: Levels,
+    groups: Tensor | None,
+    mixing: Tensor | None,
+    cost: str,
+    surrogate: str,
+    margin: float,
+    pairs: str,
+    temperature: float | None,
+    reduction: str,
+    tier: str,
+    owned: tuple[int, int] | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every problem on its dense tables (host-synchronising), mixed, with the gradient."""
+    output_dtype = loss_dtype(scores)
+    num_problems, num_items = levels.rank.shape
+    stats = torch.zeros((3, num_problems), dtype=torch.float64, device=scores.device)
+    grad = torch.zeros(num_items, dtype=output_dtype, device=scores.device)
+    loss = torch.zeros((), dtype=torch.float64, device=scores.device)
+    if num_items < 2:  # no pair at all
+        return loss.to(output_dtype), stats.flatten(), grad
+    layout = pair_layout(levels, groups)
+    for problem in range(num_problems):
+        tables = dense_tables(layout, levels, problem)
+        problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
+            scores, tables, cost, surrogate, margin, pairs, temperature, reduction, tier, owned
+        )
+        weight = 1.0 if mixing is None else mixing[problem]
+        loss = loss + weight * problem_loss.to(torch.float64)
+        grad[tables.order] += (weight * problem_grad).to(output_dtype)
+        stats[:, problem] = torch.stack([problem_loss.to(torch.float64), valid_pairs, groups_with_pairs.to(torch.float64)])
+    return loss.to(output_dtype), stats.flatten(), grad
+
+
+def _problem_on_tables(scores, tables, cost, surrogate, margin, pairs, temperature, reduction, tier, owned):
+    """(loss, gradient in the tables' order, valid pairs, groups with pairs) of one problem."""
+    cost_matrix = pair_cost_matrix(tables.level_values, cost).to(scores.device)
+    if pairs == "hardest":
+        loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
+            scores.to(torch.float64)[tables.order], tables, cost_matrix, surrogate, margin, reduction, temperature
+        )
+        present = tables.counts > 0
+        level_pairs = group_pair_cost(present, (cost_matrix > 0).to(torch.float64)).sum()
+        return loss, grad, level_pairs, groups_with_pairs
+
+    group_cost = group_pair_cost(tables.counts, cost_matrix)
+    valid_pairs = group_pair_cost(tables.counts, (cost_matrix > 0).to(torch.float64)).sum()
+    groups_with_pairs = (group_cost > 0).sum()
+    coefficients = reduction_coefficients(group_cost, reduction)
+    if tier == "exact":
+        ordered = scores.to(torch.float64)[tables.order]
+        closed = {
+            "exponential": lambda: closed_form.exponential_all_pairs_loss_and_grad(ordered, tables, cost_matrix, coefficients),
+            "squared": lambda: closed_form.squared_all_pairs_loss_and_grad(ordered, tables, cost_matrix, coefficients, margin),
+            "hinge": lambda: closed_form.hinge_all_pairs_loss_and_grad(ordered, tables, cost_matrix, coefficients, margin),
+        }
+        loss, grad = closed[surrogate]()
+        return loss, grad, valid_pairs, groups_with_pairs
+    if owned is not None:  # this rank's share of the groups; the others' coefficients are 0
+        coefficients = torch.where(_owned_groups(tables.group_sizes, *owned), coefficients, 0.0)
+    ordered = scores.to(loss_dtype(scores))[tables.order]
+    loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, cost_matrix, coefficients, surrogate, margin)
+    return loss, grad, valid_pairs, groups_with_pairs
 
 
 def _owned_groups(group_sizes: Tensor, rank: int, world_size: int) -> Tensor:
@@ -151,42 +352,3 @@ def _owned_groups(group_sizes: Tensor, rank: int, world_size: int) -> Tensor:
     done_before = torch.cumsum(work, 0) - work
     owner = torch.floor((done_before + work / 2) * world_size / work.sum()).clamp(max=world_size - 1)
     return owner == rank
-
-
-def _triton_all_pairs(
-    scores_sorted: Tensor,
-    layout,
-    cost: str,
-    group_coefficients: Tensor,
-    surrogate: str,
-    margin: float,
-) -> Tensor:
-    """The fused Triton kernel over the layout: per-item group spans and coefficients."""
-    from ..kernels.pairwise import ordinal_pairs_loss  # imports triton only when asked for
-
-    sizes = layout.group_sizes
-    ends = torch.cumsum(sizes, 0)
-    return ordinal_pairs_loss(
-        scores_sorted,
-        layout.level,
-        layout.level_values,
-        (ends - sizes)[layout.group],
-        ends[layout.group],
-        group_coefficients[layout.group],
-        cost=cost,
-        surrogate=surrogate,
-        margin=margin,
-    )
-
-
-def _finish(loss: Tensor, dtype: torch.dtype, surrogate: str) -> Tensor:
-    loss = loss.to(dtype)
-    if not bool(torch.isfinite(loss)):
-        warnings.warn(
-            f"the {surrogate} pairwise loss overflowed {dtype} (value {loss.item()}); score "
-            f"differences are too large for this surrogate. Use float64 scores, a bounded "
-            f"surrogate ('logistic', 'hinge'), or scale the scores down.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return loss
