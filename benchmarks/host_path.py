@@ -1,0 +1,206 @@
+"""Host path of one loss call, measured without a GPU: aten ops and host synchronisations.
+
+A CUDA step that waits for the host, or issues an op per tensor expression, leaves the GPU idle
+between small kernels: at the batch sizes recommenders train with, the launches and the waits,
+not the pair kernel, set the time of a call. This tool runs one forward + backward of each loss
+on the Triton backend under a ``TorchDispatchMode`` that sees every aten op the call issues (on
+any device: under ``TRITON_INTERPRET=1`` the kernels themselves run on the CPU and are not aten
+ops) and counts
+
+* ops: every aten op the call dispatches (kernels, allocations, views alike);
+* syncs: ops that need a value on the host, or whose output shape depends on the data, and so
+  make the host wait for the device on CUDA: ``_local_scalar_dense`` (``.item()``, ``int(t)``,
+  ``bool(t)``), ``nonzero``, ``unique*``, ``masked_select``, boolean-mask indexing,
+  ``repeat_interleave`` without ``output_size``, ``bincount``, ``segment_reduce`` without
+  ``unsafe``, ``equal``/``is_nonzero``, and copies from a CUDA tensor to the CPU.
+
+Usage::
+
+    TRITON_INTERPRET=1 python benchmarks/host_path.py [--output benchmarks/results/host-path.json]
+
+``tests/test_host_path.py`` asserts the budgets on the same counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import torch
+from torch._library.custom_ops import _maybe_get_opdef
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+import mlloss
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "host-path.json")
+
+# Ops that make the host wait for the device whatever their arguments.
+SYNCING_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "argwhere",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "unique_dim_consecutive",
+    "masked_select",
+    "bincount",
+    "equal",
+    "is_nonzero",
+    "allclose",
+}
+
+
+def is_syncing(func, args, kwargs) -> bool:
+    """Whether the aten op ``func`` called with ``args`` waits for the device on CUDA."""
+    name = func.overloadpacket.__name__
+    if name in SYNCING_OPS:
+        return True
+    if name == "repeat_interleave":
+        return kwargs.get("output_size") is None and (len(args) < 4 or args[3] is None)
+    if name == "segment_reduce":
+        return not kwargs.get("unsafe", False)
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    if name in ("_to_copy", "copy_"):
+        source = args[1] if name == "copy_" else args[0]
+        target_device = args[0].device if name == "copy_" else kwargs.get("device", source.device)
+        return source.device.type != "cpu" and torch.device(target_device).type == "cpu"
+    return False
+
+
+class OpCounter(TorchDispatchMode):
+    """Records every aten op dispatched inside the ``with`` block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "mlloss":
+            # A library op: count what its Python implementation issues, not the op itself.
+            with self:
+                return _maybe_get_opdef(func)._init_fn(*args, **kwargs)
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            # Inside a library op, composite ops reach the mode undecomposed (autograd is below):
+            # decompose them as the dispatcher does elsewhere (a no-op .to() issues nothing).
+            with self:
+                return func.decompose(*args, **kwargs)
+        self.ops.append(str(func.overloadpacket.__name__))
+        if is_syncing(func, args, kwargs):
+            self.syncs.append(str(func.overloadpacket.__name__))
+        return func(*args, **kwargs)
+
+
+@dataclass
+class CallCount:
+    loss: str
+    grouped: bool
+    validate: bool
+    ops: int
+    syncs: int
+    op_names: dict[str, int] = field(default_factory=dict)
+    sync_names: list[str] = field(default_factory=list)
+
+
+# Every loss on the Triton backend; PDAOM is the max-violation loss.
+LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
+    "AUCLoss": lambda validate: mlloss.AUCLoss(backend="triton", validate_args=validate),
+    "LaALoss": lambda validate: mlloss.LaALoss(backend="triton", validate_args=validate),
+    "LoALoss": lambda validate: mlloss.LoALoss(backend="triton", validate_args=validate),
+    "LoALoss(balanced)": lambda validate: mlloss.LoALoss("balanced", backend="triton", validate_args=validate),
+    "PDAOMLoss": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
+}
+SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
+
+
+def batch(num_items: int = 64, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(num_items, generator=generator)
+    labels = torch.randint(0, 2, (num_items, 2), generator=generator).to(torch.float32)
+    groups = torch.randint(0, 6, (num_items,), generator=generator) * 11
+    return scores, labels, groups
+
+
+@contextlib.contextmanager
+def _kernels_uncounted():
+    """Under TRITON_INTERPRET=1 a kernel launch runs numpy code that moves data through torch
+    tensors; on CUDA a launch issues no aten op. Count neither."""
+    from triton.runtime.interpreter import GridExecutor
+
+    launch = GridExecutor.__call__
+
+    def uncounted(self, *args, **kwargs):
+        with _disable_current_modes():
+            return launch(self, *args, **kwargs)
+
+    GridExecutor.__call__ = uncounted
+    try:
+        yield
+    finally:
+        GridExecutor.__call__ = launch
+
+
+def count_call(name: str, *, grouped: bool, validate: bool, num_items: int = 64) -> CallCount:
+    """Ops and syncs of one forward + backward of loss ``name`` (after one warm-up call)."""
+    scores, labels, groups = batch(num_items)
+    if name in SINGLE_LABEL:
+        labels = labels[:, 0]
+    loss = LOSSES[name](validate)
+    groups = groups if grouped else None
+    for counted in (False, True):  # the first call compiles the kernels
+        x = scores.clone().requires_grad_(True)
+        counter = OpCounter()
+        with _kernels_uncounted(), counter if counted else contextlib.nullcontext():
+            loss(x, labels, groups).backward()
+    return CallCount(
+        name, grouped, validate, len(counter.ops), len(counter.syncs),
+        dict(collections.Counter(counter.ops)), counter.syncs,
+    )
+
+
+def all_counts() -> list[CallCount]:
+    return [
+        count_call(name, grouped=grouped, validate=validate)
+        for name in LOSSES
+        for grouped in (False, True)
+        for validate in (True, False)
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default=RESULTS, help="JSON file for the counts")
+    parser.add_argument("--verbose", action="store_true", help="print every op of every call")
+    options = parser.parse_args(argv)
+    counts = all_counts()
+    print(f"{'loss':<20} {'groups':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
+    for row in counts:
+        print(f"{row.loss:<20} {str(row.grouped):>6} {str(row.validate):>6} {row.ops:>9} {row.syncs:>6}")
+        if options.verbose:
+            print("    ", row.op_names, row.sync_names)
+    os.makedirs(os.path.dirname(options.output), exist_ok=True)
+    with open(options.output, "w") as handle:
+        json.dump(
+            {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__, "calls": [asdict(r) for r in counts]},
+            handle,
+            indent=1,
+        )
+    print(f"wrote {options.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Budgets of the host path of one loss call on the Triton backend, measured on the CPU.
+
+``benchmarks/host_path.py`` runs one forward + backward of every loss under a
+``TorchDispatchMode`` (the kernels on Triton's interpreter, whose own tensor traffic is not an
+aten op on CUDA and is not counted) and counts the aten ops and the ops that make the host wait
+for the device on CUDA. A CUDA step with few launches and no waits is what lets the pair kernel,
+not the host, set the time of a call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import host_path  # noqa: E402
+
+pytestmark = pytest.mark.triton
+MAX_OPS = 30
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["no-groups", "groups"])
+@pytest.mark.parametrize("loss", list(host_path.LOSSES))
+def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool) -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
+    checked = host_path.count_call(loss, grouped=grouped, validate=True)
+    unchecked = host_path.count_call(loss, grouped=grouped, validate=False)
+    assert checked.ops <= MAX_OPS, f"{loss}: {checked.ops} aten ops {checked.op_names}"
+    # The data check is one fused reduction and one read: the only host synchronisation.
+    assert checked.sync_names == ["_local_scalar_dense"], checked.sync_names
+    assert unchecked.syncs == 0, unchecked.sync_names
+    assert unchecked.ops < checked.ops
+
+
+def test_the_counter_sees_syncs_and_library_internals() -> None:
+    # The counter must not be blind: the same call on the PyTorch tier (its dense tables read
+    # sizes on the host) shows syncs, and a deliberate .item() is one.
+    counter = host_path.OpCounter()
+    scores, labels, groups = host_path.batch()
+    import mlloss
+
+    with counter:
+        mlloss.AUCLoss(backend="torch", validate_args=False)(scores, labels[:, 0], groups)
+        torch.ones(2).sum().item()
+    assert "_local_scalar_dense" in counter.syncs and len(counter.syncs) > 2
+    assert "sort" in counter.ops  # seen inside the library's op
