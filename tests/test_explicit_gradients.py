@@ -1,10 +1,11 @@
-"""The fused (loss, gradient) forms of the O(N log N) paths against autograd.
+"""The fused (loss, gradient) forms of the PyTorch tier against autograd through a brute force.
 
-Each ``*_loss_and_grad`` function computes its gradient with plain tensor arithmetic; here it is
-compared with autograd through the differentiable form it replaces (same layout, same sorted
-float64 scores) and with autograd through the float64 brute force of ``reference.py``. The
-inputs are built with ``ordinal_layout`` and the normalisers of ``ops.layout``, as the loss
-entry point builds them.
+Each ``*_loss_and_grad`` function of ``ops.closed_form`` and ``ops.hardest`` computes its gradient
+with plain tensor arithmetic; here it is compared with autograd through the float64 brute force of
+``reference.py`` (``pair_loss``, ``hardest_loss``, ``laa_loss``: every pair formed, no code shared
+with mlloss). The inputs are built as the custom op's PyTorch tier builds them
+(``ranking._tables_tier`` / ``_problem_on_tables``): ``problem_levels`` from the labels,
+``pair_layout``, the problem's ``dense_tables``, then the cost matrix and the normalisers.
 """
 
 from __future__ import annotations
@@ -18,24 +19,34 @@ from torch import Tensor
 from mlloss.ops import closed_form, hardest
 from mlloss.ops.layout import (
     OrdinalLayout,
+    dense_tables,
     group_pair_cost,
-    ordinal_layout,
     pair_cost_matrix,
+    pair_layout,
     reduction_coefficients,
 )
-from reference import hardest_loss, pair_loss
+from mlloss.ops.ranking import LEVEL_RESOLUTION, problem_levels
+from reference import hardest_loss, laa_loss, pair_loss
 
-# (differentiable form, fused form) per closed-form surrogate.
 ALL_PAIRS = {
-    "exponential": (closed_form.exponential_all_pairs, closed_form.exponential_all_pairs_loss_and_grad),
-    "squared": (closed_form.squared_all_pairs, closed_form.squared_all_pairs_loss_and_grad),
-    "hinge": (closed_form.hinge_all_pairs, closed_form.hinge_all_pairs_loss_and_grad),
+    "exponential": closed_form.exponential_all_pairs_loss_and_grad,
+    "squared": closed_form.squared_all_pairs_loss_and_grad,
+    "hinge": closed_form.hinge_all_pairs_loss_and_grad,
 }
 SURROGATES = ("logistic", "hinge", "squared", "exponential")
 TEMPERATURES = (None, 0.5, 1.0, 3.0)
-LOSS_RTOL = 1e-13  # loss against the differentiable form
-GRAD_RTOL = 1e-12  # gradient against autograd, relative to its largest entry
-REFERENCE_RTOL = 1e-12  # both against the brute force
+LAA_WEIGHTS = [0.7, 0.2, 1.3]  # non-integer: aggregated levels 0, 0.2, 0.7, 0.9, 1.3, 1.5, 2.0, 2.2
+# Against the brute force: the loss to LOSS_RTOL, the gradient to GRAD_RTOL times its largest
+# entry. (The exponential and squared closed forms once matched a differentiable implementation
+# of theirs bit for bit; the brute force sums in another order. Observed: losses within 6e-15
+# (squared, whose moment expansion cancels most), gradients within 1.1e-15; the tolerances leave
+# a margin for other CPUs and BLAS libraries.)
+LOSS_RTOL = 1e-13
+GRAD_RTOL = 1e-13
+# LaA from the raw labels (reference.laa_loss): the loss rounds sum_k w_k y_k to a grid of
+# LEVEL_RESOLUTION * sum_k w_k = 2e-12 here, which moves a linear cost v_a - v_b (0.2 at least)
+# by at most 2e-12, i.e. 1e-11 relative: loss and gradient move by at most about 2e-11.
+AGGREGATION_RTOL = 5e-11
 
 
 @dataclass(frozen=True)
@@ -43,27 +54,41 @@ class Case:
     """One batch in input order, with the options of the loss."""
 
     scores: Tensor  # (N,) float64
-    levels: Tensor  # (N,) float64
+    labels: Tensor  # (N, K) float64
+    label_weights: list[float] | None  # None: K binary problems (LoA); else one aggregated problem
     groups: Tensor | None  # (N,) int64
     cost: str
     reduction: str
     margin: float
+    problem: int = 0  # the problem under test (a label column when label_weights is None)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A case as the loss entry point hands it to the paths: sorted scores and the tables."""
+    """A case as the PyTorch tier hands it to the fused forms: sorted scores and the tables."""
 
-    layout: OrdinalLayout
+    tables: OrdinalLayout
     cost_matrix: Tensor
     coefficients: Tensor
     sorted_scores: Tensor
 
 
+def binary(labels) -> tuple[Tensor, None]:
+    """Binary label columns, one problem each (AUC / LoA)."""
+    labels = torch.as_tensor(labels, dtype=torch.float64)
+    return labels.reshape(labels.shape[0], -1), None
+
+
+def ordinal(levels, weight: float = 1.0) -> tuple[Tensor, list[float]]:
+    """One ordinal label column, its level ``weight * label`` (LaA with one column)."""
+    return torch.as_tensor(levels, dtype=torch.float64)[:, None], [weight]
+
+
 def random_case(seed: int, *, integer_scores: bool = False) -> Case:
-    """A batch that cycles with the seed through sizes (1, 2 and more items), binary, integer
-    and non-integer (LaA-aggregated) levels, no groups / many small groups (singletons and
-    one-class groups among them), tied scores, both costs, both reductions and several margins."""
+    """A batch that cycles with the seed through sizes (1, 2 and more items), binary (either of
+    two LoA columns), ordinal 0..4 and non-integer LaA-aggregated levels, no groups / many small
+    groups (singletons and one-class groups among them), tied scores, both costs, both
+    reductions and several margins."""
     gen = torch.Generator().manual_seed(seed)
 
     def pick(options):
@@ -71,13 +96,14 @@ def random_case(seed: int, *, integer_scores: bool = False) -> Case:
 
     n = pick((1, 2, 3, 8, 20, 40, 60))
     level_kind = seed % 3
-    if level_kind == 0:  # binary label
-        levels = torch.randint(0, 2, (n,), generator=gen).to(torch.float64)
+    problem = 0
+    if level_kind == 0:  # two binary labels (LoA); the problem under test alternates
+        labels, label_weights = binary(torch.randint(0, 2, (n, 2), generator=gen))
+        problem = (seed // 6) % 2
     elif level_kind == 1:  # a 0..4 rating
-        levels = torch.randint(0, 5, (n,), generator=gen).to(torch.float64)
+        labels, label_weights = ordinal(torch.randint(0, 5, (n,), generator=gen))
     else:  # LaA: three binary labels aggregated with non-integer weights
-        labels = (torch.rand(n, 3, generator=gen) < 0.4).to(torch.float64)
-        levels = labels @ torch.tensor([0.7, 0.2, 1.3], dtype=torch.float64)
+        labels, label_weights = (torch.rand(n, 3, generator=gen) < 0.4).to(torch.float64), LAA_WEIGHTS
     grouped = (seed // 3) % 2 == 1
     groups = torch.randint(0, max(1, n // 4), (n,), generator=gen) * 37 - 100 if grouped else None
     if integer_scores:
@@ -89,19 +115,54 @@ def random_case(seed: int, *, integer_scores: bool = False) -> Case:
         scores = torch.randn(n, generator=gen, dtype=torch.float64) * 2
     return Case(
         scores=scores,
-        levels=levels,
+        labels=labels,
+        label_weights=label_weights,
         groups=groups,
         cost=pick(("linear", "uniform")),
         reduction=pick(("mean", "sum")),
         margin=pick((1.0, 0.5, 2.0)) if not integer_scores else pick((1.0, 2.0)),
+        problem=problem,
     )
 
 
 def prepare(case: Case) -> Prepared:
-    layout = ordinal_layout(case.levels, case.groups)
-    cost_matrix = pair_cost_matrix(layout.level_values, case.cost)
-    coefficients = reduction_coefficients(group_pair_cost(layout.counts, cost_matrix), case.reduction)
-    return Prepared(layout, cost_matrix, coefficients, case.scores[layout.order])
+    """The tables and normalisers exactly as ``ranking._tables_tier`` and ``_problem_on_tables`` build them."""
+    levels = problem_levels(case.labels, case.label_weights)
+    tables = dense_tables(pair_layout(levels, case.groups), levels, case.problem)
+    cost_matrix = pair_cost_matrix(tables.level_values, case.cost)
+    coefficients = reduction_coefficients(group_pair_cost(tables.counts, cost_matrix), case.reduction)
+    return Prepared(tables, cost_matrix, coefficients, case.scores.to(torch.float64)[tables.order])
+
+
+def reference_levels(case: Case) -> Tensor:
+    """The problem's level per item, from the labels as the loss defines it: the label (binary
+    columns), w_0 y_0 (one ordinal column), or sum_k w_k y_k rounded to a grid of
+    LEVEL_RESOLUTION * sum_k w_k (several aggregated columns: ``ranking.problem_levels`` makes
+    sums that are equal in exact arithmetic one level)."""
+    if case.label_weights is None:
+        return case.labels[:, case.problem]
+    aggregated = case.labels @ torch.tensor(case.label_weights, dtype=torch.float64)
+    if case.labels.shape[1] == 1:
+        return aggregated
+    resolution = sum(case.label_weights) * LEVEL_RESOLUTION
+    return torch.round(aggregated / resolution) * resolution
+
+
+def aggregated_from_raw_labels(case: Case) -> bool:
+    """LaA over several columns: ``reference.laa_loss`` sees unrounded levels (AGGREGATION_RTOL)."""
+    return case.label_weights is not None and case.labels.shape[1] > 1
+
+
+def reference_loss(case: Case, pairs: str, *, raw_labels: bool = False, **options):
+    """The brute-force loss of the case's problem as a function of the (input-order) scores:
+    ``pair_loss`` / ``hardest_loss`` on ``reference_levels``, or with ``raw_labels``, LaA's
+    ``laa_loss`` on the labels and weights themselves."""
+    common = dict(cost=case.cost, margin=case.margin, reduction=case.reduction, **options)
+    if raw_labels:
+        return lambda s: laa_loss(s, case.labels, case.groups, case.label_weights, pairs=pairs, **common)
+    fn = hardest_loss if pairs == "hardest" else pair_loss
+    levels = reference_levels(case)
+    return lambda s: fn(s, levels, case.groups, **common)
 
 
 def autograd_value_and_grad(fn, scores: Tensor) -> tuple[Tensor, Tensor]:
@@ -113,15 +174,20 @@ def autograd_value_and_grad(fn, scores: Tensor) -> tuple[Tensor, Tensor]:
     return value.detach(), torch.zeros_like(x) if grad is None else grad
 
 
-def reference_value_and_grad(fn, case: Case, prepared: Prepared, **options) -> tuple[Tensor, Tensor]:
-    """The brute force's loss and its gradient in the sorted order of the fused forms."""
-    value, grad = autograd_value_and_grad(
-        lambda s: fn(
-            s, case.levels, case.groups, cost=case.cost, margin=case.margin, reduction=case.reduction, **options
-        ),
-        case.scores,
-    )
-    return value, grad[prepared.layout.order]
+def reference_value_and_grad(
+    case: Case, prepared: Prepared, pairs: str, *, raw_labels: bool = False, **options
+) -> tuple[Tensor, Tensor]:
+    """The brute force's loss and its autograd gradient, in the sorted order of the fused forms."""
+    value, grad = autograd_value_and_grad(reference_loss(case, pairs, raw_labels=raw_labels, **options), case.scores)
+    return value, grad[prepared.tables.order]
+
+
+def check_against_brute_force(case: Case, prepared: Prepared, value: Tensor, grad: Tensor, pairs: str, **options) -> None:
+    expected_value, expected_grad = reference_value_and_grad(case, prepared, pairs, **options)
+    assert_close(value, grad, expected_value, expected_grad, value_rtol=LOSS_RTOL, grad_rtol=GRAD_RTOL)
+    if aggregated_from_raw_labels(case):
+        expected_value, expected_grad = reference_value_and_grad(case, prepared, pairs, raw_labels=True, **options)
+        assert_close(value, grad, expected_value, expected_grad, value_rtol=AGGREGATION_RTOL, grad_rtol=AGGREGATION_RTOL)
 
 
 def assert_close(
@@ -136,35 +202,16 @@ def assert_close(
 
 
 def fused_all_pairs(surrogate: str, case: Case, prepared: Prepared) -> tuple[Tensor, Tensor]:
-    fused = ALL_PAIRS[surrogate][1]
     extra = () if surrogate == "exponential" else (case.margin,)
-    return fused(prepared.sorted_scores, prepared.layout, prepared.cost_matrix, prepared.coefficients, *extra)
-
-
-def differentiable_all_pairs(surrogate: str, case: Case, prepared: Prepared) -> tuple[Tensor, Tensor]:
-    form = ALL_PAIRS[surrogate][0]
-    extra = () if surrogate == "exponential" else (case.margin,)
-    return autograd_value_and_grad(
-        lambda s: form(s, prepared.layout, prepared.cost_matrix, prepared.coefficients, *extra),
-        prepared.sorted_scores,
-    )
+    return ALL_PAIRS[surrogate](prepared.sorted_scores, prepared.tables, prepared.cost_matrix, prepared.coefficients, *extra)
 
 
 def check_all_pairs(surrogate: str, case: Case) -> None:
     prepared = prepare(case)
     value, grad = fused_all_pairs(surrogate, case, prepared)
-    if not bool((prepared.coefficients > 0).any()):  # (the differentiable exponential form fails here)
+    if not bool((prepared.coefficients > 0).any()):  # no valid pair: exact zeros
         assert value.item() == 0.0 and not grad.any()
-        return
-    if surrogate != "hinge" or not bool((case.scores == case.scores.round()).all()):
-        # Integer scores put pairs exactly at the hinge's kink, where the differentiable form's
-        # centring rounding may pick either subgradient: compared with the brute force only.
-        expected_value, expected_grad = differentiable_all_pairs(surrogate, case, prepared)
-        assert_close(value, grad, expected_value, expected_grad, value_rtol=LOSS_RTOL, grad_rtol=GRAD_RTOL)
-        if surrogate != "hinge":  # the same float operations: the same loss, bit for bit
-            assert torch.equal(value, expected_value)
-    expected_value, expected_grad = reference_value_and_grad(pair_loss, case, prepared, surrogate=surrogate)
-    assert_close(value, grad, expected_value, expected_grad, value_rtol=REFERENCE_RTOL, grad_rtol=REFERENCE_RTOL)
+    check_against_brute_force(case, prepared, value, grad, "all", surrogate=surrogate)
 
 
 @pytest.mark.parametrize("surrogate", tuple(ALL_PAIRS))
@@ -175,7 +222,8 @@ def test_all_pairs_fused_gradient_matches_autograd(surrogate, seed):
 
 @pytest.mark.parametrize("seed", range(48))
 def test_hinge_fused_subgradient_is_zero_at_the_kink(seed):
-    # Integer scores and margins: many pairs with s_i - s_j == m exactly, where relu'(0) = 0.
+    # Integer scores and margins: many pairs with s_i - s_j == m exactly, where relu'(0) = 0 (the
+    # brute force's torch.relu has the same subgradient there).
     check_all_pairs("hinge", random_case(seed, integer_scores=True))
 
 
@@ -183,9 +231,11 @@ def test_hinge_fused_subgradient_is_zero_at_the_kink(seed):
 def test_fused_forms_on_a_large_batch(surrogate):
     gen = torch.Generator().manual_seed(7)
     n = 3000
+    labels, label_weights = ordinal(torch.randint(0, 4, (n,), generator=gen), weight=0.5)  # levels 0, 0.5, 1, 1.5
     case = Case(
         scores=torch.randn(n, generator=gen, dtype=torch.float64) * 3 + 50,
-        levels=torch.randint(0, 4, (n,), generator=gen).to(torch.float64) * 0.5,
+        labels=labels,
+        label_weights=label_weights,
         groups=torch.randint(0, 200, (n,), generator=gen),
         cost="linear",
         reduction="mean",
@@ -197,15 +247,43 @@ def test_fused_forms_on_a_large_batch(surrogate):
 def test_hinge_fused_form_on_a_large_batch():
     gen = torch.Generator().manual_seed(8)
     n = 3000
+    labels, label_weights = ordinal(torch.randint(0, 4, (n,), generator=gen))
     case = Case(
         scores=torch.randn(n, generator=gen, dtype=torch.float64),
-        levels=torch.randint(0, 4, (n,), generator=gen).to(torch.float64),
+        labels=labels,
+        label_weights=label_weights,
         groups=torch.randint(0, 200, (n,), generator=gen),
         cost="uniform",
         reduction="sum",
         margin=0.5,
     )
     check_all_pairs("hinge", case)
+
+
+def exponential_over_valid_pairs(scores: Tensor, levels: Tensor, groups: Tensor | None, *, cost: str, reduction: str) -> Tensor:
+    """The exponential all-pairs loss, exp evaluated on the valid pairs only (float64 brute force).
+
+    ``reference.pair_loss`` evaluates phi on every (i, j) and masks afterwards: at scores of
+    +-600..800 the masked-out pairs' exp(s_j - s_i) overflow to inf and autograd through the mask
+    gives 0 * inf = NaN. Here the valid pairs are listed first (from the levels and groups, which
+    carry no gradient), so the only exponentials evaluated are the loss's own terms, each at most
+    the loss times the group's cost sum: when the loss is finite, so are the terms, their float64
+    sum and its autograd gradient; no log domain is needed, and no float128 (not portable). Each
+    term's only error is the rounding of s_j - s_i (an absolute error of about |s| * eps in the
+    exponent), as small as the fused form's log-domain sums can hope for. A term that underflows
+    (e^-1600) is the correctly rounded 0, with gradient 0.
+    """
+    per_group = []
+    for group in [None] if groups is None else torch.unique(groups):
+        idx = torch.arange(scores.numel()) if group is None else torch.nonzero(groups == group).flatten()
+        s, v = scores[idx], levels[idx]
+        upper, lower = torch.nonzero(v[:, None] > v[None, :], as_tuple=True)
+        if upper.numel() == 0:
+            continue
+        c = v[upper] - v[lower] if cost == "linear" else torch.ones_like(v[upper])
+        per_group.append((c * torch.exp(s[lower] - s[upper])).sum() / c.sum())
+    stacked = torch.stack(per_group)
+    return stacked.mean() if reduction == "mean" else stacked.sum()
 
 
 @pytest.mark.parametrize("spread", (600.0, 800.0))
@@ -224,45 +302,48 @@ def test_exponential_fused_form_stays_finite_for_extreme_scores(spread, grouped)
     levels = torch.randint(0, 3, (n,), generator=gen).to(torch.float64)
     if not grouped:  # level 0 in clusters 0-2, level 2 in clusters 2-4, level 1 in cluster 2
         levels = torch.where(cluster < 2, 0.0, torch.where(cluster > 2, 2.0, levels))
-    case = Case(scores, levels, cluster if grouped else None, "linear", "mean", 1.0)
+    groups = cluster if grouped else None
+    case = Case(scores, *ordinal(levels), groups, "linear", "mean", 1.0)
     prepared = prepare(case)
     value, grad = fused_all_pairs("exponential", case, prepared)
     assert torch.isfinite(value) and value > 0 and torch.isfinite(grad).all()
     # Log-domain sums carry an absolute error of about spread * eps into every exponent.
     rtol = 8 * spread * torch.finfo(torch.float64).eps
-    assert_close(value, grad, *differentiable_all_pairs("exponential", case, prepared), value_rtol=rtol, grad_rtol=rtol)
-    if grouped:  # (the brute force's masked-out pairs overflow without groups: NaN gradients)
-        expected = reference_value_and_grad(pair_loss, case, prepared, surrogate="exponential")
+    expected_value, expected_grad = autograd_value_and_grad(
+        lambda s: exponential_over_valid_pairs(s, levels, groups, cost="linear", reduction="mean"), scores
+    )
+    expected_grad = expected_grad[prepared.tables.order]
+    assert_close(value, grad, expected_value, expected_grad, value_rtol=rtol, grad_rtol=rtol)
+    if not grouped:  # the tiny gradients far from the middle cluster, entry by entry (no entry
+        # here subtracts two large pushes, which with groups can cancel to a larger relative error)
+        assert torch.equal(grad == 0, expected_grad == 0)
+        nonzero = expected_grad != 0
+        torch.testing.assert_close(grad[nonzero], expected_grad[nonzero], rtol=rtol, atol=0.0)
+    if grouped:  # (the masked-out pairs of reference.pair_loss overflow without groups: NaN gradients)
+        expected = reference_value_and_grad(case, prepared, "all", surrogate="exponential")
         assert_close(value, grad, *expected, value_rtol=rtol, grad_rtol=rtol)
 
 
 def fused_hardest(case: Case, prepared: Prepared, surrogate: str, temperature: float | None):
     return hardest.hardest_pair_loss_and_grad(
-        prepared.sorted_scores, prepared.layout, prepared.cost_matrix, surrogate, case.margin,
+        prepared.sorted_scores, prepared.tables, prepared.cost_matrix, surrogate, case.margin,
         case.reduction, temperature,
     )
 
 
-def check_hardest(case: Case, surrogate: str, temperature: float | None, *, differentiable: bool = True) -> None:
+def groups_with_a_level_pair(case: Case) -> int:
+    """Groups holding two distinct levels (every level pair a > b has a positive cost)."""
+    levels = reference_levels(case)
+    if case.groups is None:
+        return int(torch.unique(levels).numel() > 1)
+    return sum(int(torch.unique(levels[case.groups == u]).numel() > 1) for u in torch.unique(case.groups))
+
+
+def check_hardest(case: Case, surrogate: str, temperature: float | None) -> None:
     prepared = prepare(case)
     value, num_groups, grad = fused_hardest(case, prepared, surrogate, temperature)
-    if differentiable:
-        expected_value, expected_grad = autograd_value_and_grad(
-            lambda s: hardest.hardest_pair_loss(
-                s, prepared.layout, prepared.cost_matrix, surrogate, case.margin, case.reduction, temperature
-            )[0],
-            prepared.sorted_scores,
-        )
-        expected_groups = hardest.hardest_pair_loss(
-            prepared.sorted_scores, prepared.layout, prepared.cost_matrix, surrogate, case.margin,
-            case.reduction, temperature,
-        )[1]
-        assert torch.equal(num_groups, expected_groups)
-        assert_close(value, grad, expected_value, expected_grad, value_rtol=LOSS_RTOL, grad_rtol=GRAD_RTOL)
-    expected_value, expected_grad = reference_value_and_grad(
-        hardest_loss, case, prepared, surrogate=surrogate, temperature=temperature
-    )
-    assert_close(value, grad, expected_value, expected_grad, value_rtol=REFERENCE_RTOL, grad_rtol=REFERENCE_RTOL)
+    assert num_groups.item() == groups_with_a_level_pair(case)
+    check_against_brute_force(case, prepared, value, grad, "hardest", surrogate=surrogate, temperature=temperature)
 
 
 @pytest.mark.parametrize("surrogate", SURROGATES)
@@ -275,16 +356,14 @@ def test_hardest_fused_gradient_matches_autograd(surrogate, seed):
 @pytest.mark.parametrize("surrogate", SURROGATES)
 @pytest.mark.parametrize("seed", range(12))
 def test_hardest_fused_gradient_at_ties_and_kinks(surrogate, seed):
-    # Integer scores: tied extremes in most cells and hinge margins exactly at the kink. The
-    # differentiable form's extreme is the mean of the tied values, which can be off the min by
-    # an ulp and so flip the hinge's subgradient; the fused form uses the exact min and max.
-    check_hardest(random_case(seed, integer_scores=True), surrogate, None, differentiable=surrogate != "hinge")
+    # Integer scores: tied extremes in most cells (autograd through the brute force's min / max
+    # splits the gradient evenly among them) and hinge margins exactly at the kink.
+    check_hardest(random_case(seed, integer_scores=True), surrogate, None)
 
 
 def test_hard_hardest_splits_the_gradient_among_tied_extremes():
     scores = torch.tensor([1.0, 1.0, 1.0, 3.0, 0.5, 0.5], dtype=torch.float64)
-    levels = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
-    case = Case(scores, levels, None, "uniform", "mean", 1.0)
+    case = Case(scores, *binary([1, 1, 1, 1, 0, 0]), None, "uniform", "mean", 1.0)
     prepared = prepare(case)
     value, _, grad = fused_hardest(case, prepared, "squared", None)
     pull = 2 * (1.0 - 0.5)  # -dphi/dt = 2 (m - t) at t = min - max = 0.5
@@ -292,19 +371,20 @@ def test_hard_hardest_splits_the_gradient_among_tied_extremes():
     expected[:3] = -pull / 3  # the three tied minima of the upper cell
     expected[4:] = pull / 2  # the two tied maxima of the lower cell
     assert value.item() == 0.25
-    assert torch.equal(grad, expected[prepared.layout.order])
+    assert torch.equal(grad, expected[prepared.tables.order])
+    check_hardest(case, "squared", None)
 
 
 def test_hard_hardest_uses_the_exact_extreme_of_tied_scores():
     # Three tied minima at 7 against a maximum of 6, margin 1: exactly at the hinge's kink, so
-    # loss 0 and subgradient 0. The mean of the tied values, 7 * (1/3) summed three times, is
-    # 6.999999999999999: the differentiable form puts this pair an ulp past the kink.
+    # loss 0 and subgradient 0. (The mean of the tied values, 7 * (1/3) summed three times, is
+    # 6.999999999999999: a form that took the extreme as that mean would put this pair an ulp
+    # past the kink.)
     scores = torch.tensor([7.0, 7.0, 7.0, 9.0, 6.0, 5.0], dtype=torch.float64)
-    levels = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
-    case = Case(scores, levels, None, "uniform", "mean", 1.0)
+    case = Case(scores, *binary([1, 1, 1, 1, 0, 0]), None, "uniform", "mean", 1.0)
     value, _, grad = fused_hardest(case, prepare(case), "hinge", None)
     assert value.item() == 0.0 and not grad.any()
-    check_hardest(case, "hinge", None, differentiable=False)
+    check_hardest(case, "hinge", None)
 
 
 @pytest.mark.parametrize("grouped", (False, True))
@@ -312,8 +392,8 @@ def test_batches_without_a_valid_pair_give_zero_loss_and_gradient(grouped):
     # One level per group (and one level overall without groups): no valid pair.
     scores = torch.randn(9, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     groups = torch.arange(9) // 3
-    levels = groups.to(torch.float64) if grouped else torch.ones(9, dtype=torch.float64)
-    case = Case(scores, levels, groups if grouped else None, "linear", "mean", 1.0)
+    labels, label_weights = ordinal(groups.to(torch.float64)) if grouped else binary(torch.ones(9))
+    case = Case(scores, labels, label_weights, groups if grouped else None, "linear", "mean", 1.0)
     prepared = prepare(case)
     for surrogate in ALL_PAIRS:
         value, grad = fused_all_pairs(surrogate, case, prepared)
@@ -332,21 +412,25 @@ def test_groups_without_a_valid_pair_get_zero_gradient():
     levels = torch.randint(0, 3, (n,), generator=gen).to(torch.float64)
     levels[groups == 0] = 1.0  # one-class groups, at two different levels
     levels[groups == 1] = 2.0
-    case = Case(torch.randn(n, generator=gen, dtype=torch.float64), levels, groups, "linear", "mean", 1.0)
+    case = Case(torch.randn(n, generator=gen, dtype=torch.float64), *ordinal(levels), groups, "linear", "mean", 1.0)
     prepared = prepare(case)
-    silent = prepared.layout.group < 2  # group ids 0 and 1 sort first
+    silent = prepared.tables.group < 2  # group ids 0 and 1 sort first
     assert not prepared.coefficients[:2].any() and prepared.coefficients[2:].all()
     for surrogate in ALL_PAIRS:
         assert not fused_all_pairs(surrogate, case, prepared)[1][silent].any()
+        check_all_pairs(surrogate, case)
     for surrogate in SURROGATES:
         for temperature in (None, 0.5):
             assert not fused_hardest(case, prepared, surrogate, temperature)[2][silent].any()
+            check_hardest(case, surrogate, temperature)
 
 
-def test_single_item_batch():
-    # (Empty batches never reach these forms: the loss entry point returns 0 below two items.)
-    one = torch.ones(1, dtype=torch.float64)
-    case = Case(0.3 * one, one, None, "linear", "sum", 1.0)
+@pytest.mark.parametrize("labels", ("binary", "ordinal"))
+def test_single_item_batch(labels):
+    # (Empty batches never reach these forms: the loss entry point returns 0 below two items,
+    # and so does its PyTorch tier before building tables; the forms handle one item anyway.)
+    case = Case(torch.full((1,), 0.3, dtype=torch.float64), *(binary if labels == "binary" else ordinal)([1.0]),
+                None, "linear", "sum", 1.0)
     prepared = prepare(case)
     for surrogate in ALL_PAIRS:
         value, grad = fused_all_pairs(surrogate, case, prepared)

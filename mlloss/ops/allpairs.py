@@ -1,9 +1,11 @@
 """Exact all-pairs sums in blocks: the PyTorch path for surrogates without a closed form.
 
-Computes  loss = sum_u coef_u * sum_{i, j in u, level_i > level_j} c_ij * phi(s_i - s_j)
-and its gradient in one forward pass, never holding more than ``TILE_ELEMENTS`` pairs at once
-(memory O(N + tile)); backward only scales the stored gradient by ``grad_output`` (the fused-loss
-pattern of Liger-Kernel). The work follows the valid pairs, not N^2:
+``all_pairs_loss_and_grad`` computes  loss = sum_u coef_u * sum_{i, j in u, level_i > level_j}
+c_ij * phi(s_i - s_j)  and its gradient in one pass over one problem's dense tables
+(``layout.dense_tables``), never holding more than ``TILE_ELEMENTS`` pairs at once (memory
+O(N + tile)) and recording no autograd graph: the custom op returns the gradient, and its
+backward (``fused``) only scales it by the incoming one (the fused-loss pattern of Liger-Kernel).
+The work follows the valid pairs, not N^2:
 
 * in a large group (and in the whole batch when there are no groups) the items sorted by level
   form one run per level; every valid pair lies in a *rectangle* (run of level a) x (run of a
@@ -27,34 +29,6 @@ from .layout import OrdinalLayout
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
-
-
-def all_pairs_loss(
-    scores_sorted: Tensor,
-    layout: OrdinalLayout,
-    cost_matrix: Tensor,
-    group_coefficients: Tensor,
-    surrogate: str,
-    margin: float,
-) -> Tensor:
-    """Differentiable all-pairs loss of scores already sorted by ``layout.order``."""
-    return _AllPairs.apply(scores_sorted, layout, cost_matrix, group_coefficients, surrogate, margin)
-
-
-class _AllPairs(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores, layout, cost_matrix, group_coefficients, surrogate, margin):
-        loss, grad = all_pairs_loss_and_grad(
-            scores.detach(), layout, cost_matrix, group_coefficients, surrogate, margin
-        )
-        ctx.save_for_backward(grad)
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # the stored gradient is not a graph: no double backward
-    def backward(ctx, grad_output):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output, None, None, None, None, None
 
 
 def all_pairs_loss_and_grad(

@@ -1,9 +1,11 @@
 """Exact closed forms of the all-pairs sums (loss spec, "Exact identities").
 
-Each function returns  sum_u coef_u * sum_{i, j in u, level_i > level_j} c_ij * phi(s_i - s_j)
-for scores already sorted by the layout, as a differentiable float64 expression of cost
-O(N log N) or O(N + G L^2); autograd supplies the gradient. The ``*_loss_and_grad`` forms return
-(loss, d loss / d scores) instead, the gradient computed in the same pass without autograd.
+Each ``*_loss_and_grad`` function returns the float64 loss
+sum_u coef_u * sum_{i, j in u, level_i > level_j} c_ij * phi(s_i - s_j)
+for scores already sorted by the dense tables (``layout.dense_tables``), at a cost of
+O(N log N) or O(N + G L^2), together with d loss / d (sorted) scores, computed in the same pass
+from plain tensor arithmetic: no autograd graph is recorded (the custom op ``mlloss::pair_loss``
+returns this gradient and its backward only scales it, see ``fused``).
 
 * exponential: sum_{a > b} C_ab * A_a * B_b with A_a = sum_{level a} exp(-s), B_b = sum_{level b}
   exp(s), per group; every sum is carried in the log domain (logsumexp per cell, then per group)
@@ -24,125 +26,6 @@ from .layout import OrdinalLayout, dense_cells, level_pair_sums, segment_logsume
 
 # The (G, L, L) term table of the exponential form is built in chunks of groups of this many entries.
 TERM_TABLE_ELEMENTS = 1 << 24
-
-
-def exponential_all_pairs(
-    scores: Tensor, layout: OrdinalLayout, cost_matrix: Tensor, group_coefficients: Tensor
-) -> Tensor:
-    lengths = layout.cell_lengths
-    log_upper = dense_cells(layout, segment_logsumexp(-scores, lengths), float("-inf"))  # log A
-    log_lower = dense_cells(layout, segment_logsumexp(scores, lengths), float("-inf"))  # log B
-    log_cost = torch.log(cost_matrix)  # -inf where a <= b
-    valid_groups = torch.nonzero(group_coefficients > 0).flatten()
-    chunk = max(1, TERM_TABLE_ELEMENTS // max(1, layout.num_levels**2))
-    log_terms = []
-    for start in range(0, valid_groups.numel(), chunk):
-        ids = valid_groups[start : start + chunk]
-        table = log_upper[ids, :, None] + log_lower[ids, None, :] + log_cost
-        finite = torch.isfinite(table)
-        # Absent cells give -inf; replace them by a constant so logsumexp's gradient stays finite.
-        table = torch.where(finite, table, torch.finfo(table.dtype).min)
-        log_terms.append(torch.logsumexp(table.flatten(1), dim=1) + torch.log(group_coefficients[ids]))
-    return torch.exp(torch.logsumexp(torch.cat(log_terms), dim=0))
-
-
-def squared_all_pairs(
-    scores: Tensor,
-    layout: OrdinalLayout,
-    cost_matrix: Tensor,
-    group_coefficients: Tensor,
-    margin: float,
-) -> Tensor:
-    centred = _centre_on_group_mean(scores, layout)
-    lengths = layout.cell_lengths
-    count = dense_cells(layout, lengths.to(scores.dtype), 0.0)
-    first = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=lengths), 0.0)
-    second = dense_cells(layout, torch.segment_reduce(centred.square(), "sum", lengths=lengths), 0.0)
-
-    def pairs(upper: Tensor, lower: Tensor) -> Tensor:
-        return level_pair_sums(upper, cost_matrix, lower)
-
-    # sum over pairs of (m - x_i + x_j)^2 = m^2 + x_i^2 + x_j^2 - 2m x_i + 2m x_j - 2 x_i x_j
-    per_group = (
-        margin**2 * pairs(count, count)
-        + pairs(second, count)
-        + pairs(count, second)
-        - 2 * margin * pairs(first, count)
-        + 2 * margin * pairs(count, first)
-        - 2 * pairs(first, first)
-    )
-    return (group_coefficients * per_group).sum()
-
-
-def hinge_all_pairs(
-    scores: Tensor,
-    layout: OrdinalLayout,
-    cost_matrix: Tensor,
-    group_coefficients: Tensor,
-    margin: float,
-) -> Tensor:
-    centred = _centre_on_group_mean(scores, layout)
-    cell_sums = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=layout.cell_lengths), 0.0)
-    total = scores.new_zeros(())
-    for lower_level in range(layout.num_levels - 1):
-        pair_weight = cost_matrix[layout.level, lower_level] * group_coefficients[layout.group]
-        total = total + _hinge_against_level(
-            centred, layout, lower_level, pair_weight, cell_sums[:, lower_level], margin
-        )
-    return total
-
-
-def _hinge_against_level(
-    centred: Tensor,
-    layout: OrdinalLayout,
-    lower_level: int,
-    pair_weight: Tensor,
-    cell_sum: Tensor,
-    margin: float,
-) -> Tensor:
-    """sum_i pair_weight_i * sum_{j in cell (g_i, lower_level)} max(0, m - x_i + x_j)."""
-    lower = torch.nonzero(layout.level == lower_level).flatten()
-    upper = torch.nonzero(pair_weight > 0).flatten()
-    if lower.numel() == 0 or upper.numel() == 0:
-        return centred.new_zeros(())
-    # Merge lower items (value x_j) and upper queries (value x_i - m), lower first on equal values,
-    # sorted by (group, value): the lower items before a query are exactly the inactive ones
-    # (x_j <= x_i - m), the rest of its group's lower cell are the active pairs.
-    group = torch.cat([layout.group[lower], layout.group[upper]])
-    value = torch.cat([centred[lower], centred[upper] - margin])
-    is_lower = torch.cat([torch.ones_like(lower), torch.zeros_like(upper)]).to(centred.dtype)
-    by_value = torch.sort(value.detach(), stable=True).indices
-    merged = by_value[torch.sort(group[by_value], stable=True).indices]
-
-    lower_count = torch.cumsum(is_lower[merged], 0)
-    lower_sum = torch.cumsum(torch.where(is_lower[merged] > 0, value[merged], 0.0), 0)
-    merged_group = group[merged]
-    group_first = torch.searchsorted(merged_group, merged_group, right=False)
-    count_before_group = torch.where(group_first > 0, lower_count[group_first - 1], 0.0)
-    sum_before_group = torch.where(group_first > 0, lower_sum[group_first - 1], 0.0)
-    inactive_count = lower_count - count_before_group
-    inactive_sum = lower_sum - sum_before_group
-
-    group_count = layout.counts[:, lower_level].to(centred.dtype)
-    is_query = is_lower[merged] == 0
-    query_group = merged_group[is_query]
-    active_count = group_count[query_group] - inactive_count[is_query]
-    active_sum = cell_sum[query_group] - inactive_sum[is_query]
-    query_item = upper[merged[is_query] - lower.numel()]
-    upper_scores = centred[query_item]
-    pair_sum = active_count * (margin - upper_scores) + active_sum
-    return (pair_weight[query_item] * pair_sum).sum()
-
-
-def _centre_on_group_mean(scores: Tensor, layout: OrdinalLayout) -> Tensor:
-    """Scores minus their (constant, detached) group mean: pair differences are unchanged."""
-    sizes = layout.group_sizes
-    means = torch.segment_reduce(scores.detach(), "sum", lengths=sizes) / sizes.clamp(min=1)
-    return scores - means.repeat_interleave(sizes)
-
-
-# Fused forms: (loss, d loss / d sorted scores) from plain tensor arithmetic, no autograd (the
-# custom-op path records no graph, so each form carries its own gradient).
 
 
 @torch.no_grad()
@@ -307,6 +190,13 @@ def _hinge_against_level_and_grad(
     is_lower_item = merged_is_lower > 0
     grad.index_add_(0, lower[merged[is_lower_item]], active_weight[is_lower_item])
     return (query_weight * pair_sum).sum()
+
+
+def _centre_on_group_mean(scores: Tensor, layout: OrdinalLayout) -> Tensor:
+    """Scores minus their group mean: pair differences are unchanged."""
+    sizes = layout.group_sizes
+    means = torch.segment_reduce(scores, "sum", lengths=sizes) / sizes.clamp(min=1)
+    return scores - means.repeat_interleave(sizes)
 
 
 def _within_group_cumsum(values: Tensor, group_first: Tensor) -> Tensor:

@@ -6,9 +6,11 @@ sum_{a > b} c_ab * phi(min_a - max_b) / sum_{a > b} c_ab (loss spec, "Max-violat
 With ``temperature`` tau the min and max become log-mean-exp:
 softmin = -tau * log(mean exp(-s / tau)), softmax = tau * log(mean exp(s / tau)).
 
-The hard version's gradient goes to the argmin / argmax items; tied extremes share it equally
-(see ``layout.segment_extreme``), which is deterministic. ``hardest_pair_loss`` leaves the gradient
-to autograd; ``hardest_pair_loss_and_grad`` computes it in the forward pass (no autograd graph).
+``hardest_pair_loss_and_grad`` works on one problem's dense tables (``layout.dense_tables``) and
+returns the loss with its gradient, computed in the same pass from plain tensor arithmetic (no
+autograd graph; the custom op's backward only scales it, see ``fused``). The hard version's
+gradient goes to the argmin / argmax items, tied extremes sharing it equally (deterministic);
+the soft version's to every item of the cell, by its softmax weight.
 """
 
 from __future__ import annotations
@@ -17,46 +19,7 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value
-from .layout import OrdinalLayout, dense_cells, segment_extreme, segment_logsumexp
-
-
-def hardest_pair_loss(
-    scores: Tensor,
-    layout: OrdinalLayout,
-    cost_matrix: Tensor,
-    surrogate: str,
-    margin: float,
-    reduction: str,
-    temperature: float | None,
-) -> tuple[Tensor, Tensor]:
-    """(loss, number of groups with a valid level pair) for scores sorted by the layout."""
-    lowest, highest = _cell_extremes(scores, layout.cell_lengths, temperature)
-    cell_min = dense_cells(layout, lowest, 0.0)
-    cell_max = dense_cells(layout, highest, 0.0)
-    present = layout.counts > 0
-    pair_cost = torch.where(present[:, :, None] & present[:, None, :], cost_matrix, 0.0)
-    # Margins of absent level pairs are set to 0 before phi so that no inf (and no NaN gradient
-    # through torch.where) can come from them.
-    margins = torch.where(pair_cost > 0, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
-    per_pair = torch.where(pair_cost > 0, surrogate_value(margins, surrogate, margin), 0.0)
-    normaliser = pair_cost.sum((1, 2))
-    has_pairs = normaliser > 0
-    per_group = (pair_cost * per_pair).sum((1, 2)) / torch.where(has_pairs, normaliser, 1.0)
-    num_groups = has_pairs.sum()
-    loss = per_group.sum()
-    if reduction == "mean":
-        loss = loss / num_groups.clamp(min=1)
-    return loss, num_groups
-
-
-def _cell_extremes(scores: Tensor, lengths: Tensor, temperature: float | None) -> tuple[Tensor, Tensor]:
-    """(min, max) of the scores in each cell, or their log-mean-exp versions."""
-    if temperature is None:
-        return segment_extreme(scores, lengths, "min"), segment_extreme(scores, lengths, "max")
-    log_count = torch.log(lengths.to(scores.dtype))
-    softmin = -temperature * (segment_logsumexp(-scores / temperature, lengths) - log_count)
-    softmax = temperature * (segment_logsumexp(scores / temperature, lengths) - log_count)
-    return softmin, softmax
+from .layout import OrdinalLayout, dense_cells
 
 
 @torch.no_grad()
@@ -108,9 +71,8 @@ def _cell_extremes_and_slopes(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per cell (min, d min / d s, max, d max / d s), or their log-mean-exp versions.
 
-    Hard: the exact min / max, its derivative split equally among the items attaining it (the
-    rule of ``layout.segment_extreme``). Soft: d softmin / d s_i = softmax(-s / tau)_i within the
-    cell, d softmax / d s_i = softmax(s / tau)_i.
+    Hard: the exact min / max, its derivative split equally among the items attaining it.
+    Soft: d softmin / d s_i = softmax(-s / tau)_i within the cell, d softmax / d s_i = softmax(s / tau)_i.
     """
     if temperature is None:
         lowest, lowest_slope = _hard_extreme(scores, lengths, "min")
