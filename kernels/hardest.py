@@ -161,7 +161,7 @@ def _hardest_kernel(
     # d phi(min - max) / d min = -pull, / d max = +pull
     grad = tl.where(has_pair, tl.where(positive, -pull, pull) * share, 0.0)
     item = tl.load(order_row + positions, mask=mask, other=0)
-    tl.store(grad_ptr + row + item, grad, mask=mask)
+    tl.store(grad_ptr + row + item, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
     counted = has_pair & (positions == group_start)  # each group once, at its first position
     sums = block_sums_ptr + problem * 3 * num_blocks + block
@@ -185,7 +185,7 @@ def hardest_loss_and_grad(
     """Every binary problem's max-violation loss over a score-ordered ``PairLayout``, mixed.
 
     Same contract as ``pairwise.pair_loss_and_grad`` (``levels.rank`` must be the 0/1 labels and
-    the layout built with ``tie_scores=scores``); the gradient comes back in float64.
+    the layout built with ``tie_scores=scores``).
     """
     validate_device(scores, levels.rank, layout.order)
     num_problems, n = layout.order.shape
@@ -198,7 +198,11 @@ def hardest_loss_and_grad(
         layout.group_end if has_groups else layout.cell_end,
     )
     soft = temperature is not None
-    grad = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device)
+    loss_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    # One problem: its gradient goes straight to the output, which combine scales in place.
+    grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
+        (num_problems, n), dtype=torch.float64, device=scores.device
+    )
     prefix = grad  # not read without a temperature
     if soft:
         terms = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device)
@@ -213,8 +217,7 @@ def hardest_loss_and_grad(
         float(temperature or 1.0),
         MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
     )
-    loss_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
     return combine(
         grad, 0, n, block_sums, mixing, mean=reduction == "mean",
-        loss_dtype=loss_dtype, status=status, block=block,
+        loss_dtype=loss_dtype, status=status, block=block, grad=grad if num_problems == 1 else None,
     )

@@ -85,24 +85,16 @@ def _accumulate(
         x = s_m[:, None] - s_n[None, :]
     value, pull = reverse_margin_terms(x, margin, SURROGATE, UPPER_ROWS, FAST)
     if MASKED:
-        if SURROGATE == 3:
-            # exp(x) of an invalid pair may be inf, and 0 * inf is nan: select instead.
-            if WEIGHTED:
-                pull = tl.where(keep, w * pull, 0.0)
-            else:
-                pull = tl.where(keep, pull, 0.0)
+        # Selecting the accumulator (not the term) lets ptxas predicate the add: invalid pairs,
+        # whose terms may be inf (exponential), cost no select of their own.
+        if WEIGHTED:
             if UPPER_ROWS:
-                acc_value += pull
-            acc_pull += pull
+                acc_value = tl.where(keep, acc_value + w * value, acc_value)
+            acc_pull = tl.where(keep, acc_pull + w * pull, acc_pull)
         else:
-            # Finite terms: a 0/1 (or 0/c) weight costs one select for both accumulators.
-            if WEIGHTED:
-                w = tl.where(keep, w, 0.0)
-            else:
-                w = tl.where(keep, 1.0, 0.0)
             if UPPER_ROWS:
-                acc_value += w * value
-            acc_pull += w * pull
+                acc_value = tl.where(keep, acc_value + value, acc_value)
+            acc_pull = tl.where(keep, acc_pull + pull, acc_pull)
     else:
         if WEIGHTED:
             if UPPER_ROWS:
@@ -229,16 +221,17 @@ def _pass(
 @triton.jit
 def _pair_partials_kernel(
     scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr,
-    group_end_ptr, work_ptr, N, num_ranks, num_chunks,
+    group_end_ptr, partials_ptr, shares_ptr, N, num_ranks, num_chunks,
     MARGIN: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr,
     FAST: tl.constexpr, SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WRITE_SHARES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid (row blocks * num_chunks, 2, B). ``work`` (B, 3 * num_chunks + 2, N) gets rows
-    [c] the loss of the upper pass, [num_chunks + c] the upper side of the gradient and
-    [2 * num_chunks + c] the lower side, of chunk c, and [3 * num_chunks] each position's share
-    of its group's Z_u (written with chunk 0 of the upper pass). MARGIN is a constexpr so that
-    the float64 path sees it unrounded (a float argument is typed fp32)."""
+    """Grid (row blocks * num_chunks, 2, B). ``partials`` (B, 3, num_chunks, N) gets, per chunk,
+    the row loss of the upper pass, the upper side and the lower side of the gradient. With
+    WRITE_SHARES (problems of more than two levels), chunk 0 of the upper pass writes each
+    position's share of its group's Z_u to ``shares`` (B, N) float64 (binary problems have Z_u in
+    closed form). MARGIN is a constexpr so that the float64 path sees it unrounded (a float
+    argument is typed fp32)."""
     row_block = tl.program_id(0) // num_chunks
     chunk = tl.program_id(0) % num_chunks
     problem = tl.program_id(2).to(tl.int64)
@@ -246,35 +239,36 @@ def _pair_partials_kernel(
     rank_row = rank_ptr + row
     values_row = values_ptr + problem * num_ranks
     order_row = order_ptr + row
-    work = work_ptr + problem * (3 * num_chunks + 2) * N
+    part = partials_ptr + (problem * 3 * num_chunks + chunk) * N
     if tl.program_id(1) == 0:
         # Upper rows: lower partners [group_start, cell_start).
         v_m, lo_m, hi_m, rows, row_mask = _pass(
             scores_ptr, rank_row, values_row, order_row, group_start_ptr, cell_start_ptr + row,
-            work + (num_chunks + chunk) * N, work + chunk * N, N, MARGIN, row_block, chunk, num_chunks,
+            part + num_chunks * N, part, N, MARGIN, row_block, chunk, num_chunks,
             True, not HAS_GROUPS, False, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
             ACC, BLOCK_M, BLOCK_N,
         )
-        if chunk == 0:
-            # Z_u = sum over the group's positions of this share (lower partners for the uniform
-            # cost; v * (lower - upper partners) for the linear one, see _cost_shares).
-            lower = hi_m - lo_m
-            if COST_LINEAR:
-                if HAS_GROUPS:
-                    upper = tl.load(group_end_ptr + rows, mask=row_mask, other=0) - tl.load(
-                        cell_end_ptr + row + rows, mask=row_mask, other=0
-                    )
+        if WRITE_SHARES:
+            if chunk == 0:
+                # Z_u = sum over the group's positions of this share (lower partners for the
+                # uniform cost; v * (lower - upper partners) for the linear one, see _cost_shares).
+                lower = hi_m - lo_m
+                if COST_LINEAR:
+                    if HAS_GROUPS:
+                        upper = tl.load(group_end_ptr + rows, mask=row_mask, other=0) - tl.load(
+                            cell_end_ptr + row + rows, mask=row_mask, other=0
+                        )
+                    else:
+                        upper = N - tl.load(cell_end_ptr + row + rows, mask=row_mask, other=N)
+                    share = v_m.to(tl.float64) * (lower - upper).to(tl.float64)
                 else:
-                    upper = N - tl.load(cell_end_ptr + row + rows, mask=row_mask, other=N)
-                share = v_m * (lower - upper).to(ACC)
-            else:
-                share = lower.to(ACC)
-            tl.store(work + 3 * num_chunks * N + rows, share, mask=row_mask)
+                    share = lower.to(tl.float64)
+                tl.store(shares_ptr + row + rows, share, mask=row_mask)
     else:
         # Lower rows: upper partners [cell_end, group_end).
         _pass(
             scores_ptr, rank_row, values_row, order_row, cell_end_ptr + row, group_end_ptr,
-            work + (2 * num_chunks + chunk) * N, work + chunk * N, N, MARGIN, row_block, chunk, num_chunks,
+            part + 2 * num_chunks * N, part, N, MARGIN, row_block, chunk, num_chunks,
             False, False, not HAS_GROUPS, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
             ACC, BLOCK_M, BLOCK_N,
         )
@@ -294,23 +288,25 @@ def pair_partials(
     accumulation: torch.dtype,
     tiles: tuple[int, int, int],
     num_chunks: int,
-) -> torch.Tensor:
-    """Launch kernel 1; returns the (B, 3 * num_chunks + 2, N) work buffer (see the kernel)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch kernel 1; returns (partials (B, 3, num_chunks, N), the shares of Z_u (B, N) float64
+    or None for binary problems)."""
     num_problems, n = layout.order.shape
     block_m, block_n, num_warps = tiles
-    work = torch.empty((num_problems, 3 * num_chunks + 2, n), dtype=accumulation, device=scores.device)
+    partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
+    binary = levels.values is None
+    shares = None if binary else torch.empty((num_problems, n), dtype=torch.float64, device=scores.device)
     has_groups = layout.group_start is not None
-    values = levels.values if levels.values is not None else scores  # not read for 0/1 levels
     _pair_partials_kernel[(triton.cdiv(n, block_m) * num_chunks, 2, num_problems)](
-        scores, levels.rank, values, layout.order, layout.cell_start, layout.cell_end,
+        scores, levels.rank, scores if binary else levels.values, layout.order, layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_end,
-        work, n, levels.num_ranks, num_chunks,
+        partials, partials if binary else shares, n, levels.num_ranks, num_chunks,
         MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
-        SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation),
+        SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=not binary,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
-    return work
+    return partials, shares
 
 
 # --------------------------------------------------------------------------- #
@@ -318,64 +314,76 @@ def pair_partials(
 # --------------------------------------------------------------------------- #
 @triton.jit
 def _finalize_kernel(
-    work_ptr, order_ptr, cell_start_ptr, group_start_ptr, group_end_ptr, cost_prefix_ptr,
-    block_sums_ptr, N, num_chunks, num_blocks,
-    HAS_GROUPS: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+    partials_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, cost_prefix_ptr,
+    grad_ptr, grad_stride, block_sums_ptr, N, num_chunks, num_blocks,
+    HAS_GROUPS: tl.constexpr, BINARY: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Grid (position blocks, B). ``cost_prefix`` (B, N) float64 is the inclusive prefix sum over
-    positions of the shares of Z_u, so that Z_u = prefix[group_end - 1] - prefix[group_start - 1].
-    Writes the gradient in the caller's item order, not yet divided by the number of groups,
-    to row 3 * num_chunks + 1 of ``work``, and block_sums (B, 3, num_blocks): [sum of
-    row loss / Z_u, groups with a valid pair (counted at their first position), valid pairs
-    (each counted at its upper item)]."""
+    """Grid (position blocks, B). Z_u: for a binary problem the negatives times the positives
+    of the group, from the spans; otherwise ``cost_prefix`` (B, N) float64, the inclusive prefix
+    sums over positions of the shares of Z_u, gives Z_u = prefix[group_end - 1] -
+    prefix[group_start - 1]. Writes the gradient in the caller's item order, not yet divided by
+    the number of groups, to ``grad + b * grad_stride``, and block_sums (B, 3, num_blocks):
+    [sum of row loss / Z_u, groups with a valid pair (counted at their first position), valid
+    pairs (each counted at its upper item)]."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
     row = problem * N
     positions = block * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
-    work = work_ptr + problem * (3 * num_chunks + 2) * N
+    part = partials_ptr + problem * 3 * num_chunks * N + positions
     row_loss = tl.zeros([BLOCK], dtype=ACC)
     row_grad = tl.zeros([BLOCK], dtype=ACC)
     for chunk in range(num_chunks):
-        row_loss += tl.load(work + chunk * N + positions, mask=mask, other=0.0)
-        row_grad += tl.load(work + (num_chunks + chunk) * N + positions, mask=mask, other=0.0)
-        row_grad += tl.load(work + (2 * num_chunks + chunk) * N + positions, mask=mask, other=0.0)
+        row_loss += tl.load(part + chunk * N, mask=mask, other=0.0)
+        row_grad += tl.load(part + (num_chunks + chunk) * N, mask=mask, other=0.0)
+        row_grad += tl.load(part + (2 * num_chunks + chunk) * N, mask=mask, other=0.0)
     if HAS_GROUPS:
         group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
         group_end = tl.load(group_end_ptr + positions, mask=mask, other=1)
     else:
         group_start = tl.zeros([BLOCK], dtype=tl.int32)
         group_end = tl.zeros([BLOCK], dtype=tl.int32) + N
-    prefix = cost_prefix_ptr + row
-    cost = tl.load(prefix + group_end - 1, mask=mask, other=0.0) - tl.load(
-        prefix + group_start - 1, mask=mask & (group_start > 0), other=0.0
-    )
+    cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
+    if BINARY:
+        # Negatives [group_start, c), positives [c, group_end): c is the item's cell start if
+        # a cell lies before it, else its cell end (then the item is a negative, or alone).
+        cell_end = tl.load(cell_end_ptr + row + positions, mask=mask, other=0)
+        boundary = tl.where(cell_start > group_start, cell_start, cell_end)
+        cost = (boundary - group_start).to(tl.float64) * (group_end - boundary).to(tl.float64)
+    else:
+        prefix = cost_prefix_ptr + row
+        cost = tl.load(prefix + group_end - 1, mask=mask, other=0.0) - tl.load(
+            prefix + group_start - 1, mask=mask & (group_start > 0), other=0.0
+        )
     has_pairs = cost > 0
     coefficient = tl.where(has_pairs, 1.0 / tl.where(has_pairs, cost, 1.0), 0.0)
     item = tl.load(order_ptr + row + positions, mask=mask, other=0)
-    tl.store(work + (3 * num_chunks + 1) * N + item, row_grad * coefficient.to(ACC), mask=mask)
-    lower_partners = tl.load(cell_start_ptr + row + positions, mask=mask, other=0) - group_start
+    tl.store(grad_ptr + problem * grad_stride + item, row_grad * coefficient.to(ACC), mask=mask)
     sums = block_sums_ptr + problem * 3 * num_blocks + block
     tl.store(sums, tl.sum(row_loss.to(tl.float64) * coefficient))
     tl.store(sums + num_blocks, tl.sum((has_pairs & (positions == group_start) & mask).to(tl.float64)))
-    tl.store(sums + 2 * num_blocks, tl.sum(lower_partners.to(tl.float64)))
+    tl.store(sums + 2 * num_blocks, tl.sum((cell_start - group_start).to(tl.float64)))
 
 
-def finalize(work: torch.Tensor, layout, *, num_chunks: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch kernel 2; returns (the gradient rows (B, N) of ``work``, block sums (B, 3, blocks))."""
-    num_problems, _, n = work.shape
+def finalize(
+    partials: torch.Tensor, shares: torch.Tensor | None, layout, grad: torch.Tensor, *, block: int
+) -> torch.Tensor:
+    """Launch kernel 2: writes every problem's gradient to ``grad`` ((B, N), or (N,) for one
+    problem) and returns the block sums (B, 3, blocks)."""
+    num_problems, _, num_chunks, n = partials.shape
     num_blocks = triton.cdiv(n, block)
-    cost_prefix = torch.cumsum(work[:, 3 * num_chunks], dim=1, dtype=torch.float64)
-    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=work.device)
+    if shares is not None:
+        shares.cumsum_(dim=1)  # in place: the prefix sums of the shares
+    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=partials.device)
     has_groups = layout.group_start is not None
     _finalize_kernel[(num_blocks, num_problems)](
-        work, layout.order, layout.cell_start,
+        partials, layout.order, layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_start,
-        cost_prefix, block_sums, n, num_chunks, num_blocks,
-        HAS_GROUPS=has_groups, ACC=tl_dtype(work.dtype), BLOCK=block,
+        partials if shares is None else shares, grad, n, block_sums, n, num_chunks, num_blocks,
+        HAS_GROUPS=has_groups, BINARY=shares is None, ACC=tl_dtype(partials.dtype), BLOCK=block,
     )
-    return work, block_sums
+    return block_sums
 
 
 # --------------------------------------------------------------------------- #
@@ -446,15 +454,18 @@ def combine(
     loss_dtype: torch.dtype,
     status: torch.Tensor | None,
     block: int,
+    grad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch kernel 3 on the problems' gradients in ``grad_parts`` (problem b's N values, in
     the caller's order, start at element ``grad_parts_offset + b * grad_parts_stride``); returns
     (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), the
-    loss and the gradient in ``loss_dtype``."""
+    loss and the gradient in ``loss_dtype``. ``grad`` may be ``grad_parts`` itself (one problem):
+    every element is read and then written by the same program."""
     num_problems, n = block_sums.shape[0], grad_parts.shape[-1]
     loss = torch.empty((), dtype=loss_dtype, device=grad_parts.device)
     stats = torch.empty(3 * num_problems, dtype=torch.float64, device=grad_parts.device)
-    grad = torch.empty(n, dtype=loss_dtype, device=grad_parts.device)
+    if grad is None:
+        grad = torch.empty(n, dtype=loss_dtype, device=grad_parts.device)
     _combine_kernel[(max(triton.cdiv(n, block), 1),)](
         grad_parts, grad_parts_offset, grad_parts_stride, block_sums, mixing if mixing is not None else block_sums, grad, loss, stats,
         status if status is not None else stats, n, num_problems, block_sums.shape[2],
@@ -568,16 +579,18 @@ def pair_loss_and_grad(
     validate_device(scores, levels.rank, layout.order)
     accumulation = accumulation_dtype(scores)
     default_tiles, default_chunks, finalize_block = launch_config(scores.device, layout.num_items, layout.num_problems)
-    num_chunks = chunks or default_chunks
     fast = fast_math(scores.device, accumulation)
-    work = pair_partials(
+    partials, shares = pair_partials(
         scores, levels, layout,
         cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=fast,
         score_scale=score_scale(surrogate, fast), value_scale=value_scale(surrogate, fast),
-        accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=num_chunks,
+        accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=chunks or default_chunks,
     )
-    work, block_sums = finalize(work, layout, num_chunks=num_chunks, block=finalize_block)
+    num_problems, n = layout.order.shape
+    # One problem: its gradient goes straight to the output, which combine scales in place.
+    grad = torch.empty(n if num_problems == 1 else (num_problems, n), dtype=accumulation, device=scores.device)
+    block_sums = finalize(partials, shares, layout, grad, block=finalize_block)
     return combine(
-        work, (3 * num_chunks + 1) * layout.num_items, work.stride(0), block_sums, mixing, mean=reduction == "mean",
-        loss_dtype=accumulation, status=status, block=finalize_block,
+        grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=accumulation, status=status,
+        block=finalize_block, grad=grad if num_problems == 1 else None,
     )

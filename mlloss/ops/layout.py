@@ -3,20 +3,27 @@
 A batch is B *problems* over the same N items (B = 1 for AUC and LaA, one per label for LoA):
 scores, a level per item and problem (the binary label for AUC/LoA, the aggregated label ybar
 for LaA) and an optional group id. A pair (i, j) is valid when g_i == g_j and
-level_i > level_j (loss spec, "Pair sets and weights").
+level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
 
-``pair_layout`` sorts the items of every problem by (group ascending, level ascending): each
-group is a contiguous run of positions and, inside it, each level a contiguous *cell*. The
-valid partners of the item at position p are then two ranges of positions, read from four
-(B, N) int32 spans: its lower partners ``[group_start, cell_start)`` and its upper partners
-``[cell_end, group_end)``. Both tiers take these per-item arguments: the Triton kernels stream
-the ranges in tiles, and the PyTorch tier (``dense_tables``) turns one problem into the
-(group, level) count tables its closed forms and blocked all-pairs path need.
+* ``Levels`` holds every problem's levels as order-preserving integer ranks (built by
+  ``ranking.problem_levels``), and ``pair_layout`` turns them and the groups into a
+  ``PairLayout``: the items of every problem sorted by (group ascending, level ascending), so
+  that each group is a contiguous run of positions and, inside it, each level a contiguous
+  *cell*. The valid partners of the item at position p are then two ranges of positions, read
+  from four int32 spans (the cell spans per problem, the group spans shared): its lower partners
+  ``[group_start, cell_start)`` and its upper partners ``[cell_end, group_end)``. Both tiers
+  take these per-item arguments; the Triton kernels stream the ranges in tiles.
+* ``dense_tables`` turns one problem of a ``PairLayout`` into an ``OrdinalLayout``: the items
+  by (group ascending, level descending) with their (group, level) count tables, which the
+  PyTorch tier's closed forms, max-violation pairs and blocked all-pairs path work on. The
+  helpers after it build on those tables: the level-pair cost matrix, the per-group normalisers
+  and reduction coefficients, per-cell log-sum-exp and the scatter of per-cell values.
 
 ``pair_layout`` is sync-free and shape-static: a few sorts and binary searches on the device,
 no ``unique``/``nonzero``/``.item()``, so a CUDA step does not wait for the host and
 ``torch.compile`` sees fixed shapes. The tables of ``dense_tables`` are data-dependent in size
-and read counts on the host; they serve the CPU path only.
+and read counts on the host; they serve the PyTorch tier only (which the Triton tier falls back
+to for LaA's max-violation pairs).
 """
 
 from __future__ import annotations
@@ -25,6 +32,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+# Dense (group, level) tables hold G * L entries; beyond this ``dense_tables`` refuses rather than
+# allocating gigabytes (a label with thousands of distinct values is not an ordinal label).
+MAX_GROUP_LEVEL_CELLS = 1 << 27
+
 
 @dataclass(frozen=True)
 class PairLayout:
@@ -36,7 +48,7 @@ class PairLayout:
     runs); without groups they are None and the one group is ``[0, N)``.
     """
 
-    order: Tensor  # (B, N) int64: sorted position -> item index
+    order: Tensor  # (B, N) int32: sorted position -> item index
     cell_start: Tensor  # (B, N) int32: first position of the item's (group, level) cell
     cell_end: Tensor  # (B, N) int32: one past its last position
     group_start: Tensor | None  # (N,) int32
@@ -79,22 +91,60 @@ def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | N
         key = levels.rank
         group_start = group_end = None
     else:
-        sorted_groups = torch.sort(groups).values
-        group_start = torch.searchsorted(sorted_groups, sorted_groups, out_int32=True)
-        group_end = torch.searchsorted(sorted_groups, sorted_groups, right=True, out_int32=True)
-        # key = group rank * ranks + level rank < N * ranks: int32 when it fits (a faster sort).
-        narrow = num_items * levels.num_ranks < 2**31
-        group_rank = torch.searchsorted(sorted_groups, groups, out_int32=narrow)
-        key = torch.add(levels.rank, group_rank, alpha=levels.num_ranks)
+        key, group_start, group_end = _group_key(levels, groups, num_items)
+    # The temporaries are dropped as soon as they are used: at N = 2^20 every int64 vector is
+    # 8 MB, and the sorts' outputs are the call's memory peak.
     if tie_scores is None:
         sorted_key, order = torch.sort(key, dim=1, stable=True)
     else:  # a stable sort by key of the items in score order
         by_score = torch.sort(tie_scores).indices
         sorted_key, within = torch.sort(key[:, by_score], dim=1, stable=True)
         order = by_score[within]
+        del by_score, within
+    del key
+    order = order.to(torch.int32)  # half the int64 indices' memory for the rest of the call (N < 2^31)
     cell_start = torch.searchsorted(sorted_key, sorted_key, out_int32=True)
     cell_end = torch.searchsorted(sorted_key, sorted_key, right=True, out_int32=True)
     return PairLayout(order, cell_start, cell_end, group_start, group_end)
+
+
+def _group_key(levels: Levels, groups: Tensor, num_items: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(sort key group rank * ranks + level rank, group start, group end): the group rank is the
+    first position of the item's group among the sorted ids. int32 keys when they fit."""
+    sorted_groups = torch.sort(groups).values
+    group_start = torch.searchsorted(sorted_groups, sorted_groups, out_int32=True)
+    group_end = torch.searchsorted(sorted_groups, sorted_groups, right=True, out_int32=True)
+    narrow = num_items * levels.num_ranks < 2**31
+    group_rank = torch.searchsorted(sorted_groups, groups, out_int32=narrow)
+    del sorted_groups
+    return torch.add(levels.rank, group_rank, alpha=levels.num_ranks), group_start, group_end
+
+
+@dataclass(frozen=True)
+class OrdinalLayout:
+    """One problem's items sorted by (group ascending, level descending) and their (group, level)
+    counts: the tables ``dense_tables`` builds for the PyTorch tier."""
+
+    order: Tensor  # (N,) sorted position -> original item index
+    group: Tensor  # (N,) group index (0..G-1) of each sorted item
+    level: Tensor  # (N,) level index (0..L-1, higher ranks higher) of each sorted item
+    level_values: Tensor  # (L,) float64, ascending
+    counts: Tensor  # (G, L) int64 items per (group, level)
+    cell_lengths: Tensor  # (C,) lengths of the runs of equal (group, level) in sorted order
+    cell_group: Tensor  # (C,) group index of each cell
+    cell_level: Tensor  # (C,) level index of each cell
+
+    @property
+    def num_groups(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def num_levels(self) -> int:
+        return self.counts.shape[1]
+
+    @property
+    def group_sizes(self) -> Tensor:
+        return self.counts.sum(1)
 
 
 def dense_tables(layout: PairLayout, levels: Levels, problem: int) -> OrdinalLayout:
@@ -142,111 +192,6 @@ def dense_tables(layout: PairLayout, levels: Levels, problem: int) -> OrdinalLay
     )
 
 
-# Dense (group, level) tables hold G * L entries; beyond this the layout refuses rather than
-# allocating gigabytes (a label with thousands of distinct values is not an ordinal label).
-MAX_GROUP_LEVEL_CELLS = 1 << 27
-
-
-@dataclass(frozen=True)
-class OrdinalLayout:
-    """Items sorted by (group ascending, level descending) and their (group, level) counts."""
-
-    order: Tensor  # (N,) sorted position -> original item index
-    group: Tensor  # (N,) group index (0..G-1) of each sorted item
-    level: Tensor  # (N,) level index (0..L-1, higher ranks higher) of each sorted item
-    level_values: Tensor  # (L,) float64, ascending
-    counts: Tensor  # (G, L) int64 items per (group, level)
-    cell_lengths: Tensor  # (C,) lengths of the runs of equal (group, level) in sorted order
-    cell_group: Tensor  # (C,) group index of each cell
-    cell_level: Tensor  # (C,) level index of each cell
-
-    @property
-    def num_groups(self) -> int:
-        return self.counts.shape[0]
-
-    @property
-    def num_levels(self) -> int:
-        return self.counts.shape[1]
-
-    @property
-    def group_sizes(self) -> Tensor:
-        return self.counts.sum(1)
-
-
-def ordinal_layout(levels: Tensor, groups: Tensor | None) -> OrdinalLayout:
-    """Sort items by (group, level desc) and count them per (group, level).
-
-    ``levels`` is a float64 vector (N,); ``groups`` an int64 vector (N,) or None (one group).
-    One stable sort of a combined integer key does the work (stable: equal keys keep their input
-    order, so every later sum runs in a reproducible order).
-    """
-    level, level_values = _level_index(levels)
-    num_levels = level_values.numel()
-    group_key = _group_key(groups, level)
-    if groups is not None and group_key is None:  # id range too wide to pack: compact ids first
-        group_key = torch.unique(groups, return_inverse=True)[1]
-    if group_key is None:
-        group_key = torch.zeros_like(level)
-    # Descending level inside a group: the lower items of every valid pair follow the upper ones.
-    sort_key = group_key * num_levels + (num_levels - 1 - level)
-    if sort_key.numel() and int(sort_key.max()) < 2**31:
-        sort_key = sort_key.to(torch.int32)  # sorts about 1.5x faster than int64 on the CPU
-    sorted_key, order = torch.sort(sort_key, stable=True)
-    sorted_key = sorted_key.to(torch.int64)
-    cell_key, cell_lengths = torch.unique_consecutive(sorted_key, return_counts=True)
-    cell_group_key = torch.div(cell_key, num_levels, rounding_mode="floor")
-    cell_level = num_levels - 1 - (cell_key - cell_group_key * num_levels)
-    _, cell_group = torch.unique_consecutive(cell_group_key, return_inverse=True)
-    num_groups = int(cell_group[-1]) + 1 if cell_group.numel() else 1
-    if num_groups * num_levels > MAX_GROUP_LEVEL_CELLS:
-        raise ValueError(
-            f"labels have {num_levels} distinct levels across {num_groups} groups; the dense "
-            f"(group, level) table would need {num_groups * num_levels} cells (limit "
-            f"{MAX_GROUP_LEVEL_CELLS}). Is the label really ordinal?"
-        )
-    counts = torch.zeros(num_groups, num_levels, dtype=torch.int64, device=levels.device)
-    counts[cell_group, cell_level] = cell_lengths
-    return OrdinalLayout(
-        order=order,
-        group=cell_group.repeat_interleave(cell_lengths),
-        level=cell_level.repeat_interleave(cell_lengths),
-        level_values=level_values,
-        counts=counts,
-        cell_lengths=cell_lengths,
-        cell_group=cell_group,
-        cell_level=cell_level,
-    )
-
-
-# Integer-valued levels spanning at most this many values are indexed directly (no sort); the
-# absent values in the span cost an empty column of the (group, level) table.
-MAX_DIRECT_LEVEL_SPAN = 64
-
-
-def _level_index(levels: Tensor) -> tuple[Tensor, Tensor]:
-    """(level index (N,) int64, ascending level values (L,) float64)."""
-    if levels.numel() == 0:
-        return levels.to(torch.int64), torch.zeros(1, dtype=torch.float64, device=levels.device)
-    low, high = torch.aminmax(levels)
-    low, high = float(low), float(high)
-    if high - low < MAX_DIRECT_LEVEL_SPAN and bool((levels == torch.round(levels)).all()):
-        values = torch.arange(low, high + 1, dtype=torch.float64, device=levels.device)
-        return (levels - low).to(torch.int64), values
-    values, index = torch.unique(levels, return_inverse=True)
-    return index, values.to(torch.float64)
-
-
-def _group_key(groups: Tensor | None, level: Tensor) -> Tensor | None:
-    """Group ids shifted to start at 0 when (id range) x (levels) fits an int64 sort key."""
-    if groups is None or groups.numel() == 0:
-        return None
-    low, high = (int(v) for v in torch.aminmax(groups))
-    levels_bound = int(level.max()) + 1
-    if (high - low + 1) * levels_bound >= 2**62:
-        return None
-    return groups - low
-
-
 def pair_cost_matrix(level_values: Tensor, cost: str) -> Tensor:
     """C[a, b] = c(level a, level b) for a > b, else 0 (float64, (L, L)).
 
@@ -280,23 +225,9 @@ def reduction_coefficients(group_cost: Tensor, reduction: str) -> Tensor:
 
 def segment_logsumexp(values: Tensor, lengths: Tensor) -> Tensor:
     """log(sum(exp(values))) over consecutive segments, shifted by each segment's max."""
-    shift = torch.segment_reduce(values.detach(), "max", lengths=lengths)
+    shift = torch.segment_reduce(values, "max", lengths=lengths)
     total = torch.segment_reduce(torch.exp(values - shift.repeat_interleave(lengths)), "sum", lengths=lengths)
     return torch.log(total) + shift
-
-
-def segment_extreme(values: Tensor, lengths: Tensor, extreme: str) -> Tensor:
-    """Min or max over consecutive segments; the gradient is split evenly among tied extremes.
-
-    ``torch.segment_reduce``'s own min/max backward does not split ties when the incoming
-    gradient differs between segments (torch 2.13), so the gradient is routed here instead: the
-    extreme equals the mean of the items that attain it, a differentiable segment sum.
-    """
-    value = torch.segment_reduce(values.detach(), extreme, lengths=lengths)
-    attains = (values.detach() == value.repeat_interleave(lengths)).to(values.dtype)
-    ties = torch.segment_reduce(attains, "sum", lengths=lengths)
-    share = attains / ties.repeat_interleave(lengths)
-    return torch.segment_reduce(values * share, "sum", lengths=lengths)
 
 
 def dense_cells(layout: OrdinalLayout, cell_values: Tensor, fill: float) -> Tensor:
