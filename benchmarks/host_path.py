@@ -14,9 +14,13 @@ ops) and counts
   ``repeat_interleave`` without ``output_size``, ``bincount``, ``segment_reduce`` without
   ``unsafe``, ``equal``/``is_nonzero``, and copies from a CUDA tensor to the CPU.
 
+``--memory N`` also measures the peak of the bytes a call allocates at N items (the scores'
+gradient included), with ``torch.profiler``'s memory events on the CPU and every kernel launch
+skipped: the same tensors a CUDA call allocates, except the scratch space of CUDA's sorts.
+
 Usage::
 
-    TRITON_INTERPRET=1 python benchmarks/host_path.py [--output benchmarks/results/host-path.json]
+    TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--output benchmarks/results/host-path.json]
 
 ``tests/test_host_path.py`` asserts the budgets on the same counts.
 """
@@ -136,6 +140,43 @@ def batch(num_items: int = 64, seed: int = 0):
 
 
 @contextlib.contextmanager
+def _kernels_skipped():
+    """Kernel launches do nothing (their outputs keep whatever the allocation held)."""
+    from triton.runtime.interpreter import GridExecutor
+
+    launch = GridExecutor.__call__
+    GridExecutor.__call__ = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        GridExecutor.__call__ = launch
+
+
+def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000) -> int:
+    """Peak bytes allocated above the inputs during one forward + backward (kernels skipped)."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(num_items, generator=generator).requires_grad_(True)
+    labels = torch.randint(0, 2, (num_items, 2), generator=generator).to(torch.float32)
+    labels = labels[:, :1].contiguous() if name in SINGLE_LABEL else labels
+    groups = torch.randint(0, users, (num_items,), generator=generator) if grouped else None
+    loss = LOSSES[name](False)
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    )
+    with _kernels_skipped(), profiler:
+        loss(scores, labels, groups).backward()
+    # The profiler's memory timeline (what export_memory_timeline draws): CREATE / DESTROY per allocation.
+    live = peak = 0
+    for _, action, _, size in profiler._memory_profile().timeline:
+        if action.name == "CREATE":
+            live += size
+        elif action.name == "DESTROY":
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+@contextlib.contextmanager
 def _kernels_uncounted():
     """Under TRITON_INTERPRET=1 a kernel launch runs numpy code that moves data through torch
     tensors; on CUDA a launch issues no aten op. Count neither."""
@@ -185,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default=RESULTS, help="JSON file for the counts")
     parser.add_argument("--verbose", action="store_true", help="print every op of every call")
+    parser.add_argument("--memory", type=int, metavar="N", help="also the peak bytes of a call at N items")
     options = parser.parse_args(argv)
     counts = all_counts()
     print(f"{'loss':<20} {'groups':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
@@ -192,10 +234,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row.loss:<20} {str(row.grouped):>6} {str(row.validate):>6} {row.ops:>9} {row.syncs:>6}")
         if options.verbose:
             print("    ", row.op_names, row.sync_names)
+    memory = []
+    if options.memory:
+        print(f"\npeak bytes allocated by one forward + backward at N = {options.memory:,} (kernels skipped)")
+        for name in ("AUCLoss", "LaALoss", "PDAOMLoss"):
+            for grouped in (False, True):
+                peak = peak_memory(name, grouped=grouped, num_items=options.memory)
+                memory.append({"loss": name, "grouped": grouped, "num_items": options.memory, "peak_bytes": peak})
+                print(f"{name:<20} {'groups' if grouped else 'no groups':>9} {peak / 2**20:8.1f} MB")
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as handle:
         json.dump(
-            {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__, "calls": [asdict(r) for r in counts]},
+            {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
+             "calls": [asdict(r) for r in counts], "memory": memory},
             handle,
             indent=1,
         )

@@ -44,6 +44,7 @@ Usage::
 
     python benchmarks/kernel_sass.py                      # all variants -> results/kernel-sass.json
     python benchmarks/kernel_sass.py --quick              # first 2 variants of each source
+    python benchmarks/kernel_sass.py --match logistic     # the variants whose name contains "logistic"
     python benchmarks/kernel_sass.py --variants-from mypkg.mod:variants --output /tmp/x.json
 """
 
@@ -436,15 +437,17 @@ def _interpreter_off_for_children() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = before
 
 
-def run_sources(sources: Sequence[str], quick: bool, jobs: int) -> list[dict]:
-    """Analyse every variant of ``sources`` (first two of each with ``quick``) in worker processes."""
+def run_sources(sources: Sequence[str], quick: bool, jobs: int, match: str | None = None) -> list[dict]:
+    """Analyse every variant of ``sources`` (first two of each with ``quick``; only names containing
+    ``match`` when given) in worker processes."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     with _interpreter_off_for_children(), ProcessPoolExecutor(
         max_workers=jobs, mp_context=multiprocessing.get_context("spawn")
     ) as pool:
         names = dict(zip(sources, pool.map(_variant_names, sources)))
-        tasks = [(s, i) for s in sources for i in range(min(2, len(names[s])) if quick else len(names[s]))]
+        chosen = {s: [i for i, name in enumerate(names[s]) if match is None or match in name] for s in sources}
+        tasks = [(s, i) for s in sources for i in (chosen[s][:2] if quick else chosen[s])]
         futures = [pool.submit(_analyse_from, s, i) for s, i in tasks]
         return [f.result() for f in futures]
 
@@ -456,11 +459,16 @@ def _fmt(value: float | None) -> str:
 def format_report(report: dict) -> list[str]:
     """One line for the variant, then one per loop."""
     totals, spills = report["totals"], report["spills"]
+    # A pair runs through one loop of each pass: the full loops of both passes (tiles every row
+    # covers), or the masked ones; with no such labels (one loop per pass), all loops.
+    kinds = [kind for kind in ("full", "masked") if totals[kind]] or ["all"]
+    per_kind = " | ".join(
+        f"{kind}: {_fmt(totals[kind]['instructions'])} instr, {_fmt(totals[kind]['mufu'])} MUFU, "
+        f"{_fmt(totals[kind]['shfl'])} SHFL per pair"
+        for kind in kinds
+    )
     lines = [
-        f"{report['name']}: instr/pair full {_fmt(totals['full'] and totals['full']['instructions'])}, "
-        f"masked {_fmt(totals['masked'] and totals['masked']['instructions'])}, "
-        f"all {_fmt(totals['all']['instructions'])} | MUFU/pair {_fmt(totals['all']['mufu'])} | "
-        f"SHFL/pair {_fmt(totals['all']['shfl'])} | {report['registers']} regs, spills "
+        f"{report['name']}: {per_kind} | {report['registers']} regs, spills "
         f"{spills['store_bytes']} B st / {spills['load_bytes']} B ld, stack {spills['stack_bytes']} B"
     ]
     for loop in report["loops"]:
@@ -478,6 +486,7 @@ def format_report(report: dict) -> list[str]:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only the first 2 variants of each source")
+    parser.add_argument("--match", help="only the variants whose name contains this text")
     parser.add_argument("--output", type=Path, help="JSON path (default results/kernel-sass[-quick].json)")
     parser.add_argument("--variants-from", action="append", metavar="MODULE:FUNC",
                         help=f"variant factory, repeatable (default {DEFAULT_SOURCE} if it exists, "
@@ -489,7 +498,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
     sources = args.variants_from or default_sources()
-    reports = run_sources(sources, args.quick, args.jobs)
+    reports = run_sources(sources, args.quick, args.jobs, args.match)
     for report in reports:
         print("\n".join(format_report(report)))
 

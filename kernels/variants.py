@@ -1,0 +1,74 @@
+"""The compiled variants of the kernels, as the offline SASS tool needs them.
+
+``benchmarks/kernel_sass.py`` compiles each variant for Hopper without a GPU and counts the
+instructions, special-function ops and shuffles per pair of its loops. The variants are the
+CUDA configurations the library launches: float32 scores, the fast special functions, the tile
+shape of ``pairwise.TILES["cuda"]``, every surrogate, both costs, with and without groups. The
+uniform-cost variants are AUC's and LoA's (binary levels: Z_u in closed form), the linear-cost
+ones LaA's (several levels: the kernel writes the shares of Z_u).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton.language as tl
+
+from ._common import SURROGATES, score_scale, value_scale
+from .pairwise import TILES, _pair_partials_kernel
+
+__all__ = ["SassVariant", "sass_variants"]
+
+_POINTERS = {
+    "scores_ptr": "*fp32",
+    "rank_ptr": "*i32",
+    "values_ptr": "*fp64",
+    "order_ptr": "*i64",
+    "cell_start_ptr": "*i32",
+    "cell_end_ptr": "*i32",
+    "group_start_ptr": "*i32",
+    "group_end_ptr": "*i32",
+    "partials_ptr": "*fp32",
+    "shares_ptr": "*fp64",
+    "N": "i32",
+    "num_ranks": "i32",
+    "num_chunks": "i32",
+}
+# In SASS address order: the lower-owning pass (the kernel's else branch) is laid out first,
+# and each pass has its unmasked loop before its masked one.
+_LOOPS = ("lower full", "lower masked", "upper full", "upper masked")
+
+
+@dataclass(frozen=True)
+class SassVariant:
+    """One specialization of a kernel (the attributes ``kernel_sass.KernelVariant`` reads)."""
+
+    name: str
+    kernel: object
+    signature: dict
+    constexprs: dict
+    num_warps: int
+    pairs_per_iteration: float
+    loops: tuple
+
+
+def sass_variants() -> list[SassVariant]:
+    """Every CUDA variant of the all-pairs kernel, logistic first."""
+    block_m, block_n, num_warps = TILES["cuda"]
+    variants = []
+    for surrogate in SURROGATES:
+        for cost in ("uniform", "linear"):
+            for grouped in (False, True):
+                constexprs = dict(
+                    MARGIN=1.0 if surrogate in ("hinge", "squared") else 0.0, HAS_GROUPS=grouped,
+                    COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True,
+                    SCORE_SCALE=score_scale(surrogate, True), VALUE_SCALE=value_scale(surrogate, True),
+                    ACC=tl.float32, WRITE_SHARES=cost == "linear", BLOCK_M=block_m, BLOCK_N=block_n,
+                )
+                signature = dict(_POINTERS, **{name: "constexpr" for name in constexprs})
+                variants.append(SassVariant(
+                    name=f"ordinal {surrogate} {cost}" + (" groups" if grouped else ""),
+                    kernel=_pair_partials_kernel, signature=signature, constexprs=constexprs,
+                    num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps), loops=_LOOPS,
+                ))
+    return variants
