@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks a session with a lent GPU should run, one stage per device command (each well
-# under the device tool's 10 minutes). Written without access to a GPU: not yet run on one.
+# under the device tool's 10 minutes).
 #
 #   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference
 #   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
@@ -22,7 +22,7 @@ case "${1:?usage: gpu_session.sh tests|bench|recipe}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
-        tests/test_triton_backend.py tests/test_metrics.py 2>&1 | tee "$out/tests.txt" | tail -5
+        tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_metrics.py 2>&1 | tee "$out/tests.txt" | tail -5
     ;;
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" 2>&1 | tee "$out/bench.log" | tail -30
