@@ -31,7 +31,6 @@ __all__ = [
     "INTERPRET",
     "LOG2E",
     "SURROGATES",
-    "accumulation_dtype",
     "fast_math",
     "reverse_margin_terms",
     "score_scale",
@@ -59,15 +58,6 @@ def surrogate_id(surrogate: str) -> int:
         return SURROGATES[surrogate]
     except KeyError:
         raise ValueError(f"surrogate must be one of {sorted(SURROGATES)}; got {surrogate!r}") from None
-
-
-def accumulation_dtype(scores: torch.Tensor) -> torch.dtype:
-    """float64 stays float64; every narrower float is accumulated in float32."""
-    if scores.dtype == torch.float64:
-        return torch.float64
-    if scores.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return torch.float32
-    raise TypeError(f"scores must be a floating tensor (fp16/bf16/fp32/fp64); got dtype {scores.dtype}")
 
 
 def tl_dtype(dtype: torch.dtype):

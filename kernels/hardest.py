@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops.fused import accumulation_dtype
 from ._common import reverse_margin_terms, surrogate_id, validate_device
 from .pairwise import FINALIZE_BLOCK, combine
 
@@ -198,7 +199,7 @@ def hardest_loss_and_grad(
         layout.group_end if has_groups else layout.cell_end,
     )
     soft = temperature is not None
-    loss_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    loss_dtype = accumulation_dtype(scores)
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
         (num_problems, n), dtype=torch.float64, device=scores.device

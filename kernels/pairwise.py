@@ -574,7 +574,8 @@ def pair_loss_and_grad(
         (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)):
         the loss in float32 (float64 for float64 scores), the gradient in the accumulation dtype.
     """
-    from ._common import accumulation_dtype, fast_math, score_scale, surrogate_id, validate_device, value_scale
+    from ..ops.fused import accumulation_dtype
+    from ._common import fast_math, score_scale, surrogate_id, validate_device, value_scale
 
     validate_device(scores, levels.rank, layout.order)
     accumulation = accumulation_dtype(scores)

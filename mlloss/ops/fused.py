@@ -1,13 +1,28 @@
-"""Autograd for fused-loss ops: ops whose forward returns ``(loss, *statistics, grad)``.
+"""What every fused-loss op shares: its dtype rule and its autograd formula.
 
-The gradient of the loss with respect to the op's first input is computed in the forward pass
-(Liger-Kernel's fused losses); backward only scales it by the incoming gradient. The
-statistics and the gradient itself are not differentiable.
+A fused-loss op's forward returns ``(loss, *statistics, grad)``: the gradient of the loss with
+respect to the op's first input is computed in the forward pass (Liger-Kernel's fused losses)
+and backward only scales it by the incoming gradient. The statistics and the gradient itself
+are not differentiable.
+
+Dtypes: float64 scores are computed, and come back, in float64; float32, bfloat16 and float16
+scores in float32 (fp32 accumulation), loss and gradient alike; backward casts the gradient to
+the scores' dtype.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+
+def accumulation_dtype(scores: Tensor) -> torch.dtype:
+    """float64 for float64 scores, float32 for the narrower floats."""
+    if scores.dtype == torch.float64:
+        return torch.float64
+    if scores.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return torch.float32
+    raise TypeError(f"scores must be a floating tensor (fp16/bf16/fp32/fp64); got dtype {scores.dtype}")
 
 
 def register_fused_gradient(op) -> None:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _validation as check
-from .fused import register_fused_gradient
+from .fused import accumulation_dtype, register_fused_gradient
 
 
 def binary_cross_entropy(logits: Tensor, labels: Tensor, *, validate: bool) -> Tensor:
@@ -25,7 +25,7 @@ def binary_cross_entropy(logits: Tensor, labels: Tensor, *, validate: bool) -> T
 def _binary_cross_entropy_op(logits: Tensor, labels: Tensor, validate: bool) -> tuple[Tensor, Tensor]:
     if validate:
         check.raise_for_status(check.data_status(logits, labels, True), logits, labels, True, False)
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    dtype = accumulation_dtype(logits)
     z = logits.to(dtype)
     y = labels[:, 0].to(dtype)
     count = max(z.shape[0], 1)
@@ -35,7 +35,7 @@ def _binary_cross_entropy_op(logits: Tensor, labels: Tensor, validate: bool) -> 
 
 @_binary_cross_entropy_op.register_fake
 def _binary_cross_entropy_fake(logits: Tensor, labels: Tensor, validate: bool) -> tuple[Tensor, Tensor]:
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    dtype = accumulation_dtype(logits)
     return logits.new_empty((), dtype=dtype), logits.new_empty(logits.shape, dtype=dtype)
 
 

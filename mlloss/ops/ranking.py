@@ -25,9 +25,9 @@ finite (an overflowing exponential surrogate); the status is read once, at the e
 call, and a set bit raises with the offending entry named. That read is the call's only host
 synchronisation on the Triton tier; with ``validate=False`` there is none.
 
-Dtypes: the loss comes back in float32 (float64 for float64 scores); the gradient in the
-scores' dtype. The closed forms and hardest pairs compute in float64, the all-pairs paths in
-float32 (fp32 accumulation for fp16/bf16/fp32 scores) or float64.
+Dtypes (one rule, ``fused.accumulation_dtype``): the loss comes back in float32 (float64 for
+float64 scores); the gradient in the scores' dtype. The closed forms and hardest pairs compute in
+float64, the all-pairs paths in float32 (fp32 accumulation for fp16/bf16/fp32 scores) or float64.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from torch import Tensor
 
 from .. import _validation as check
 from . import allpairs, closed_form, hardest
-from .fused import register_fused_gradient
+from .fused import accumulation_dtype, register_fused_gradient
 from .layout import (
     Levels,
     dense_tables,
@@ -86,11 +86,6 @@ class PairLossResult:
     def groups_with_pairs(self) -> Tensor:
         """(B,) groups that contributed to the reduction."""
         return self.stats[2 * self.num_problems :]
-
-
-def loss_dtype(scores: Tensor) -> torch.dtype:
-    """float64 for float64 scores, else float32 (fp32 accumulation for fp32/bf16/fp16)."""
-    return torch.float64 if scores.dtype == torch.float64 else torch.float32
 
 
 def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device) -> str:
@@ -217,9 +212,9 @@ def _pair_loss_op(
 def _pair_loss_fake(scores, labels, groups, mixing, label_weights, *args):
     num_problems = 1 if label_weights is not None else labels.shape[1]
     return (
-        scores.new_empty((), dtype=loss_dtype(scores)),
+        scores.new_empty((), dtype=accumulation_dtype(scores)),
         scores.new_empty(3 * num_problems, dtype=torch.float64),
-        scores.new_empty(scores.shape, dtype=loss_dtype(scores)),
+        scores.new_empty(scores.shape, dtype=accumulation_dtype(scores)),
     )
 
 
@@ -294,7 +289,7 @@ def _tables_tier(
     owned: tuple[int, int] | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Every problem on its dense tables (host-synchronising), mixed, with the gradient."""
-    output_dtype = loss_dtype(scores)
+    output_dtype = accumulation_dtype(scores)
     num_problems, num_items = levels.rank.shape
     stats = torch.zeros((3, num_problems), dtype=torch.float64, device=scores.device)
     grad = torch.zeros(num_items, dtype=output_dtype, device=scores.device)
@@ -340,7 +335,7 @@ def _problem_on_tables(scores, tables, cost, surrogate, margin, pairs, temperatu
         return loss, grad, valid_pairs, groups_with_pairs
     if owned is not None:  # this rank's share of the groups; the others' coefficients are 0
         coefficients = torch.where(_owned_groups(tables.group_sizes, *owned), coefficients, 0.0)
-    ordered = scores.to(loss_dtype(scores))[tables.order]
+    ordered = scores.to(accumulation_dtype(scores))[tables.order]
     loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, cost_matrix, coefficients, surrogate, margin)
     return loss, grad, valid_pairs, groups_with_pairs
 
