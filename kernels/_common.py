@@ -93,42 +93,22 @@ def validate_device(*tensors: torch.Tensor) -> None:
         )
 
 
-@triton.jit
-def _ex2(x):
-    return tl.inline_asm_elementwise(
-        "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
+# The special-function unit's approximations as inline PTX. The negation and absolute value of
+# EX2_NEG / EX2_NEG_ABS are written in PTX so that ptxas folds them into the unit's operand
+# modifiers (computed in LLVM they cost a sign-bit LOP3 per pair).
+EX2: tl.constexpr = tl.constexpr("ex2.approx.ftz.f32 $0, $1;")
+EX2_NEG: tl.constexpr = tl.constexpr("{ .reg .f32 t; neg.f32 t, $1; ex2.approx.ftz.f32 $0, t; }")
+EX2_NEG_ABS: tl.constexpr = tl.constexpr(
+    "{ .reg .f32 t; abs.f32 t, $1; neg.f32 t, t; ex2.approx.ftz.f32 $0, t; }"
+)
+LG2: tl.constexpr = tl.constexpr("lg2.approx.ftz.f32 $0, $1;")
+RCP: tl.constexpr = tl.constexpr("rcp.approx.ftz.f32 $0, $1;")
 
 
 @triton.jit
-def _lg2(x):
-    return tl.inline_asm_elementwise(
-        "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
-
-
-# 2^-x and 2^-|x|: the negation and absolute value are written in PTX so that ptxas folds them
-# into the special-function unit's operand modifiers (in LLVM they become a sign-bit LOP3 per pair).
-@triton.jit
-def _ex2_neg(x):
-    return tl.inline_asm_elementwise(
-        "{ .reg .f32 t; neg.f32 t, $1; ex2.approx.ftz.f32 $0, t; }", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def _ex2_neg_abs(x):
-    return tl.inline_asm_elementwise(
-        "{ .reg .f32 t; abs.f32 t, $1; neg.f32 t, t; ex2.approx.ftz.f32 $0, t; }",
-        "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1,
-    )
-
-
-@triton.jit
-def _rcp(x):
-    return tl.inline_asm_elementwise(
-        "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
+def _special(x, PTX: tl.constexpr):
+    """One special-function-unit op (``PTX``: EX2, EX2_NEG, EX2_NEG_ABS, LG2, RCP) of float32 x."""
+    return tl.inline_asm_elementwise(PTX, "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -148,13 +128,13 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
         if FAST:
             if NEED_VALUE:
                 # One exp of -|x| serves both terms and cannot overflow.
-                e = _ex2_neg_abs(x)
-                r = _rcp(1.0 + e)
+                e = _special(x, EX2_NEG_ABS)
+                r = _special(1.0 + e, RCP)
                 pull = tl.where(x >= 0, r, e * r)
-                value = tl.maximum(x, 0.0) + _lg2(1.0 + e)
+                value = tl.maximum(x, 0.0) + _special(1.0 + e, LG2)
             else:
                 # sigmoid(x) = 1 / (1 + 2^-x'): 2^-x' = inf gives 0, 2^-x' = 0 gives 1.
-                pull = _rcp(1.0 + _ex2_neg(x))
+                pull = _special(1.0 + _special(x, EX2_NEG), RCP)
                 value = 0.0
         else:
             e = tl.exp(-tl.abs(x))
@@ -173,7 +153,7 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
         value = gap * gap
     else:
         if FAST:
-            pull = _ex2(x)
+            pull = _special(x, EX2)
         else:
             pull = tl.exp(x)
         value = pull

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -58,6 +58,17 @@ TIERS = ("triton", "torch", "exact")
 # of binary labels that are equal in exact arithmetic (0.1 + 0.2 and 0.3) form one level.
 LEVEL_RESOLUTION = 2.0**-40
 
+
+
+class PairOptions(NamedTuple):
+    """The options that define a pair loss, as the tiers receive them."""
+
+    cost: str
+    surrogate: str
+    margin: float
+    pairs: str
+    temperature: float | None
+    reduction: str
 
 
 @dataclass(frozen=True)
@@ -166,45 +177,41 @@ def _pair_loss_op(
     world_size: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
-    binary_labels = label_weights is None or labels.shape[1] > 1
+    options = PairOptions(cost, surrogate, margin, pairs, temperature, reduction)
+    aggregated = label_weights is not None
+    binary_labels = not aggregated or labels.shape[1] > 1
     on_kernels = tier == "triton" and scores.shape[0] >= 2
-    if validate and not on_kernels:  # the PyTorch tiers check first, with tensor operations
-        status = check.data_status(scores, labels, binary_labels)
-        check.raise_for_status(status, scores, labels, binary_labels, label_weights is not None)
+    status = None
+    if validate and on_kernels:  # fused into the kernels' launches, read at the end
+        from ..kernels.pairwise import check_batch
+
+        status = torch.zeros(1, dtype=torch.int32, device=scores.device)
+        check_batch(scores, labels, status, binary_labels=binary_labels)
+    elif validate:  # the PyTorch tiers check first, with tensor operations
+        check.raise_for_status(check.data_status(scores, labels, binary_labels), scores, labels, binary_labels, aggregated)
     levels = problem_levels(labels, label_weights)
-    if on_kernels:
-        from ..kernels import pairwise as kernels  # imports triton only when asked for
+    if on_kernels and pairs == "all":
+        from ..kernels.pairwise import pair_loss_and_grad  # imports triton only when asked for
 
-        status = torch.zeros(1, dtype=torch.int32, device=scores.device) if validate else None
-        if status is not None:
-            kernels.check_batch(scores, labels, status, binary_labels=binary_labels)
-        if pairs == "all":
-            result = kernels.pair_loss_and_grad(
-                scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
-                surrogate=surrogate, margin=margin, reduction=reduction, status=status,
-            )
-        elif label_weights is None:  # max-violation pairs of binary problems
-            from ..kernels.hardest import hardest_loss_and_grad
+        result = pair_loss_and_grad(
+            scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
+            surrogate=surrogate, margin=margin, reduction=reduction, status=status,
+        )
+    elif on_kernels and not aggregated:  # max-violation pairs of binary problems
+        from ..kernels.hardest import hardest_loss_and_grad
 
-            result = hardest_loss_and_grad(
-                scores, levels, pair_layout(levels, groups, tie_scores=scores), mixing=mixing,
-                surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
-            )
-        else:  # LaA's max-violation pairs over every pair of levels: the tables
-            result = _tables_tier(
-                scores, levels, groups, mixing, cost, surrogate, margin, pairs, temperature, reduction, "torch", None
-            )
-            if status is not None:
-                status |= check.overflow_status(result[0])
-        if status is not None:
-            check.raise_for_status(int(status.item()), scores, labels, binary_labels, label_weights is not None)
-        return result
-    owned = (rank, world_size) if world_size > 1 and groups is not None and tier == "torch" else None
-    result = _tables_tier(
-        scores, levels, groups, mixing, cost, surrogate, margin, pairs, temperature, reduction, tier, owned
-    )
+        result = hardest_loss_and_grad(
+            scores, levels, pair_layout(levels, groups, tie_scores=scores), mixing=mixing,
+            surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
+        )
+    else:  # the tables (LaA's max-violation pairs over every pair of levels included)
+        owned = (rank, world_size) if world_size > 1 and groups is not None and tier == "torch" else None
+        result = _tables_tier(scores, levels, groups, mixing, options, "torch" if on_kernels else tier, owned)
+        if validate:
+            overflow = check.overflow_status(result[0])
+            status = overflow if status is None else status | overflow
     if validate:
-        check.raise_for_status(int(check.overflow_status(result[0])), scores, labels, binary_labels, label_weights is not None)
+        check.raise_for_status(int(status.item()), scores, labels, binary_labels, aggregated)
     return result
 
 
@@ -279,12 +286,7 @@ def _tables_tier(
     levels: Levels,
     groups: Tensor | None,
     mixing: Tensor | None,
-    cost: str,
-    surrogate: str,
-    margin: float,
-    pairs: str,
-    temperature: float | None,
-    reduction: str,
+    options: PairOptions,
     tier: str,
     owned: tuple[int, int] | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -300,7 +302,7 @@ def _tables_tier(
     for problem in range(num_problems):
         tables = dense_tables(layout, levels, problem)
         problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
-            scores, tables, cost, surrogate, margin, pairs, temperature, reduction, tier, owned
+            scores, tables, options, tier, owned
         )
         weight = 1.0 if mixing is None else mixing[problem]
         loss = loss + weight * problem_loss.to(torch.float64)
@@ -309,8 +311,9 @@ def _tables_tier(
     return loss.to(output_dtype), stats.flatten(), grad
 
 
-def _problem_on_tables(scores, tables, cost, surrogate, margin, pairs, temperature, reduction, tier, owned):
+def _problem_on_tables(scores: Tensor, tables, options: PairOptions, tier: str, owned):
     """(loss, gradient in the tables' order, valid pairs, groups with pairs) of one problem."""
+    cost, surrogate, margin, pairs, temperature, reduction = options
     cost_matrix = pair_cost_matrix(tables.level_values, cost).to(scores.device)
     if pairs == "hardest":
         loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
