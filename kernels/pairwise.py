@@ -44,6 +44,8 @@ finalize step and the normalisers are float64.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -539,6 +541,7 @@ def launch_config(device: torch.device, num_items: int, num_problems: int) -> tu
     return tiles, chunks, FINALIZE_BLOCK[kind]
 
 
+@functools.lru_cache(maxsize=None)
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
