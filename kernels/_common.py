@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..surrogates import NAMES
+
 __all__ = [
     "INTERPRET",
     "LOG2E",
@@ -45,8 +47,8 @@ __all__ = [
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 
 #: Surrogate name -> the integer the kernels branch on (a ``tl.constexpr``: every surrogate
-#: compiles to its own straight-line loop).
-SURROGATES: dict[str, int] = {"logistic": 0, "hinge": 1, "squared": 2, "exponential": 3}
+#: compiles to its own straight-line loop), in the order of the one table of names.
+SURROGATES: dict[str, int] = {name: index for index, name in enumerate(NAMES)}
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -116,7 +118,7 @@ def _log1p_small(e):
     """log(1 + e) for e in [0, 1] without libdevice: with u = fl(1 + e), log(u) * e / (u - 1)
     cancels the rounding error of forming u; when u rounds to 1, log1p(e) == e."""
     u = 1.0 + e
-    return tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0))
+    return tl.where(u == 1.0, e, tl.log(u) * e / tl.where(u == 1.0, 1.0, u - 1.0))
 
 
 @triton.jit

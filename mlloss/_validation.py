@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-SURROGATES = ("logistic", "hinge", "squared", "exponential")
+from .surrogates import NAMES as SURROGATES  # noqa: F401 -- re-exported: the one table of surrogate names
 
 # Data-check bits: the kernels OR them into one int32 status word that the host reads once.
 STATUS_BAD_SCORE = 1

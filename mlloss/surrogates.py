@@ -1,45 +1,37 @@
-"""Surrogates phi(t) of the mis-ranking indicator 1(t <= 0), t = s_i - s_j (loss spec, table).
+"""The surrogates phi(t) of the mis-ranking indicator 1(t <= 0), t = s_i - s_j, for the PyTorch
+tier (loss spec, table). The Triton tier's twin is ``mlloss.kernels._common.reverse_margin_terms``.
 
-Two forms are provided: ``surrogate_value`` is differentiable by autograd (used by the O(N)
-paths), and ``surrogate_value_and_pull`` returns phi and -dphi/dt together for the fused
-all-pairs path, which computes its gradient in the forward pass.
+Every path computes its gradient in the forward pass, so a surrogate is given with its slope:
+``surrogate_value_and_pull`` takes the *reverse margin* x = -t = s_j - s_i and returns
+(phi(t), -dphi/dt), the "pull" that raises the upper item and lowers the lower one:
+
+* logistic     phi = log(1 + exp(x)) = logaddexp(0, x),  pull = sigmoid(x)
+* hinge        phi = max(0, m + x),                     pull = 1 where m + x > 0 (0 at the kink)
+* squared      phi = (m + x)^2,                         pull = 2 (m + x)
+* exponential  phi = exp(x),                            pull = exp(x)
+
+The logistic value is exact in float64 for every x (``logaddexp``, not ``softplus``, whose
+threshold returns x itself past x = 20 and drops up to 2e-9 per pair).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-
-def surrogate_value(t: Tensor, surrogate: str, margin: float) -> Tensor:
-    """phi(t), differentiable by autograd."""
-    if surrogate == "logistic":
-        return F.softplus(-t)  # log(1 + exp(-t)) without overflow
-    if surrogate == "hinge":
-        return F.relu(margin - t)  # subgradient 0 at the kink t == margin
-    if surrogate == "squared":
-        return (margin - t).square()
-    if surrogate == "exponential":
-        return torch.exp(-t)
-    raise ValueError(f"unknown surrogate {surrogate!r}")
+NAMES = ("logistic", "hinge", "squared", "exponential")
 
 
 def surrogate_value_and_pull(reverse_margin: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
-    """(phi(t), -dphi/dt) for a tile of reversed margins r = -t = s_j - s_i, in two passes.
-
-    The fused all-pairs path works with r because both outputs are then single vectorised calls
-    (``softplus(r)`` and ``sigmoid(r)`` for the logistic surrogate); -dphi/dt is the "pull" that
-    raises the upper item's score and lowers the lower item's.
-    """
+    """(phi(t), -dphi/dt) for reverse margins x = -t = s_j - s_i (see the module docstring)."""
     if surrogate == "logistic":
-        return torch.nn.functional.softplus(reverse_margin), torch.sigmoid(reverse_margin)
+        return torch.logaddexp(reverse_margin, reverse_margin.new_zeros(())), torch.sigmoid(reverse_margin)
     if surrogate == "exponential":
         value = torch.exp(reverse_margin)
         return value, value
     gap = margin + reverse_margin  # m - t
     if surrogate == "hinge":
-        return torch.relu(gap), (gap > 0).to(gap.dtype)  # subgradient 0 at the kink
+        return torch.relu(gap), (gap > 0).to(gap.dtype)
     if surrogate == "squared":
         return gap.square(), 2 * gap
-    raise ValueError(f"unknown surrogate {surrogate!r}")
+    raise ValueError(f"surrogate must be one of {', '.join(NAMES)}; got {surrogate!r}")

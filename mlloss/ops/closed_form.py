@@ -182,13 +182,18 @@ def _hinge_against_level_and_grad(
     active_sum = cell_sum[query_group] - inactive_sum[is_query]
     query_item = upper[merged[is_query] - lower.numel()]
     query_weight = pair_weight[query_item]
-    pair_sum = active_count * (margin - centred[query_item]) + active_sum
-    grad.index_add_(0, query_item, -query_weight * active_count)
+    # Each active pair adds m - x_i + x_j > 0, so the exact sum is >= 0, and exactly 0 without an
+    # active pair; the prefix-sum differences behind active_sum round, which could leave -1e-16
+    # (or a stray +1e-16) where a query has no active pair: keep the exact value there.
+    pair_sum = torch.where(
+        active_count > 0, (active_count * (margin - centred[query_item]) + active_sum).clamp(min=0), 0.0
+    )
+    grad[query_item] -= query_weight * active_count  # distinct items: no accumulation order to fix
 
     weight = torch.cat([torch.zeros_like(lower, dtype=centred.dtype), pair_weight[upper]])
     active_weight = _within_group_cumsum(weight[merged], group_first)  # queries before each position
     is_lower_item = merged_is_lower > 0
-    grad.index_add_(0, lower[merged[is_lower_item]], active_weight[is_lower_item])
+    grad[lower[merged[is_lower_item]]] += active_weight[is_lower_item]
     return (query_weight * pair_sum).sum()
 
 

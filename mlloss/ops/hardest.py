@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..surrogates import surrogate_value
+from ..surrogates import surrogate_value_and_pull
 from .layout import OrdinalLayout, dense_cells
 
 
@@ -48,7 +48,8 @@ def hardest_pair_loss_and_grad(
     valid = pair_cost > 0
     # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
     margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
-    value, slope = _surrogate_value_and_slope(margins, surrogate, margin)
+    value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
+    slope = -pull  # dphi/dt
     per_pair = torch.where(valid, value, 0.0)
     normaliser = pair_cost.sum((1, 2))
     has_pairs = normaliser > 0
@@ -98,16 +99,3 @@ def _segment_logsumexp_and_softmax(values: Tensor, lengths: Tensor) -> tuple[Ten
     exps = torch.exp(values - shift.repeat_interleave(lengths))
     total = torch.segment_reduce(exps, "sum", lengths=lengths)
     return torch.log(total) + shift, exps / total.repeat_interleave(lengths)
-
-
-def _surrogate_value_and_slope(t: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
-    """(phi(t), dphi/dt), the slope being the derivative of the value as computed."""
-    value = surrogate_value(t, surrogate, margin)
-    if surrogate == "logistic":
-        # F.softplus(x) returns x itself above x = 20 (its default threshold): slope -1 there.
-        return value, -torch.where(-t > 20, 1.0, torch.sigmoid(-t))
-    if surrogate == "hinge":
-        return value, -(margin - t > 0).to(t.dtype)  # 0 at the kink t == margin
-    if surrogate == "squared":
-        return value, -2 * (margin - t)
-    return value, -value  # exponential (surrogate_value has rejected unknown names)
