@@ -4,11 +4,16 @@ Loss aggregation with mixing weights a_k has the Bayes-optimal scorer
 :math:`\sum_k \alpha_k \eta_k(x)` with effective weights :math:`\alpha_k = a_k / (\pi_k(1-\pi_k))`.
 A skewed label (pi_k near 0 or 1) gets a large alpha_k and, when labels are (nearly)
 deterministic, fixes the whole ranking: label dictatorship. ``label_dictatorship`` computes the
-priors, the effective weights and their shares, and names the label that dominates.
+priors, the effective weights and their shares, and says how much the top label outweighs the next.
+
+A label *takes part* in the LoA ranking when it has both classes (0 < pi_k < 1) and a_k > 0. A label
+that is never (or always) positive has no (positive, negative) pair: ``LoALoss`` gives it the loss
+L_k = 0, so its effective weight is 0 and it has no say in the verdict.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,30 +22,68 @@ from torch import Tensor
 
 from . import _validation as check
 
-# A label counts as dictating when its effective weight is at least this many times the next one.
+# Default threshold: a label dictates when its effective weight is at least this many times the next one.
 DICTATORSHIP_RATIO = 2.0
+# Below this ratio no label dominates; from it up to the threshold the top label tilts the ranking.
+TILT_RATIO = 1.25
+
+_HEADER = "label            prior   a_k    a_k/(pi(1-pi))  share"
+_TAKING_PART = "a label needs both classes and a_k > 0"
 
 
 @dataclass(frozen=True)
 class DictatorshipReport:
-    """Per-label priors and LoA weights, and the label that dominates (if any)."""
+    """Per-label priors and LoA weights, and how much the top label outweighs the next.
+
+    Attributes:
+        label_names: one name per label column.
+        priors: pi_k, the fraction of items positive for label k.
+        mixing_weights: the LoA mixing weights a_k.
+        effective_weights: alpha_k = a_k / (pi_k (1 - pi_k)), the weight of label k in the Bayes-optimal
+            score; 0 for a label that takes no part (without both classes, printed "no pairs", or a_k = 0).
+        shares: the effective weights normalised to sum to 1; 0 for a label that takes no part, and all 0
+            when no label takes part.
+        dominant: the label with the largest effective weight; ``None`` when no label takes part.
+        dominance_ratio: the largest effective weight over the next one, among the labels that take part
+            (finite, >= 1); 1.0 by convention when fewer than two labels take part (none to outweigh).
+        balanced_weights: a_k = pi_k (1 - pi_k), which give every label with both classes the same
+            effective weight (0 for a label without both classes).
+        dominance_ratio_se: the standard error of ``dominance_ratio`` from the sampling error of the priors
+            (delta method, see :func:`label_dictatorship`); NaN when fewer than two labels take part.
+        threshold: the ratio from which the dominant label is said to dictate the ranking.
+    """
 
     label_names: tuple[str, ...]
     priors: tuple[float, ...]
     mixing_weights: tuple[float, ...]
-    effective_weights: tuple[float, ...]  # a_k / (pi_k (1 - pi_k)); inf for a constant label
-    shares: tuple[float, ...]  # effective weights normalised to sum to 1
-    dominant: str  # name of the label with the largest effective weight
-    dominance_ratio: float  # largest effective weight / second largest
-    balanced_weights: tuple[float, ...]  # a_k = pi_k (1 - pi_k): equal effective weights
+    effective_weights: tuple[float, ...]
+    shares: tuple[float, ...]
+    dominant: str | None
+    dominance_ratio: float
+    balanced_weights: tuple[float, ...]
+    dominance_ratio_se: float
+    threshold: float
+
+    @property
+    def has_both_classes(self) -> tuple[bool, ...]:
+        """Per label, whether it has both classes (0 < prior < 1), hence (positive, negative) pairs."""
+        return tuple(0.0 < prior < 1.0 for prior in self.priors)
+
+    @property
+    def takes_part(self) -> tuple[bool, ...]:
+        """Per label, whether it takes part in the LoA ranking (both classes and a_k > 0)."""
+        return tuple(weight > 0 for weight in self.effective_weights)
 
     @property
     def is_dictatorship(self) -> bool:
-        return self.dominance_ratio >= DICTATORSHIP_RATIO
+        """Whether the dominant label's effective weight is at least ``threshold`` times the next one."""
+        return self.dominance_ratio >= self.threshold
 
     def as_dict(self) -> dict[str, object]:
-        """Flat numbers for a logger: ``prior/<name>``, ``effective_weight/<name>``, ..."""
-        flat: dict[str, object] = {"dominant": self.dominant, "dominance_ratio": self.dominance_ratio}
+        """Flat values for a logger: ``dominant`` (left out when it is ``None``), ``dominance_ratio``,
+        ``prior/<name>``, ``effective_weight/<name>`` and ``share/<name>``; all finite."""
+        flat: dict[str, object] = {} if self.dominant is None else {"dominant": self.dominant}
+        flat["dominance_ratio"] = self.dominance_ratio
         for k, name in enumerate(self.label_names):
             flat[f"prior/{name}"] = self.priors[k]
             flat[f"effective_weight/{name}"] = self.effective_weights[k]
@@ -48,19 +91,29 @@ class DictatorshipReport:
         return flat
 
     def __str__(self) -> str:
-        rows = ["label            prior   a_k    a_k/(pi(1-pi))  share"]
-        for k, name in enumerate(self.label_names):
-            rows.append(
-                f"{name[:15]:<15} {self.priors[k]:6.4f} {self.mixing_weights[k]:6.3f} "
-                f"{self.effective_weights[k]:14.4g}  {self.shares[k]:5.1%}"
-            )
-        verdict = (
-            f"'{self.dominant}' dictates the LoA ranking ({self.dominance_ratio:.1f}x the next label); "
-            f"LaALoss or LoALoss(weights='balanced') weigh labels as asked"
-            if self.is_dictatorship
-            else f"no label dominates (largest/next = {self.dominance_ratio:.2f})"
+        return "\n".join([_HEADER, *(self._row(k) for k in range(len(self.label_names))), self._verdict()])
+
+    def _row(self, k: int) -> str:
+        weight = f"{self.effective_weights[k]:14.4g}" if self.has_both_classes[k] else f"{'no pairs':>14}"
+        return (
+            f"{self.label_names[k][:15]:<15} {self.priors[k]:6.4f} {self.mixing_weights[k]:6.3f} "
+            f"{weight}  {self.shares[k]:5.1%}"
         )
-        return "\n".join(rows + [verdict])
+
+    def _verdict(self) -> str:
+        if self.dominant is None:
+            return f"no label takes part in the LoA ranking ({_TAKING_PART})"
+        if sum(self.takes_part) < 2:
+            return f"only '{self.dominant}' takes part in the LoA ranking ({_TAKING_PART}): no label dictates"
+        ratio = f"ratio {self.dominance_ratio:.2f} ± {self.dominance_ratio_se:.2f}"
+        if self.is_dictatorship:
+            return (
+                f"'{self.dominant}' dictates the LoA ranking ({ratio} to the next label; threshold {self.threshold:g}); "
+                f"LaALoss or LoALoss(weights='balanced') weigh labels as asked"
+            )
+        if self.dominance_ratio >= TILT_RATIO:
+            return f"'{self.dominant}' tilts the LoA ranking ({ratio} to the next label; dictates from {self.threshold:g})"
+        return f"no label dominates (largest/next: {ratio}; dictates from {self.threshold:g})"
 
 
 def label_dictatorship(
@@ -68,9 +121,37 @@ def label_dictatorship(
     weights: Sequence[float] | Tensor | None = None,
     *,
     label_names: Sequence[str] | None = None,
+    threshold: float = DICTATORSHIP_RATIO,
 ) -> DictatorshipReport:
-    """Report the effective LoA weights of binary ``labels`` (N, K) under mixing ``weights``."""
-    matrix = check.check_binary(check.label_matrix(labels, None))
+    r"""Report the effective LoA weights of binary ``labels`` (N, K) under mixing ``weights``.
+
+    The dominance ratio is the largest effective weight over the next one, among the labels that take
+    part (both classes and a_k > 0): how many times more a unit of the top label's class probability
+    counts than one of the next label's in the Bayes-optimal LoA score :math:`\sum_k \alpha_k \eta_k(x)`
+    (Prop. 5.2). With deterministic labels any ratio above 1 lets the top label decide every pair on which
+    the two labels disagree (Prop. 6.1); with noisy labels the larger the ratio, the closer the LoA ranking
+    is to ranking by the top label alone. ``threshold`` is therefore a convention, not a test: the default 2
+    says a label dictates when it counts at least twice as much as any other. The report says "tilts" from
+    ``TILT_RATIO`` (1.25) up to the threshold, and "no label dominates" below.
+
+    The priors are estimated from the N items, so the ratio is uncertain. ``dominance_ratio_se`` is its
+    first-order (delta-method) standard error: with :math:`g_k = (1 - 2\pi_k) / (\pi_k (1 - \pi_k))`, the
+    derivative of :math:`-\log \alpha_k` in :math:`\pi_k`, and the multinomial covariance of the two priors,
+    :math:`\mathrm{Cov}(\hat\pi_j, \hat\pi_k) = (\pi_{jk} - \pi_j \pi_k) / N` (:math:`\pi_{jk}` the rate of
+    items positive for both), :math:`\mathrm{se}(R) = R\, \mathrm{sd}(g_{top} \hat\pi_{top} - g_{next}
+    \hat\pi_{next})`. It treats a_k as fixed and vanishes to first order when both priors are 1/2.
+
+    Args:
+        labels: 0/1 labels of shape (N, K), or (N,) for one label; N >= 1.
+        weights: the mixing weights a_k >= 0, shape (K,); all ones (plain ``LoALoss()``) when omitted.
+        label_names: K names for the report; ``label_<k>`` when omitted.
+        threshold: the dominance ratio from which a label is said to dictate; a finite number > 1.
+
+    Raises:
+        ValueError: on non-binary or empty labels, weights or names of the wrong length or negative or
+            non-finite weights, or a threshold that is not a finite number > 1.
+    """
+    matrix = check.check_binary(check.label_matrix(labels, None)).cpu()
     num_labels = matrix.shape[1]
     mixing = check.check_weights("weights", weights, strictly_positive=False)
     mixing = torch.ones(num_labels, dtype=torch.float64) if mixing is None else mixing
@@ -78,30 +159,59 @@ def label_dictatorship(
     names = tuple(label_names) if label_names is not None else tuple(f"label_{k}" for k in range(num_labels))
     if len(names) != num_labels:
         raise ValueError(f"label_names has {len(names)} names for {num_labels} label columns: {names}")
+    threshold = _check_threshold(threshold)
     if matrix.shape[0] == 0:
         raise ValueError("labels are empty; priors need at least one item")
-    priors = matrix.mean(0).cpu()
+    priors = matrix.mean(0)
     spread = priors * (1 - priors)
-    effective = torch.where(spread > 0, mixing / spread.clamp(min=1e-300), float("inf"))
-    effective = torch.where(mixing > 0, effective, 0.0)
-    shares = _shares(effective)
-    ranked = torch.sort(effective, descending=True).values
-    second = float(ranked[1]) if num_labels > 1 else float("nan")
-    ratio = float(ranked[0] / ranked[1]) if num_labels > 1 and second > 0 else float("inf")
+    takes_part = (spread > 0) & (mixing > 0)
+    effective = torch.where(takes_part, mixing / torch.where(takes_part, spread, 1.0), 0.0)
+    total = effective.sum()
+    shares = effective / total if total > 0 else effective
+    top, ratio, ratio_se = _dominance(matrix, effective)
     return DictatorshipReport(
         label_names=names,
         priors=tuple(priors.tolist()),
         mixing_weights=tuple(mixing.tolist()),
         effective_weights=tuple(effective.tolist()),
         shares=tuple(shares.tolist()),
-        dominant=names[int(torch.argmax(effective))],
-        dominance_ratio=ratio if num_labels > 1 else 1.0,
+        dominant=None if top is None else names[top],
+        dominance_ratio=ratio,
         balanced_weights=tuple(spread.tolist()),
+        dominance_ratio_se=ratio_se,
+        threshold=threshold,
     )
 
 
-def _shares(effective: Tensor) -> Tensor:
-    infinite = torch.isinf(effective)
-    if bool(infinite.any()):
-        return infinite.to(torch.float64) / infinite.sum()
-    return effective / effective.sum().clamp(min=1e-300)
+def _check_threshold(threshold: object) -> float:
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not math.isfinite(threshold)
+        or threshold <= 1
+    ):
+        raise ValueError(f"threshold must be a finite number > 1; got {threshold!r}")
+    return float(threshold)
+
+
+def _dominance(matrix: Tensor, effective: Tensor) -> tuple[int | None, float, float]:
+    """The index of the largest effective weight (``None`` if all are 0), its ratio to the next positive
+    one and the ratio's standard error (1.0 and NaN with fewer than two positive weights)."""
+    order = torch.sort(effective, descending=True, stable=True).indices.tolist()
+    taking_part = int((effective > 0).sum())
+    if taking_part < 2:
+        return (order[0] if taking_part else None), 1.0, math.nan
+    top, second = order[0], order[1]
+    ratio = float(effective[top] / effective[second])
+    return top, ratio, ratio * _log_ratio_se(matrix[:, [top, second]])
+
+
+def _log_ratio_se(pair: Tensor) -> float:
+    """Delta-method standard error of log(alpha_top / alpha_next) from the priors of the (N, 2) columns
+    ``pair`` (top label first), each with both classes."""
+    priors = pair.mean(0)
+    covariance = pair.T @ pair / pair.shape[0] - torch.outer(priors, priors)  # of one item's labels
+    slope = (1 - 2 * priors) / (priors * (1 - priors))  # d(-log alpha_k) / d pi_k
+    gradient = torch.stack([slope[0], -slope[1]])
+    variance = gradient @ covariance @ gradient / pair.shape[0]
+    return math.sqrt(max(float(variance), 0.0))

@@ -18,6 +18,10 @@ sorts, integer prefix sums and segmented sums over sorted data (no floating-poin
 
 A metric without a single valid pair is undefined: the functions return ``NaN`` and emit an
 :class:`UndefinedMetricWarning` instead of raising. Results are ``float64`` tensors on the input's device.
+The streaming metrics do the same when they have seen no samples (``compute`` before any ``update``, after
+``reset()``, or after empty batches only): ``NaN`` in their usual output structure, with a warning that says
+so. ``forward`` on an empty batch therefore returns that ``NaN`` as the batch value and leaves the items seen
+so far as they were.
 
 References:
     Definition 2.1 of the project's loss specification (AUC with ties counted one half), and
@@ -478,7 +482,7 @@ def multipartite_auc(
 
 
 class _PairMetric(Metric):
-    """Common base: concatenation states, exact computation at :meth:`compute`."""
+    """Common base: concatenation states, exact computation at :meth:`compute`, ``NaN`` without samples."""
 
     is_differentiable: bool = False
     higher_is_better: bool = True
@@ -486,9 +490,36 @@ class _PairMetric(Metric):
     plot_lower_bound: float = 0.0
     plot_upper_bound: float = 1.0
 
+    scores: list[Tensor]
+
     def _add_cat_states(self, *names: str) -> None:
         for name in names:
             self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def _has_no_samples(self) -> bool:
+        """Whether no item has been seen: no update since construction or ``reset()``, or empty batches only.
+
+        ``scores`` is a list of batches, or one tensor once torchmetrics has gathered it across processes.
+        """
+        if isinstance(self.scores, Tensor):
+            return self.scores.numel() == 0
+        return all(batch.numel() == 0 for batch in self.scores)
+
+    def _nan(self, *shape: int) -> Tensor:
+        return torch.full(shape, float("nan"), dtype=torch.float64, device=self.device)
+
+    def _no_samples_value(self) -> Any:
+        """The output of :meth:`compute` without samples: ``NaN`` of the usual structure (a scalar here)."""
+        return self._nan()
+
+    def _undefined_without_samples(self) -> Any:
+        warnings.warn(
+            f"{type(self).__name__} has seen no samples (compute before any update, after reset() or after "
+            "empty batches only); returning NaN.",
+            UndefinedMetricWarning,
+            stacklevel=3,
+        )
+        return self._no_samples_value()
 
 
 class AUC(_PairMetric):
@@ -501,7 +532,7 @@ class AUC(_PairMetric):
     shape ``(N,)`` or ``(N, 1)``.
 
     As output of ``forward`` and ``compute``: a ``float64`` scalar tensor, ``NaN`` (with an
-    :class:`UndefinedMetricWarning`) unless both classes were seen.
+    :class:`UndefinedMetricWarning`) unless both classes were seen (so also without samples).
 
     Example:
         >>> metric = AUC()
@@ -511,7 +542,6 @@ class AUC(_PairMetric):
         tensor(0.8750, dtype=torch.float64)
     """
 
-    scores: list[Tensor]
     labels: list[Tensor]
 
     def __init__(self, **kwargs: Any) -> None:
@@ -526,6 +556,8 @@ class AUC(_PairMetric):
 
     def compute(self) -> Tensor:
         """Return the AUC of all items seen."""
+        if self._has_no_samples():
+            return self._undefined_without_samples()
         return binary_auc(dim_zero_cat(self.scores), dim_zero_cat(self.labels))
 
 
@@ -538,7 +570,7 @@ class GroupAUC(_PairMetric):
     ``(N,)`` or ``(N, 1)``.
 
     As output of ``forward`` and ``compute``: a ``float64`` scalar tensor, ``NaN`` (with an
-    :class:`UndefinedMetricWarning`) if no group has both classes.
+    :class:`UndefinedMetricWarning`) if no group has both classes (so also without samples).
 
     Args:
         weighting: ``"uniform"`` (default, every valid group counts once) or ``"size"`` (groups weighted by
@@ -546,7 +578,6 @@ class GroupAUC(_PairMetric):
         kwargs: Additional keyword arguments of :class:`torchmetrics.Metric`.
     """
 
-    scores: list[Tensor]
     labels: list[Tensor]
     groups: list[Tensor]
 
@@ -566,6 +597,8 @@ class GroupAUC(_PairMetric):
 
     def compute(self) -> Tensor:
         """Return the GAUC of all items seen."""
+        if self._has_no_samples():
+            return self._undefined_without_samples()
         return group_auc(
             dim_zero_cat(self.scores), dim_zero_cat(self.labels), dim_zero_cat(self.groups), self.weighting
         )
@@ -585,14 +618,14 @@ class MultiLabelAUC(_PairMetric):
     - ``"min_auc"``: scalar, :math:`\min_k \mathrm{AUC}_k`.
 
     If some label has only one class its AUC is ``NaN`` (with an :class:`UndefinedMetricWarning`), and so are
-    ``diff_auc`` and ``min_auc``: they are not silently computed over a subset of the labels.
+    ``diff_auc`` and ``min_auc``: they are not silently computed over a subset of the labels. Without samples
+    every entry is ``NaN``, ``per_label_auc`` still of shape ``(K,)``.
 
     Args:
         num_labels: the number of label columns :math:`K`.
         kwargs: Additional keyword arguments of :class:`torchmetrics.Metric`.
     """
 
-    scores: list[Tensor]
     labels: list[Tensor]
 
     def __init__(self, num_labels: int, **kwargs: Any) -> None:
@@ -613,8 +646,13 @@ class MultiLabelAUC(_PairMetric):
 
     def compute(self) -> dict[str, Tensor]:
         """Return ``{"per_label_auc", "diff_auc", "min_auc"}`` over all items seen."""
+        if self._has_no_samples():
+            return self._undefined_without_samples()
         per_label = multilabel_auc(dim_zero_cat(self.scores), dim_zero_cat(self.labels))
         return {"per_label_auc": per_label, "diff_auc": per_label.max() - per_label.min(), "min_auc": per_label.min()}
+
+    def _no_samples_value(self) -> dict[str, Tensor]:
+        return {"per_label_auc": self._nan(self.num_labels), "diff_auc": self._nan(), "min_auc": self._nan()}
 
 
 class MultipartiteAUC(_PairMetric):
@@ -628,7 +666,8 @@ class MultipartiteAUC(_PairMetric):
     of shape ``(N,)`` or ``(N, 1)``.
 
     As output of ``forward`` and ``compute``: a ``float64`` scalar tensor, ``NaN`` (with an
-    :class:`UndefinedMetricWarning`) if no pair of distinct levels (in any group) was seen.
+    :class:`UndefinedMetricWarning`) if no pair of distinct levels (in any group) was seen (so also without
+    samples).
 
     Args:
         cost: ``"linear"`` (default, :math:`c_{ij} = \bar y_i - \bar y_j`) or ``"uniform"`` (:math:`c_{ij} = 1`).
@@ -638,7 +677,6 @@ class MultipartiteAUC(_PairMetric):
         kwargs: Additional keyword arguments of :class:`torchmetrics.Metric`.
     """
 
-    scores: list[Tensor]
     levels: list[Tensor]
     groups: list[Tensor]
 
@@ -673,6 +711,8 @@ class MultipartiteAUC(_PairMetric):
 
     def compute(self) -> Tensor:
         """Return the multipartite AUC of all items seen."""
+        if self._has_no_samples():
+            return self._undefined_without_samples()
         groups = dim_zero_cat(self.groups) if self.grouped else None
         return multipartite_auc(
             dim_zero_cat(self.scores), dim_zero_cat(self.levels), groups, self.cost, weighting=self.weighting

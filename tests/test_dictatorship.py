@@ -8,6 +8,9 @@ and balanced LoA give the two combinations the same score.
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 
@@ -108,3 +111,118 @@ def test_label_dictatorship_rejects_bad_arguments():
         mlloss.label_dictatorship(LABELS, label_names=["click"])
     with pytest.raises(ValueError, match="must be binary"):
         mlloss.label_dictatorship(LABELS * 2)
+
+
+# --------------------------------------------------------------------------- labels without pairs
+
+
+def assert_loggable(report: mlloss.DictatorshipReport) -> None:
+    """as_dict() holds label names and finite numbers."""
+    for key, value in report.as_dict().items():
+        assert isinstance(value, str) or math.isfinite(value), (key, value)
+
+
+def test_a_never_positive_label_has_no_pairs_and_no_say():
+    """label_1 is never positive: LoALoss gives it L_1 = 0, so it neither dictates nor counts in the verdict."""
+    report = mlloss.label_dictatorship(torch.tensor([[1, 0], [0, 0], [1, 0], [0, 0]]))
+    assert report.dominant == "label_0"
+    assert report.effective_weights == (4.0, 0.0) and report.shares == (1.0, 0.0)
+    assert report.priors == (0.5, 0.0) and report.has_both_classes == (True, False)
+    assert report.dominance_ratio == 1.0 and math.isnan(report.dominance_ratio_se)  # no other label to outweigh
+    assert not report.is_dictatorship and report.takes_part == (True, False)
+    rows = str(report).splitlines()
+    assert rows[2].startswith("label_1") and "no pairs" in rows[2] and "0.0%" in rows[2]
+    assert rows[-1] == "only 'label_0' takes part in the LoA ranking (a label needs both classes and a_k > 0): no label dictates"
+    assert_loggable(report)
+
+
+def test_an_always_positive_label_is_left_out_of_the_verdict():
+    labels = torch.cat([LABELS, torch.ones(len(LABELS), 1)], 1)  # a third label, positive on every item
+    report = mlloss.label_dictatorship(labels, label_names=["click", "purchase", "seen"])
+    two_labels = mlloss.label_dictatorship(LABELS, label_names=["click", "purchase"])
+    assert report.effective_weights[2] == 0.0 and report.shares[2] == 0.0
+    assert report.effective_weights[:2] == two_labels.effective_weights and report.shares[:2] == two_labels.shares
+    assert report.dominant == "purchase" and report.dominance_ratio == two_labels.dominance_ratio
+    assert "no pairs" in str(report).splitlines()[3]
+    assert_loggable(report)
+
+
+def test_no_label_with_both_classes_names_no_dominant_label():
+    report = mlloss.label_dictatorship(torch.tensor([[1, 0], [1, 0]]), label_names=["always", "never"])
+    assert report.dominant is None and report.dominance_ratio == 1.0 and not report.is_dictatorship
+    assert report.effective_weights == (0.0, 0.0) and report.shares == (0.0, 0.0)
+    assert str(report).splitlines()[-1] == "no label takes part in the LoA ranking (a label needs both classes and a_k > 0)"
+    assert "dominant" not in report.as_dict()
+    assert_loggable(report)
+
+
+def test_a_zero_mixing_weight_takes_a_label_out_of_the_ranking():
+    report = mlloss.label_dictatorship(LABELS, [1.0, 0.0], label_names=["click", "purchase"])
+    assert report.dominant == "click" and report.dominance_ratio == 1.0 and not report.is_dictatorship
+    assert report.effective_weights == (4.0, 0.0) and report.has_both_classes == (True, True)
+    assert report.takes_part == (True, False)
+    assert "only 'click' takes part" in str(report)
+    assert_loggable(report)
+
+
+# --------------------------------------------------------------------------- threshold and uncertainty
+
+
+def test_the_verdict_is_graded_and_the_threshold_is_the_users():
+    report = mlloss.label_dictatorship(LABELS, label_names=["click", "purchase"])
+    assert report.threshold == mlloss.diagnostics.DICTATORSHIP_RATIO == 2.0
+    strict = mlloss.label_dictatorship(LABELS, label_names=["click", "purchase"], threshold=6)
+    assert strict.threshold == 6.0 and strict.dominance_ratio == report.dominance_ratio
+    assert not strict.is_dictatorship
+    verdict = "'purchase' tilts the LoA ranking (ratio 5.26 ± 1.54 to the next label; dictates from 6)"
+    assert str(strict).splitlines()[-1] == verdict
+    # pi = 0.5 and 0.25: effective weights 4 and 16/3, ratio 4/3, between the tilt ratio (1.25) and the threshold.
+    tilted = mlloss.label_dictatorship(torch.tensor([[1, 1], [1, 0], [0, 0], [0, 0]]))
+    assert tilted.dominant == "label_1" and tilted.dominance_ratio == pytest.approx(4 / 3)
+    assert "'label_1' tilts the LoA ranking (ratio 1.33 ± " in str(tilted) and not tilted.is_dictatorship
+    # pi = 0.5 and 0.4: ratio 25/24, below the tilt ratio.
+    level = mlloss.label_dictatorship(torch.tensor([[1, 1], [1, 1], [1, 0], [1, 0], [1, 0]] + [[0, 1]] * 2 + [[0, 0]] * 3))
+    assert level.dominance_ratio == pytest.approx(25 / 24)
+    assert str(level).splitlines()[-1].startswith("no label dominates (largest/next: ratio 1.04 ± ")
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.5, -3, math.inf, math.nan, True, "2", None])
+def test_label_dictatorship_rejects_a_bad_threshold(threshold):
+    with pytest.raises(ValueError, match=f"threshold must be a finite number > 1; got {re.escape(repr(threshold))}"):
+        mlloss.label_dictatorship(LABELS, threshold=threshold)
+
+
+def test_the_ratio_standard_error_is_the_delta_method_on_the_priors():
+    """With pi_1 = 1/2 the first label's weight is flat in its prior, so only pi_2's binomial error counts:
+    se(R) = R |d log alpha_2 / d pi_2| sqrt(pi_2 (1 - pi_2) / N) = R (1 - 2 pi_2) / sqrt(N pi_2 (1 - pi_2))."""
+    report = mlloss.label_dictatorship(LABELS)
+    pi = 0.05
+    assert report.dominance_ratio_se == pytest.approx(report.dominance_ratio * (1 - 2 * pi) / math.sqrt(200 * pi * (1 - pi)))
+    assert "ratio 5.26 ± 1.54 to the next label" in str(report)
+
+
+def multinomial_draws(n: int, probabilities: torch.Tensor, draws: int, generator: torch.Generator) -> torch.Tensor:
+    """(draws, C) category counts of n items, as a chain of binomials (each given the items left)."""
+    left = torch.full((draws,), float(n), dtype=torch.float64)
+    counts, mass_left = [], 1.0
+    for p in probabilities[:-1].tolist():
+        counts.append(torch.binomial(left, torch.full_like(left, min(p / mass_left, 1.0)), generator=generator))
+        left, mass_left = left - counts[-1], mass_left - p
+    return torch.stack(counts + [left], 1)
+
+
+def test_the_ratio_standard_error_matches_a_parametric_bootstrap_of_correlated_labels():
+    """Resample N items from the label combinations' frequencies: the spread of the ratio matches the reported
+    standard error, the covariance of the two correlated priors included."""
+    # (y1, y2) = (0,0), (0,1), (1,0), (1,1): pi_1 = 0.3, pi_2 = 0.1, both positive on 8% of the items.
+    frequencies = torch.tensor([0.68, 0.02, 0.22, 0.08], dtype=torch.float64)
+    n = 4000
+    counts = (frequencies * n).round().long()
+    report = mlloss.label_dictatorship(COMBINATIONS[torch.repeat_interleave(torch.arange(4), counts)])
+    draws = multinomial_draws(n, frequencies, 20000, torch.Generator().manual_seed(0)) / n
+    pi_1, pi_2 = draws[:, 2] + draws[:, 3], draws[:, 1] + draws[:, 3]
+    ratios = (pi_1 * (1 - pi_1)) / (pi_2 * (1 - pi_2))  # alpha_2 / alpha_1 with a_1 = a_2 = 1
+    assert report.dominant == "label_1"
+    assert report.dominance_ratio_se == pytest.approx(float(ratios.std()), rel=0.02)
+    independent = report.dominance_ratio * math.sqrt(((0.4 / 0.21) ** 2 * 0.21 + (0.8 / 0.09) ** 2 * 0.09) / n)
+    assert abs(report.dominance_ratio_se - independent) > 0.1 * independent  # the covariance term matters here

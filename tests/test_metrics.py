@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torchmetrics import Metric
 
 from mlloss.metrics import (
     AUC,
@@ -575,6 +576,93 @@ def test_metric_conventions() -> None:
         assert metric.higher_is_better is True
         assert metric.full_state_update is False
         assert all(fx is not None and fx.__name__ == "dim_zero_cat" for fx in metric._reductions.values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Streaming metrics without samples: NaN in the usual output structure and a warning, never an exception
+# ----------------------------------------------------------------------------------------------------------------
+
+STREAM_SCORES = torch.tensor([0.3, 0.1, 0.2, 0.7])
+STREAM_LABELS = torch.tensor([[1, 0, 1], [0, 1, 0], [1, 0, 0], [0, 1, 1]])
+STREAM_GROUPS = torch.tensor([4, 4, 9, 9])
+# (name, metric factory, a batch with a defined value) for every streaming metric class
+STREAMING_CASES = [
+    ("AUC", lambda: AUC(), (STREAM_SCORES, STREAM_LABELS[:, 0])),
+    ("GroupAUC", lambda: GroupAUC(weighting="size"), (STREAM_SCORES, STREAM_LABELS[:, 0], STREAM_GROUPS)),
+    ("MultiLabelAUC-1", lambda: MultiLabelAUC(num_labels=1), (STREAM_SCORES, STREAM_LABELS[:, 0])),
+    ("MultiLabelAUC-3", lambda: MultiLabelAUC(num_labels=3), (STREAM_SCORES, STREAM_LABELS)),
+    ("MultipartiteAUC", lambda: MultipartiteAUC(), (STREAM_SCORES, STREAM_LABELS)),
+    (
+        "MultipartiteAUC-grouped",
+        lambda: MultipartiteAUC(cost="uniform", grouped=True),
+        (STREAM_SCORES, STREAM_LABELS, STREAM_GROUPS),
+    ),
+]
+STREAMING = pytest.mark.parametrize(
+    "make, batch", [case[1:] for case in STREAMING_CASES], ids=[case[0] for case in STREAMING_CASES]
+)
+
+
+def assert_nan_like(value: object, defined: object) -> None:
+    """``value`` has the structure (dict keys, shapes, dtype, device) of ``defined`` and is NaN throughout."""
+    if isinstance(defined, dict):
+        assert isinstance(value, dict) and set(value) == set(defined)
+        for key in defined:
+            assert_nan_like(value[key], defined[key])
+        return
+    assert isinstance(value, torch.Tensor) and isinstance(defined, torch.Tensor)
+    assert (value.shape, value.dtype, value.device) == (defined.shape, defined.dtype, defined.device)
+    assert torch.isnan(value).all(), value
+
+
+def defined_value(make: Callable[[], Metric], batch: tuple[torch.Tensor, ...]) -> object:
+    metric = make()
+    metric.update(*batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UndefinedMetricWarning)
+        return metric.compute()
+
+
+@STREAMING
+def test_compute_before_any_update_gives_nan_and_warns(make: Callable[[], Metric], batch: tuple) -> None:
+    with pytest.warns(UndefinedMetricWarning, match="no samples"):
+        value = make().compute()
+    assert_nan_like(value, defined_value(make, batch))
+
+
+@STREAMING
+def test_compute_after_reset_gives_nan_and_warns(make: Callable[[], Metric], batch: tuple) -> None:
+    metric = make()
+    metric.update(*batch)
+    metric.reset()
+    with pytest.warns(UndefinedMetricWarning, match="no samples"):
+        value = metric.compute()
+    assert_nan_like(value, defined_value(make, batch))
+
+
+@STREAMING
+def test_forward_on_an_empty_batch_gives_nan_and_keeps_the_state(make: Callable[[], Metric], batch: tuple) -> None:
+    """The batch value of an empty batch is NaN (no samples); the items seen before still count."""
+    metric = make()
+    metric.update(*batch)
+    with pytest.warns(UndefinedMetricWarning, match="no samples"):
+        value = metric(*(x[:0] for x in batch))
+    assert_nan_like(value, defined_value(make, batch))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UndefinedMetricWarning)
+        after = metric.compute()
+    expected = defined_value(make, batch)
+    for key in expected if isinstance(expected, dict) else [None]:
+        pair = (after, expected) if key is None else (after[key], expected[key])
+        assert torch.equal(*pair)
+
+
+def test_only_empty_batches_count_as_no_samples() -> None:
+    metric = MultiLabelAUC(num_labels=2)
+    metric.update(torch.empty(0), torch.empty(0, 2))
+    with pytest.warns(UndefinedMetricWarning, match="no samples"):
+        result = metric.compute()
+    assert result["per_label_auc"].shape == (2,) and torch.isnan(result["per_label_auc"]).all()
 
 
 # ----------------------------------------------------------------------------------------------------------------
