@@ -50,9 +50,11 @@ The ``--loss`` names map to ``mlloss.build_loss`` in two ways:
   (lambda defaults to 1). The ranking head's AUCs are reported in the row ``model:rank``.
   ``--cross-device`` takes the ranking pairs across all DDP ranks (``cross_device=True``).
 
-Batches keep users together: every epoch shuffles the users and cuts the user-sorted
-impressions into batches, so most users' impressions share a batch and per-user (GAUC)
-pairs exist. Under DDP every rank takes every world_size-th batch.
+Batches keep users together (``mlloss.data.GroupBatchSampler``, docs/sampler.md): every epoch
+shuffles the users and packs whole users into batches of at most ``--batch-size`` impressions (a
+user with more is split into batch-size pieces), so per-user (GAUC) pairs exist. Under DDP the
+batches are dealt round-robin to the ranks; training drops the last few that would leave the ranks
+uneven, evaluation keeps every impression and gives a rank left short an empty batch.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 import mlloss
 from mlloss.data import (
+    GroupBatchSampler,
     ImpressionData,
     SyntheticConfig,
     generate_impressions,
@@ -117,17 +120,11 @@ class ImpressionBatches(Dataset):
 
 
 class UserBlockBatchSampler(Sampler[Tensor]):
-    """Yields index tensors of batches that keep each user's impressions together.
-
-    The users are put in a random order (a fixed order if ``shuffle=False``), the
-    impressions are sorted by user in that order (stable, so time order within a user is
-    kept) and cut into consecutive batches of ``batch_size``. Rank ``rank`` of
-    ``world_size`` takes batches ``rank, rank + world_size, ...``. With ``even_shards`` the
-    batches are first truncated to a multiple of ``world_size`` so that all ranks run the
-    same number of steps (DDP training); otherwise (evaluation) every impression is kept and
-    ranks short of a batch get an empty one, because a sharded embedding's forward is a
-    collective that every rank must join.
-    """
+    """Index tensors of the batches of :class:`~mlloss.data.GroupBatchSampler` over the users, in
+    the recipe's two regimes: ``even_shards`` (DDP training) drops the last batches so that every
+    rank runs the same number of steps; otherwise (evaluation) every impression is kept and a rank
+    left short gets an empty batch, because a sharded embedding's forward is a collective that
+    every rank must join."""
 
     def __init__(
         self,
@@ -139,46 +136,27 @@ class UserBlockBatchSampler(Sampler[Tensor]):
         world_size: int = 1,
         even_shards: bool = False,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        self.users = torch.unique(users, return_inverse=True)[1]  # ids 0..U-1, whatever the raw ids
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.even_shards = even_shards
-        self.epoch = 0
+        self.batches = GroupBatchSampler(users, batch_size, shuffle=shuffle, seed=seed, drop_last=even_shards,
+                                         pad="empty", num_replicas=world_size, rank=rank)
 
     def set_epoch(self, epoch: int) -> None:
         """Change the user order (Lightning calls this at every training epoch)."""
-        self.epoch = epoch
-
-    def _num_batches(self) -> int:
-        total = -(-len(self.users) // self.batch_size)
-        return total // self.world_size * self.world_size if self.even_shards else total
+        self.batches.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return -(-self._num_batches() // self.world_size)  # ceil: short ranks get an empty batch
+        return len(self.batches)
 
     def __iter__(self) -> Iterator[Tensor]:
-        num_users = int(self.users.max()) + 1 if len(self.users) else 0
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
-            user_rank = torch.randperm(num_users, generator=gen)
-        else:
-            user_rank = torch.arange(num_users)
-        order = torch.argsort(user_rank[self.users], stable=True)
-        own = order.split(self.batch_size)[: self._num_batches()][self.rank :: self.world_size]
-        yield from own
-        for _ in range(len(self) - len(own)):
-            yield order[:0]
+        return (torch.tensor(batch, dtype=torch.long) for batch in self.batches)
 
 
 class ImpressionDataModule(pl.LightningDataModule):
-    """Train/val/test dataloaders over user-block batches, sharded by the trainer's rank."""
+    """Train/val/test dataloaders over user-block batches, sharded by the trainer's rank.
+
+    The number of user-block batches changes by a few between epochs (it depends on the packing),
+    and Lightning reads a dataloader's length when it loads it: the trainer reloads the dataloaders
+    every epoch (``reload_dataloaders_every_n_epochs=1``) and the training sampler is created at the
+    current epoch, so that the length is the epoch's own."""
 
     def __init__(
         self, train: ImpressionData, val: ImpressionData, test: ImpressionData, batch_size: int, seed: int
@@ -195,6 +173,7 @@ class ImpressionDataModule(pl.LightningDataModule):
             self.splits[split].user, self.batch_size, shuffle=training, seed=self.seed,
             rank=rank, world_size=world, even_shards=training,
         )
+        sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
         return DataLoader(ImpressionBatches(self.splits[split]), sampler=sampler, batch_size=None)
 
     def train_dataloader(self) -> DataLoader:
@@ -487,7 +466,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "or the ranking-head weight of laa/loa/balanced-loa (1 if unset)")
     p.add_argument("--esmm", action="store_true", help="purchase head = pCTR * pCVR (ESMM)")
     p.add_argument("--epochs", type=int, default=5, help="passes over the training split")
-    p.add_argument("--batch-size", type=int, default=1024, help="impressions per batch (per device)")
+    p.add_argument("--batch-size", type=int, default=1024, help="most impressions per batch (per device); users are kept whole")
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-4, help="Adam L2 penalty (curbs id-embedding overfitting)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of the training")
@@ -629,7 +608,8 @@ def run(args: argparse.Namespace) -> dict:
     trainer = pl.Trainer(
         accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
         max_epochs=args.epochs,
-        use_distributed_sampler=False, num_sanity_val_steps=0, logger=False, callbacks=callbacks,
+        use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,  # see ImpressionDataModule
+        num_sanity_val_steps=0, logger=False, callbacks=callbacks,
         enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar,
         enable_model_summary=False,
     )

@@ -25,9 +25,10 @@ mean cross-entropy, a weight of order 1 on the summed hardest pairs already swam
 
 Model: field embeddings (user, item, category, segment, slot) with their pairwise dot products and
 the dense features, a shared-bottom MLP and one tower per task (``mlloss.towers``); Adam. Batches keep
-each user's impressions together (users shuffled every epoch, impressions sorted by user and cut
-into ``--batch-size`` rows), as the paper's training data "ranked by user ID". Every objective of a
-seed sees the same data, initialisation and batch order, so differences are paired.
+each user's impressions together (``mlloss.data.GroupBatchSampler``: users shuffled every epoch and
+packed whole into batches of at most ``--batch-size`` rows), as the paper's training data "ranked by
+user ID". Every objective of a seed sees the same data, initialisation and batch order, so
+differences are paired.
 
 Metrics on the test set, per task: AUC and GAUC (AUC per user, unweighted mean over users with both
 classes: the paper sets every user's weight to 1), reported in points (x100) like the paper, and
@@ -47,14 +48,14 @@ import argparse
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 import mlloss
-from mlloss.data import ImpressionData, SyntheticConfig, generate_impressions, split_by_time
+from mlloss.data import GroupBatchSampler, ImpressionData, SyntheticConfig, generate_impressions, split_by_time
 from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc
 from mlloss.towers import DotInteraction, FieldEmbedding, MultiTaskModel, SharedBottom
 
@@ -76,14 +77,6 @@ PAPER_TABLE5 = {
 
 
 # --------------------------------------------------------------------------- data and model
-
-
-def user_block_batches(users: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
-    """Index batches of ``batch_size`` rows that keep each user's impressions together: the users
-    are put in a random order, the rows sorted (stably) by that order and cut into batches."""
-    user_rank = torch.randperm(int(users.max()) + 1, generator=generator)
-    order = torch.argsort(user_rank[users], stable=True)
-    yield from order.split(batch_size)
 
 
 def build_model(data: ImpressionData, args: argparse.Namespace) -> MultiTaskModel:
@@ -118,9 +111,11 @@ def train(name: str, train_data: ImpressionData, seed: int, lam: float, batch_si
     objective, grouped = build_objective(name, lam, batch_size)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     labels = train_data.labels
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(args.epochs):
-        for index in user_block_batches(train_data.user, batch_size, generator):
+    sampler = GroupBatchSampler(train_data.user, batch_size, seed=seed)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for indices in sampler:
+            index = torch.tensor(indices)
             logits = model(train_data.sparse[index], train_data.dense[index])
             groups = train_data.user[index] if grouped else None
             loss = sum(objective(logits[:, t], labels[index, t], groups) for t in range(len(TASKS)))

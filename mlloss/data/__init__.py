@@ -1,6 +1,8 @@
-"""Data for mlloss experiments: a synthetic Ali-CCP-like impression log generator and
-loaders for the real Ali-CCP and AliExpress click/conversion CSVs."""
+"""Data for mlloss experiments: a synthetic Ali-CCP-like impression log generator, loaders for
+the real Ali-CCP and AliExpress click/conversion CSVs, and a batch sampler that keeps each group's
+(user's) items in the same batch for per-group losses."""
 
+from mlloss.data.sampler import GroupBatchSampler
 from mlloss.data.synthetic import (
     DENSE_FEATURES,
     SPARSE_FIELDS,
@@ -25,6 +27,7 @@ __all__ = [
     "ALIEXPRESS_SPARSE_FIELDS",
     "DENSE_FEATURES",
     "SPARSE_FIELDS",
+    "GroupBatchSampler",
     "ImpressionData",
     "SyntheticConfig",
     "generate_impressions",

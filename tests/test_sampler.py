@@ -1,0 +1,226 @@
+"""Tests of ``mlloss.data.GroupBatchSampler``: whole groups per batch, the documented split of
+groups larger than a batch, batch-size bounds, seeded shuffling, data-parallel dealing (disjoint
+groups, equal batch counts), errors, speed, the docs/sampler.md example, and the within-user pairs
+it keeps compared with shuffled batches."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlloss.data import GroupBatchSampler, SyntheticConfig, generate_impressions, split_by_time
+from mlloss.data import sampler as sampler_module
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "sampler.md"
+
+
+def random_groups(num_items: int, num_groups: int, seed: int = 0) -> torch.Tensor:
+    """Unsorted, non-contiguous (negative and large) ids with long-tailed group sizes."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(10 * num_groups, generator=gen)[:num_groups] * 7919 - 50_000
+    weights = torch.distributions.LogNormal(0.0, 1.2).sample((num_groups,))
+    return ids[torch.multinomial(weights, num_items, replacement=True, generator=gen)]
+
+
+def group_batches(batches: list[list[int]], groups: torch.Tensor) -> dict[int, list[int]]:
+    """Group id -> the positions of the batches that hold its items."""
+    where: dict[int, list[int]] = {}
+    for b, batch in enumerate(batches):
+        for g in groups[batch].unique().tolist():
+            where.setdefault(g, []).append(b)
+    return where
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 64, 1000])
+def test_every_item_once_whole_groups_and_size_bounds(batch_size):
+    groups = random_groups(3000, 200)
+    sampler = GroupBatchSampler(groups, batch_size, seed=3)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(groups)))
+    sizes = dict(zip(*(t.tolist() for t in groups.unique(return_counts=True))))
+    for g, where in group_batches(batches, groups).items():
+        assert len(where) == -(-sizes[g] // batch_size), "a group spans ceil(size / batch_size) batches"
+    for batch, following in itertools.pairwise(batches):
+        assert 1 <= len(batch) <= batch_size
+        first = groups[following]
+        first_piece = int((first == first[0]).sum())  # the next batch's first group (or piece)
+        assert len(batch) + first_piece > batch_size, "next fit: a batch closes only when the next group does not fit"
+    assert 1 <= len(batches[-1]) <= batch_size
+
+
+def test_a_group_larger_than_a_batch_is_split_into_consecutive_batch_size_pieces():
+    groups = torch.tensor([5] * 25 + [2] * 3 + [9] * 10 + [4])  # sizes 25, 3, 10, 1 with batch 8
+    batches = list(GroupBatchSampler(groups, 8, shuffle=False))
+    # id order 2, 4, 5, 9: [3 items of 2, 1 of 4] | 5 in pieces 8, 8, 8, 1 | 9 in pieces 8, 2
+    assert [groups[b].tolist() for b in batches] == [[2, 2, 2, 4], *[[5] * 8] * 3, [5], [9] * 8, [9] * 2]
+    big = [i for b in batches for i in b if groups[i] == 5]
+    assert big == list(range(25)), "pieces are consecutive and keep the items' order"
+
+
+def test_within_a_group_the_input_order_is_kept():
+    groups = random_groups(2000, 100, seed=1)
+    for batch in GroupBatchSampler(groups, 128, seed=0):
+        for g in groups[batch].unique():
+            members = [i for i in batch if groups[i] == g]
+            assert members == sorted(members)
+
+
+def test_same_seed_and_epoch_give_the_same_batches_and_other_epochs_other_orders():
+    groups = random_groups(3000, 300)
+    a, b = GroupBatchSampler(groups, 100, seed=5), GroupBatchSampler(groups, 100, seed=5)
+    assert list(a) == list(b)
+    epoch0 = list(a)
+    a.set_epoch(1)
+    epoch1 = list(a)
+    assert epoch1 != epoch0 and len(a) == len(epoch1)
+    b.set_epoch(1)
+    assert list(b) == epoch1
+    assert list(GroupBatchSampler(groups, 100, seed=6)) != epoch0
+
+
+def test_without_shuffle_groups_come_in_increasing_id_order_every_epoch():
+    groups = random_groups(1000, 50)
+    sampler = GroupBatchSampler(groups, 64, shuffle=False)
+    order = torch.tensor([i for batch in sampler for i in batch])
+    ids = groups[order]
+    assert bool((ids[1:] >= ids[:-1]).all())
+    sampler.set_epoch(4)
+    assert torch.equal(torch.tensor([i for batch in sampler for i in batch]), order)
+
+
+def test_integer_ids_of_any_kind_are_accepted():
+    ids = [3, -1, 3, 10**12, -1]
+    for groups in (ids, tuple(ids), torch.tensor(ids), torch.tensor(ids).numpy()):
+        assert list(GroupBatchSampler(groups, 2, shuffle=False)) == [[1, 4], [0, 2], [3]]
+    assert list(GroupBatchSampler(torch.tensor([3, -1, 3], dtype=torch.int32), 2, shuffle=False)) == [[1], [0, 2]]
+
+
+def shards(groups: torch.Tensor, world: int, **kwargs) -> list[list[list[int]]]:
+    return [list(GroupBatchSampler(groups, 50, seed=2, num_replicas=world, rank=r, **kwargs)) for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ranks_get_whole_disjoint_groups_every_item_once_and_equal_counts_with_empty_padding(world):
+    groups = random_groups(2000, 150)
+    ranks = shards(groups, world, pad="empty")
+    assert len({len(r) for r in ranks}) == 1
+    assert len(ranks[0]) == len(GroupBatchSampler(groups, 50, seed=2, num_replicas=world, rank=0, pad="empty"))
+    assert sorted(i for r in ranks for batch in r for i in batch) == list(range(len(groups)))
+    small = {int(g) for g, n in zip(*groups.unique(return_counts=True)) if n <= 50}  # larger ones are split
+    owners = [set(groups[[i for batch in r for i in batch]].tolist()) & small for r in ranks]
+    assert sum(map(len, owners)) == len(small), "each group is on one rank"
+    assert sum(batch == [] for r in ranks for batch in r) < world
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_drop_last_drops_fewer_than_world_batches_and_keeps_ranks_disjoint(world):
+    groups = random_groups(2000, 150)
+    everything = list(GroupBatchSampler(groups, 50, seed=2))
+    ranks = shards(groups, world, drop_last=True)
+    assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) == len(everything) // world
+    dealt = [batch for step in zip(*ranks) for batch in step]  # round-robin: rank r takes batches r, r + W, ...
+    assert dealt == everything[: len(dealt)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_repeat_padding_gives_short_ranks_the_epochs_first_batches(world):
+    groups = random_groups(2000, 150)
+    everything = list(GroupBatchSampler(groups, 50, seed=2))
+    ranks = shards(groups, world)
+    assert len({len(r) for r in ranks}) == 1
+    dealt = [batch for step in zip(*ranks) for batch in step]
+    assert dealt[: len(everything)] == everything
+    assert dealt[len(everything) :] == everything[: len(dealt) - len(everything)]
+    assert len(dealt) - len(everything) < world
+
+
+def test_more_ranks_than_batches_repeats_or_empties():
+    groups = torch.tensor([0, 0, 1])
+    assert [list(GroupBatchSampler(groups, 10, num_replicas=3, rank=r)) for r in range(3)] == [[[0, 1, 2]]] * 3
+    assert [list(GroupBatchSampler(groups, 10, num_replicas=3, rank=r, pad="empty")) for r in range(3)] == [
+        [[0, 1, 2]], [[]], [[]]
+    ]
+    assert len(GroupBatchSampler(groups, 10, num_replicas=3, rank=1, drop_last=True)) == 0
+
+
+def test_replicas_default_to_torch_distributed(monkeypatch):
+    monkeypatch.setattr(sampler_module.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(sampler_module.dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(sampler_module.dist, "get_rank", lambda: 3)
+    sampler = GroupBatchSampler(torch.arange(10), 1, shuffle=False)
+    assert (sampler.num_replicas, sampler.rank) == (4, 3)
+    assert list(sampler) == [[3], [7], [1]]  # batches 3, 7 and the padding repeat of batch 11 % 10
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_empty_input(world):
+    for groups in ([], torch.empty(0, dtype=torch.long)):
+        sampler = GroupBatchSampler(groups, 8, num_replicas=world, rank=world - 1)
+        assert len(sampler) == 0 and list(sampler) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"batch_size": 2.5}, "batch_size must be a positive integer, got 2.5"),
+        ({"batch_size": True}, "batch_size must be a positive integer, got True"),
+        ({"rank": 3, "num_replicas": 3}, r"rank must be in \[0, num_replicas=3\), got 3"),
+        ({"num_replicas": 0}, "num_replicas must be >= 1, got 0"),
+        ({"pad": "zeros"}, "pad must be one of .*got 'zeros'"),
+        ({"groups": torch.zeros(2, 3, dtype=torch.long)}, r"groups must be 1-D .*got shape \(2, 3\)"),
+        ({"groups": torch.tensor([0.5, 1.0])}, "groups must hold integer ids, got dtype torch.float32"),
+    ],
+)
+def test_errors_name_the_argument_and_value(kwargs, message):
+    arguments = {"groups": torch.tensor([0, 1]), "batch_size": 2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        GroupBatchSampler(**arguments)
+
+
+def test_an_epoch_of_a_million_items_in_twenty_thousand_groups_builds_in_well_under_a_second():
+    groups = torch.randint(0, 20_000, (1_000_000,), generator=torch.Generator().manual_seed(0))
+    sampler = GroupBatchSampler(groups, 1024, seed=0)
+    sampler.set_epoch(1)
+    start = time.perf_counter()
+    num_batches = len(sampler)  # builds (and caches) the epoch's batches
+    seconds = time.perf_counter() - start
+    print(f"\n1M items, 20k groups: {num_batches} batches built in {seconds * 1000:.0f} ms")
+    assert seconds < 1.0
+
+
+def test_the_docs_example_runs():
+    """The python block of docs/sampler.md's "Example" section, run as written."""
+    section = DOC.read_text().split("## Example", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL).group(1)
+    exec(compile(code, str(DOC), "exec"), {})
+
+
+def within_user_pairs(batches, users: torch.Tensor, clicks: torch.Tensor) -> float:
+    """Mean over batches of the (click, no-click) pairs of the same user inside the batch."""
+    total = 0.0
+    for batch in batches:
+        index = torch.as_tensor(batch, dtype=torch.long)
+        user = torch.unique(users[index], return_inverse=True)[1]
+        positives = torch.bincount(user, weights=clicks[index].double())
+        total += float((positives * (torch.bincount(user) - positives)).sum())
+    return total / len(batches)
+
+
+def test_keeps_at_least_twenty_times_the_within_user_pairs_of_shuffled_batches():
+    """Acceptance: the recipe's default synthetic data (training split), click label, batch 1,024."""
+    train = split_by_time(generate_impressions(SyntheticConfig()))[0]
+    shuffled = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).split(1024)
+    grouped = list(GroupBatchSampler(train.user, 1024, seed=0))
+    baseline = within_user_pairs(shuffled, train.user, train.click)
+    kept = within_user_pairs(grouped, train.user, train.click)
+    mean_size = len(train) / len(grouped)
+    print(f"\nwithin-user click pairs per batch: shuffled {baseline:,.0f} ({len(shuffled)} batches), "
+          f"GroupBatchSampler {kept:,.0f} ({len(grouped)} batches, mean size {mean_size:.0f}): {kept / baseline:.0f}x")
+    assert kept >= 20 * baseline
