@@ -7,9 +7,13 @@ friends, by name. ``label_dictatorship(labels, weights)`` reports which label a 
 ranking obeys. Definitions: ``docs/loss-spec.md``.
 """
 
+from . import _extras
 from .diagnostics import DictatorshipReport, label_dictatorship
 from .factory import BCELoss, BCEPlusRanking, build_loss, register_loss
 from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
+
+# A source checkout keeps the kernels in the top-level kernels/ folder: import it as mlloss.kernels.
+_extras.link_source_tree_kernels(__name__, __file__)
 
 __version__ = "0.1.0"
 

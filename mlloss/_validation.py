@@ -8,6 +8,7 @@ arguments run in ``__init__``; checks that need the batch run in ``forward``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -143,18 +144,27 @@ def _require_finite_labels(labels: Tensor) -> None:
         raise ValueError(f"labels must be finite; labels[{row}, {col}] = {labels[row, col].item()}")
 
 
-def raise_for_bad_batch(scores: Tensor, labels: Tensor, *, binary: bool, several: bool) -> None:
+def raise_for_bad_batch(scores: Tensor, labels: Tensor, label_rule: str) -> None:
     """Raise the error a failed data check stands for, naming the first offending entry.
 
     The slow path of a loss's data check (``mlloss.ops.ranking``): it runs only once the fused
-    check has found something. ``binary``: labels must be 0/1 (``several``: the rule holds
-    because several columns are aggregated).
+    check has found something. ``label_rule``: see LABEL_RULES.
     """
     _require_finite_scores(scores)
     labels = labels.to(torch.float64)
     _require_finite_labels(labels)
-    if binary:
-        check_binary(labels, "labels with several columns" if several else "labels")
+    if label_rule in ("binary", "summed-binary"):
+        check_binary(labels, "labels with several columns" if label_rule == "summed-binary" else "labels")
+    elif label_rule == "integer":
+        fractional = labels != torch.round(labels)
+        if bool(fractional.any()):
+            row, col = fractional.nonzero()[0].tolist()
+            raise ValueError(
+                f"a single label column must hold whole numbers (0/1, or ordinal levels such as 0..4 "
+                f"ratings); labels[{row}, {col}] = {labels[row, col].item()}. For a real-valued "
+                f"label pass LaALoss(real_levels=True); for probabilities from a model, these are "
+                f"scores, not labels"
+            )
 
 
 def check_binary(labels: Tensor, what: str = "labels") -> Tensor:
@@ -198,14 +208,24 @@ def group_vector(groups: object, num_items: int) -> Tensor | None:
     return groups.to(torch.int64)
 
 
-def data_status(scores: Tensor, labels: Tensor, binary_labels: bool) -> int:
+# What a loss requires of its labels: 0/1 values (binary label columns, or several columns summed
+# by LaA), whole numbers (a single ordinal column: 0/1 or levels such as 0..4 ratings) or any
+# finite values (real-valued levels).
+LABEL_RULES = ("binary", "summed-binary", "integer", "real")
+
+
+def data_status(scores: Tensor, labels: Tensor, label_rule: str) -> int:
     """The data-check bits of a batch, computed with tensor operations (host reads): non-finite
-    scores, and labels other than 0/1 (``binary_labels``) or non-finite labels."""
+    scores, and labels that break ``label_rule`` (see LABEL_RULES) or are not finite."""
     status = 0 if bool(torch.isfinite(scores).all()) else STATUS_BAD_SCORE
-    if binary_labels:
+    if label_rule in ("binary", "summed-binary"):
         ok = bool(((labels == 0) | (labels == 1)).all())
+    elif not labels.is_floating_point():
+        ok = True
+    elif label_rule == "integer":
+        ok = bool((labels == torch.round(labels)).all())  # NaN and inf are not whole numbers
     else:
-        ok = not labels.is_floating_point() or bool(torch.isfinite(labels).all())
+        ok = bool(torch.isfinite(labels).all())
     return status | (0 if ok else STATUS_BAD_LABEL)
 
 
@@ -214,14 +234,51 @@ def overflow_status(loss: Tensor) -> Tensor:
     return torch.where(torch.isfinite(loss), 0, STATUS_OVERFLOW).to(torch.int32)
 
 
-def raise_for_status(status: int, scores: Tensor, labels: Tensor, binary_labels: bool, several: bool) -> None:
+def raise_for_status(status: int, scores: Tensor, labels: Tensor, label_rule: str) -> None:
     """Raise the error that a status word stands for: the offending entry for bad data, and
     the one overflow contract of every loss path for a non-finite loss."""
     if status & (STATUS_BAD_SCORE | STATUS_BAD_LABEL):
-        raise_for_bad_batch(scores, labels, binary=binary_labels, several=several)
+        raise_for_bad_batch(scores, labels, label_rule)
     if status & STATUS_OVERFLOW:
         raise OverflowError(
             "the pairwise loss is not finite: with the exponential surrogate some valid pair has "
             "s_j - s_i above about 88 (float32) or 709 (float64), whose exp overflows. Use float64 "
             "scores, a bounded surrogate ('logistic', 'hinge'), or scale the scores down."
         )
+
+
+# Below this many values a batch of logits that all lie in [0, 1] is no evidence of probabilities.
+MIN_VALUES_FOR_PROBABILITY_WARNING = 16
+
+
+def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: bool) -> None:
+    """The data check of the cross-entropy (host reads): 0/1 labels, and finite logits or
+    probabilities in [0, 1]. Logits that all lie in [0, 1] look like probabilities: a warning
+    (once per process, Python's default filter) says how to declare them."""
+    labels = labels.to(torch.float64)
+    _require_finite_labels(labels)
+    check_binary(labels)
+    if probabilities:
+        outside = ~((scores >= 0) & (scores <= 1))  # NaN is outside
+        if bool(outside.any()):
+            raise ValueError(
+                f"scores must be probabilities in [0, 1] (inputs='probabilities'); {_first_entry('scores', scores, outside)}"
+            )
+        return
+    finite = torch.isfinite(scores)
+    if not bool(finite.all()):
+        raise ValueError(f"scores must be finite; {_first_entry('scores', scores, ~finite)}")
+    if scores.numel() >= MIN_VALUES_FOR_PROBABILITY_WARNING and bool(((scores >= 0) & (scores <= 1)).all()):
+        warnings.warn(
+            "every logit of the batch lies in [0, 1]: if the model's heads end in a sigmoid these are "
+            "probabilities, and the cross-entropy would treat them as logits; declare them with "
+            "inputs='probabilities' (e.g. build_loss('bce+pdaom', inputs='probabilities'))",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:
+    """'name[i] = v' (or 'name[i, k] = v') for the first True entry of ``bad``."""
+    index = tuple((bad.nonzero()[0]).tolist())
+    return f"{name}[{', '.join(map(str, index))}] = {values[index].item()}"

@@ -29,15 +29,18 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
+from ._extras import needs_extra
 from .diagnostics import DictatorshipReport, label_dictatorship
 from .metrics import group_auc, multilabel_auc, multipartite_auc
+
+with needs_extra("lightning", "mlloss.lightning"):
+    import pytorch_lightning as pl
+    from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
 __all__ = ["RankingMetrics"]
 

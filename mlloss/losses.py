@@ -17,8 +17,9 @@ from torch import Tensor, nn
 from . import _validation as check
 from .distributed import gather_batch, partition, sum_partials
 from .ops.ranking import LEVEL_RESOLUTION, PairLossResult, pair_loss
+from .parts import LossParts
 
-__all__ = ["AUCLoss", "LEVEL_RESOLUTION", "LaALoss", "LoALoss", "PDAOMLoss"]
+__all__ = ["AUCLoss", "LEVEL_RESOLUTION", "LaALoss", "LoALoss", "PDAOMLoss", "pair_parts"]
 
 
 class _PairwiseLoss(nn.Module):
@@ -54,7 +55,7 @@ class _PairwiseLoss(nn.Module):
             raise TypeError(f"validate_args must be a bool; got {validate_args!r}")
         self.cross_device = cross_device
         self.validate_args = validate_args
-        self.parts: dict[str, Tensor] = {}
+        self.parts = LossParts()  # batch facts of the last call, for logging (mlloss.parts)
         self.num_items = 0  # items in the last batch, over all ranks with cross_device=True
 
     def _pair_loss(
@@ -66,6 +67,7 @@ class _PairwiseLoss(nn.Module):
         mixing: Tensor | None = None,
         label_weights: list[float] | None = None,
         cost: str = "uniform",
+        real_levels: bool = False,
     ) -> PairLossResult:
         # With cross_device, each rank may compute only its share of the groups' pairs; the shares
         # are then summed (distributed.sum_partials).
@@ -81,6 +83,7 @@ class _PairwiseLoss(nn.Module):
             reduction=self.reduction,
             backend=self.backend,
             validate=self.validate_args,
+            real_levels=real_levels,
             partition=partition() if self.cross_device else None,
         )
         return replace(result, loss=sum_partials(result.loss), partial=False) if result.partial else result
@@ -114,6 +117,22 @@ class _PairwiseLoss(nn.Module):
 
 def _unit_weights(num_labels: int) -> Tensor:
     return torch.ones(num_labels, dtype=torch.float64)
+
+
+def pair_parts(
+    result: PairLossResult, *, label_names: Sequence[str] | None = None, mixing: Tensor | None = None
+) -> LossParts:
+    """``parts`` of a pairwise loss (see ``mlloss.parts``): totals over its problems, and with
+    ``label_names`` (LoA) one entry per label of its term, mixing weight and valid pairs."""
+    makers = {
+        "valid_pairs": lambda: result.valid_pairs.sum(),
+        "groups_with_pairs": lambda: result.groups_with_pairs.sum(),
+    }
+    for k, name in enumerate(label_names or ()):
+        makers[f"label_loss/{name}"] = lambda k=k: result.problem_losses[k]
+        makers[f"mixing_weight/{name}"] = lambda k=k: torch.ones((), dtype=torch.float64) if mixing is None else mixing[k]
+        makers[f"valid_pairs/{name}"] = lambda k=k: result.valid_pairs[k]
+    return LossParts(makers)
 
 
 class AUCLoss(_PairwiseLoss):
@@ -165,7 +184,7 @@ class AUCLoss(_PairwiseLoss):
         scores, labels, groups = self._checked_batch(scores, labels, groups)
         check.require_single_column(labels, type(self).__name__)
         result = self._pair_loss(scores, labels, groups)
-        self.parts = {"valid_pairs": result.stats[1], "groups_with_pairs": result.stats[2]}
+        self.parts = pair_parts(result)
         return result.loss
 
 
@@ -215,11 +234,12 @@ class LoALoss(_PairwiseLoss):
         num_labels: K, for ``weights="balanced"`` without ``priors``: sizes the running estimate
             at construction. Without it the estimate is sized by the first batch, which makes a
             ``torch.compile``-d step compile once more after that batch.
+        label_names: names of the K labels in ``parts`` (``label_loss/click``); default their index.
         surrogate, margin, pairs, temperature, reduction, backend, cross_device: as in ``AUCLoss``.
             With groups, each L_k is reduced over the groups where label k has a valid pair.
 
-    ``forward(scores, labels, groups=None)``: labels (N, K) binary. ``parts["label_losses"]``
-    holds the K terms L_k (unweighted).
+    ``forward(scores, labels, groups=None)``: labels (N, K) binary. ``parts["label_loss/k"]``
+    holds the term L_k (unweighted) of label k (see ``mlloss.parts``).
     """
 
     def __init__(
@@ -228,6 +248,7 @@ class LoALoss(_PairwiseLoss):
         *,
         priors: Sequence[float] | Tensor | None = None,
         num_labels: int | None = None,
+        label_names: Sequence[str] | None = None,
         surrogate: str = "logistic",
         margin: float = 1.0,
         pairs: str = "all",
@@ -257,6 +278,7 @@ class LoALoss(_PairwiseLoss):
         self.register_buffer("priors", given_priors, persistent=False)
         if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1):
             raise ValueError(f"num_labels must be a positive int or None; got {num_labels!r}")
+        self.label_names = None if label_names is None else tuple(str(name) for name in label_names)
         # Running prior estimate for weights="balanced": positives per label and items seen.
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
@@ -266,11 +288,13 @@ class LoALoss(_PairwiseLoss):
         self._update_running_priors(labels)
         mixing = self._mixing(labels)
         result = self._pair_loss(scores, labels, groups, mixing=mixing)
-        self.parts = {
-            "label_losses": result.problem_losses,
-            "mixing_weights": _unit_weights(labels.shape[1]) if mixing is None else mixing,
-            "valid_pairs": result.valid_pairs,
-        }
+        if self.label_names is not None and len(self.label_names) != labels.shape[1]:
+            raise ValueError(
+                f"label_names has {len(self.label_names)} names but labels have {labels.shape[1]} columns; "
+                f"got label_names={self.label_names}"
+            )
+        names = self.label_names or tuple(str(k) for k in range(labels.shape[1]))
+        self.parts = pair_parts(result, label_names=names, mixing=mixing)
         return result.loss
 
     def mixing_weights(self, labels: Tensor) -> Tensor:
@@ -336,10 +360,14 @@ class LaALoss(_PairwiseLoss):
     Args:
         weights: label weights w_k > 0 (default all ones).
         cost: ``"linear"`` or ``"uniform"``.
+        real_levels: one label column holds real-valued levels (graded relevance in steps of
+            0.5, say). Without it a single column must hold whole numbers (0/1, or ordinal levels
+            such as 0..4 ratings): a column of probabilities passed as labels by mistake raises.
         surrogate, margin, pairs, temperature, reduction, backend, cross_device: as in ``AUCLoss``.
 
     ``forward(scores, labels, groups=None)``: labels (N, K) binary, or one ordinal column (N,) /
-    (N, 1) such as a 0..4 rating, whose values are the levels.
+    (N, 1) such as a 0..4 rating, whose values are the levels (whole numbers unless
+    ``real_levels=True``).
     """
 
     def __init__(
@@ -347,6 +375,7 @@ class LaALoss(_PairwiseLoss):
         weights: Sequence[float] | Tensor | None = None,
         *,
         cost: str = "linear",
+        real_levels: bool = False,
         surrogate: str = "logistic",
         margin: float = 1.0,
         pairs: str = "all",
@@ -364,6 +393,9 @@ class LaALoss(_PairwiseLoss):
         self.weights = check.check_weights("weights", weights, strictly_positive=True)
         self._weight_values = None if self.weights is None else self.weights.tolist()
         self.cost = check.check_choice("cost", cost, check.COSTS)
+        if not isinstance(real_levels, bool):
+            raise TypeError(f"real_levels must be a bool; got {real_levels!r}")
+        self.real_levels = real_levels
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
         scores, labels, groups = self._checked_batch(scores, labels, groups)
@@ -371,6 +403,8 @@ class LaALoss(_PairwiseLoss):
         if self.weights is not None:
             check.check_weights_length("weights", self.weights, num_labels)
         label_weights = [1.0] * num_labels if self.weights is None else self._weight_values
-        result = self._pair_loss(scores, labels, groups, label_weights=label_weights, cost=self.cost)
-        self.parts = {"valid_pairs": result.stats[1], "groups_with_pairs": result.stats[2]}
+        result = self._pair_loss(
+            scores, labels, groups, label_weights=label_weights, cost=self.cost, real_levels=self.real_levels
+        )
+        self.parts = pair_parts(result)
         return result.loss

@@ -42,8 +42,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from pytorch_lightning.strategies import DDPStrategy
 from torch import Tensor, nn
+
+from ._extras import needs_extra
+
+with needs_extra("lightning", "mlloss.sharding"):
+    from pytorch_lightning.strategies import DDPStrategy
 
 __all__ = [
     "SHARDING_TYPES",

@@ -33,7 +33,10 @@ LABELS = torch.tensor([1.0, 0.0, 1.0, 0.0])
         (lambda: mlloss.LaALoss([1.0, float("inf")]), ValueError, "weights must be finite"),
         (lambda: mlloss.LaALoss(["a"]), TypeError, "weights must be a sequence of numbers"),
         (lambda: mlloss.LaALoss(cost="quadratic"), ValueError, "cost must be one of .*got 'quadratic'"),
-        (lambda: mlloss.build_loss("bce+pdaom", lam=-1.0), ValueError, "lam must be a number >= 0; got -1.0"),
+        (lambda: mlloss.build_loss("bce+pdaom", lam=-1.0), ValueError, "lam must be a number >= 0 or a sequence of them; got -1.0"),
+        (lambda: mlloss.build_loss("bce+pdaom", lam=[1.0, -2.0]), ValueError, r"lam must be .*got \[1.0, -2.0\]"),
+        (lambda: mlloss.build_loss("bce", inputs="probs"), ValueError, "inputs must be one of .*got .probs."),
+        (lambda: mlloss.LaALoss(real_levels=1), TypeError, "real_levels must be a bool; got 1"),
         (lambda: mlloss.build_loss(3), TypeError, "name must be a string"),
     ],
 )

@@ -101,5 +101,5 @@ def test_a_label_without_a_valid_pair_reports_plus_zero(backend, surrogate, pair
     labels = torch.tensor([[1, 0], [0, 0], [1, 0], [0, 0], [1, 0], [0, 0]])  # label 1 never positive
     loss = mlloss.LoALoss([1.0, 1.0], surrogate=surrogate, pairs=pairs, backend=backend)
     loss(scores, labels, torch.tensor([0, 0, 0, 1, 1, 1]))
-    term = loss.parts["label_losses"][1]
+    term = loss.parts["label_loss/1"]
     assert term.item() == 0.0 and not torch.signbit(term)

@@ -128,9 +128,11 @@ def test_ordinal_label_column_for_laa():
             lambda s: pair_loss(s, ratings, groups, cost=cost),
             scores,
         )
-    # Non-integer ordinal values go through the general level index.
+    # Non-integer ordinal values, declared as real-valued levels, go through the general level index.
     levels = ratings.to(torch.float64) * 0.37 + 0.01
-    assert_matches(lambda s: mlloss.LaALoss()(s, levels), lambda s: pair_loss(s, levels, cost="linear"), scores)
+    assert_matches(
+        lambda s: mlloss.LaALoss(real_levels=True)(s, levels), lambda s: pair_loss(s, levels, cost="linear"), scores
+    )
 
 
 @pytest.mark.parametrize("surrogate", SURROGATES)
@@ -208,13 +210,16 @@ def test_scores_of_shape_n_by_one_and_grad_output_scaling():
 def test_parts_report_valid_pairs_and_label_terms():
     labels = torch.tensor([[1, 0], [0, 1], [0, 0], [1, 1]], dtype=torch.float64)
     scores = torch.tensor([0.3, -0.2, 0.1, 0.9], dtype=torch.float64)
-    loa = mlloss.LoALoss([1.0, 2.0])
+    loa = mlloss.LoALoss([1.0, 2.0], label_names=["click", "buy"])
     value = loa(scores, labels)
-    terms = loa.parts["label_losses"]
-    assert terms.shape == (2,)
-    torch.testing.assert_close(value, terms[0] + 2 * terms[1])
-    torch.testing.assert_close(loa.parts["valid_pairs"], torch.tensor([4.0, 4.0], dtype=torch.float64))
+    parts = loa.parts
+    assert all(v.dim() == 0 for v in parts.values())  # scalars: one log_dict line works
+    torch.testing.assert_close(value, parts["label_loss/click"] + 2 * parts["label_loss/buy"])
+    assert parts["valid_pairs/click"].item() == 4 and parts["valid_pairs/buy"].item() == 4
+    assert parts["valid_pairs"].item() == 8 and parts["mixing_weight/buy"].item() == 2.0
     laa = mlloss.LaALoss()
     laa(scores, labels)
     # Aggregated levels 1, 1, 0, 2: pairs (2>1) x2, (2>0), (1>0) x2.
-    assert laa.parts["valid_pairs"].item() == 5
+    assert laa.parts["valid_pairs"].item() == 5 and laa.parts["groups_with_pairs"].item() == 1
+
+

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from .. import _validation as check
+from .._extras import needs_extra
 from . import allpairs, closed_form, hardest
 from .fused import accumulation_dtype, register_fused_gradient
 from .layout import (
@@ -133,13 +134,15 @@ def pair_loss(
     reduction: str,
     backend: str,
     validate: bool,
+    real_levels: bool = False,
     partition: tuple[int, int] | None = None,
 ) -> PairLossResult:
     """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional int64 ``groups``.
 
     ``label_weights=None``: every label column is a binary problem, mixed by ``mixing`` (K,)
     float64 (the a_k of LoA; None for ones). ``label_weights`` [w_k]: one problem whose level is
-    ``sum_k w_k y_k`` (K > 1 binary columns) or ``w_0 y_0`` (one ordinal column): LaA.
+    ``sum_k w_k y_k`` (K > 1 binary columns) or ``w_0 y_0`` (one ordinal column, whole numbers
+    unless ``real_levels``): LaA.
     ``partition=(rank, world_size)``, for a batch gathered from every rank: on the "torch"
     all-pairs tier with groups, compute only this rank's groups (contiguous groups of about
     equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
@@ -149,7 +152,7 @@ def pair_loss(
     rank, world_size = partition if partition is not None else (0, 1)
     loss, stats, _ = torch.ops.mlloss.pair_loss(
         scores, labels, groups, mixing, label_weights, cost, surrogate, float(margin), pairs,
-        temperature, reduction, tier, validate, rank, world_size,
+        temperature, reduction, tier, validate, real_levels, rank, world_size,
     )
     partial = tier == "torch" and pairs == "all" and groups is not None and world_size > 1
     return PairLossResult(loss, stats, partial)
@@ -173,32 +176,36 @@ def _pair_loss_op(
     reduction: str,
     tier: str,
     validate: bool,
+    real_levels: bool,
     rank: int,
     world_size: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
     options = PairOptions(cost, surrogate, margin, pairs, temperature, reduction)
     aggregated = label_weights is not None
-    binary_labels = not aggregated or labels.shape[1] > 1
+    label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
     status = None
     if validate and on_kernels:  # fused into the kernels' launches, read at the end
-        from ..kernels.pairwise import check_batch
+        with needs_extra("triton", 'backend="triton"'):
+            from ..kernels.pairwise import check_batch
 
         status = torch.zeros(1, dtype=torch.int32, device=scores.device)
-        check_batch(scores, labels, status, binary_labels=binary_labels)
+        check_batch(scores, labels, status, label_rule=label_rule)
     elif validate:  # the PyTorch tiers check first, with tensor operations
-        check.raise_for_status(check.data_status(scores, labels, binary_labels), scores, labels, binary_labels, aggregated)
+        check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
     levels = problem_levels(labels, label_weights)
     if on_kernels and pairs == "all":
-        from ..kernels.pairwise import pair_loss_and_grad  # imports triton only when asked for
+        with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
+            from ..kernels.pairwise import pair_loss_and_grad
 
         result = pair_loss_and_grad(
             scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
             surrogate=surrogate, margin=margin, reduction=reduction, status=status,
         )
     elif on_kernels and not aggregated:  # max-violation pairs of binary problems
-        from ..kernels.hardest import hardest_loss_and_grad
+        with needs_extra("triton", 'backend="triton"'):
+            from ..kernels.hardest import hardest_loss_and_grad
 
         result = hardest_loss_and_grad(
             scores, levels, pair_layout(levels, groups, tie_scores=scores), mixing=mixing,
@@ -211,7 +218,7 @@ def _pair_loss_op(
             overflow = check.overflow_status(result[0])
             status = overflow if status is None else status | overflow
     if validate:
-        check.raise_for_status(int(status.item()), scores, labels, binary_labels, aggregated)
+        check.raise_for_status(int(status.item()), scores, labels, label_rule)
     return result
 
 
@@ -231,6 +238,14 @@ register_fused_gradient(_pair_loss_op)
 # --------------------------------------------------------------------------- #
 # Problems and data checks                                                    #
 # --------------------------------------------------------------------------- #
+def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
+    """What the data check requires of the labels (``_validation.LABEL_RULES``)."""
+    if not aggregated:
+        return "binary"
+    if labels.shape[1] > 1:
+        return "summed-binary"
+    return "real" if real_levels else "integer"
+
 # LaA with up to this many binary columns ranks its 2^K label patterns through host tables.
 MAX_PATTERN_COLUMNS = 12
 

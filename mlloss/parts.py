@@ -1,0 +1,48 @@
+"""``loss.parts``: the batch facts of a loss's last call, for logging.
+
+Every loss exposes the same kinds of entries, each a detached scalar tensor, so that one
+``self.log_dict(loss.parts)`` line works whichever loss a config picks:
+
+| loss | entries |
+| --- | --- |
+| ``AUCLoss``, ``PDAOMLoss``, ``LaALoss`` | ``valid_pairs``, ``groups_with_pairs`` |
+| ``LoALoss`` | ``valid_pairs``, ``groups_with_pairs`` (over its labels), and per label k: ``label_loss/k``, ``mixing_weight/k``, ``valid_pairs/k`` (k the label's index, or its name from ``label_names``) |
+| ``BCELoss`` | ``bce`` |
+| ``bce+<name>`` | ``bce``, ``ranking``, ``valid_pairs``, ``groups_with_pairs``; with K tasks also ``bce/k``, ``ranking/k``, ``valid_pairs/k`` |
+
+``valid_pairs`` counts the item pairs the loss averaged over (level pairs for the max-violation
+losses): a grouped loss that sees few of them per batch, fewer than about one per item, is
+starved of pairs, usually because the batches split users (``mlloss.data.GroupBatchSampler``
+keeps them together). ``groups_with_pairs`` counts the groups with at least one valid pair.
+
+The entries are computed when read, not during the call: a training step that does not log
+them pays nothing for them (no kernel launch, no host synchronisation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from torch import Tensor
+
+
+class LossParts(Mapping[str, Tensor]):
+    """A read-only mapping name -> detached scalar tensor, each made on first access."""
+
+    def __init__(self, makers: Mapping[str, Callable[[], Tensor]] | None = None) -> None:
+        self._makers = dict(makers or {})
+        self._made: dict[str, Tensor] = {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self._made:
+            self._made[name] = self._makers[name]().detach()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+    def __repr__(self) -> str:
+        return f"LossParts({dict(self.items())!r})"

@@ -1,0 +1,127 @@
+"""Multi-task objectives, models that output probabilities, and ``parts`` that log the same way
+for every loss."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mlloss
+from mlloss.factory import LOSSES, SINGLE_LABEL
+from reference import hardest_loss, pair_loss
+
+NAMES = sorted(LOSSES) + [f"bce+{name}" for name in sorted(SINGLE_LABEL)]
+MULTI_LABEL = {"loa", "balanced-loa", "laa"}
+
+
+def batch(seed: int = 0, n: int = 60, tasks: int = 2):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, tasks, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 2, (n, tasks), generator=gen).to(torch.float64)
+    groups = torch.randint(0, 6, (n,), generator=gen)
+    return logits, labels, groups
+
+
+def value_and_grad(fn, x):
+    x = x.clone().requires_grad_(True)
+    value = fn(x)
+    value.backward()
+    return value.detach(), x.grad
+
+
+@pytest.mark.parametrize("ranking", ["pdaom", "auc"])
+def test_one_objective_per_task_with_a_weight_per_task(ranking):
+    logits, labels, groups = batch()
+    lam = [1.0, 0.25]
+    value, grad = value_and_grad(lambda z: mlloss.build_loss(f"bce+{ranking}", lam=lam)(z, labels, groups), logits)
+
+    def expected(z):
+        total = 0.0
+        for k in range(2):
+            p = torch.sigmoid(z[:, k])
+            if ranking == "pdaom":  # Sun et al. Eq. 7 over N: sum over users of exp(-(min pos - max neg))
+                term = hardest_loss(p, labels[:, k], groups, surrogate="exponential", reduction="sum") / len(z)
+            else:
+                term = pair_loss(p, labels[:, k], groups)
+            total = total + F.binary_cross_entropy_with_logits(z[:, k], labels[:, k]) + lam[k] * term
+        return total
+
+    ref_value, ref_grad = value_and_grad(expected, logits)
+    torch.testing.assert_close(value, ref_value, rtol=1e-10, atol=0)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_probability_outputs_equal_the_logit_model_they_come_from():
+    # A head ending in a sigmoid gives p = sigmoid(z): declared as probabilities, the objective
+    # and its gradient with respect to z are the logit model's.
+    logits, labels, groups = batch(1)
+    as_logits = value_and_grad(lambda z: mlloss.build_loss("bce+pdaom")(z, labels, groups), logits)
+    as_probabilities = value_and_grad(
+        lambda z: mlloss.build_loss("bce+pdaom", inputs="probabilities")(torch.sigmoid(z), labels, groups), logits
+    )
+    torch.testing.assert_close(as_probabilities[0], as_logits[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(as_probabilities[1], as_logits[1], rtol=1e-8, atol=1e-12)
+
+
+def test_inputs_of_the_other_kind_raise_or_warn():
+    logits, labels, groups = batch(2)
+    with pytest.raises(ValueError, match=r"scores must be probabilities in \[0, 1\] \(inputs='probabilities'\); scores\["):
+        mlloss.build_loss("bce+pdaom", inputs="probabilities")(logits, labels, groups)
+    probabilities = torch.sigmoid(logits)
+    with pytest.warns(UserWarning, match="every logit of the batch lies in \\[0, 1\\].*inputs='probabilities'"):
+        mlloss.build_loss("bce+pdaom")(probabilities, labels, groups)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # without the data check there is nothing to warn about
+        mlloss.build_loss("bce+pdaom", validate_args=False)(probabilities, labels, groups)
+
+
+def test_laa_refuses_a_non_integer_single_column_unless_told_it_is_real_valued():
+    logits, _, groups = batch(3)
+    scores = logits[:, 0]
+    probabilities = torch.rand(len(scores), dtype=torch.float64)  # passed as labels by mistake
+    with pytest.raises(ValueError, match=r"single label column must hold whole numbers.*real_levels=True"):
+        mlloss.LaALoss()(scores, probabilities, groups)
+    ratings = torch.randint(0, 5, (len(scores),)).to(torch.float64)
+    torch.testing.assert_close(mlloss.LaALoss()(scores, ratings, groups), pair_loss(scores, ratings, groups, cost="linear"))
+    value = mlloss.LaALoss(real_levels=True)(scores, probabilities, groups)
+    torch.testing.assert_close(value, pair_loss(scores, probabilities, groups, cost="linear"), rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parts_are_scalars_that_log_dict_takes_for_every_loss(name):
+    pytest.importorskip("pytorch_lightning")
+    import pytorch_lightning as pl
+
+    logits, labels, groups = batch(4, tasks=1)
+    logged = {}
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(3, 1)
+            self.loss = mlloss.build_loss(name)
+
+        def training_step(self, batch, batch_idx):
+            features, y, g = batch
+            scores = self.net(features)
+            value = self.loss(scores[:, 0], y if name in MULTI_LABEL else y[:, 0], g)
+            self.log_dict({f"train/{key}": part for key, part in self.loss.parts.items()}, batch_size=len(y))
+            logged.update(self.loss.parts)
+            return value
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    features = torch.randn(len(labels), 3)
+    y = torch.cat([labels, 1 - labels], 1) if name in MULTI_LABEL else labels
+    dataset = torch.utils.data.TensorDataset(features.float(), y.float(), groups)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=len(dataset))
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Model(), loader)
+    assert logged and all(value.dim() == 0 for value in logged.values())
+    assert ("bce" in logged) == name.startswith("bce")
+    assert ("valid_pairs" in logged) == (name != "bce")
