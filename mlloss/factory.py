@@ -102,6 +102,11 @@ class BCEPlusRanking(nn.Module):
     def inputs(self) -> str:
         return self.bce.inputs
 
+    @property
+    def num_items(self) -> int:
+        """Items in the last batch (over all ranks with a ``cross_device`` ranking loss)."""
+        return getattr(self.ranking, "num_items", 0)
+
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
         scores, labels = _task_columns(scores, labels)
         num_tasks = scores.shape[1]

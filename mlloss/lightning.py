@@ -40,7 +40,7 @@ from .metrics import group_auc, multilabel_auc, multipartite_auc
 
 with needs_extra("lightning", "mlloss.lightning"):
     import pytorch_lightning as pl
-    from pytorch_lightning.utilities.rank_zero import rank_zero_info
+    from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 __all__ = ["RankingMetrics"]
 
@@ -110,6 +110,12 @@ class RankingMetrics(pl.Callback):
         score_key, labels_key, groups_key: the keys of the ``validation_step`` outputs.
         group_weighting: GAUC over groups, ``"uniform"`` (default) or ``"size"`` (by items).
         print_report: print the dictatorship report on rank zero after each validation epoch.
+        loss_attribute: the LightningModule's attribute holding its training loss. When that loss
+            has ``parts["valid_pairs"]`` (every mlloss loss), the callback adds them up over each
+            training epoch (on the device: no host synchronisation per step) and logs
+            ``train/valid_pairs_per_item`` and ``train/valid_pairs_per_batch`` at the epoch's end,
+            warning once when a grouped loss saw fewer valid pairs than items: its batches split
+            the users (``mlloss.data.GroupBatchSampler`` keeps them together).
 
     Attributes:
         report: the :class:`mlloss.DictatorshipReport` of the last validation epoch (or ``None``).
@@ -127,6 +133,7 @@ class RankingMetrics(pl.Callback):
         groups_key: str = "groups",
         group_weighting: str = "uniform",
         print_report: bool = True,
+        loss_attribute: str = "loss",
     ) -> None:
         super().__init__()
         if isinstance(label_names, str) or len(label_names) == 0 or len(set(label_names)) != len(label_names):
@@ -142,10 +149,43 @@ class RankingMetrics(pl.Callback):
         self.print_report = print_report
         self.report: Optional[DictatorshipReport] = None
         self._predictions = _Predictions()
+        self.loss_attribute = loss_attribute
+        self._pairs_seen: Optional[Tensor] = None  # valid pairs of the training epoch, on the device
+        self._items_seen = 0
+        self._batches_seen = 0
+        self._warned_starved = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # The values are global already; Lightning would still recommend sync_dist=True for each.
         warnings.filterwarnings("ignore", message=rf"It is recommended to use `self.log\('{re.escape(self.prefix)}")
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pairs_seen, self._items_seen, self._batches_seen = None, 0, 0
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = getattr(pl_module, self.loss_attribute, None)
+        parts = getattr(loss, "parts", None)
+        if not parts or "valid_pairs" not in parts:
+            return
+        pairs = parts["valid_pairs"].to(torch.float64)
+        self._pairs_seen = pairs if self._pairs_seen is None else self._pairs_seen + pairs
+        self._items_seen += int(getattr(loss, "num_items", 0))
+        self._batches_seen += 1
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pairs_seen is None:
+            return
+        per_item = self._pairs_seen / max(self._items_seen, 1)
+        pl_module.log("train/valid_pairs_per_item", per_item, sync_dist=True)
+        pl_module.log("train/valid_pairs_per_batch", self._pairs_seen / self._batches_seen, sync_dist=True)
+        if not self._warned_starved and self._items_seen and float(per_item) < 1.0:  # one read per epoch
+            self._warned_starved = True
+            rank_zero_warn(
+                f"the training loss saw {float(per_item):.2f} valid pairs per item this epoch: per-user pairs "
+                f"need each user's items in one batch; mlloss.data.GroupBatchSampler keeps users together"
+            )
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._predictions.reset()

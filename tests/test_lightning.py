@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import lightning_ddp_script as script
-from mlloss import DictatorshipReport, LaALoss, label_dictatorship
+from mlloss import AUCLoss, DictatorshipReport, LaALoss, label_dictatorship
 from mlloss.lightning import RankingMetrics
 from mlloss.metrics import binary_auc, group_auc, multipartite_auc
 
@@ -198,3 +199,47 @@ def test_ddp_cross_device_training_equals_single_process_on_concatenated_batches
         torch.testing.assert_close(run["final"][name], value, rtol=1e-9, atol=1e-11)
         moved = max(moved, float((value - run["initial"][name]).abs().max()))
     assert moved > 1e-2
+
+
+def test_callback_reports_the_valid_pairs_the_training_loss_saw():
+    # 400 users of 5 items: shuffled batches of 40 split almost every user (few within-user pairs,
+    # a warning); GroupBatchSampler keeps users whole.
+    from mlloss.data import GroupBatchSampler
+
+    gen = torch.Generator().manual_seed(0)
+    users = torch.arange(400).repeat_interleave(5)
+    features = torch.randn(len(users), 4, generator=gen)
+    labels = torch.randint(0, 2, (len(users),), generator=gen).float()
+    dataset = torch.utils.data.TensorDataset(features, labels, users)
+
+    class Ranker(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+            self.loss = AUCLoss()
+
+        def training_step(self, batch, batch_idx):
+            x, y, g = batch
+            return self.loss(self.net(x), y, g)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(loader):
+        trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[RankingMetrics(label_names=("click",))])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(Ranker(), loader)
+        starved = any("valid pairs per item" in str(w.message) for w in caught)
+        return float(trainer.callback_metrics["train/valid_pairs_per_item"]), starved
+
+    shuffled = torch.utils.data.DataLoader(dataset, batch_size=40, shuffle=True,
+                                           generator=torch.Generator().manual_seed(1))
+    grouped = torch.utils.data.DataLoader(dataset, sampler=GroupBatchSampler(users, 40), batch_size=None)
+    shuffled_pairs, shuffled_warned = fit(shuffled)
+    grouped_pairs, grouped_warned = fit(grouped)
+    # Per item, a user of 5 items with both labels gives about 6 / 5 pairs whole and almost none split.
+    assert grouped_pairs > 0.8 and shuffled_pairs < 0.1 * grouped_pairs
+    assert shuffled_warned and not grouped_warned
