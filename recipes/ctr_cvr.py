@@ -3,7 +3,7 @@
     python recipes/ctr_cvr.py                          # MMoE, BCE, 5 epochs: ~30 s on 2 CPU cores
     python recipes/ctr_cvr.py --model ple --loss bce+pdaom --lambda 10
     python recipes/ctr_cvr.py --loss loa --esmm
-    python recipes/ctr_cvr.py --data ali-ccp --data-dir ../shared/data/ali-ccp-sample
+    python recipes/ctr_cvr.py --data ali-ccp           # the sample in recipes/data/ali-ccp-sample
     python recipes/ctr_cvr.py --accelerator gpu --devices 4 --strategy ddp
     python recipes/ctr_cvr.py --accelerator cpu --devices 2 --sharding table_wise   # TorchRec DMP
     python recipes/ctr_cvr.py --epochs 8 --resume last   # continue from the last checkpoint
@@ -11,7 +11,9 @@
 
 Data (``--data``): the built-in synthetic generator (default; it knows the true click and
 purchase probabilities, reported as an "oracle" row), or the Ali-CCP and AliExpress CSV
-layouts (``mlloss.data.load_ali_ccp`` / ``load_aliexpress``; AliExpress groups are searches).
+layouts (``mlloss.data.load_ali_ccp`` / ``load_aliexpress``; AliExpress groups are searches) in
+``--data-dir``, by default the tiny MIT-licensed samples shipped in ``recipes/data/`` (see their
+README files).
 
 Embeddings (``--embedding``, ``--sharding``): plain ``torch.nn.Embedding`` tables, or TorchRec
 ``EmbeddingBagCollection`` tables fed a ``KeyedJaggedTensor`` (``mlloss.sharding``, needs the
@@ -23,7 +25,10 @@ directories.
 
 Checkpoints: every epoch writes ``<checkpoint-dir>/last.ckpt`` (a file, or a directory under
 ``--sharding``); ``--resume last`` (or a path) continues from it with the same data order, so
-that the continued run equals an uninterrupted one.
+that the continued run equals an uninterrupted one. A checkpoint records the sharding, strategy
+and number of processes that wrote it, and ``--resume`` refuses, naming the options, a run that
+differs in any of them (the layout of the saved state and the data order depend on them). A new
+run (no ``--resume``) replaces a ``last.ckpt`` of the other kind (file or directory).
 
 Every epoch prints the validation AUC and GAUC (AUC per user, averaged with weights equal to
 the users' numbers of impressions, over users with both classes) of click and purchase. At
@@ -61,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 import warnings
@@ -96,8 +102,8 @@ PER_TASK_LOSSES = ("bce", "bce+auc", "bce+pdaom", "auc", "pdaom")
 RANKING_SCORE_LOSSES = ("laa", "loa", "balanced-loa")
 MODELS = ("mmoe", "ple", "cgc", "shared-bottom")
 DATA_SOURCES = ("synthetic", "ali-ccp", "aliexpress")
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-DEFAULT_DATA_DIRS = {"ali-ccp": SHARED_DATA / "ali-ccp-sample", "aliexpress": SHARED_DATA / "aliexpress-sample"}
+SAMPLE_DATA = Path(__file__).resolve().parent / "data"  # small MIT-licensed samples, with their README and LICENSE
+DEFAULT_DATA_DIRS = {"ali-ccp": SAMPLE_DATA / "ali-ccp-sample", "aliexpress": SAMPLE_DATA / "aliexpress-sample"}
 SHARDINGS = ("none", *SHARDING_TYPES)
 
 
@@ -291,12 +297,16 @@ class MultiTaskObjective(nn.Module):
 class CtrCvrModule(pl.LightningModule):
     """Trains ``model`` with ``objective``; collects validation/test scores for AUC/GAUC."""
 
-    def __init__(self, model: MultiTaskModel, objective: MultiTaskObjective, lr: float, weight_decay: float) -> None:
+    def __init__(
+        self, model: MultiTaskModel, objective: MultiTaskObjective, lr: float, weight_decay: float,
+        run_options: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.objective = objective
         self.lr = lr
         self.weight_decay = weight_decay
+        self.run_options = run_options or {}  # recorded in checkpoints (checkpoint_layout)
         self.train_loss = torchmetrics.MeanMetric()
         self.collector = ScoreCollector()
         self.history: list[dict[str, float]] = []
@@ -358,7 +368,8 @@ class CtrCvrModule(pl.LightningModule):
         self.eval_results = self._evaluate()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["ctr_cvr"] = {"history": self.history, "torch_rng_state": torch.get_rng_state()}
+        checkpoint["ctr_cvr"] = {"history": self.history, "torch_rng_state": torch.get_rng_state(),
+                                 "written_with": checkpoint_layout(self.trainer, self.run_options)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("ctr_cvr")
@@ -476,7 +487,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--data", choices=DATA_SOURCES, default="synthetic",
                    help="synthetic Ali-CCP-like log, or an Ali-CCP / AliExpress CSV directory")
     g.add_argument("--data-dir", type=Path, default=None,
-                   help="directory of the *train*/*val*/*test* CSV files (default: the samples in ../shared/data)")
+                   help="directory of the *train*/*val*/*test* CSV files (default: the samples in recipes/data/)")
     g = p.add_argument_group("synthetic data")
     g.add_argument("--num-users", type=int, default=SyntheticConfig.num_users, help="users in the log")
     g.add_argument("--num-items", type=int, default=SyntheticConfig.num_items, help="items (Zipf popularity)")
@@ -600,7 +611,7 @@ def run(args: argparse.Namespace) -> dict:
     (train, val, test), data_info = load_data(args)
     objective = MultiTaskObjective(args.loss, args.lam, args.cross_device)
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
-    module = CtrCvrModule(model, objective, args.lr, args.weight_decay)
+    module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=layout_options(args))
     ckpt_path = resume_path(args)
     callbacks = [] if args.no_checkpoint else [
         ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last", save_top_k=1, enable_version_counter=False)
@@ -613,6 +624,9 @@ def run(args: argparse.Namespace) -> dict:
         enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar,
         enable_model_summary=False,
     )
+    if ckpt_path is not None:
+        check_resume(args, ckpt_path, trainer)
+    replace_other_kind_of_checkpoint(args, trainer)
     dictatorship = mlloss.label_dictatorship(train.labels, label_names=TASKS)
     _print_rank_zero(f"{_describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
     datamodule = ImpressionDataModule(train, val, test, args.batch_size, args.seed)
@@ -678,6 +692,98 @@ def resume_path(args: argparse.Namespace) -> Path | None:
     if not path.exists():
         raise FileNotFoundError(f"--resume {args.resume}: no checkpoint at {path}")
     return path
+
+
+# Strategies whose checkpoints differ only by --sharding (a file, or TorchRec's directory): compared as one.
+PLAIN_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy", "TorchRecStrategy")
+
+
+def layout_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command-line options that fix a checkpoint's layout and the data order of a run."""
+    return {"--sharding": args.sharding, "--strategy": args.strategy, "--devices": args.devices,
+            "--num-nodes": args.num_nodes}
+
+
+def checkpoint_layout(trainer: pl.Trainer, options: dict[str, Any]) -> dict[str, Any]:
+    """What a run's checkpoints depend on: the sharding of the tables (the saved state's layout),
+    the strategy (its checkpoint format) and the number of processes (the shards, and the batches
+    dealt to each rank); ``options`` are the command-line values behind them. Recorded in every
+    checkpoint, compared by :func:`check_resume`."""
+    strategy = trainer.strategy
+    return {"sharding": strategy.sharding if isinstance(strategy, TorchRecStrategy) else "none",
+            "strategy": type(strategy).__name__, "world_size": trainer.world_size, "options": dict(options)}
+
+
+def saved_layout(path: Path, resume: str) -> dict[str, Any]:
+    """The :func:`checkpoint_layout` recorded in the checkpoint at ``path`` (a file, or under
+    ``--sharding`` a directory with ``meta.pt``); what the checkpoint's kind tells, with None for
+    the unknown values, when it was written before the recipe recorded it."""
+    if path.is_dir():
+        meta = path / "meta.pt"  # TorchRecStrategy: everything but the tensors of the shards
+        if not meta.is_file():
+            raise FileNotFoundError(f"--resume {resume}: {path} is a directory without meta.pt, not a checkpoint "
+                                    "of this recipe (under --sharding a checkpoint is a directory with meta.pt)")
+        checkpoint, unrecorded = torch.load(meta, map_location="cpu", weights_only=False), {"sharding": None}
+    else:
+        checkpoint, unrecorded = torch.load(path, map_location="cpu", weights_only=False), {"sharding": "none"}
+    recorded = checkpoint.get("ctr_cvr", {}).get("written_with") if isinstance(checkpoint, dict) else None
+    return recorded or {**unrecorded, "strategy": None, "world_size": None, "options": {}}
+
+
+def check_resume(args: argparse.Namespace, path: Path, trainer: pl.Trainer) -> None:
+    """Raise ValueError, naming the options and both values, when the checkpoint at ``path`` was
+    written with another sharding, strategy or number of processes than this run has: checked
+    before Lightning loads it, which would end in a raw IsADirectoryError (a sharded directory
+    read as a file), a state-dict mismatch, or a run that continues with another data order."""
+    saved, here = saved_layout(path, args.resume), checkpoint_layout(trainer, layout_options(args))
+    differ = []
+    if saved["sharding"] is None:  # a sharded checkpoint directory that did not record its --sharding
+        if here["sharding"] == "none":
+            differ.append("--sharding")
+    elif saved["sharding"] != here["sharding"]:
+        differ.append("--sharding")
+    if saved["strategy"] is not None and _strategy_kind(saved["strategy"]) != _strategy_kind(here["strategy"]):
+        differ.append("--strategy")
+    if saved["world_size"] is not None and saved["world_size"] != here["world_size"]:
+        differ.append("the number of processes (--devices x --num-nodes)")
+    if not differ:
+        return
+    same = " ".join(f"{option} {value}" for option, value in saved["options"].items()) or \
+        "the --sharding, --strategy, --devices and --num-nodes of the run that wrote it"
+    what = differ[0] if len(differ) == 1 else ", ".join(differ[:-1]) + " and " + differ[-1]
+    raise ValueError(
+        f"--resume {args.resume}: the checkpoint {path} was written with {_describe_layout(saved)}; this run has "
+        f"{_describe_layout(here)}. A checkpoint resumes only with the sharding, strategy and number of processes "
+        f"that wrote it, and {what} {'differs' if len(differ) == 1 else 'differ'}: resume with {same}, or start "
+        "a new run with another --output-dir (or --checkpoint-dir)"
+    )
+
+
+def _strategy_kind(name: str) -> str:
+    return "plain" if name in PLAIN_STRATEGIES else name
+
+
+def _describe_layout(layout: dict[str, Any]) -> str:
+    if layout["strategy"] is None:  # written before the recipe recorded the layout: only its kind is known
+        if layout["sharding"] is None:
+            return "some --sharding (a checkpoint directory that predates the record of these options)"
+        return f"--sharding {layout['sharding']} (a checkpoint file that predates the record of these options)"
+    n = layout["world_size"]
+    strategy = layout["options"].get("--strategy")
+    strategy = layout["strategy"] if strategy is None else f"{strategy}: {layout['strategy']}"
+    return f"--sharding {layout['sharding']} on {n} process{'es' if n != 1 else ''} (--strategy {strategy})"
+
+
+def replace_other_kind_of_checkpoint(args: argparse.Namespace, trainer: pl.Trainer) -> None:
+    """Remove the sharded checkpoint directory ``<checkpoint-dir>/last.ckpt`` of an earlier run
+    before a run without --sharding writes its checkpoint file there (Lightning would put the file
+    inside the directory and leave the old checkpoint in place); ``TorchRecStrategy`` replaces a
+    checkpoint file by its directory itself. A resumed run has the same kind (``check_resume``)."""
+    last = args.checkpoint_dir / "last.ckpt"
+    if args.no_checkpoint or args.sharding != "none" or not trainer.is_global_zero or not last.is_dir():
+        return
+    shutil.rmtree(last)
+    print(f"removed {last}, the sharded checkpoint of an earlier run: this run (--sharding none) writes its own there")
 
 
 def _describe_data(*splits: ImpressionData) -> str:
