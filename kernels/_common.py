@@ -1,6 +1,9 @@
 """Shared pieces of the Triton kernels: the surrogate terms of one pair and launch plumbing.
 
-A pair's terms are written in its *reverse margin* x = s_lower - s_upper (= -t, t the margin
+The Triton tier's surrogate maths is ``reverse_margin_terms``, written once and used by every
+kernel (``pairwise``, ``hardest``); it branches on a surrogate's index in the one table of names,
+``mlloss.surrogates.TABLE`` (the PyTorch tier's formulas), whose order fixes the ids. A new
+surrogate gets one more branch here. A pair's terms are written in its *reverse margin* x = s_lower - s_upper (= -t, t the margin
 of the loss spec): every surrogate is then a function f(x) with a non-negative "pull"
 f'(x) = -phi'(t), the force that raises the upper item and lowers the lower one
 (loss spec, table):
@@ -27,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._validation import check_choice, check_one_device
 from ..surrogates import NAMES
 
 __all__ = [
@@ -56,10 +60,7 @@ LN2 = 0.6931471805599453
 
 def surrogate_id(surrogate: str) -> int:
     """Map a surrogate name to the kernels' constexpr id, rejecting unknown names."""
-    try:
-        return SURROGATES[surrogate]
-    except KeyError:
-        raise ValueError(f"surrogate must be one of {sorted(SURROGATES)}; got {surrogate!r}") from None
+    return SURROGATES[check_choice("surrogate", surrogate, NAMES)]
 
 
 def tl_dtype(dtype: torch.dtype):
@@ -84,10 +85,7 @@ def value_scale(surrogate: str, fast: bool) -> float:
 def validate_device(*tensors: torch.Tensor) -> None:
     """All inputs on one device, and one that Triton runs on: CUDA, or the CPU under the
     interpreter (``TRITON_INTERPRET=1`` set before triton was imported)."""
-    device = tensors[0].device
-    for t in tensors[1:]:
-        if t.device != device:
-            raise ValueError(f"all inputs must be on one device; got {device} and {t.device}")
+    device = check_one_device(*tensors)
     if device.type == "cpu" and not INTERPRET:
         raise RuntimeError(
             "the Triton kernels need CUDA tensors; to run them on the CPU set TRITON_INTERPRET=1 "
@@ -126,7 +124,7 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
     """(f(x), f'(x)) of the module docstring for reverse margins x (base-2 units when FAST and
     the surrogate is logistic or exponential). Without NEED_VALUE the value is 0 and costs
     nothing. The fast logistic value is in base-2 units (times ln 2 afterwards)."""
-    if SURROGATE == 0:
+    if SURROGATE == 0:  # logistic (the ids: mlloss.surrogates.TABLE's order)
         if FAST:
             if NEED_VALUE:
                 # One exp of -|x| serves both terms and cannot overflow.
@@ -145,15 +143,15 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
                 value = tl.maximum(x, 0.0) + _log1p_small(e)
             else:
                 value = 0.0
-    elif SURROGATE == 1:
+    elif SURROGATE == 1:  # hinge
         gap = margin + x
         pull = tl.where(gap > 0, 1.0, 0.0)  # subgradient 0 at the kink
         value = tl.maximum(gap, 0.0)
-    elif SURROGATE == 2:
+    elif SURROGATE == 2:  # squared
         gap = margin + x
         pull = 2.0 * gap
         value = gap * gap
-    else:
+    else:  # exponential
         if FAST:
             pull = _special(x, EX2)
         else:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import triton.language as tl
 
+from ..surrogates import USES_MARGIN
 from ._common import SURROGATES, score_scale, value_scale
 from .pairwise import TILES, _pair_partials_kernel
 
@@ -60,7 +61,7 @@ def sass_variants() -> list[SassVariant]:
         for cost in ("uniform", "linear"):
             for grouped in (False, True):
                 constexprs = dict(
-                    MARGIN=1.0 if surrogate in ("hinge", "squared") else 0.0, HAS_GROUPS=grouped,
+                    MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, HAS_GROUPS=grouped,
                     COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True,
                     SCORE_SCALE=score_scale(surrogate, True), VALUE_SCALE=value_scale(surrogate, True),
                     ACC=tl.float32, WRITE_SHARES=cost == "linear", BLOCK_M=block_m, BLOCK_N=block_n,

@@ -1,8 +1,13 @@
-"""Argument and input checks shared by every loss.
+"""Argument and input checks of every entry point: the losses, the metrics (``mlloss.metrics``),
+the data checks of the loss op (``mlloss.ops.dispatch``) and the kernels' launchers
+(``mlloss.kernels``).
 
 Every check raises ``TypeError`` or ``ValueError`` with the argument's name and the offending
-value, so that a mistake in a training script points at itself. Checks that only need constructor
-arguments run in ``__init__``; checks that need the batch run in ``forward``.
+value, so that a mistake in a training script points at itself: ``<name> must <requirement>; got
+<value>``. Checks that only need constructor arguments run in ``__init__``; checks that need the
+batch run in ``forward`` (or ``update``). The metrics' checks (at the end) name the argument as
+torchmetrics does, in backquotes and with ``, got`` / ``found`` before the value; their phrasing is
+pinned by ``tests/test_metrics.py``, their logic shares the helpers above them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
     return value
 
 
+def check_one_device(*tensors: Tensor) -> torch.device:
+    """The one device of ``tensors``; raises if they are on several."""
+    device = tensors[0].device
+    for tensor in tensors[1:]:
+        if tensor.device != device:
+            raise ValueError(f"all inputs must be on one device; got {device} and {tensor.device}")
+    return device
+
+
 def check_margin(margin: object) -> float:
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
         raise ValueError(f"margin must be a finite number; got {margin!r}")
@@ -54,6 +68,14 @@ def check_temperature(temperature: object, pairs: str) -> float | None:
     ):
         raise ValueError(f"temperature must be a positive finite number or None; got {temperature!r}")
     return float(temperature)
+
+
+def check_lam(lam: object) -> float | tuple[float, ...]:
+    values = lam if isinstance(lam, (list, tuple)) else [lam]
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"lam must be a number >= 0 or a sequence of them; got {lam!r}")
+    return tuple(float(v) for v in values) if isinstance(lam, (list, tuple)) else float(lam)
 
 
 def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Tensor | None:
@@ -85,17 +107,34 @@ def check_weights_length(name: str, weights: Tensor, num_labels: int) -> None:
         )
 
 
+def require_tensor(value: object, name: str, got: str = "; got") -> Tensor:
+    """``value`` if it is a tensor; ``got`` joins the requirement and the value in the message."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor{got} {type(value).__name__}")
+    return value
+
+
+def as_vector(values: Tensor, name: str, got: str = "; got") -> Tensor:
+    """``values`` of shape (N,) or (N, 1) as shape (N,)."""
+    if values.dim() == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.dim() != 1:
+        raise ValueError(f"{name} must have shape (N,) or (N, 1){got} {tuple(values.shape)}")
+    return values
+
+
+def require_integer_ids(groups: Tensor, name: str, got: str = "; got") -> None:
+    if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer ids{got} dtype {groups.dtype}")
+
+
 def scores_vector(scores: object, *, finite: bool = True) -> Tensor:
     """Scores as a floating vector of shape (N,); accepts (N,) or (N, 1). With ``finite`` the
     values are checked too (a host read); the losses check them in their data check instead."""
-    if not isinstance(scores, Tensor):
-        raise TypeError(f"scores must be a torch.Tensor; got {type(scores).__name__}")
+    require_tensor(scores, "scores")
     if not scores.is_floating_point():
         raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
-    if scores.dim() == 2 and scores.shape[1] == 1:
-        scores = scores[:, 0]
-    if scores.dim() != 1:
-        raise ValueError(f"scores must have shape (N,) or (N, 1); got {tuple(scores.shape)}")
+    scores = as_vector(scores, "scores")
     if finite:
         _require_finite_scores(scores)
     return scores
@@ -112,8 +151,7 @@ def label_columns(labels: object, num_items: int | None) -> Tensor:
     """Labels as a matrix (N, K) of their own dtype, a view when possible; accepts (N,) or (N, K)
     bool, int or float. With ``num_items`` the number of rows must match it. Shapes only: the
     values are checked by ``label_matrix`` or by a loss's data check."""
-    if not isinstance(labels, Tensor):
-        raise TypeError(f"labels must be a torch.Tensor; got {type(labels).__name__}")
+    require_tensor(labels, "labels")
     if labels.is_complex():
         raise TypeError(f"labels must be bool, integer or float; got dtype {labels.dtype}")
     if labels.dim() == 1:
@@ -147,7 +185,7 @@ def _require_finite_labels(labels: Tensor) -> None:
 def raise_for_bad_batch(scores: Tensor, labels: Tensor, label_rule: str) -> None:
     """Raise the error a failed data check stands for, naming the first offending entry.
 
-    The slow path of a loss's data check (``mlloss.ops.ranking``): it runs only once the fused
+    The slow path of a loss's data check (``mlloss.ops.dispatch``): it runs only once the fused
     check has found something. ``label_rule``: see LABEL_RULES.
     """
     _require_finite_scores(scores)
@@ -197,8 +235,7 @@ def group_vector(groups: object, num_items: int) -> Tensor | None:
         return None
     if not isinstance(groups, Tensor):
         raise TypeError(f"groups must be a torch.Tensor of integer ids or None; got {type(groups).__name__}")
-    if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
-        raise TypeError(f"groups must hold integer ids; got dtype {groups.dtype}")
+    require_integer_ids(groups, "groups")
     if groups.dim() == 2 and groups.shape[1] == 1:
         groups = groups[:, 0]
     if groups.dim() != 1:
@@ -282,3 +319,64 @@ def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:
     """'name[i] = v' (or 'name[i, k] = v') for the first True entry of ``bad``."""
     index = tuple((bad.nonzero()[0]).tolist())
     return f"{name}[{', '.join(map(str, index))}] = {values[index].item()}"
+
+
+# --------------------------------------------------------------------------- #
+# The metrics' inputs (mlloss.metrics): torchmetrics' phrasing                 #
+# --------------------------------------------------------------------------- #
+# The metrics accept what an evaluation set holds: integer or float scores (infinities allowed,
+# NaN not), 0/1 labels of any dtype, (N,) real levels or (N, K) binary columns.
+_METRIC_GOT = ", got"
+
+
+def metric_choice(value: str, name: str, options: Sequence[str]) -> str:
+    return check_choice(f"`{name}`", value, options)
+
+
+def metric_scores(scores: object) -> Tensor:
+    """Scores of shape (N,) or (N, 1), real and free of NaN, as (N,)."""
+    require_tensor(scores, "`scores`", _METRIC_GOT)
+    if scores.dtype.is_complex:
+        raise TypeError(f"`scores` must be real, got dtype {scores.dtype}")
+    scores = as_vector(scores, "`scores`", _METRIC_GOT)
+    nan = torch.isnan(scores)
+    if nan.any():
+        raise ValueError(f"`scores` must not contain NaN, found NaN at index {int(nan.nonzero()[0, 0])}")
+    return scores
+
+
+def metric_length(values: Tensor, name: str, num_items: int) -> None:
+    if values.shape[0] != num_items:
+        raise ValueError(f"`{name}` must have one row per score ({num_items}), got shape {tuple(values.shape)}")
+
+
+def metric_binary(labels: object, name: str, num_items: int, *, matrix: bool) -> Tensor:
+    """0/1 labels of ``num_items`` rows, as int64 (N, K) if ``matrix`` else (N,)."""
+    require_tensor(labels, f"`{name}`", _METRIC_GOT)
+    if matrix:
+        if labels.ndim == 1:
+            labels = labels[:, None]
+        elif labels.ndim != 2:
+            raise ValueError(f"`{name}` must have shape (N,) or (N, K), got {tuple(labels.shape)}")
+    else:
+        labels = as_vector(labels, f"`{name}`", _METRIC_GOT)
+    metric_length(labels, name, num_items)
+    bad = (labels != 0) & (labels != 1)
+    if bad.any():
+        raise ValueError(f"`{name}` must be binary (0 or 1), found {labels[bad][0].item()!r}")
+    return labels.long()
+
+
+def metric_groups(groups: object, num_items: int) -> Tensor:
+    """Integer group ids of shape (N,) or (N, 1), as (N,)."""
+    require_tensor(groups, "`groups`", _METRIC_GOT)
+    require_integer_ids(groups, "`groups`", _METRIC_GOT)
+    groups = as_vector(groups, "`groups`", _METRIC_GOT)
+    metric_length(groups, "groups", num_items)
+    return groups
+
+
+def metric_finite(values: Tensor, name: str) -> None:
+    finite = torch.isfinite(values)
+    if not finite.all():
+        raise ValueError(f"`{name}` must be finite, found {values[~finite][0].item()!r}")

@@ -16,8 +16,9 @@ from torch import Tensor, nn
 
 from . import _validation as check
 from .distributed import gather_batch, partition, sum_partials
-from .ops.ranking import LEVEL_RESOLUTION, PairLossResult, pair_loss
-from .parts import LossParts
+from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss
+from .parts import LossParts, pair_parts
+from .surrogates import USES_MARGIN
 
 __all__ = ["AUCLoss", "LEVEL_RESOLUTION", "LaALoss", "LoALoss", "PDAOMLoss", "pair_parts"]
 
@@ -44,10 +45,10 @@ class _PairwiseLoss(nn.Module):
         self.temperature = check.check_temperature(temperature, self.pairs)
         self.reduction = check.check_choice("reduction", reduction, check.REDUCTIONS)
         self.backend = check.check_choice("backend", backend, check.BACKENDS)
-        if self.backend == "exact" and self.pairs == "all" and self.surrogate == "logistic":
+        if self.backend == "exact" and self.pairs == "all" and self.surrogate not in CLOSED_FORMS:
             raise ValueError(
-                "backend='exact' needs a surrogate with a closed form ('exponential', 'squared', "
-                "'hinge'); the logistic all-pairs sum has none: use backend='auto' or 'torch'"
+                f"backend='exact' needs a surrogate with a closed form ({', '.join(map(repr, CLOSED_FORMS))}); "
+                f"the {self.surrogate} all-pairs sum has none: use backend='auto' or 'torch'"
             )
         if not isinstance(cross_device, bool):
             raise TypeError(f"cross_device must be a bool; got {cross_device!r}")
@@ -102,7 +103,7 @@ class _PairwiseLoss(nn.Module):
 
     def extra_repr(self) -> str:
         options = [f"surrogate={self.surrogate!r}", f"pairs={self.pairs!r}", f"reduction={self.reduction!r}"]
-        if self.surrogate in ("hinge", "squared"):
+        if self.surrogate in USES_MARGIN:
             options.append(f"margin={self.margin}")
         if self.temperature is not None:
             options.append(f"temperature={self.temperature}")
@@ -117,22 +118,6 @@ class _PairwiseLoss(nn.Module):
 
 def _unit_weights(num_labels: int) -> Tensor:
     return torch.ones(num_labels, dtype=torch.float64)
-
-
-def pair_parts(
-    result: PairLossResult, *, label_names: Sequence[str] | None = None, mixing: Tensor | None = None
-) -> LossParts:
-    """``parts`` of a pairwise loss (see ``mlloss.parts``): totals over its problems, and with
-    ``label_names`` (LoA) one entry per label of its term, mixing weight and valid pairs."""
-    makers = {
-        "valid_pairs": lambda: result.valid_pairs.sum(),
-        "groups_with_pairs": lambda: result.groups_with_pairs.sum(),
-    }
-    for k, name in enumerate(label_names or ()):
-        makers[f"label_loss/{name}"] = lambda k=k: result.problem_losses[k]
-        makers[f"mixing_weight/{name}"] = lambda k=k: torch.ones((), dtype=torch.float64) if mixing is None else mixing[k]
-        makers[f"valid_pairs/{name}"] = lambda k=k: result.valid_pairs[k]
-    return LossParts(makers)
 
 
 class AUCLoss(_PairwiseLoss):

@@ -21,9 +21,14 @@ them pays nothing for them (no kernel launch, no host synchronisation).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .ops.dispatch import PairLossResult
 
 
 class LossParts(Mapping[str, Tensor]):
@@ -46,3 +51,19 @@ class LossParts(Mapping[str, Tensor]):
 
     def __repr__(self) -> str:
         return f"LossParts({dict(self.items())!r})"
+
+
+def pair_parts(
+    result: PairLossResult, *, label_names: Sequence[str] | None = None, mixing: Tensor | None = None
+) -> LossParts:
+    """``parts`` of a pairwise loss (see ``mlloss.parts``): totals over its problems, and with
+    ``label_names`` (LoA) one entry per label of its term, mixing weight and valid pairs."""
+    makers = {
+        "valid_pairs": lambda: result.valid_pairs.sum(),
+        "groups_with_pairs": lambda: result.groups_with_pairs.sum(),
+    }
+    for k, name in enumerate(label_names or ()):
+        makers[f"label_loss/{name}"] = lambda k=k: result.problem_losses[k]
+        makers[f"mixing_weight/{name}"] = lambda k=k: torch.ones((), dtype=torch.float64) if mixing is None else mixing[k]
+        makers[f"valid_pairs/{name}"] = lambda k=k: result.valid_pairs[k]
+    return LossParts(makers)

@@ -1,4 +1,8 @@
-"""Exact all-pairs sums in blocks: the PyTorch path for surrogates without a closed form.
+"""Exact all-pairs sums in blocks: the PyTorch tier's path for surrogates without a closed form.
+
+Part of the PyTorch tier (``torch_tier`` calls it per problem; its siblings ``closed_form`` and
+``hardest`` serve the closed forms and the max-violation pairs). The surrogate terms come from
+the one table of ``mlloss.surrogates``.
 
 ``all_pairs_loss_and_grad`` computes  loss = sum_u coef_u * sum_{i, j in u, level_i > level_j}
 c_ij * phi(s_i - s_j)  and its gradient in one pass over one problem's dense tables
@@ -24,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..surrogates import surrogate_value_and_pull
+from ..surrogates import surrogate_value_and_pull, tile_sum_and_pull
 from .layout import OrdinalLayout
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
@@ -173,28 +177,8 @@ def _rectangle(
             shape = (row_end - row_start, col_end - col_start)
             reverse = reverse_buffer[: shape[0] * shape[1]].view(shape)
             torch.sub(scores[None, col_start:col_end], rows[:, None], out=reverse)
-            value_sum, pull = _tile_sum_and_pull(reverse, work_buffer[: reverse.numel()].view(shape), surrogate, margin)
+            value_sum, pull = tile_sum_and_pull(reverse, work_buffer[: reverse.numel()].view(shape), surrogate, margin)
             partial_sums.append(value_sum * weight)
             grad[row_start:row_end] -= pull.sum(1) * weight
             grad[col_start:col_end] += pull.sum(0) * weight
     return partial_sums
-
-
-def _tile_sum_and_pull(reverse: Tensor, work: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
-    """(sum of phi over the tile, -dphi/dt per pair) from r = s_j - s_i, in the two given buffers
-    (``reverse`` may be overwritten); the same arithmetic as ``surrogate_value_and_pull``."""
-    if surrogate == "logistic":
-        torch.logaddexp(reverse, reverse.new_zeros(()), out=work)  # softplus(r)
-        value_sum = work.sum()
-        return value_sum, torch.sigmoid(reverse, out=work)
-    if surrogate == "exponential":
-        torch.exp(reverse, out=work)
-        return work.sum(), work
-    gap = reverse.add_(margin)  # m - t
-    if surrogate == "hinge":
-        torch.clamp(gap, min=0, out=work)
-        return work.sum(), torch.sign(work, out=work)  # 1 where active, 0 at and past the kink
-    if surrogate == "squared":
-        torch.square(gap, out=work)
-        return work.sum(), gap.mul_(2)
-    raise ValueError(f"unknown surrogate {surrogate!r}")

@@ -219,3 +219,16 @@ def _within_group_cumsum(values: Tensor, group_first: Tensor) -> Tensor:
     shifted = values.index_add(0, starts[1:], -totals[:-1])
     running = torch.cumsum(shifted, 0)
     return running - (running - values)[group_first]
+
+
+def _exponential_with_margin(scores, layout, cost_matrix, group_coefficients, margin):
+    return exponential_all_pairs_loss_and_grad(scores, layout, cost_matrix, group_coefficients)
+
+
+#: Surrogate name -> (sorted scores, tables, cost matrix, group coefficients, margin) -> (loss, grad):
+#: the surrogates whose all-pairs sum has a closed form (``backend="exact"``, and ``"auto"``'s choice).
+CLOSED_FORMS = {
+    "exponential": _exponential_with_margin,
+    "squared": squared_all_pairs_loss_and_grad,
+    "hinge": hinge_all_pairs_loss_and_grad,
+}

@@ -6,7 +6,7 @@ for LaA) and an optional group id. A pair (i, j) is valid when g_i == g_j and
 level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
 
 * ``Levels`` holds every problem's levels as order-preserving integer ranks (built by
-  ``ranking.problem_levels``), and ``pair_layout`` turns them and the groups into a
+  ``dispatch.problem_levels``), and ``pair_layout`` turns them and the groups into a
   ``PairLayout``: the items of every problem sorted by (group ascending, level ascending), so
   that each group is a contiguous run of positions and, inside it, each level a contiguous
   *cell*. The valid partners of the item at position p are then two ranges of positions, read

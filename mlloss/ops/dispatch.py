@@ -1,0 +1,280 @@
+"""The dispatcher: one entry point for every pairwise loss, one switch of tier.
+
+A loss is B *problems* over the same items, mixed with weights: AUC is one binary problem (the
+level is the label), LoA one binary problem per label (mixed by the a_k), LaA one problem whose
+level is the aggregated label ybar. ``pair_loss`` calls the custom op ``mlloss::pair_loss``,
+which returns the loss, per-problem statistics and the gradient (computed in the forward pass;
+backward only scales it, ``fused``). Being one opaque op, it lets
+``torch.compile(fullgraph=True)`` capture a model step that calls any loss, and labels or groups
+that change at a fixed N do not recompile it. Inside, the op checks the data, turns the labels
+into the problems' ``Levels`` (``problem_levels``) and hands the same per-item arguments
+(scores, levels, groups or their sync-free ``layout.PairLayout``) to a tier:
+
+* ``"triton"``: the fused kernels of the Triton tier, ``kernels/`` (installed as
+  ``mlloss.kernels``): CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``; no host
+  synchronisation but the optional data-check read;
+* ``"torch"``: the PyTorch tier, ``torch_tier`` (the CPU path and the kernels' reference): the
+  blocked all-pairs sums of ``allpairs`` on the dense (group, level) tables, O(valid pairs);
+* ``"exact"``: the same tier with the closed forms of ``closed_form`` (exponential, squared,
+  hinge), O(N log N); ``pairs="hardest"`` runs ``hardest``'s max-violation pairs, O(N).
+
+``resolve_tier`` turns the user's ``backend`` into a tier: ``"auto"`` is ``"exact"`` for
+surrogates with a closed form, else ``"triton"`` for CUDA tensors and ``"torch"`` on the CPU.
+
+Data checks (``validate=True``, ``mlloss._validation``): non-finite scores and, for binary
+problems, labels other than 0/1 (non-finite labels otherwise) set bits of a status word, and so
+does a loss that is not finite (an overflowing exponential surrogate); the status is read once,
+at the end of the call, and a set bit raises with the offending entry named. That read is the
+call's only host synchronisation on the Triton tier; with ``validate=False`` there is none.
+
+Dtypes (one rule, ``fused.accumulation_dtype``): the loss comes back in float32 (float64 for
+float64 scores); the gradient in the scores' dtype. The closed forms and hardest pairs compute in
+float64, the all-pairs paths in float32 (fp32 accumulation for fp16/bf16/fp32 scores) or float64.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _validation as check
+from .._extras import needs_extra
+from . import torch_tier
+from .closed_form import CLOSED_FORMS as _CLOSED_FORM_TABLE
+from .fused import accumulation_dtype, register_fused_gradient
+from .layout import Levels, pair_layout
+from .torch_tier import PairOptions
+
+CLOSED_FORMS = tuple(_CLOSED_FORM_TABLE)  # the surrogates with an all-pairs closed form
+TIERS = ("triton", "torch", "exact")
+
+# Aggregated labels are compared after rounding to this relative resolution, so that weighted sums
+# of binary labels that are equal in exact arithmetic (0.1 + 0.2 and 0.3) form one level.
+LEVEL_RESOLUTION = 2.0**-40
+
+
+@dataclass(frozen=True)
+class PairLossResult:
+    """A loss value with the batch facts worth logging beside it (detached), read lazily."""
+
+    loss: Tensor  # the mixed loss, differentiable
+    stats: Tensor  # (3 * B,) float64: the problems' losses, valid pairs, groups with pairs
+    partial: bool = False  # the loss covers only this rank's share of the groups (see ``partition``)
+
+    @property
+    def num_problems(self) -> int:
+        return self.stats.shape[0] // 3
+
+    @property
+    def problem_losses(self) -> Tensor:
+        """(B,) each problem's loss (LoA: the L_k, unweighted)."""
+        return self.stats[: self.num_problems]
+
+    @property
+    def valid_pairs(self) -> Tensor:
+        """(B,) valid pairs (item pairs; level pairs for pairs="hardest")."""
+        return self.stats[self.num_problems : 2 * self.num_problems]
+
+    @property
+    def groups_with_pairs(self) -> Tensor:
+        """(B,) groups that contributed to the reduction."""
+        return self.stats[2 * self.num_problems :]
+
+
+def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device) -> str:
+    """The tier that ``backend`` selects for this surrogate and device."""
+    if backend == "auto":
+        if pairs == "all" and surrogate in CLOSED_FORMS:
+            return "exact"
+        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+    if backend == "exact" and pairs == "hardest":
+        return "torch"  # the max-violation pairs are exact and O(N) on the tables
+    return backend
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pair_loss(
+    scores: Tensor,
+    labels: Tensor,
+    groups: Tensor | None,
+    *,
+    mixing: Tensor | None,
+    label_weights: list[float] | None,
+    cost: str,
+    surrogate: str,
+    margin: float,
+    pairs: str,
+    temperature: float | None,
+    reduction: str,
+    backend: str,
+    validate: bool,
+    real_levels: bool = False,
+    partition: tuple[int, int] | None = None,
+) -> PairLossResult:
+    """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional int64 ``groups``.
+
+    ``label_weights=None``: every label column is a binary problem, mixed by ``mixing`` (K,)
+    float64 (the a_k of LoA; None for ones). ``label_weights`` [w_k]: one problem whose level is
+    ``sum_k w_k y_k`` (K > 1 binary columns) or ``w_0 y_0`` (one ordinal column, whole numbers
+    unless ``real_levels``): LaA.
+    ``partition=(rank, world_size)``, for a batch gathered from every rank: on the "torch"
+    all-pairs tier with groups, compute only this rank's groups (contiguous groups of about
+    equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
+    the loss); other tiers compute the whole batch.
+    """
+    tier = resolve_tier(backend, surrogate, pairs, scores.device)
+    rank, world_size = partition if partition is not None else (0, 1)
+    loss, stats, _ = torch.ops.mlloss.pair_loss(
+        scores, labels, groups, mixing, label_weights, cost, surrogate, float(margin), pairs,
+        temperature, reduction, tier, validate, real_levels, rank, world_size,
+    )
+    partial = tier == "torch" and pairs == "all" and groups is not None and world_size > 1
+    return PairLossResult(loss, stats, partial)
+
+
+# --------------------------------------------------------------------------- #
+# The op                                                                      #
+# --------------------------------------------------------------------------- #
+@torch.library.custom_op("mlloss::pair_loss", mutates_args=())
+def _pair_loss_op(
+    scores: Tensor,
+    labels: Tensor,
+    groups: Optional[Tensor],
+    mixing: Optional[Tensor],
+    label_weights: Optional[list[float]],
+    cost: str,
+    surrogate: str,
+    margin: float,
+    pairs: str,
+    temperature: Optional[float],
+    reduction: str,
+    tier: str,
+    validate: bool,
+    real_levels: bool,
+    rank: int,
+    world_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
+    options = PairOptions(cost, surrogate, margin, pairs, temperature, reduction)
+    aggregated = label_weights is not None
+    label_rule = _label_rule(labels, aggregated, real_levels)
+    on_kernels = tier == "triton" and scores.shape[0] >= 2
+    status = None
+    if validate and on_kernels:  # fused into the kernels' launches, read at the end
+        with needs_extra("triton", 'backend="triton"'):
+            from ..kernels.pairwise import check_batch
+
+        status = torch.zeros(1, dtype=torch.int32, device=scores.device)
+        check_batch(scores, labels, status, label_rule=label_rule)
+    elif validate:  # the PyTorch tiers check first, with tensor operations
+        check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
+    levels = problem_levels(labels, label_weights)
+    if on_kernels and pairs == "all":
+        with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
+            from ..kernels.pairwise import pair_loss_and_grad
+
+        result = pair_loss_and_grad(
+            scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
+            surrogate=surrogate, margin=margin, reduction=reduction, status=status,
+        )
+    elif on_kernels and not aggregated:  # max-violation pairs of binary problems
+        with needs_extra("triton", 'backend="triton"'):
+            from ..kernels.hardest import hardest_loss_and_grad
+
+        result = hardest_loss_and_grad(
+            scores, levels, pair_layout(levels, groups, tie_scores=scores), mixing=mixing,
+            surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
+        )
+    else:  # the tables (LaA's max-violation pairs over every pair of levels included)
+        owned = (rank, world_size) if world_size > 1 and groups is not None and tier == "torch" else None
+        result = torch_tier.pair_loss_and_grad(
+            scores, levels, groups, mixing=mixing, options=options, exact=tier == "exact", owned=owned
+        )
+        if validate:
+            overflow = check.overflow_status(result[0])
+            status = overflow if status is None else status | overflow
+    if validate:
+        check.raise_for_status(int(status.item()), scores, labels, label_rule)
+    return result
+
+
+@_pair_loss_op.register_fake
+def _pair_loss_fake(scores, labels, groups, mixing, label_weights, *args):
+    num_problems = 1 if label_weights is not None else labels.shape[1]
+    return (
+        scores.new_empty((), dtype=accumulation_dtype(scores)),
+        scores.new_empty(3 * num_problems, dtype=torch.float64),
+        scores.new_empty(scores.shape, dtype=accumulation_dtype(scores)),
+    )
+
+
+register_fused_gradient(_pair_loss_op)
+
+
+# --------------------------------------------------------------------------- #
+# Problems and data checks                                                    #
+# --------------------------------------------------------------------------- #
+def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
+    """What the data check requires of the labels (``_validation.LABEL_RULES``)."""
+    if not aggregated:
+        return "binary"
+    if labels.shape[1] > 1:
+        return "summed-binary"
+    return "real" if real_levels else "integer"
+
+# LaA with up to this many binary columns ranks its 2^K label patterns through host tables.
+MAX_PATTERN_COLUMNS = 12
+
+
+def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
+    """The problems' levels as ranks into a value table (see ``layout.Levels``).
+
+    * label columns (``label_weights=None``): one problem per column, the 0/1 label its rank;
+    * several aggregated binary columns: the pattern sum_k 2^k y_k indexes host-computed tables of
+      its level's rank and value (levels equal in exact arithmetic, 0.1 + 0.2 and 0.3, are one);
+    * one aggregated column (an ordinal label): its rank is the number of smaller values.
+    """
+    if label_weights is None:
+        # (K, N) contiguous: the kernels index problems by rows.
+        return Levels(labels.t().to(torch.int32, memory_format=torch.contiguous_format), 2, None)
+    num_labels = labels.shape[1]
+    if 1 < num_labels <= MAX_PATTERN_COLUMNS:
+        powers, rank_table, values = _pattern_tables(tuple(label_weights), labels.device)
+        # The mask keeps labels other than 0/1 (reported by the data check) from indexing out of range.
+        pattern = (labels.to(torch.float64) @ powers).to(torch.int64).bitwise_and_(rank_table.numel() - 1)
+        return Levels(rank_table[pattern][None], values.shape[1], values)
+    if num_labels == 1:
+        level = labels[:, 0].to(torch.float64) * label_weights[0]
+    else:
+        level = _rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
+    ordered = torch.sort(level).values
+    return Levels(torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None], level.numel(), ordered[None])
+
+
+def _rounded_levels(aggregated: Tensor, label_weights) -> Tensor:
+    resolution = sum(label_weights) * LEVEL_RESOLUTION
+    return torch.round(aggregated / resolution) * resolution
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern_tables(label_weights: tuple[float, ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(2^k for each column, the rank of each label pattern's level, the (1, L) level values),
+    on ``device``; computed once per weights and device."""
+    num_labels = len(label_weights)
+    patterns = torch.arange(2**num_labels)
+    bits = (patterns[:, None] >> torch.arange(num_labels)) & 1
+    sums = _rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64), label_weights)
+    values, rank = torch.unique(sums, return_inverse=True)
+    powers = 2.0 ** torch.arange(num_labels, dtype=torch.float64)
+    return powers.to(device), rank.to(torch.int32).to(device), values[None].to(device)

@@ -1,0 +1,117 @@
+"""The PyTorch tier of ``mlloss::pair_loss``: every problem on its dense (group, level) tables.
+
+The dispatcher (``dispatch``) sends a call here for ``backend="torch"`` and ``"exact"`` (and
+``"auto"`` on the CPU), and for the pairs the Triton tier (``kernels/``, ``mlloss.kernels``)
+has no kernel for (LaA's max-violation pairs). This tier is also the reference the kernels are
+tested against (``tests/test_tiers.py``). Per problem it builds the tables of
+``layout.dense_tables`` (reading sizes on the host) and runs one of its three paths:
+
+* ``allpairs``: the blocked exact sum over every valid pair, any surrogate, O(valid pairs);
+* ``closed_form``: the O(N log N) closed forms (exponential, squared, hinge) for ``exact``;
+* ``hardest``: the max-violation pairs (``pairs="hardest"``), O(N).
+
+It returns what the Triton tier returns: (loss, per-problem statistics, gradient), mixed over
+the problems, in the dtype of ``fused.accumulation_dtype``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import allpairs, hardest
+from .closed_form import CLOSED_FORMS
+from .fused import accumulation_dtype
+from .layout import (
+    Levels,
+    OrdinalLayout,
+    dense_tables,
+    group_pair_cost,
+    pair_cost_matrix,
+    pair_layout,
+    reduction_coefficients,
+)
+
+
+class PairOptions(NamedTuple):
+    """The options that define a pair loss, as the tiers receive them."""
+
+    cost: str
+    surrogate: str
+    margin: float
+    pairs: str
+    temperature: float | None
+    reduction: str
+
+
+def pair_loss_and_grad(
+    scores: Tensor,
+    levels: Levels,
+    groups: Tensor | None,
+    *,
+    mixing: Tensor | None,
+    options: PairOptions,
+    exact: bool,
+    owned: tuple[int, int] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every problem on its dense tables (host-synchronising), mixed, with the gradient:
+    (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), the
+    contract of the Triton tier's ``pair_loss_and_grad``. ``exact``: the closed forms for
+    ``pairs="all"`` (the "exact" tier); ``owned=(rank, world_size)``: only that rank's share of
+    the groups, with the global normalisers (``dispatch.pair_loss``'s ``partition``)."""
+    output_dtype = accumulation_dtype(scores)
+    num_problems, num_items = levels.rank.shape
+    stats = torch.zeros((3, num_problems), dtype=torch.float64, device=scores.device)
+    grad = torch.zeros(num_items, dtype=output_dtype, device=scores.device)
+    loss = torch.zeros((), dtype=torch.float64, device=scores.device)
+    if num_items < 2:  # no pair at all
+        return loss.to(output_dtype), stats.flatten(), grad
+    layout = pair_layout(levels, groups)
+    for problem in range(num_problems):
+        tables = dense_tables(layout, levels, problem)
+        problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
+            scores, tables, options, exact, owned
+        )
+        weight = 1.0 if mixing is None else mixing[problem]
+        loss = loss + weight * problem_loss.to(torch.float64)
+        grad[tables.order] += (weight * problem_grad).to(output_dtype)
+        stats[:, problem] = torch.stack([problem_loss.to(torch.float64), valid_pairs, groups_with_pairs.to(torch.float64)])
+    return loss.to(output_dtype), stats.flatten(), grad
+
+
+def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptions, exact: bool, owned):
+    """(loss, gradient in the tables' order, valid pairs, groups with pairs) of one problem."""
+    cost, surrogate, margin, pairs, temperature, reduction = options
+    cost_matrix = pair_cost_matrix(tables.level_values, cost).to(scores.device)
+    if pairs == "hardest":
+        loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
+            scores.to(torch.float64)[tables.order], tables, cost_matrix, surrogate, margin, reduction, temperature
+        )
+        present = tables.counts > 0
+        level_pairs = group_pair_cost(present, (cost_matrix > 0).to(torch.float64)).sum()
+        return loss, grad, level_pairs, groups_with_pairs
+
+    group_cost = group_pair_cost(tables.counts, cost_matrix)
+    valid_pairs = group_pair_cost(tables.counts, (cost_matrix > 0).to(torch.float64)).sum()
+    groups_with_pairs = (group_cost > 0).sum()
+    coefficients = reduction_coefficients(group_cost, reduction)
+    if exact:
+        ordered = scores.to(torch.float64)[tables.order]
+        loss, grad = CLOSED_FORMS[surrogate](ordered, tables, cost_matrix, coefficients, margin)
+        return loss, grad, valid_pairs, groups_with_pairs
+    if owned is not None:  # this rank's share of the groups; the others' coefficients are 0
+        coefficients = torch.where(_owned_groups(tables.group_sizes, *owned), coefficients, 0.0)
+    ordered = scores.to(accumulation_dtype(scores))[tables.order]
+    loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, cost_matrix, coefficients, surrogate, margin)
+    return loss, grad, valid_pairs, groups_with_pairs
+
+
+def _owned_groups(group_sizes: Tensor, rank: int, world_size: int) -> Tensor:
+    """(G,) bool: the groups of ``rank`` when consecutive groups are split into ``world_size``
+    runs of about equal work (sum of n_u^2); every rank computes the same split."""
+    work = group_sizes.to(torch.float64) ** 2
+    done_before = torch.cumsum(work, 0) - work
+    owner = torch.floor((done_before + work / 2) * world_size / work.sum()).clamp(max=world_size - 1)
+    return owner == rank
