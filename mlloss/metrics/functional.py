@@ -1,0 +1,250 @@
+r"""The metrics as functions of a whole evaluation set: binary AUC, GAUC, per-label AUC, multipartite AUC.
+
+Each returns a ``float64`` tensor computed exactly in :math:`O(N \log N)` by the sorted counting of
+``counting``; ``NaN`` with an :class:`UndefinedMetricWarning` when no pair is valid. The streaming versions
+are in ``classes``; the package docstring (:mod:`mlloss.metrics`) states the definitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Optional, Union
+
+import torch
+from torch import Tensor
+
+from .. import _validation as check
+from .counting import (
+    UndefinedMetricWarning,
+    Weighting,
+    centered_rank_sum,
+    group_mean,
+    pair_count,
+    ratio,
+    tie_blocks,
+    twice_wins,
+    warn_if_undefined,
+)
+
+__all__ = ["UndefinedMetricWarning", "aggregate_levels", "binary_auc", "group_auc", "multilabel_auc", "multipartite_auc"]
+
+Cost = Literal["linear", "uniform"]
+LabelWeights = Union[Tensor, Sequence[float]]
+
+WEIGHTINGS = ("uniform", "size")
+COSTS = ("linear", "uniform")
+
+
+def aggregate_levels(levels: Tensor, label_weights: Optional[LabelWeights] = None) -> Tensor:
+    r"""Return the aggregated relevance level :math:`\bar y` of every item, as ``float64`` of shape ``(N,)``.
+
+    Args:
+        levels: either ``(N,)`` real-valued ordinal levels, returned as they are, or ``(N, K)`` binary label
+            columns, aggregated as :math:`\bar y_i = \sum_k w_k\, y_{ik}` (label aggregation, LaA).
+        label_weights: the weights :math:`w` of shape ``(K,)``; all ones when omitted. Only for ``(N, K)`` levels.
+
+    Raises:
+        TypeError: if ``levels`` is not a real tensor.
+        ValueError: if ``levels`` is not finite, ``(N, K)`` levels are not binary, or ``label_weights`` is given
+            for ``(N,)`` levels, has the wrong shape or is not finite.
+    """
+    check.require_tensor(levels, "`levels`", ", got")
+    if levels.dtype.is_complex:
+        raise TypeError(f"`levels` must be real, got dtype {levels.dtype}")
+    if levels.ndim == 1:
+        if label_weights is not None:
+            raise ValueError("`label_weights` needs `levels` of shape (N, K) (binary label columns), got shape (N,)")
+        levels = levels.double()
+        check.metric_finite(levels, "levels")
+        return levels
+    if levels.ndim != 2:
+        raise ValueError(f"`levels` must have shape (N,) or (N, K), got {tuple(levels.shape)}")
+    columns = check.metric_binary(levels, "levels", levels.shape[0], matrix=True).double()
+    if label_weights is None:
+        return columns.sum(dim=1)
+    weights = torch.as_tensor(label_weights, dtype=torch.float64, device=levels.device)
+    if weights.shape != (levels.shape[1],):
+        raise ValueError(f"`label_weights` must have shape ({levels.shape[1]},), got {tuple(weights.shape)}")
+    check.metric_finite(weights, "label_weights")
+    return (columns * weights).sum(dim=1)
+
+
+
+def _auc_per_group(scores: Tensor, labels: Tensor, groups: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    r"""(AUC of every group (rows) and label column (columns), ``float64 (G, K)``, ``NaN`` without both
+    classes; the group sizes ``(G,)``).
+
+    :math:`\mathrm{AUC} = \frac{1}{P\,Q} \sum_{i: y_i = 1} \sum_{j: y_j = 0} h(s_i, s_j)`, the Mann-Whitney
+    statistic, with :math:`P` positives and :math:`Q` negatives.
+    """
+    blocks = tie_blocks(scores, groups)
+    negatives = 1 - labels
+    return ratio(twice_wins(blocks, labels, negatives), 2 * pair_count(blocks, labels, negatives)), blocks.counts
+
+
+def binary_auc(scores: Tensor, labels: Tensor) -> Tensor:
+    r"""Exact area under the ROC curve, ties counted one half (Definition 2.1).
+
+    .. math::
+        \mathrm{AUC} = \frac{1}{|\mathcal P|} \sum_{(i, j) \in \mathcal P}
+            \mathbb{1}[s_i > s_j] + \tfrac{1}{2}\,\mathbb{1}[s_i = s_j],
+        \qquad \mathcal P = \{(i, j) : y_i = 1,\ y_j = 0\}.
+
+    Args:
+        scores: real scores of shape ``(N,)`` or ``(N, 1)``, without NaN (infinities are allowed).
+        labels: 0/1 labels (bool, integer or float) of shape ``(N,)`` or ``(N, 1)``.
+
+    Returns:
+        A ``float64`` scalar tensor; ``NaN``, with an :class:`UndefinedMetricWarning`, unless ``labels``
+        contain both classes.
+
+    Raises:
+        TypeError: if an input is not a tensor or ``scores`` are complex.
+        ValueError: on a shape or length mismatch, NaN ``scores`` or labels outside ``{0, 1}``.
+
+    Example:
+        >>> binary_auc(torch.tensor([0.9, 0.5, 0.5, 0.1]), torch.tensor([1, 1, 0, 0]))
+        tensor(0.8750, dtype=torch.float64)
+    """
+    scores = check.metric_scores(scores)
+    labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
+    auc = _auc_per_group(scores, labels[:, None], None)[0][0, 0]
+    return warn_if_undefined(auc, "AUC is undefined unless `labels` contain both 0 and 1")
+
+
+def group_auc(scores: Tensor, labels: Tensor, groups: Tensor, weighting: Weighting = "uniform") -> Tensor:
+    r"""Group AUC (GAUC): the mean of the per-group AUC over the groups that contain both classes.
+
+    .. math::
+        \mathrm{GAUC} = \frac{\sum_{g \in \mathcal G} w_g\, \mathrm{AUC}_g}{\sum_{g \in \mathcal G} w_g},
+        \qquad \mathcal G = \{g : P_g > 0,\ Q_g > 0\},
+
+    with :math:`\mathrm{AUC}_g` the :func:`binary_auc` of the items of group :math:`g` and :math:`w_g = 1`
+    (``weighting="uniform"``) or :math:`w_g = n_g`, the number of items of the group (``weighting="size"``).
+
+    Args:
+        scores: real scores of shape ``(N,)`` or ``(N, 1)``, without NaN.
+        labels: 0/1 labels of shape ``(N,)`` or ``(N, 1)``.
+        groups: integer group ids (for example user ids) of shape ``(N,)`` or ``(N, 1)``; any values, in any order.
+        weighting: ``"uniform"`` (default) or ``"size"``.
+
+    Returns:
+        A ``float64`` scalar tensor; ``NaN``, with an :class:`UndefinedMetricWarning`, if no group has both classes.
+
+    Raises:
+        TypeError: if an input is not a tensor, ``scores`` are complex or ``groups`` are not integers.
+        ValueError: on a shape or length mismatch, NaN ``scores``, labels outside ``{0, 1}`` or an unknown
+            ``weighting``.
+    """
+    check.metric_choice(weighting, "weighting", WEIGHTINGS)
+    scores = check.metric_scores(scores)
+    labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
+    per_group, counts = _auc_per_group(scores, labels[:, None], check.metric_groups(groups, scores.numel()))
+    per_group = per_group[:, 0]
+    return warn_if_undefined(group_mean(per_group, counts, weighting), "GAUC is undefined: no group has both classes")
+
+
+def multilabel_auc(scores: Tensor, labels: Tensor) -> Tensor:
+    r"""Per-label AUC of one score against each of :math:`K` binary label columns.
+
+    :math:`\mathrm{AUC}_k` is the :func:`binary_auc` of ``scores`` against ``labels[:, k]``. Summaries used by
+    Lukasik et al. (2025) are :math:`\mathrm{DiffAUC} = \max_k \mathrm{AUC}_k - \min_k \mathrm{AUC}_k` and
+    :math:`\mathrm{MinAUC} = \min_k \mathrm{AUC}_k` (see :class:`MultiLabelAUC`).
+
+    Args:
+        scores: real scores of shape ``(N,)`` or ``(N, 1)``, without NaN.
+        labels: 0/1 labels of shape ``(N, K)``, or ``(N,)`` for :math:`K = 1`.
+
+    Returns:
+        A ``float64`` tensor of shape ``(K,)``; entry ``k`` is ``NaN``, with an :class:`UndefinedMetricWarning`,
+        unless column ``k`` contains both classes.
+
+    Raises:
+        TypeError: if an input is not a tensor or ``scores`` are complex.
+        ValueError: on a shape or length mismatch, NaN ``scores`` or labels outside ``{0, 1}``.
+    """
+    scores = check.metric_scores(scores)
+    labels = check.metric_binary(labels, "labels", scores.numel(), matrix=True)
+    auc = _auc_per_group(scores, labels, None)[0][0]
+    return warn_if_undefined(auc, "AUC of a label is undefined unless its column contains both 0 and 1")
+
+
+def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    r"""Per-group multipartite AUC with cost :math:`c_{ij} = \bar y_i - \bar y_j`, in closed form.
+
+    Split the pairs by score: a pair with :math:`s_i > s_j` earns :math:`(\bar y_i - \bar y_j)^+
+    = \frac{1}{2}[(\bar y_i - \bar y_j) + |\bar y_i - \bar y_j|]`, a tied pair earns
+    :math:`\frac{1}{2}|\bar y_i - \bar y_j|`. Hence the credit is :math:`\frac{1}{2}(S + D)` and the value
+    :math:`\frac{S + D}{2D}`, with :math:`S = \sum_{s_i > s_j} (\bar y_i - \bar y_j)` and
+    :math:`D = \sum_{\bar y_i > \bar y_j} (\bar y_i - \bar y_j)` the total cost; both are centred rank sums.
+    """
+    by_score = tie_blocks(scores, groups)
+    concordance = centered_rank_sum(by_score, levels)
+    total_cost = centered_rank_sum(tie_blocks(levels, groups), levels)
+    return ratio(concordance + total_cost, 2 * total_cost), by_score.counts
+
+
+def _uniform_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Per-group multipartite AUC with unit cost: each level against all lower levels, one level at a time."""
+    blocks = tie_blocks(scores, groups)
+    wins = torch.zeros(blocks.counts.numel(), 1, dtype=torch.long, device=scores.device)
+    pairs = torch.zeros_like(wins)
+    for level in torch.unique(levels)[1:]:
+        upper, lower = (levels == level).long()[:, None], (levels < level).long()[:, None]
+        wins += twice_wins(blocks, upper, lower)
+        pairs += pair_count(blocks, upper, lower)
+    return ratio(wins, 2 * pairs)[:, 0], blocks.counts
+
+
+def multipartite_auc(
+    scores: Tensor,
+    levels: Tensor,
+    groups: Optional[Tensor] = None,
+    cost: Cost = "linear",
+    label_weights: Optional[LabelWeights] = None,
+    weighting: Weighting = "uniform",
+) -> Tensor:
+    r"""Cost-weighted multipartite AUC over graded relevance levels (the metric of label aggregation, LaA).
+
+    .. math::
+        \mathrm{AUC}_c = \frac{\sum_{(i, j) \in \mathcal P} c_{ij}\,
+            \left(\mathbb{1}[s_i > s_j] + \tfrac{1}{2}\,\mathbb{1}[s_i = s_j]\right)}
+            {\sum_{(i, j) \in \mathcal P} c_{ij}},
+        \qquad \mathcal P = \{(i, j) : \bar y_i > \bar y_j\},
+
+    with :math:`c_{ij} = \bar y_i - \bar y_j` (``cost="linear"``) or :math:`c_{ij} = 1` (``cost="uniform"``).
+    With 0/1 levels both costs give :func:`binary_auc`. With ``groups`` the value is the mean of the per-group
+    values over groups with at least one pair, weighted as in :func:`group_auc`.
+
+    Cost: :math:`O(N \log N)` for the linear cost; the uniform cost adds :math:`O(N L)` for :math:`L` distinct
+    levels (one prefix sum per level).
+
+    Args:
+        scores: real scores of shape ``(N,)`` or ``(N, 1)``, without NaN.
+        levels: ``(N,)`` finite real-valued ordinal levels :math:`\bar y`, or ``(N, K)`` binary label columns
+            aggregated by :func:`aggregate_levels` as :math:`\bar y_i = \sum_k w_k\, y_{ik}`.
+        groups: optional integer group ids of shape ``(N,)`` or ``(N, 1)``.
+        cost: ``"linear"`` (default) or ``"uniform"``.
+        label_weights: weights :math:`w` of shape ``(K,)`` for ``(N, K)`` levels; all ones when omitted.
+        weighting: group weighting, ``"uniform"`` (default) or ``"size"`` (items per group); used with ``groups``.
+
+    Returns:
+        A ``float64`` scalar tensor; ``NaN``, with an :class:`UndefinedMetricWarning`, if all levels (of every
+        group) are equal.
+
+    Raises:
+        TypeError: if an input is not a tensor, ``scores`` or ``levels`` are complex, or ``groups`` are not integers.
+        ValueError: on a shape or length mismatch, NaN ``scores``, non-finite ``levels``, non-binary ``(N, K)``
+            levels, bad ``label_weights``, or an unknown ``cost`` or ``weighting``.
+    """
+    check.metric_choice(cost, "cost", COSTS)
+    check.metric_choice(weighting, "weighting", WEIGHTINGS)
+    scores = check.metric_scores(scores)
+    levels = aggregate_levels(levels, label_weights)
+    check.metric_length(levels, "levels", scores.numel())
+    if groups is not None:
+        groups = check.metric_groups(groups, scores.numel())
+    per_group, counts = (_linear_multipartite if cost == "linear" else _uniform_multipartite)(scores, levels, groups)
+    return warn_if_undefined(
+        group_mean(per_group, counts, weighting), "multipartite AUC is undefined: no pair of distinct levels"
+    )
