@@ -9,8 +9,9 @@ ranking obeys. Definitions: ``docs/loss-spec.md``.
 
 from . import _extras
 from .diagnostics import DictatorshipReport, label_dictatorship
-from .factory import BCELoss, BCEPlusRanking, build_loss, register_loss
+from .bce import BCELoss, BCEPlusRanking
 from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
+from .registry import build_loss, register_loss
 
 # A source checkout keeps the kernels in the top-level kernels/ folder: import it as mlloss.kernels.
 _extras.link_source_tree_kernels(__name__, __file__)

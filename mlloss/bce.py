@@ -1,0 +1,187 @@
+"""Binary cross-entropy losses, beside the pairwise ones of ``losses``: ``BCELoss`` and
+``BCEPlusRanking`` (cross-entropy plus a weighted pairwise term, per task; Sun et al. Eq. 7 with
+PDAOM). The arithmetic is the fused op ``mlloss::binary_cross_entropy`` (``ops.pointwise``); the
+registry that builds them by name is ``registry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from . import _validation as check
+from .ops.pointwise import binary_cross_entropy
+from .parts import LossParts
+
+__all__ = ["BCELoss", "BCEPlusRanking", "INPUTS"]
+
+
+class BCELoss(nn.Module):
+    """Binary cross-entropy, the mean over items of each task, summed over tasks; ``groups`` is
+    ignored. An empty batch gives 0.
+
+    Args:
+        inputs: ``"logits"`` (default) or ``"probabilities"`` for models whose heads end in a
+            sigmoid (torch-rechub's towers): the cross-entropy of a probability is not that of a
+            logit, so say which the model gives. With the data check on, probabilities outside
+            [0, 1] raise, and logits that all lie in [0, 1] (they look like probabilities) warn.
+        validate_args: check for non-finite scores and labels other than 0/1 (one host read per
+            call), as the pairwise losses do.
+
+    ``forward(scores, labels, groups=None)``: scores and labels (N,) for one task, or (N, K)
+    with one column per task. ``parts`` (``mlloss.parts``): ``bce``, and ``bce/k`` per task.
+    """
+
+    def __init__(self, *, inputs: str = "logits", validate_args: bool = True) -> None:
+        super().__init__()
+        if not isinstance(validate_args, bool):
+            raise TypeError(f"validate_args must be a bool; got {validate_args!r}")
+        self.inputs = check.check_choice("inputs", inputs, INPUTS)
+        self.validate_args = validate_args
+        self.parts = LossParts()
+
+    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
+        scores, labels = _task_columns(scores, labels)
+        loss, task_losses = binary_cross_entropy(
+            scores, labels, probabilities=self.inputs == "probabilities", validate=self.validate_args
+        )
+        self.parts = LossParts(_task_entries({"bce": loss}, {"bce": task_losses}))
+        return loss
+
+    def extra_repr(self) -> str:
+        return f"inputs={self.inputs!r}" if self.inputs != "logits" else ""
+
+
+class BCEPlusRanking(nn.Module):
+    r"""Cross-entropy plus ``lam`` times a pairwise term, per task.
+
+    With a ranking loss of ``reduction="mean"`` (``"bce+auc"``) this is
+    ``mean_i CE_i + lam * ranking``. With ``reduction="sum"`` (PDAOM, ``"bce+pdaom"``) it is Sun et
+    al. Eq. 7, ``sum_i CE_i + lam * sum_u phi_u``, divided by the number of items N so that the
+    cross-entropy keeps its usual mean scale: ``mean_i CE_i + lam * sum_u phi_u / N``. ``lam`` is
+    then the paper's lambda and does not have to change with the batch size (the paper's best was
+    10 on its data; on ours ``docs/results.md`` finds 1 neutral and 10 harmful). N counts the
+    items over all ranks when the ranking loss has ``cross_device=True``.
+
+    Multi-task models: scores and labels (N, K), one column per task (click, purchase): the
+    objective is the sum over tasks of ``mean_i CE_ik + lam_k * ranking_k``, the ranking loss
+    applied to each task's column (with the same groups); ``lam`` is one number or one per task.
+
+    Args:
+        ranking: the pairwise loss (one binary label column at a time).
+        lam: the weight of the ranking term, >= 0, or a sequence of K of them.
+        ranking_input: what the pairwise term sees: ``"probability"`` (default; f = sigmoid(logit),
+            as in Eq. 7, where PDAOM's surrogate acts on predicted probabilities) or ``"logit"``.
+        inputs: what the model gives: ``"logits"`` (default) or ``"probabilities"`` (heads that end
+            in a sigmoid, torch-rechub's): see ``BCELoss``.
+
+    ``parts`` (``mlloss.parts``): ``bce``, ``ranking`` (the term before ``lam``, already divided
+    by N for ``reduction="sum"``), ``valid_pairs`` and ``groups_with_pairs``; with K tasks also
+    ``bce/k``, ``ranking/k`` and ``valid_pairs/k``.
+    """
+
+    def __init__(
+        self,
+        ranking: nn.Module,
+        lam: float | Sequence[float] = 1.0,
+        ranking_input: str = "probability",
+        inputs: str = "logits",
+    ) -> None:
+        super().__init__()
+        self.ranking = ranking
+        self.lam = check.check_lam(lam)
+        self.ranking_input = check.check_choice("ranking_input", ranking_input, ("probability", "logit"))
+        self.bce = BCELoss(inputs=inputs, validate_args=getattr(ranking, "validate_args", True))
+        self.parts = LossParts()
+
+    @property
+    def inputs(self) -> str:
+        return self.bce.inputs
+
+    @property
+    def num_items(self) -> int:
+        """Items in the last batch (over all ranks with a ``cross_device`` ranking loss)."""
+        return getattr(self.ranking, "num_items", 0)
+
+    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
+        scores, labels = _task_columns(scores, labels)
+        num_tasks = scores.shape[1]
+        weights = self.lam if isinstance(self.lam, tuple) else (self.lam,) * num_tasks
+        if len(weights) != num_tasks:
+            raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
+        bce = self.bce(scores, labels)
+        terms, task_parts = [], []
+        for task in range(num_tasks):
+            term = self.ranking(self._ranking_scores(scores[:, task]), labels[:, task], groups)
+            if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
+                term = term / max(getattr(self.ranking, "num_items", scores.shape[0]), 1)
+            terms.append(term)
+            task_parts.append(getattr(self.ranking, "parts", {}))
+        ranking = sum(terms[1:], terms[0])
+        self.parts = LossParts(_task_entries(
+            {"bce": bce, "ranking": ranking,
+             "valid_pairs": lambda: sum(p["valid_pairs"] for p in task_parts),
+             "groups_with_pairs": lambda: sum(p["groups_with_pairs"] for p in task_parts)},
+            {"bce": self.bce.parts, "ranking": terms,
+             "valid_pairs": [lambda p=p: p["valid_pairs"] for p in task_parts]}
+            if num_tasks > 1 else {},
+        ))
+        return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
+
+    def _ranking_scores(self, column: Tensor) -> Tensor:
+        if self.inputs == "logits":
+            return torch.sigmoid(column) if self.ranking_input == "probability" else column
+        return column if self.ranking_input == "probability" else torch.logit(column, eps=1e-7)
+
+    def extra_repr(self) -> str:
+        options = f"lam={self.lam}, ranking_input={self.ranking_input!r}"
+        return options + (f", inputs={self.inputs!r}" if self.inputs != "logits" else "")
+
+
+INPUTS = ("logits", "probabilities")
+
+
+def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:
+    """Scores and labels as (N, K) task columns; (N,) is one task."""
+    check.require_tensor(scores, "scores")
+    if not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    if scores.dim() == 1:
+        scores = scores[:, None]
+    if scores.dim() != 2:
+        raise ValueError(f"scores must have shape (N,) or (N, K); got {tuple(scores.shape)}")
+    labels = check.label_columns(labels, scores.shape[0])
+    if labels.shape[1] != scores.shape[1]:
+        raise ValueError(
+            f"scores have {scores.shape[1]} task columns but labels have {labels.shape[1]}; "
+            f"got scores of shape {tuple(scores.shape)} and labels of shape {tuple(labels.shape)}"
+        )
+    return scores, labels
+
+
+def _task_entries(totals: dict, per_task: dict) -> dict:
+    """``parts`` makers: the totals, then ``name/k`` for each task of each per-task entry (a
+    (K,) tensor, a sequence of scalars or another loss's parts)."""
+    makers = {name: _maker(value) for name, value in totals.items()}
+    for name, values in per_task.items():
+        if isinstance(values, LossParts):  # the BCE's own per-task entries
+            makers.update({key: _maker(values, key) for key in values if key.startswith(f"{name}/")})
+            continue
+        count = values.shape[0] if isinstance(values, Tensor) else len(values)
+        if count > 1:
+            makers.update({f"{name}/{k}": _maker(values, k) for k in range(count)})
+    return makers
+
+
+def _maker(value, key=None):
+    """A function making a parts entry from a tensor or a function making one (or item ``key``
+    of a sequence of either, or of a tensor)."""
+    if key is not None:
+        return lambda: _made(value[key])
+    return lambda: _made(value)
+
+
+def _made(value):
+    return value() if callable(value) else value
