@@ -1,8 +1,12 @@
-"""Triton kernels for mlloss, installed as ``mlloss.kernels`` (the Triton tier of ``mlloss.ops``).
+"""Triton kernels for mlloss, installed as ``mlloss.kernels``: the Triton tier of ``mlloss.ops``.
 
-``pairwise``: the all-pairs losses (pair partials, finalize, combine) and the data check;
-``hardest``: the max-violation pairs of binary problems; ``_common``: the surrogate terms;
-``variants``: the compiled variants, for ``benchmarks/kernel_sass.py``.
+``mlloss.ops.dispatch`` sends a call here for ``backend="triton"`` (and ``"auto"`` on CUDA); the
+PyTorch tier (``mlloss.ops.torch_tier``) computes the same results and is the reference these
+kernels are tested against (``tests/test_tiers.py``). ``pairwise``: the all-pairs losses (pair
+partials, finalize, combine) and the data check; ``hardest``: the max-violation pairs of binary
+problems; ``_common``: the surrogate terms (``reverse_margin_terms``, one branch per row of
+``mlloss.surrogates.TABLE``) and launch plumbing; ``variants``: the compiled variants, for
+``benchmarks/kernel_sass.py``.
 """
 
 
