@@ -46,10 +46,22 @@ def check_one_device(*tensors: Tensor) -> torch.device:
     return device
 
 
+def check_finite_number(name: str, value: object, *, above: float | None = None, requirement: str | None = None) -> float:
+    """``value`` as a float: a finite real number (not a bool), and ``> above`` if given.
+    ``requirement`` replaces the default wording of the message."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (above is not None and value <= above)
+    ):
+        wanted = requirement or ("a finite number" if above is None else f"a finite number > {above:g}")
+        raise ValueError(f"{name} must be {wanted}; got {value!r}")
+    return float(value)
+
+
 def check_margin(margin: object) -> float:
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
-        raise ValueError(f"margin must be a finite number; got {margin!r}")
-    return float(margin)
+    return check_finite_number("margin", margin)
 
 
 def check_temperature(temperature: object, pairs: str) -> float | None:
@@ -60,14 +72,7 @@ def check_temperature(temperature: object, pairs: str) -> float | None:
             f"temperature={temperature!r} softens the hardest pair and needs pairs='hardest'; "
             f"got pairs={pairs!r}"
         )
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature <= 0
-    ):
-        raise ValueError(f"temperature must be a positive finite number or None; got {temperature!r}")
-    return float(temperature)
+    return check_finite_number("temperature", temperature, above=0, requirement="a positive finite number or None")
 
 
 def check_lam(lam: object) -> float | tuple[float, ...]:

@@ -184,14 +184,7 @@ def label_dictatorship(
 
 
 def _check_threshold(threshold: object) -> float:
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not math.isfinite(threshold)
-        or threshold <= 1
-    ):
-        raise ValueError(f"threshold must be a finite number > 1; got {threshold!r}")
-    return float(threshold)
+    return check.check_finite_number("threshold", threshold, above=1)
 
 
 def _dominance(matrix: Tensor, effective: Tensor) -> tuple[int | None, float, float]:
