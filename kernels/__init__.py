@@ -2,11 +2,15 @@
 
 ``mlloss.ops.dispatch`` sends a call here for ``backend="triton"`` (and ``"auto"`` on CUDA); the
 PyTorch tier (``mlloss.ops.torch_tier``) computes the same results and is the reference these
-kernels are tested against (``tests/test_tiers.py``). ``pairwise``: the all-pairs losses (pair
-partials, finalize, combine) and the data check; ``hardest``: the max-violation pairs of binary
-problems; ``_common``: the surrogate terms (``reverse_margin_terms``, one branch per row of
-``mlloss.surrogates.TABLE``) and launch plumbing; ``variants``: the compiled variants, for
-``benchmarks/kernel_sass.py``.
+kernels are tested against (``tests/test_tiers.py``).
+
+* ``pairwise``: the all-pairs losses: kernel 1 (the pair partials) and the host entry;
+* ``reduce``: their finalize and combine steps (``combine`` also reduces ``hardest``'s sums);
+* ``hardest``: the max-violation pairs of binary problems;
+* ``check``: the fused data check;
+* ``_common``: the surrogate terms (``reverse_margin_terms``, one branch per row of
+  ``mlloss.surrogates.TABLE``) and launch plumbing;
+* ``variants``: the compiled variants, for ``benchmarks/kernel_sass.py``.
 """
 
 

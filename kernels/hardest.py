@@ -18,7 +18,7 @@ temperature to every item by its softmax weight.
 
 ``_hardest_kernel`` (grid (position blocks, B)) writes the gradient in the caller's item order
 and per-block sums [loss, groups with both labels, level pairs], the same outputs as the
-all-pairs finalize step, so ``pairwise.combine`` reduces them (mean or sum over groups, mixing
+all-pairs finalize step, so ``reduce.combine`` reduces them (mean or sum over groups, mixing
 over problems). Everything is float64: the work is O(N) and the exponential surrogate of raw
 scores overflows float32 soon. No atomics; deterministic.
 """
@@ -31,7 +31,8 @@ import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
 from ._common import reverse_margin_terms, surrogate_id, validate_device
-from .pairwise import FINALIZE_BLOCK, combine
+from .pairwise import FINALIZE_BLOCK
+from .reduce import combine
 
 __all__ = ["hardest_loss_and_grad"]
 

@@ -1,0 +1,58 @@
+"""The data check of a batch as one fused launch: non-finite scores, labels that break the label
+rule (``mlloss._validation.LABEL_RULES``). Its status bits are OR-ed into the call's one int32 status
+word, which ``mlloss.ops.dispatch`` reads once at the end of the call.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
+
+__all__ = ["check_batch"]
+
+_BAD_SCORE: tl.constexpr = tl.constexpr(STATUS_BAD_SCORE)
+_BAD_LABEL: tl.constexpr = tl.constexpr(STATUS_BAD_LABEL)
+
+
+# --------------------------------------------------------------------------- #
+# Data check: non-finite scores, non-binary (or non-finite) labels             #
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _check_batch_kernel(
+    scores_ptr, labels_ptr, status_ptr, N, K, label_stride_n, label_stride_k,
+    LABEL_RULE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Grid (item blocks,): OR the status bits of this block's items into ``status``."""
+    items = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = items < N
+    s = tl.load(scores_ptr + items, mask=mask, other=0.0)
+    bad_score = mask & ((s != s) | (tl.abs(s) == float("inf")))
+    bad_label = tl.zeros([BLOCK], dtype=tl.int1)
+    for k in range(K):
+        label = tl.load(labels_ptr + items * label_stride_n + k * label_stride_k, mask=mask, other=0)
+        if LABEL_RULE == 0:  # 0/1
+            bad_label |= mask & (label != 0) & (label != 1)
+        elif LABEL_RULE == 1:  # whole numbers (NaN and inf are not)
+            bad_label |= mask & ((label != label) | (tl.abs(label) == float("inf")) | (label != tl.floor(label.to(tl.float64))))
+        else:  # finite
+            bad_label |= mask & ((label != label) | (tl.abs(label) == float("inf")))
+    status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, _BAD_SCORE, 0)
+    status |= tl.where(tl.max(bad_label.to(tl.int32)) > 0, _BAD_LABEL, 0)
+    tl.atomic_or(status_ptr, status)
+
+
+_LABEL_RULES = {"binary": 0, "summed-binary": 0, "integer": 1, "real": 2}
+
+
+def check_batch(scores: torch.Tensor, labels: torch.Tensor, status: torch.Tensor, *, label_rule: str) -> None:
+    """OR the data-check bits of (scores (N,), labels (N, K)) into ``status`` (one int32);
+    ``label_rule``: see ``mlloss._validation.LABEL_RULES``."""
+    n, k = labels.shape
+    block = 1024
+    _check_batch_kernel[(max(triton.cdiv(n, block), 1),)](
+        scores, labels, status, n, k, labels.stride(0), labels.stride(1),
+        LABEL_RULE=_LABEL_RULES[label_rule], BLOCK=block,
+    )

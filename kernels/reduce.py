@@ -1,0 +1,187 @@
+"""Kernels 2 and 3 of the all-pairs losses: finalize and combine (see ``pairwise``'s docstring).
+
+``finalize`` sums each position's chunks of kernel 1 in a fixed order, normalises them by the
+group's Z_u and writes the gradient in the caller's item order with per-block sums; ``combine``
+sums the block sums (every program in the same order, so all agree without a host round trip),
+reduces over groups and mixes over problems. ``hardest`` writes the same block sums and reuses
+``combine``. No float atomics; the only atomic sets the overflow bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._validation import STATUS_OVERFLOW
+from ._common import tl_dtype
+
+__all__ = ["combine", "finalize"]
+
+_OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
+
+
+# --------------------------------------------------------------------------- #
+# 2. Finalize: chunks summed, normalised per group, written in the caller's order #
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _finalize_kernel(
+    partials_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, cost_prefix_ptr,
+    grad_ptr, grad_stride, block_sums_ptr, N, num_chunks, num_blocks,
+    HAS_GROUPS: tl.constexpr, BINARY: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Grid (position blocks, B). Z_u: for a binary problem the negatives times the positives
+    of the group, from the spans; otherwise ``cost_prefix`` (B, N) float64, the inclusive prefix
+    sums over positions of the shares of Z_u, gives Z_u = prefix[group_end - 1] -
+    prefix[group_start - 1]. Writes the gradient in the caller's item order, not yet divided by
+    the number of groups, to ``grad + b * grad_stride``, and block_sums (B, 3, num_blocks):
+    [sum of row loss / Z_u, groups with a valid pair (counted at their first position), valid
+    pairs (each counted at its upper item)]."""
+    block = tl.program_id(0)
+    problem = tl.program_id(1).to(tl.int64)
+    row = problem * N
+    positions = block * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < N
+    part = partials_ptr + problem * 3 * num_chunks * N + positions
+    row_loss = tl.zeros([BLOCK], dtype=ACC)
+    row_grad = tl.zeros([BLOCK], dtype=ACC)
+    for chunk in range(num_chunks):
+        row_loss += tl.load(part + chunk * N, mask=mask, other=0.0)
+        row_grad += tl.load(part + (num_chunks + chunk) * N, mask=mask, other=0.0)
+        row_grad += tl.load(part + (2 * num_chunks + chunk) * N, mask=mask, other=0.0)
+    if HAS_GROUPS:
+        group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
+        group_end = tl.load(group_end_ptr + positions, mask=mask, other=1)
+    else:
+        group_start = tl.zeros([BLOCK], dtype=tl.int32)
+        group_end = tl.zeros([BLOCK], dtype=tl.int32) + N
+    cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
+    if BINARY:
+        # Negatives [group_start, c), positives [c, group_end): c is the item's cell start if
+        # a cell lies before it, else its cell end (then the item is a negative, or alone).
+        cell_end = tl.load(cell_end_ptr + row + positions, mask=mask, other=0)
+        boundary = tl.where(cell_start > group_start, cell_start, cell_end)
+        cost = (boundary - group_start).to(tl.float64) * (group_end - boundary).to(tl.float64)
+    else:
+        prefix = cost_prefix_ptr + row
+        cost = tl.load(prefix + group_end - 1, mask=mask, other=0.0) - tl.load(
+            prefix + group_start - 1, mask=mask & (group_start > 0), other=0.0
+        )
+    has_pairs = cost > 0
+    coefficient = tl.where(has_pairs, 1.0 / tl.where(has_pairs, cost, 1.0), 0.0)
+    item = tl.load(order_ptr + row + positions, mask=mask, other=0)
+    tl.store(grad_ptr + problem * grad_stride + item, row_grad * coefficient.to(ACC), mask=mask)
+    sums = block_sums_ptr + problem * 3 * num_blocks + block
+    tl.store(sums, tl.sum(row_loss.to(tl.float64) * coefficient))
+    tl.store(sums + num_blocks, tl.sum((has_pairs & (positions == group_start) & mask).to(tl.float64)))
+    tl.store(sums + 2 * num_blocks, tl.sum((cell_start - group_start).to(tl.float64)))
+
+
+def finalize(
+    partials: torch.Tensor, shares: torch.Tensor | None, layout, grad: torch.Tensor, *, block: int
+) -> torch.Tensor:
+    """Launch kernel 2: writes every problem's gradient to ``grad`` ((B, N), or (N,) for one
+    problem) and returns the block sums (B, 3, blocks)."""
+    num_problems, _, num_chunks, n = partials.shape
+    num_blocks = triton.cdiv(n, block)
+    if shares is not None:
+        shares.cumsum_(dim=1)  # in place: the prefix sums of the shares
+    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=partials.device)
+    has_groups = layout.group_start is not None
+    _finalize_kernel[(num_blocks, num_problems)](
+        partials, layout.order, layout.cell_start, layout.cell_end,
+        layout.group_start if has_groups else layout.cell_start,
+        layout.group_end if has_groups else layout.cell_start,
+        partials if shares is None else shares, grad, n, block_sums, n, num_chunks, num_blocks,
+        HAS_GROUPS=has_groups, BINARY=shares is None, ACC=tl_dtype(partials.dtype), BLOCK=block,
+    )
+    return block_sums
+
+
+# --------------------------------------------------------------------------- #
+# 3. Combine: totals, the reduction over groups, the mixing over problems      #
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _combine_kernel(
+    grad_parts_ptr, grad_parts_offset, grad_parts_stride, block_sums_ptr, mixing_ptr, grad_ptr, loss_ptr, stats_ptr, status_ptr,
+    N, num_problems, num_blocks,
+    MEAN: tl.constexpr, HAS_MIXING: tl.constexpr, CHECK: tl.constexpr, ACC: tl.constexpr,
+    BLOCK: tl.constexpr, SUM_BLOCK: tl.constexpr,
+):
+    """Grid (position blocks,). ``grad_parts``: problem b's gradient (caller order) at
+    ``grad_parts + grad_parts_offset + b * grad_parts_stride``. stats (3, B) float64: [loss_b], [valid pairs],
+    [groups with pairs]."""
+    block = tl.program_id(0)
+    items = block * BLOCK + tl.arange(0, BLOCK)
+    mask = items < N
+    grad = tl.zeros([BLOCK], dtype=ACC)
+    loss = tl.zeros([1], dtype=tl.float64).sum()  # a float64 scalar
+    for problem in range(num_problems):
+        # Every program sums the block sums in the same order: identical totals everywhere.
+        sums = block_sums_ptr + problem * 3 * num_blocks
+        value = tl.zeros([SUM_BLOCK], dtype=tl.float64)
+        groups = tl.zeros([SUM_BLOCK], dtype=tl.float64)
+        pairs = tl.zeros([SUM_BLOCK], dtype=tl.float64)
+        for start in range(0, num_blocks, SUM_BLOCK):
+            offs = start + tl.arange(0, SUM_BLOCK)
+            in_range = offs < num_blocks
+            value += tl.load(sums + offs, mask=in_range, other=0.0)
+            groups += tl.load(sums + num_blocks + offs, mask=in_range, other=0.0)
+            pairs += tl.load(sums + 2 * num_blocks + offs, mask=in_range, other=0.0)
+        value_total = tl.sum(value)
+        groups_total = tl.sum(groups)
+        if MEAN:
+            denominator = tl.maximum(groups_total, 1.0)
+        else:
+            denominator = 1.0
+        problem_loss = value_total / denominator
+        if HAS_MIXING:
+            weight = tl.load(mixing_ptr + problem).to(tl.float64)
+        else:
+            weight = 1.0
+        loss += weight * problem_loss
+        scale = (weight / denominator).to(ACC)
+        problem_grad = grad_parts_ptr + grad_parts_offset + problem * grad_parts_stride
+        grad += scale * tl.load(problem_grad + items, mask=mask, other=0.0)
+        if block == 0:
+            tl.store(stats_ptr + problem, problem_loss)
+            tl.store(stats_ptr + num_problems + problem, tl.sum(pairs))
+            tl.store(stats_ptr + 2 * num_problems + problem, groups_total)
+    tl.store(grad_ptr + items, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+    if block == 0:
+        tl.store(loss_ptr, loss.to(loss_ptr.dtype.element_ty))
+        if CHECK:
+            finite = (loss == loss) & (tl.abs(loss) < float("inf"))
+            tl.atomic_or(status_ptr, tl.where(finite, 0, _OVERFLOW))
+
+
+def combine(
+    grad_parts: torch.Tensor,
+    grad_parts_offset: int,
+    grad_parts_stride: int,
+    block_sums: torch.Tensor,
+    mixing: torch.Tensor | None,
+    *,
+    mean: bool,
+    loss_dtype: torch.dtype,
+    status: torch.Tensor | None,
+    block: int,
+    grad: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch kernel 3 on the problems' gradients in ``grad_parts`` (problem b's N values, in
+    the caller's order, start at element ``grad_parts_offset + b * grad_parts_stride``); returns
+    (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), the
+    loss and the gradient in ``loss_dtype``. ``grad`` may be ``grad_parts`` itself (one problem):
+    every element is read and then written by the same program."""
+    num_problems, n = block_sums.shape[0], grad_parts.shape[-1]
+    loss = torch.empty((), dtype=loss_dtype, device=grad_parts.device)
+    stats = torch.empty(3 * num_problems, dtype=torch.float64, device=grad_parts.device)
+    if grad is None:
+        grad = torch.empty(n, dtype=loss_dtype, device=grad_parts.device)
+    _combine_kernel[(max(triton.cdiv(n, block), 1),)](
+        grad_parts, grad_parts_offset, grad_parts_stride, block_sums, mixing if mixing is not None else block_sums, grad, loss, stats,
+        status if status is not None else stats, n, num_problems, block_sums.shape[2],
+        MEAN=mean, HAS_MIXING=mixing is not None, CHECK=status is not None,
+        ACC=tl_dtype(grad_parts.dtype), BLOCK=block, SUM_BLOCK=256,
+    )
+    return loss, stats, grad
