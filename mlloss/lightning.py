@@ -36,7 +36,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from ._extras import needs_extra
 from .diagnostics import DictatorshipReport, label_dictatorship
-from .metrics import group_auc, multilabel_auc, multipartite_auc
+from .evaluation import ranking_metrics
 
 with needs_extra("lightning", "mlloss.lightning"):
     import pytorch_lightning as pl
@@ -71,7 +71,7 @@ class _Predictions(Metric):
         groups = dim_zero_cat(self.groups) if len(self.groups) > 0 else None
         if groups is None or groups.numel() == 0:
             return scores, labels, None
-        if groups.numel() != scores.numel():
+        if groups.numel() != scores.shape[0]:
             raise ValueError("RankingMetrics: either every validation batch, on every rank, has groups or none has")
         return scores, labels, groups.long()
 
@@ -80,10 +80,11 @@ class RankingMetrics(pl.Callback):
     """Log per-label AUC, GAUC, DiffAUC, MinAUC, the multipartite AUC and the label-dictatorship
     report of the validation predictions, once per validation epoch.
 
-    Contract: the LightningModule's ``validation_step`` returns a mapping with
+    Contract: the LightningModule's ``validation_step`` (and ``test_step``) returns a mapping with
 
-    - ``outputs[score_key]``: scores of shape ``(N,)`` or ``(N, 1)`` (logits or probabilities: the
-      metrics only use their order);
+    - ``outputs[score_key]``: scores of shape ``(N,)`` or ``(N, 1)``, one score ranked against every
+      label (a ranking head), or ``(N, K)``, column k the score of label k (a multi-task model's
+      heads; then no multipartite AUC); logits or probabilities: the metrics only use their order;
     - ``outputs[labels_key]``: 0/1 labels of shape ``(N, K)``, ``K = len(label_names)`` (or ``(N,)``
       when ``K == 1``);
     - ``outputs[groups_key]``, optional: integer group (user) ids of shape ``(N,)``. Give them in
@@ -97,6 +98,10 @@ class RankingMetrics(pl.Callback):
     of an epoch are pooled. Nothing is logged during the sanity check. A metric without a valid pair
     (a label with one class) is NaN, with an ``UndefinedMetricWarning``.
 
+    ``test_step`` outputs are evaluated the same way at the end of ``trainer.test`` and logged
+    with ``test_prefix``. The metrics are computed by :func:`mlloss.evaluation.ranking_metrics`
+    (the function the recipes use for their baselines).
+
     Under DDP the metrics are exact only if every validation item is seen exactly once: Lightning's
     default ``DistributedSampler`` pads the set by repeating items unless its size is a multiple of
     the number of ranks; ``{prefix}num_items`` shows what was seen. Every rank must run at least
@@ -106,7 +111,8 @@ class RankingMetrics(pl.Callback):
         label_names: one name per label column, used in the logged names.
         label_weights: the LaA label weights ``w_k`` of the multipartite AUC (default all ones).
         loa_weights: the LoA mixing weights ``a_k`` of the dictatorship report (default all ones).
-        prefix: prepended to every logged name.
+        prefix: prepended to every logged name at validation.
+        test_prefix: prepended to every logged name at test.
         score_key, labels_key, groups_key: the keys of the ``validation_step`` outputs.
         group_weighting: GAUC over groups, ``"uniform"`` (default) or ``"size"`` (by items).
         print_report: print the dictatorship report on rank zero after each validation epoch.
@@ -118,7 +124,8 @@ class RankingMetrics(pl.Callback):
             the users (``mlloss.data.GroupBatchSampler`` keeps them together).
 
     Attributes:
-        report: the :class:`mlloss.DictatorshipReport` of the last validation epoch (or ``None``).
+        report: the :class:`mlloss.DictatorshipReport` of the last evaluation epoch (or ``None``).
+        results: ``{logged name: float}`` of the last evaluation epoch (read once, at its end).
     """
 
     def __init__(
@@ -128,6 +135,7 @@ class RankingMetrics(pl.Callback):
         label_weights: Optional[Sequence[float]] = None,
         loa_weights: Optional[Sequence[float]] = None,
         prefix: str = "val/",
+        test_prefix: str = "test/",
         score_key: str = "scores",
         labels_key: str = "labels",
         groups_key: str = "groups",
@@ -144,6 +152,8 @@ class RankingMetrics(pl.Callback):
         self.label_weights = label_weights
         self.loa_weights = loa_weights
         self.prefix = prefix
+        self.test_prefix = test_prefix
+        self.results: dict[str, float] = {}
         self.keys = (score_key, labels_key, groups_key)
         self.group_weighting = group_weighting
         self.print_report = print_report
@@ -157,7 +167,8 @@ class RankingMetrics(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # The values are global already; Lightning would still recommend sync_dist=True for each.
-        warnings.filterwarnings("ignore", message=rf"It is recommended to use `self.log\('{re.escape(self.prefix)}")
+        for prefix in (self.prefix, self.test_prefix):
+            warnings.filterwarnings("ignore", message=rf"It is recommended to use `self.log\('{re.escape(prefix)}")
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pairs_seen, self._items_seen, self._batches_seen = None, 0, 0
@@ -204,38 +215,57 @@ class RankingMetrics(pl.Callback):
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
-            for name, value in self.compute().items():
-                pl_module.log(name, value, sync_dist=False)
-            if self.print_report and self.report is not None:
-                rank_zero_info(f"Label dictatorship on the validation labels:\n{self.report}")
+            self._log_epoch(pl_module, self.prefix, "validation")
         self._predictions.reset()
 
-    def compute(self) -> dict[str, Tensor]:
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_validation_epoch_start(trainer, pl_module)
+
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._predictions.update(*self._batch(outputs))
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._log_epoch(pl_module, self.test_prefix, "test")
+        self._predictions.reset()
+
+    def _log_epoch(self, pl_module: pl.LightningModule, prefix: str, stage: str) -> None:
+        values = self.compute(prefix)
+        for name, value in values.items():
+            pl_module.log(name, value, sync_dist=False)
+        self.results = {name: float(value) for name, value in values.items()}  # one read per epoch
+        if self.print_report and self.report is not None:
+            rank_zero_info(f"Label dictatorship on the {stage} labels:\n{self.report}")
+
+    def compute(self, prefix: Optional[str] = None) -> dict[str, Tensor]:
         """The metrics of the predictions collected so far, gathered over every rank (a collective:
-        call it on every rank), as float64 scalars named as logged."""
+        call it on every rank), as float64 scalars named as logged (with ``prefix``, default the
+        validation prefix)."""
         scores, labels, groups = self._predictions.compute()
-        labels = labels.reshape(scores.numel(), len(self.label_names))
-        per_label = multilabel_auc(scores, labels)
-        values: dict[str, Any] = {"num_items": scores.numel()}
-        for k, name in enumerate(self.label_names):
-            values[f"auc/{name}"] = per_label[k]
-            if groups is not None:
-                values[f"gauc/{name}"] = group_auc(scores, labels[:, k], groups, self.group_weighting)
-        values["diff_auc"] = per_label.max() - per_label.min()
-        values["min_auc"] = per_label.min()
-        values["multipartite_auc"] = multipartite_auc(scores, labels, label_weights=self.label_weights)
+        labels = labels.reshape(scores.shape[0], len(self.label_names))
+        values: dict[str, Any] = {"num_items": scores.shape[0]}
+        values |= ranking_metrics(scores, labels, groups, label_names=self.label_names,
+                                  group_weighting=self.group_weighting, label_weights=self.label_weights)
         self.report = label_dictatorship(labels, self.loa_weights, label_names=self.label_names)
         for key, value in self.report.as_dict().items():
             if key == "dominant":
                 key, value = "dominant_index", self.label_names.index(str(value))
             values[f"dictatorship/{key}"] = value
+        prefix = self.prefix if prefix is None else prefix
         return {
-            self.prefix + key: torch.as_tensor(value, dtype=torch.float64, device=scores.device).reshape(())
+            prefix + key: torch.as_tensor(value, dtype=torch.float64, device=scores.device).reshape(())
             for key, value in values.items()
         }
 
     def _batch(self, outputs: Any) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-        """Detached (scores (N,) float64, labels (N, K) uint8, groups (N,) int64 or None) of one batch."""
+        """Detached (scores (N,) or (N, K) float64, labels (N, K) uint8, groups (N,) int64 or None) of one batch."""
         score_key, labels_key, groups_key = self.keys
         if not isinstance(outputs, Mapping) or score_key not in outputs or labels_key not in outputs:
             raise TypeError(
@@ -244,11 +274,13 @@ class RankingMetrics(pl.Callback):
                 + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
             )
         scores = torch.as_tensor(outputs[score_key]).detach()
+        num_labels = len(self.label_names)
         if scores.ndim == 2 and scores.shape[1] == 1:
             scores = scores[:, 0]
-        if scores.ndim != 1:
-            raise ValueError(f"outputs[{score_key!r}] must have shape (N,) or (N, 1); got {tuple(scores.shape)}")
-        num_items, num_labels = scores.shape[0], len(self.label_names)
+        if not (scores.ndim == 1 or (scores.ndim == 2 and scores.shape[1] == num_labels)):
+            raise ValueError(f"outputs[{score_key!r}] must have shape (N,), (N, 1) or (N, K) with K = {num_labels} "
+                             f"(one column per label); got {tuple(scores.shape)}")
+        num_items = scores.shape[0]
         labels = torch.as_tensor(outputs[labels_key]).detach()
         if labels.ndim == 1 and num_labels == 1:
             labels = labels[:, None]

@@ -120,6 +120,24 @@ def test_callback_without_groups_and_with_one_label():
         assert math.isclose(computed[key], value, abs_tol=1e-12), key
 
 
+def test_callback_scores_one_column_per_label_as_task_heads():
+    """(N, K) scores: column k is ranked against label k only (a multi-task model's heads), at
+    validation and, with the test prefix, at test; no multipartite AUC (no single score)."""
+    gen = torch.Generator().manual_seed(3)
+    scores, labels = torch.randn(60, 2, generator=gen), torch.randint(0, 2, (60, 2), generator=gen)
+    groups = torch.randint(0, 6, (60,), generator=gen)
+    callback = RankingMetrics(["click", "purchase"], group_weighting="size", print_report=False)
+    feed(callback, {"scores": scores[:35], "labels": labels[:35], "groups": groups[:35]},
+         {"scores": scores[35:], "labels": labels[35:], "groups": groups[35:]})
+    computed = callback.compute("test/")
+    for k, name in enumerate(("click", "purchase")):
+        assert float(computed[f"test/auc/{name}"]) == float(binary_auc(scores[:, k], labels[:, k]))
+        assert float(computed[f"test/gauc/{name}"]) == float(group_auc(scores[:, k], labels[:, k], groups, "size"))
+    per_label = [float(computed["test/auc/click"]), float(computed["test/auc/purchase"])]
+    assert float(computed["test/min_auc"]) == min(per_label)
+    assert "test/multipartite_auc" not in computed and "val/auc/click" not in computed
+
+
 def test_callback_rejects_outputs_that_break_the_contract():
     callback = RankingMetrics(script.LABEL_NAMES)
     scores, labels, groups = torch.randn(4), torch.tensor([[1, 0], [0, 0], [1, 1], [0, 0]]), torch.arange(4)
@@ -135,7 +153,7 @@ def test_callback_rejects_outputs_that_break_the_contract():
         feed(callback, {"scores": scores, "labels": labels, "groups": groups.float()})
     with pytest.raises(ValueError, match="shape"):
         RankingMetrics(script.LABEL_NAMES, score_key="logits").on_validation_batch_end(
-            None, None, {"logits": torch.randn(4, 2), "labels": labels}, None, 0
+            None, None, {"logits": torch.randn(4, 3), "labels": labels}, None, 0
         )
     with pytest.raises(ValueError, match="distinct"):
         RankingMetrics(["click", "click"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlloss.data import GroupBatchSampler, SyntheticConfig, generate_impressions, split_by_time
+from mlloss.data import GroupBatchSampler, SyntheticConfig, TensorBatches, generate_impressions, split_by_time
 from mlloss.data import sampler as sampler_module
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "sampler.md"
@@ -224,3 +224,63 @@ def test_keeps_at_least_twenty_times_the_within_user_pairs_of_shuffled_batches()
     print(f"\nwithin-user click pairs per batch: shuffled {baseline:,.0f} ({len(shuffled)} batches), "
           f"GroupBatchSampler {kept:,.0f} ({len(grouped)} batches, mean size {mean_size:.0f}): {kept / baseline:.0f}x")
     assert kept >= 20 * baseline
+
+
+# --------------------------------------------------------------------------- TensorBatches, GroupDataModule
+
+
+def columns_of(num_items: int, num_groups: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"ids": torch.randint(0, 1000, (num_items, 3), generator=gen), "x": torch.randn(num_items, 4, generator=gen),
+            "labels": torch.randint(0, 2, (num_items, 2), generator=gen).float(),
+            "user": random_groups(num_items, num_groups, seed)}
+
+
+@pytest.mark.parametrize(("world", "drop_last", "pad"), [(1, False, "repeat"), (3, False, "empty"), (3, True, "empty"),
+                                                         (2, False, "repeat")])
+def test_tensor_batches_are_the_samplers_batches_as_slices(world, drop_last, pad):
+    """Every rank's batches hold exactly the rows of GroupBatchSampler's index batches, in order,
+    for every column (empty pads included), epoch after epoch."""
+    columns = columns_of(900, 70)
+    for rank in range(world):
+        options = dict(shuffle=True, seed=5, drop_last=drop_last, pad=pad, num_replicas=world, rank=rank)
+        batches = TensorBatches(columns, 64, group_key="user", **options)
+        sampler = GroupBatchSampler(columns["user"], 64, **options)
+        for epoch in (0, 1):
+            batches.set_epoch(epoch)
+            sampler.set_epoch(epoch)
+            got, want = list(batches), list(sampler)
+            assert len(got) == len(batches) == len(want)
+            for batch, index in zip(got, want):
+                for name, value in columns.items():
+                    assert torch.equal(batch[name], value[torch.tensor(index, dtype=torch.long)])
+
+
+def test_tensor_batches_are_views_of_one_gather_per_epoch():
+    columns = columns_of(500, 40)
+    batches = TensorBatches(columns, 50, groups=columns["user"])
+    first, second = list(batches), list(batches)
+    assert all(a["x"].data_ptr() == b["x"].data_ptr() for a, b in zip(first, second)), "the epoch's rows are cached"
+    assert all(b["x"]._base is not None for b in first), "batches are slices (views), not copies"
+
+
+def test_tensor_batches_errors_name_the_argument():
+    with pytest.raises(ValueError, match="same first dimension"):
+        TensorBatches({"a": torch.zeros(3), "user": torch.zeros(4, dtype=torch.long)}, 2, group_key="user")
+    with pytest.raises(ValueError, match="no 'groups' column"):
+        TensorBatches({"a": torch.zeros(3)}, 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        TensorBatches({"groups": torch.zeros(3, dtype=torch.long)}, 0)
+
+
+def test_group_data_module_serves_every_row_once_for_evaluation_and_shuffles_training():
+    from mlloss.data import GroupDataModule
+
+    train, val = columns_of(600, 50, seed=1), columns_of(300, 30, seed=2)
+    module = GroupDataModule(train, val, batch_size=64, group_key="user", seed=3)
+    seen = torch.cat([batch["x"] for batch in module.val_dataloader()])
+    assert torch.equal(seen.sort(0).values, val["x"].sort(0).values)
+    order = [batch["user"] for batch in module.train_dataloader()]
+    assert not torch.equal(torch.cat(order), train["user"])
+    with pytest.raises(ValueError, match="'test'"):
+        module.test_dataloader()

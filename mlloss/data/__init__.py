@@ -1,7 +1,10 @@
 """Data for mlloss experiments: a synthetic Ali-CCP-like impression log generator, loaders for
-the real Ali-CCP and AliExpress click/conversion CSVs, and a batch sampler that keeps each group's
-(user's) items in the same batch for per-group losses."""
+the real Ali-CCP and AliExpress click/conversion CSVs, a batch sampler that keeps each group's
+(user's) items in the same batch for per-group losses (``sampler.py``), in-memory batches cut as
+slices on the device (``batches.py``) and a LightningDataModule serving them (``datamodule.py``,
+imported on first use: it needs the lightning extra)."""
 
+from mlloss.data.batches import TensorBatches
 from mlloss.data.sampler import GroupBatchSampler
 from mlloss.data.synthetic import (
     DENSE_FEATURES,
@@ -28,10 +31,20 @@ __all__ = [
     "DENSE_FEATURES",
     "SPARSE_FIELDS",
     "GroupBatchSampler",
+    "GroupDataModule",
     "ImpressionData",
     "SyntheticConfig",
+    "TensorBatches",
     "generate_impressions",
     "load_ali_ccp",
     "load_aliexpress",
     "split_by_time",
 ]
+
+
+def __getattr__(name: str):
+    if name == "GroupDataModule":  # needs Lightning: imported when asked for
+        from mlloss.data.datamodule import GroupDataModule
+
+        return GroupDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

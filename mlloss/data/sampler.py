@@ -99,14 +99,26 @@ class GroupBatchSampler(Sampler[list[int]]):
         return len(self._own_slots(len(self._epoch_plan()[1]) - 1))
 
     def __iter__(self) -> Iterator[list[int]]:
+        items, spans = self.epoch_spans()
+        order = items.tolist()
+        for start, end in spans:
+            yield order[start:end]
+
+    def epoch_spans(self) -> tuple[Tensor, list[tuple[int, int]]]:
+        """The current epoch's item order (of all ranks, an int64 tensor) and this rank's batches
+        as ``(start, end)`` spans in it: batch i is ``items[start:end]``, an empty pad ``(0, 0)``.
+        What :meth:`__iter__` yields, for loaders that gather an epoch's rows at once
+        (:class:`mlloss.data.TensorBatches`)."""
         items, bounds = self._epoch_plan()
-        order, num_batches = items.tolist(), len(bounds) - 1
+        num_batches = len(bounds) - 1
+        spans = []
         for slot in self._own_slots(num_batches):
             if slot < num_batches or self.pad == "repeat":
                 batch = slot % num_batches
-                yield order[bounds[batch] : bounds[batch + 1]]
+                spans.append((bounds[batch], bounds[batch + 1]))
             else:
-                yield []
+                spans.append((0, 0))
+        return items, spans
 
     def _own_slots(self, num_batches: int) -> range:
         """This rank's positions in the epoch's batch list; positions past its end are padding."""

@@ -142,6 +142,11 @@ class ImpressionData:
         """(N, 2) float32 labels ``(click, purchase)``."""
         return torch.stack([self.click, self.purchase], dim=1)
 
+    def columns(self) -> dict[str, Tensor]:
+        """The training columns as ``{name: tensor}``: ``sparse``, ``dense``, ``labels`` (N, 2) and
+        ``user``, what :class:`mlloss.data.TensorBatches` and ``GroupDataModule`` take."""
+        return {"sparse": self.sparse, "dense": self.dense, "labels": self.labels, "user": self.user}
+
     def subset(self, index: Tensor) -> ImpressionData:
         """The impressions selected by an index or boolean mask, in that order (None fields stay None)."""
         columns = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,89 @@
+"""A LightningDataModule of group-keeping batches on the training device (needs the lightning extra).
+
+:class:`GroupDataModule` serves the train, validation and test splits of an in-memory log as
+:class:`~mlloss.data.TensorBatches`: every user's rows in one batch, the tensors moved to the
+strategy's device once, batches cut as slices there, and under data parallelism each rank its own
+batches (round-robin, see :class:`~mlloss.data.GroupBatchSampler`):
+
+* training: users shuffled every epoch (``seed + epoch``); the last ``batches % ranks`` batches
+  are dropped so that every rank runs the same number of steps;
+* validation and test: users in id order, every row once; a rank left one batch short gets an
+  empty batch, so that a collective forward (a sharded embedding) is joined by every rank.
+
+The number of batches depends on how the shuffled users pack, so it changes by a few between
+epochs, and Lightning reads a loader's length when it loads it: build the trainer with
+``reload_dataloaders_every_n_epochs=1`` (cheap here: no copy of the data) and
+``use_distributed_sampler=False`` (the batches are sharded already).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor
+
+from mlloss._extras import needs_extra
+from mlloss.data.batches import TensorBatches
+
+with needs_extra("lightning", "mlloss.data.GroupDataModule"):
+    import pytorch_lightning as pl
+
+__all__ = ["GroupDataModule"]
+
+SPLITS = ("train", "val", "test")
+
+
+class GroupDataModule(pl.LightningDataModule):
+    """Train/val/test :class:`~mlloss.data.TensorBatches` of ``{column: tensor}`` splits.
+
+    Args:
+        train, val, test: ``{column name: (N, ...) tensor}`` of each split (``val``/``test`` may be
+            None), one of whose columns holds the group ids.
+        batch_size: most rows per batch (per rank).
+        group_key: the column of the group (user) ids.
+        seed: seed of the training order.
+    """
+
+    def __init__(
+        self,
+        train: Mapping[str, Tensor],
+        val: Mapping[str, Tensor] | None = None,
+        test: Mapping[str, Tensor] | None = None,
+        *,
+        batch_size: int,
+        group_key: str = "groups",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.splits = {"train": train, "val": val, "test": test}
+        self.batch_size = batch_size
+        self.group_key = group_key
+        self.seed = seed
+        self._batches: dict[str, TensorBatches] = {}
+
+    def batches(self, split: str) -> TensorBatches:
+        """The split's batches for this trainer's rank and device (built once per split)."""
+        if split not in SPLITS or self.splits[split] is None:
+            raise ValueError(f"split must be one of the splits given, {[s for s in SPLITS if self.splits[s] is not None]}; "
+                             f"got {split!r}")
+        if split not in self._batches:
+            trainer = self.trainer
+            rank, world, device = (trainer.global_rank, trainer.world_size, trainer.strategy.root_device) if trainer \
+                else (0, 1, None)
+            training = split == "train"
+            self._batches[split] = TensorBatches(
+                self.splits[split], self.batch_size, group_key=self.group_key, shuffle=training, seed=self.seed,
+                drop_last=training, pad="empty", num_replicas=world, rank=rank, device=device,
+            )
+        batches = self._batches[split]
+        batches.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        return batches
+
+    def train_dataloader(self) -> TensorBatches:
+        return self.batches("train")
+
+    def val_dataloader(self) -> TensorBatches:
+        return self.batches("val")
+
+    def test_dataloader(self) -> TensorBatches:
+        return self.batches("test")
