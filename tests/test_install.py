@@ -183,3 +183,16 @@ def test_ci_runs_the_readme_test_command_verbatim():
     for command in commands:
         for install in re.findall(r'pip install [^&]*-e "[^"]*"[^&]*', command):
             assert "--config-settings editable_mode=compat" in install, install
+
+
+def test_pyproject_lists_every_package_of_the_source_tree():
+    """setuptools installs only the packages pyproject.toml names: a new subpackage (mlloss/metrics/)
+    missing there would be absent from a `pip install .` while an editable install still finds it."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"mlloss." + ".".join(p.parent.relative_to(REPO / "mlloss").parts) if p.parent != REPO / "mlloss" else "mlloss"
+             for p in (REPO / "mlloss").rglob("__init__.py") if "__pycache__" not in p.parts}
+    found |= {"mlloss.kernels"} | {"mlloss.kernels." + ".".join(p.parent.relative_to(REPO / "kernels").parts)
+                                   for p in (REPO / "kernels").rglob("__init__.py") if p.parent != REPO / "kernels"}
+    assert found - listed == set(), f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
