@@ -25,7 +25,9 @@ Pieces:
   ``torch.distributed.checkpoint``: a checkpoint is a directory with every rank's shards of the
   model and of the fused sparse optimizer's state, plus ``meta.pt``, written by rank 0, with
   the rest of Lightning's checkpoint (loops, epoch, callbacks, and the dense optimizer's
-  state, which is replicated). Resuming needs the same world size and sharding.
+  state, which is replicated), and the completion marker ``COMPLETE``. It is written under a
+  temporary name and made visible when complete (:mod:`mlloss.checkpointing`,
+  docs/checkpoints.md). Resuming needs the same world size and sharding.
 
 Gradient scale. With equal local batches, a sharded table's rows receive the gradient of the
 mean loss over all ranks' batches, as the DDP-averaged dense parameters do: one step of
@@ -36,7 +38,6 @@ sharded SGD equals one single-process step on the concatenated batch
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -48,6 +49,15 @@ from ._extras import needs_extra
 
 with needs_extra("lightning", "mlloss.sharding"):
     from pytorch_lightning.strategies import DDPStrategy
+
+from .checkpointing import (  # noqa: E402 (after the extra's check)
+    begin_directory,
+    finish_directory,
+    finish_interrupted_publish,
+    incomplete_reason,
+    remove_checkpoint,
+    staging_path,
+)
 
 __all__ = [
     "SHARDING_TYPES",
@@ -275,7 +285,8 @@ class TorchRecStrategy(DDPStrategy):
     and ``Trainer(strategy=TorchRecStrategy("table_wise"), devices=2, ...)``. The dense
     parameters are synchronised by the DDP wrapper inside DMP, so this strategy does not wrap
     the module again. Checkpoints are directories written with ``torch.distributed.checkpoint``
-    (see the module docstring); resume with ``trainer.fit(..., ckpt_path=<directory>)``.
+    under a temporary name and made visible when complete (see the module docstring); resume with
+    ``trainer.fit(..., ckpt_path=mlloss.checkpointing.latest_complete_checkpoint(<folder>))``.
 
     Args:
         sharding: ``"table_wise"``, ``"column_wise"`` or ``"data_parallel"``.
@@ -359,16 +370,20 @@ class TorchRecStrategy(DDPStrategy):
         if storage_options is not None:
             raise TypeError("TorchRecStrategy.save_checkpoint does not take storage_options")
         path = Path(self.broadcast(str(filepath)))
+        staging = staging_path(path)
         if self.is_global_zero:
-            if path.is_file():
-                path.unlink()
-            path.mkdir(parents=True, exist_ok=True)
+            begin_directory(path)  # an empty <folder>/.partial/<name>
         self.barrier("TorchRecStrategy.save_checkpoint")
         checkpoint = dict(checkpoint)
         state = {"model": checkpoint.pop("state_dict"), "sparse_optimizer": self._fused_optimizer().state_dict()}
-        dcp.save(state, checkpoint_id=path)
+        dcp.save(state, checkpoint_id=staging)  # returns on rank 0 (the coordinator) once every shard is written
         if self.is_global_zero:
-            torch.save(checkpoint, path / _METADATA_FILENAME)
+            with open(staging / _METADATA_FILENAME, "wb") as stream:
+                torch.save(checkpoint, stream)
+            # the marker last, then the swap into `path`
+            finish_directory(staging, path, epoch=checkpoint.get("epoch"), global_step=checkpoint.get("global_step"),
+                             world_size=self.world_size)
+        self.barrier("TorchRecStrategy.save_checkpoint: published")
 
     def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
@@ -378,11 +393,25 @@ class TorchRecStrategy(DDPStrategy):
             raise FileNotFoundError(
                 f"{path} is not a TorchRecStrategy checkpoint (a directory with {_METADATA_FILENAME} and the shards)"
             )
+        reason = incomplete_reason(path)
+        if self.is_global_zero and reason is not None:
+            print(f"note: {path} is not marked complete ({reason}); loading it as named", flush=True)
         state = {"model": self.lightning_module.state_dict(), "sparse_optimizer": self._fused_optimizer().state_dict()}
-        dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
-        self._load_module_state(state["model"])
-        self._fused_optimizer().load_state_dict(state["sparse_optimizer"])
-        return torch.load(path / _METADATA_FILENAME, weights_only=False)
+        try:
+            dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
+            self._load_module_state(state["model"])
+            self._fused_optimizer().load_state_dict(state["sparse_optimizer"])
+            checkpoint = torch.load(path / _METADATA_FILENAME, weights_only=False)
+        except Exception as error:
+            if hasattr(error, "add_note"):
+                error.add_note(f"while loading the TorchRecStrategy checkpoint {path}")
+            raise
+        # Every rank has read it: a copy that a crash left at a temporary name takes its visible name.
+        self.barrier("TorchRecStrategy.load_checkpoint")
+        if self.is_global_zero:
+            finish_interrupted_publish(path)
+        self.barrier("TorchRecStrategy.load_checkpoint: published")
+        return checkpoint
 
     def _load_module_state(self, state: dict[str, Any]) -> None:
         """Load the LightningModule's state: DMP's part through DMP (its keys carry no wrapper
@@ -398,8 +427,4 @@ class TorchRecStrategy(DDPStrategy):
 
     def remove_checkpoint(self, filepath) -> None:
         if self.is_global_zero:
-            path = Path(filepath)
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+            remove_checkpoint(filepath)  # and its temporary and retired copies

@@ -18,8 +18,8 @@ command is listed in ``COMMANDS`` with how it is covered:
 * ``processes``: a command that needs several processes (DDP on gloo) runs as a subprocess, with
   ``PYTHONPATH`` at the copy so that it imports the copy's ``mlloss``.
 * ``parse``: the 2-process TorchRec run costs ~40 s, too much next to the DDP run: its options go
-  through the recipe's own parser here, and tests/test_torchrec.py runs them (train, checkpoint,
-  resume on 2 gloo processes). The same for the cost table's command with each loss it names.
+  through the recipe's own parser here, and tests/test_checkpoints.py runs them (train, checkpoint,
+  killed, resume on 2 gloo processes). The same for the cost table's command with each loss it names.
 * ``elsewhere``: inline commands the README shows (benchmarks, installs) are not run here; the entry
   says why and names the test that covers the tool, which must mention it.
 
@@ -49,6 +49,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from mlloss.checkpointing import mark_complete
 from recipe_util import load_recipe, without_timing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,8 +91,9 @@ COMMANDS: dict[str, Coverage] = {
     "python recipes/ctr_cvr.py --accelerator cpu --devices 2 --strategy ddp --loss laa --cross-device":
         Coverage("processes", QUICK),
     "python recipes/ctr_cvr.py --accelerator cpu --devices 2 --sharding table_wise": Coverage(
-        "parse", QUICK, note="tests/test_torchrec.py::test_recipe_trains_checkpoints_and_resumes_with_table_wise_sharding "
-        "runs --accelerator cpu --devices 2 --sharding table_wise (2 gloo processes, ~40 s)"),
+        "parse", QUICK, note="tests/test_checkpoints.py::test_sharded_recipe_on_2_ranks_killed_mid_epoch_and_mid_write_"
+        "resumes_to_the_uninterrupted_run runs --accelerator cpu --devices 2 --sharding table_wise (4 runs on 2 gloo "
+        "processes, ~100 s)"),
     'echo "loss: laa" > run.yaml && python recipes/ctr_cvr.py --config run.yaml': Coverage("run", QUICK),
     "python recipes/ctr_cvr.py --config run.yaml --epochs 8 --resume last": Coverage("run", QUICK_RESUME),
     # inline commands
@@ -304,10 +306,13 @@ def recipe():
 
 
 def _write_sharded_checkpoint(checkpoint: Path, written_with: dict | None) -> None:
-    """A stand-in for TorchRecStrategy's checkpoint directory: only what ``--resume`` reads first."""
+    """A stand-in for TorchRecStrategy's checkpoint directory: only what ``--resume`` reads first, and
+    the completion marker that ``--resume last`` requires (not before the recipe recorded its layout)."""
     checkpoint.mkdir(parents=True)
     entry = {"history": []} if written_with is None else {"history": [], "written_with": written_with}
     torch.save({"ctr_cvr": entry, "epoch": 0}, checkpoint / "meta.pt")
+    if written_with is not None:
+        mark_complete(checkpoint)
 
 
 SHARDED_ON_2 = {"sharding": "table_wise", "strategy": "TorchRecStrategy", "world_size": 2,
@@ -352,9 +357,13 @@ def test_resume_names_the_options_when_the_checkpoint_was_written_with_others(re
 
 
 def test_resume_checks_checkpoints_that_predate_the_record(recipe, tmp_path):
-    run = [*QUICK, "--batch-size", "512", "--output-dir", str(tmp_path), "--resume", "last"]
+    """Named by its path: --resume last takes only a directory with the completion marker."""
     last = tmp_path / "checkpoints" / "last.ckpt"
+    run = [*QUICK, "--batch-size", "512", "--output-dir", str(tmp_path), "--resume", str(last)]
     _write_sharded_checkpoint(last, written_with=None)
+    with pytest.raises(FileNotFoundError, match=f"no checkpoint at {re.escape(str(last))} that is complete \\(skipped "
+                                                f"{re.escape(str(last))}: a directory without the completion marker"):
+        recipe.main([*run[:-1], "last"])
     with pytest.raises(ValueError, match=r"written with some --sharding \(a checkpoint directory that predates"):
         recipe.main(run)
     shutil.rmtree(last)

@@ -1,14 +1,11 @@
 """TorchRec integration (mlloss.sharding): the EmbeddingBagCollection feature module against the
 plain FieldEmbedding, sharded models against their unsharded copy on 2 gloo processes, and the
-CTR/CVR recipe trained, checkpointed and resumed with table-wise sharded tables."""
+CTR/CVR recipe with TorchRec tables in one process. The recipe trained, checkpointed, killed and
+resumed with table-wise sharded tables on 2 gloo processes: tests/test_checkpoints.py."""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,11 +15,9 @@ import torch.multiprocessing as mp
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
 
 import torchrec_worker  # noqa: E402
-from recipe_util import RECIPES, load_recipe, without_timing  # noqa: E402
+from recipe_util import load_recipe  # noqa: E402
 from mlloss.sharding import SHARDING_TYPES, TorchRecEmbedding, TorchRecStrategy, ids_to_kjt, shard_model  # noqa: E402
 from mlloss.towers import FieldEmbedding  # noqa: E402
-
-RECIPE = RECIPES / "ctr_cvr.py"
 
 
 def free_port() -> int:
@@ -140,31 +135,6 @@ def test_sharded_model_equals_the_unsharded_one(sharded_results, sharding):
             expected = weight.detach() - torchrec_worker.SPARSE_LR * weight.grad
             torch.testing.assert_close(after, expected, rtol=1e-5, atol=1e-7)
             assert not torch.equal(after, before)
-
-
-def _run_recipe(out_dir: Path, *extra: str) -> dict:
-    argv = [sys.executable, str(RECIPE), "--num-users", "300", "--num-items", "200", "--mean-impressions", "30",
-            "--batch-size", "512", "--loss", "laa", "--no-progress-bar", "--accelerator", "cpu", "--devices", "2",
-            "--sharding", "table_wise", "--output-dir", str(out_dir), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return json.loads((out_dir / "results.json").read_text())
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_recipe_trains_checkpoints_and_resumes_with_table_wise_sharding(tmp_path):
-    straight = _run_recipe(tmp_path / "straight", "--epochs", "2")
-    _run_recipe(tmp_path / "resumed", "--epochs", "1")
-    checkpoint = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
-    assert checkpoint.is_dir() and (checkpoint / "meta.pt").is_file() and (checkpoint / ".metadata").is_file()
-    assert len(list(checkpoint.glob("*.distcp"))) == 2, "one shard file per rank"
-    resumed = _run_recipe(tmp_path / "resumed", "--epochs", "2", "--resume", "last")
-    assert len(resumed["history"]) == 2
-    assert without_timing(resumed["history"]) == without_timing(straight["history"])
-    assert resumed["results"]["test"] == straight["results"]["test"]
-    assert straight["history"][1]["train_loss"] < straight["history"][0]["train_loss"]
 
 
 def test_recipe_runs_with_torchrec_embeddings_in_one_process(tmp_path):

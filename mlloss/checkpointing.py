@@ -1,0 +1,587 @@
+"""Crash-safe checkpoints: written under a temporary name, made visible atomically, resumed from
+the newest complete one. Needs the ``lightning`` extra. Layout and protocol: docs/checkpoints.md.
+
+A checkpoint at ``<dir>/<name>`` (``last.ckpt`` in recipes/ctr_cvr.py) is written as
+``<dir>/.partial/<name>`` and only then moved to ``<dir>/<name>``:
+
+* a file (Lightning's ``.ckpt``): written, flushed and fsynced under the temporary name, then
+  ``os.replace``-d over the previous one (atomic: a reader sees the old file or the new one);
+* a directory (TorchRec's ``torch.distributed.checkpoint`` shards plus ``meta.pt``, written by
+  :class:`mlloss.sharding.TorchRecStrategy`): every rank writes its shards into the temporary
+  directory, then rank 0 writes the completion marker ``COMPLETE`` last (the files and their
+  sizes, as JSON) and swaps the directories: the previous one is moved to ``<dir>/.old/<name>``,
+  the new one to ``<dir>/<name>``, and the previous one removed. ``os.replace`` cannot replace a
+  non-empty directory; the resolver understands every state a crash can leave between the steps.
+
+:func:`latest_complete_checkpoint` finds the newest complete checkpoint among ``.partial/<name>``
+(a directory with its marker: its writer was killed after it was complete, before it was moved),
+``<name>`` (a file, or a directory with its marker) and ``.old/<name>`` (killed between the two
+moves), and reports each candidate it skips. A temporary file is never used: until it is
+renamed, the previous file is the newest complete one.
+
+Pieces:
+
+* :func:`write_atomically` / :func:`save_atomically` -- one file; :func:`begin_directory`,
+  :func:`finish_directory` (and :func:`atomic_directory` in one process) -- one directory;
+  both end in :func:`publish`, the one implementation of "make it visible";
+* :class:`AtomicCheckpointIO` -- Lightning's ``TorchCheckpointIO`` writing through
+  :func:`save_atomically`: ``Trainer(plugins=[AtomicCheckpointIO()])``;
+* :func:`latest_complete_checkpoint`, :func:`incomplete_reason`, :func:`finish_interrupted_publish`;
+* the resume checks of recipes/ctr_cvr.py (:func:`resume_path`, :func:`check_resume`, ...), which
+  read its options (``resume``, ``checkpoint_dir``, ``no_checkpoint``, ``sharding``,
+  ``strategy``, ``devices``, ``num_nodes``);
+* test hooks, read from the environment (docs/checkpoints.md, "Fault tests"):
+  ``MLLOSS_TEST_CHECKPOINT_PAUSE=<seconds>[@<n>]`` pauses a writer after the temporary copy is
+  complete and before it is made visible (every write, or only the n-th of the process);
+  ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>`` pauses training after that batch
+  (``trainer.current_epoch`` and ``batch_idx``, both from 0) through :func:`fault_test_callbacks`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, Optional
+
+import torch
+
+from ._extras import needs_extra
+
+with needs_extra("lightning", "mlloss.checkpointing"):
+    import pytorch_lightning as pl
+    from lightning_fabric.plugins import TorchCheckpointIO
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+__all__ = [
+    "MARKER_FILENAME",
+    "STAGING_DIRNAME",
+    "RETIRED_DIRNAME",
+    "CHECKPOINT_PAUSE_ENV",
+    "BATCH_PAUSE_ENV",
+    "staging_path",
+    "retired_path",
+    "write_atomically",
+    "save_atomically",
+    "begin_directory",
+    "mark_complete",
+    "finish_directory",
+    "atomic_directory",
+    "publish",
+    "remove_checkpoint",
+    "incomplete_reason",
+    "latest_complete_checkpoint",
+    "finish_interrupted_publish",
+    "AtomicCheckpointIO",
+    "BatchPause",
+    "fault_test_callbacks",
+    "resume_path",
+    "layout_options",
+    "checkpoint_layout",
+    "saved_layout",
+    "check_resume",
+    "strategy_kind",
+    "describe_layout",
+    "replace_other_kind_of_checkpoint",
+    "PLAIN_STRATEGIES",
+]
+
+MARKER_FILENAME = "COMPLETE"  # written last into a checkpoint directory
+MARKER_FORMAT = "mlloss.checkpointing/1"
+STAGING_DIRNAME = ".partial"  # <dir>/.partial/<name>: being written
+RETIRED_DIRNAME = ".old"  # <dir>/.old/<name>: the previous directory, during the swap
+CHECKPOINT_PAUSE_ENV = "MLLOSS_TEST_CHECKPOINT_PAUSE"
+BATCH_PAUSE_ENV = "MLLOSS_TEST_BATCH_PAUSE"
+
+
+# --------------------------------------------------------------------------- names
+
+
+def staging_path(final: str | os.PathLike) -> Path:
+    """Where the checkpoint ``final`` is written before it is made visible: ``<dir>/.partial/<name>``
+    (a folder of its own, so that Lightning's ``ckpt_path="last"``, which looks for ``last*.ckpt``
+    in ``<dir>``, never picks it)."""
+    final = Path(final)
+    return final.parent / STAGING_DIRNAME / final.name
+
+
+def retired_path(final: str | os.PathLike) -> Path:
+    """Where the previous checkpoint directory ``final`` waits while the new one takes its name."""
+    final = Path(final)
+    return final.parent / RETIRED_DIRNAME / final.name
+
+
+def _final_of(path: Path) -> Path | None:
+    """The visible name of a staging or retired copy; None for any other path."""
+    return path.parent.parent / path.name if path.parent.name in (STAGING_DIRNAME, RETIRED_DIRNAME) else None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _remove_if_empty(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+def _name_the_path(error: BaseException, what: str) -> None:
+    if hasattr(error, "add_note"):  # Python >= 3.11; the type of the error is kept
+        error.add_note(what)
+
+
+_writes_in_this_process = 0
+
+
+def _pause_before_publishing(staging: Path) -> None:
+    """The fault-test hook ``MLLOSS_TEST_CHECKPOINT_PAUSE=<seconds>[@<n>]``: sleep with the
+    complete temporary copy in place, before it is made visible (at every write of this process,
+    or at the n-th only), so that a test can kill the process there."""
+    global _writes_in_this_process
+    _writes_in_this_process += 1
+    spec = os.environ.get(CHECKPOINT_PAUSE_ENV)
+    if not spec:
+        return
+    seconds, _, nth = spec.partition("@")
+    try:
+        seconds_value, nth_value = float(seconds), int(nth) if nth else None
+    except ValueError:
+        raise ValueError(f"{CHECKPOINT_PAUSE_ENV} must be <seconds> or <seconds>@<n>, got {spec!r}") from None
+    if nth_value is not None and nth_value != _writes_in_this_process:
+        return
+    print(f"{CHECKPOINT_PAUSE_ENV}: {staging} is written; pausing {seconds_value:g} s before making it visible "
+          f"(write {_writes_in_this_process} of this process)", file=sys.stderr, flush=True)
+    time.sleep(seconds_value)
+
+
+def publish(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
+    """Make the complete ``staging`` copy visible as ``final``, replacing what is there.
+
+    A file over a file is one ``os.replace``. A directory (or anything replacing a directory)
+    needs two renames: the previous ``final`` goes to :func:`retired_path` first, then ``staging``
+    takes its name, then the previous one is removed; a crash between the renames leaves the
+    previous checkpoint at the retired name, where :func:`latest_complete_checkpoint` finds it.
+    """
+    staging, final = Path(staging), Path(final)
+    retired = retired_path(final)
+    try:
+        if final.is_dir() or (staging.is_dir() and (final.exists() or final.is_symlink())):
+            _remove(retired)  # older than `final`, left by an earlier crash
+            retired.parent.mkdir(exist_ok=True)
+            os.replace(final, retired)
+            _fsync_directory(retired.parent)
+        os.replace(staging, final)
+        _fsync_directory(final.parent)
+        _fsync_directory(staging.parent)
+        _remove(retired)
+    except BaseException as error:
+        _name_the_path(error, f"while making the checkpoint {staging} visible as {final}")
+        raise
+    _remove_if_empty(staging.parent)
+    _remove_if_empty(retired.parent)
+    return final
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write the file ``path`` through ``write(stream)`` at :func:`staging_path`, flush and fsync
+    it, then :func:`publish` it: ``path`` holds the previous file or the complete new one, never
+    a part. A failed write removes its temporary file; errors name ``path``."""
+    final = Path(path)
+    staging = staging_path(final)
+    try:
+        _remove(staging)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        with open(staging, "wb") as stream:
+            write(stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            _remove(staging)
+        _name_the_path(error, f"while writing the checkpoint {final} (at its temporary name {staging})")
+        raise
+    _pause_before_publishing(staging)
+    return publish(staging, final)
+
+
+def save_atomically(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj, path)`` through :func:`write_atomically`."""
+    return write_atomically(path, lambda stream: torch.save(obj, stream))
+
+
+def _save_durably(obj: Any, path: Path) -> None:
+    """``torch.save`` into a file of a directory still being written (no rename needed: the
+    directory's marker comes after it)."""
+    with open(path, "wb") as stream:
+        torch.save(obj, stream)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def begin_directory(final: str | os.PathLike) -> Path:
+    """Start writing the checkpoint directory ``final``: an empty :func:`staging_path` (a stale one,
+    left by a crash, is removed). Call on one process; the others write after a barrier."""
+    staging = staging_path(final)
+    _remove(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def mark_complete(directory: str | os.PathLike, **info: Any) -> Path:
+    """Write the completion marker of ``directory`` last: JSON with every file's size (fsynced
+    first) and ``info``; written under a temporary name and renamed, so that it is whole."""
+    directory = Path(directory)
+    files = {}
+    for item in sorted(directory.rglob("*")):
+        if item.is_file() and item.name not in (MARKER_FILENAME, MARKER_FILENAME + ".tmp"):
+            with open(item, "rb") as stream:
+                os.fsync(stream.fileno())
+            files[item.relative_to(directory).as_posix()] = item.stat().st_size
+    marker = directory / MARKER_FILENAME
+    tmp = directory / (MARKER_FILENAME + ".tmp")
+    with open(tmp, "w") as stream:
+        json.dump({"format": MARKER_FORMAT, **info, "files": files}, stream, indent=1)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(tmp, marker)
+    _fsync_directory(directory)
+    return marker
+
+
+def finish_directory(staging: str | os.PathLike, final: str | os.PathLike, **info: Any) -> Path:
+    """Mark the written ``staging`` directory complete and :func:`publish` it as ``final``. Call on
+    one process once every process has written its part."""
+    staging = Path(staging)
+    mark_complete(staging, **info)
+    _pause_before_publishing(staging)
+    return publish(staging, final)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | os.PathLike, **info: Any) -> Iterator[Path]:
+    """``with atomic_directory(path) as tmp:`` write the checkpoint's files into ``tmp``; on a clean
+    exit it is marked complete and made visible as ``path`` (one process)."""
+    staging = begin_directory(final)
+    yield staging
+    finish_directory(staging, final, **info)
+
+
+def remove_checkpoint(path: str | os.PathLike) -> None:
+    """Remove the checkpoint ``path`` (file or directory) and its temporary and retired copies."""
+    path = Path(path)
+    for item in (path, staging_path(path), retired_path(path)):
+        _remove(item)
+    _remove_if_empty(staging_path(path).parent)
+    _remove_if_empty(retired_path(path).parent)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def incomplete_reason(path: str | os.PathLike) -> str | None:
+    """None when ``path`` is a complete checkpoint: a file (files are renamed into place whole) or
+    a directory whose completion marker lists files that are all there with their sizes;
+    otherwise why not."""
+    path = Path(path)
+    if not path.exists():
+        return "it does not exist"
+    if not path.is_dir():
+        return None
+    marker = path / MARKER_FILENAME
+    if not marker.is_file():
+        return (f"a directory without the completion marker {MARKER_FILENAME} (its write did not finish, or it "
+                "was written before mlloss.checkpointing)")
+    try:
+        record = json.loads(marker.read_text())
+        files = dict(record["files"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"its completion marker {marker} is not readable ({error})"
+    for name, size in files.items():
+        item = path / name
+        if not item.is_file():
+            return f"its completion marker lists {name}, which is missing"
+        if item.stat().st_size != size:
+            return f"its completion marker lists {name} with {size} bytes, which has {item.stat().st_size}"
+    return None
+
+
+@rank_zero_only
+def _print_rank_zero(text: str) -> None:
+    print(text, flush=True)
+
+
+def latest_complete_checkpoint(
+    directory: str | os.PathLike, name: str = "last.ckpt", report: Optional[Callable[[str], None]] = None
+) -> Path | None:
+    """The newest complete checkpoint named ``name`` in ``directory``, or None.
+
+    In order: ``.partial/<name>`` when it is a complete directory (killed after its marker, before
+    the swap: newer than ``<name>``), ``<name>``, then ``.old/<name>`` (killed between the two
+    renames of the swap). Every candidate passed over is reported (``report``, by default printed
+    on global rank 0): ``"skipped <path>: <why>"``.
+    """
+    report = _print_rank_zero if report is None else report
+    final = Path(directory) / name
+    for candidate in (staging_path(final), final, retired_path(final)):
+        if not (candidate.exists() or candidate.is_symlink()):
+            continue
+        if candidate.parent.name == STAGING_DIRNAME and not candidate.is_dir():
+            report(f"skipped {candidate}: a checkpoint file whose write did not finish (it is renamed to {final} "
+                   "when it is complete)")
+            continue
+        reason = incomplete_reason(candidate)
+        if reason is not None:
+            report(f"skipped {candidate}: {reason}")
+            continue
+        return candidate
+    return None
+
+
+def finish_interrupted_publish(path: str | os.PathLike, report: Optional[Callable[[str], None]] = None) -> Path:
+    """After loading ``path``, a staging or retired copy that :func:`latest_complete_checkpoint`
+    returned, finish the swap that a crash interrupted: move it to its visible name (a complete
+    staging copy replaces the older visible one; a retired copy returns only where nothing is
+    visible). Returns the visible name; any other path is returned unchanged. One process."""
+    path = Path(path)
+    final = _final_of(path)
+    if final is None or not path.exists():
+        return path
+    report = _print_rank_zero if report is None else report
+    if path.parent.name == STAGING_DIRNAME:
+        if not path.is_dir() or incomplete_reason(path) is not None:
+            return path
+        publish(path, final)
+    elif final.exists():
+        return path
+    else:
+        os.replace(path, final)
+        _fsync_directory(final.parent)
+        _remove_if_empty(path.parent)
+    report(f"finished the interrupted write of {final} (moved {path} there)")
+    return final
+
+
+# --------------------------------------------------------------------------- Lightning
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` that writes each checkpoint file through
+    :func:`save_atomically` (temporary file in the checkpoint's folder, fsync, ``os.replace``)
+    instead of Lightning's ``_atomic_save`` (a copy in memory, written through a temporary file in
+    the system's temporary folder, moved without fsync). ``Trainer(plugins=[AtomicCheckpointIO()])``.
+    Loading names the path in its errors."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
+        save_atomically(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Optional[Any] = lambda storage, loc: storage,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if Path(path).is_dir():
+            raise IsADirectoryError(f"{path} is a directory: a checkpoint of TorchRecStrategy (or another "
+                                    f"strategy's), which {type(self).__name__} does not read")
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except FileNotFoundError:
+            raise
+        except Exception as error:
+            raise RuntimeError(f"could not load the checkpoint {path}: {type(error).__name__}: {error}") from error
+
+    def remove_checkpoint(self, path) -> None:
+        remove_checkpoint(path)
+
+
+class BatchPause(pl.Callback):
+    """The fault-test hook ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>``: after training
+    batch ``batch`` of epoch ``epoch`` (``trainer.current_epoch`` and ``batch_idx``), print a line
+    to stderr and sleep, so that a test can kill the process in the middle of an epoch."""
+
+    def __init__(self, seconds: float, epoch: int, batch: int) -> None:
+        self.seconds, self.epoch, self.batch = seconds, epoch, batch
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            print(f"{BATCH_PAUSE_ENV}: pausing {self.seconds:g} s after batch {batch_idx} of epoch {self.epoch} "
+                  f"(global step {trainer.global_step}, rank {trainer.global_rank})", file=sys.stderr, flush=True)
+            time.sleep(self.seconds)
+
+
+def fault_test_callbacks() -> list[pl.Callback]:
+    """``[BatchPause(...)]`` when ``MLLOSS_TEST_BATCH_PAUSE`` is set, else ``[]``."""
+    spec = os.environ.get(BATCH_PAUSE_ENV)
+    if not spec:
+        return []
+    try:
+        seconds, _, at = spec.partition("@")
+        epoch, _, batch = at.partition(":")
+        return [BatchPause(float(seconds), int(epoch), int(batch))]
+    except ValueError:
+        raise ValueError(f"{BATCH_PAUSE_ENV} must be <seconds>@<epoch>:<batch>, got {spec!r}") from None
+
+
+# --------------------------------------------------------------------------- the recipe's resume checks
+
+
+def resume_path(args: argparse.Namespace) -> Path | None:
+    """The checkpoint ``--resume`` names: ``last`` is the newest complete checkpoint
+    (:func:`latest_complete_checkpoint` of ``<checkpoint-dir>/last.ckpt``; what it skips is printed),
+    a path must exist."""
+    if args.resume is None:
+        return None
+    if args.resume != "last":
+        path = Path(args.resume)
+        if not path.exists():
+            raise FileNotFoundError(f"--resume {args.resume}: no checkpoint at {path}")
+        return path
+    last = Path(args.checkpoint_dir) / "last.ckpt"
+    skipped: list[str] = []
+    path = latest_complete_checkpoint(args.checkpoint_dir, last.name, report=skipped.append)
+    for message in skipped:
+        _print_rank_zero(f"--resume last: {message}")
+    if path is None:
+        detail = f" ({'; '.join(skipped)})" if skipped else ""
+        raise FileNotFoundError(f"--resume last: no checkpoint at {last} that is complete{detail}" if skipped
+                                else f"--resume last: no checkpoint at {last}")
+    if path != last:
+        _print_rank_zero(f"--resume last: resuming from {path}, the newest complete checkpoint (a crash "
+                         f"interrupted its move to {last})")
+    return path
+
+
+# Strategies whose checkpoints differ only by --sharding (a file, or TorchRec's directory): compared as one.
+PLAIN_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy", "TorchRecStrategy")
+
+
+def layout_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command-line options that fix a checkpoint's layout and the data order of a run."""
+    return {"--sharding": args.sharding, "--strategy": args.strategy, "--devices": args.devices,
+            "--num-nodes": args.num_nodes}
+
+
+def checkpoint_layout(trainer: pl.Trainer, options: dict[str, Any]) -> dict[str, Any]:
+    """What a run's checkpoints depend on: the sharding of the tables (the saved state's layout),
+    the strategy (its checkpoint format) and the number of processes (the shards, and the batches
+    dealt to each rank); ``options`` are the command-line values behind them. Recorded in every
+    checkpoint, compared by :func:`check_resume`."""
+    strategy = trainer.strategy
+    sharding = getattr(strategy, "sharding", "none") if type(strategy).__name__ == "TorchRecStrategy" else "none"
+    return {"sharding": sharding, "strategy": type(strategy).__name__, "world_size": trainer.world_size,
+            "options": dict(options)}
+
+
+def _load_named(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise RuntimeError(f"could not load the checkpoint {path}: {type(error).__name__}: {error}") from error
+
+
+def saved_layout(path: Path, resume: str) -> dict[str, Any]:
+    """The :func:`checkpoint_layout` recorded in the checkpoint at ``path`` (a file, or under
+    ``--sharding`` a directory with ``meta.pt``); what the checkpoint's kind tells, with None for
+    the unknown values, when it was written before the recipe recorded it."""
+    path = Path(path)
+    if path.is_dir():
+        meta = path / "meta.pt"  # TorchRecStrategy: everything but the tensors of the shards
+        if not meta.is_file():
+            raise FileNotFoundError(f"--resume {resume}: {path} is a directory without meta.pt, not a checkpoint "
+                                    "of this recipe (under --sharding a checkpoint is a directory with meta.pt)")
+        checkpoint, unrecorded = _load_named(meta), {"sharding": None}
+    else:
+        checkpoint, unrecorded = _load_named(path), {"sharding": "none"}
+    recorded = checkpoint.get("ctr_cvr", {}).get("written_with") if isinstance(checkpoint, dict) else None
+    return recorded or {**unrecorded, "strategy": None, "world_size": None, "options": {}}
+
+
+def check_resume(args: argparse.Namespace, path: Path, trainer: pl.Trainer) -> None:
+    """Raise ValueError, naming the options and both values, when the checkpoint at ``path`` was
+    written with another sharding, strategy or number of processes than this run has: checked
+    before Lightning loads it, which would end in a raw IsADirectoryError (a sharded directory
+    read as a file), a state-dict mismatch, or a run that continues with another data order."""
+    saved, here = saved_layout(path, args.resume), checkpoint_layout(trainer, layout_options(args))
+    differ = []
+    if saved["sharding"] is None:  # a sharded checkpoint directory that did not record its --sharding
+        if here["sharding"] == "none":
+            differ.append("--sharding")
+    elif saved["sharding"] != here["sharding"]:
+        differ.append("--sharding")
+    if saved["strategy"] is not None and strategy_kind(saved["strategy"]) != strategy_kind(here["strategy"]):
+        differ.append("--strategy")
+    if saved["world_size"] is not None and saved["world_size"] != here["world_size"]:
+        differ.append("the number of processes (--devices x --num-nodes)")
+    if not differ:
+        return
+    same = " ".join(f"{option} {value}" for option, value in saved["options"].items()) or \
+        "the --sharding, --strategy, --devices and --num-nodes of the run that wrote it"
+    what = differ[0] if len(differ) == 1 else ", ".join(differ[:-1]) + " and " + differ[-1]
+    raise ValueError(
+        f"--resume {args.resume}: the checkpoint {path} was written with {describe_layout(saved)}; this run has "
+        f"{describe_layout(here)}. A checkpoint resumes only with the sharding, strategy and number of processes "
+        f"that wrote it, and {what} {'differs' if len(differ) == 1 else 'differ'}: resume with {same}, or start "
+        "a new run with another --output-dir (or --checkpoint-dir)"
+    )
+
+
+def strategy_kind(name: str) -> str:
+    """``"plain"`` for the strategies whose checkpoints differ only by ``--sharding``, else ``name``."""
+    return "plain" if name in PLAIN_STRATEGIES else name
+
+
+def describe_layout(layout: dict[str, Any]) -> str:
+    """A :func:`checkpoint_layout` in the words of the command-line options."""
+    if layout["strategy"] is None:  # written before the recipe recorded the layout: only its kind is known
+        if layout["sharding"] is None:
+            return "some --sharding (a checkpoint directory that predates the record of these options)"
+        return f"--sharding {layout['sharding']} (a checkpoint file that predates the record of these options)"
+    n = layout["world_size"]
+    strategy = layout["options"].get("--strategy")
+    strategy = layout["strategy"] if strategy is None else f"{strategy}: {layout['strategy']}"
+    return f"--sharding {layout['sharding']} on {n} process{'es' if n != 1 else ''} (--strategy {strategy})"
+
+
+def replace_other_kind_of_checkpoint(args: argparse.Namespace, trainer: pl.Trainer) -> None:
+    """Remove the sharded checkpoint directory ``<checkpoint-dir>/last.ckpt`` of an earlier run (and
+    its temporary and retired copies) before a run without --sharding writes its checkpoint file
+    there (Lightning would put the file inside the directory and leave the old checkpoint in
+    place); ``TorchRecStrategy`` replaces a checkpoint file by its directory itself. A resumed run
+    has the same kind (``check_resume``)."""
+    last = Path(args.checkpoint_dir) / "last.ckpt"
+    if args.no_checkpoint or args.sharding != "none" or not trainer.is_global_zero:
+        return
+    staging, retired = staging_path(last), retired_path(last)
+    for path in (staging, retired):  # a crashed sharded write's copies, which --resume last would prefer
+        if path.is_dir():
+            _remove(path)
+            _remove_if_empty(path.parent)
+    if last.is_dir():
+        shutil.rmtree(last)
+        print(f"removed {last}, the sharded checkpoint of an earlier run: this run (--sharding none) writes its own "
+              "there")

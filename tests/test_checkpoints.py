@@ -1,0 +1,386 @@
+"""Crash-safe checkpoints (mlloss.checkpointing, docs/checkpoints.md).
+
+Unit tests: a writer killed (SIGKILL, in a forked process) in the middle of a file or a directory
+never shadows the previous complete checkpoint; a directory without its completion marker is
+skipped by ``--resume last`` with a message; every state a crash can leave in the middle of a
+directory swap resolves to the newest complete checkpoint; errors name the path.
+
+Fault tests: recipes/ctr_cvr.py runs as a subprocess (in a session of its own, so that a SIGKILL to
+its process group kills every rank at once, as a lost machine would) and is killed twice, in the
+middle of epoch 2 (``MLLOSS_TEST_BATCH_PAUSE``) and, once resumed, while a checkpoint is being
+written (``MLLOSS_TEST_CHECKPOINT_PAUSE``: the test waits for the temporary name to appear); it is
+resumed with ``--resume last`` after each kill, and the final run's results.json (history and
+results) and checkpoint (weights, optimizer states, loops, RNG state) must be bit-identical to an
+uninterrupted run's. Once in one process (Lightning ``.ckpt`` files), once on 2 gloo ranks with
+table-wise sharded tables (TorchRec DCP directories).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlloss.checkpointing import (
+    BATCH_PAUSE_ENV,
+    CHECKPOINT_PAUSE_ENV,
+    MARKER_FILENAME,
+    AtomicCheckpointIO,
+    atomic_directory,
+    finish_interrupted_publish,
+    incomplete_reason,
+    latest_complete_checkpoint,
+    mark_complete,
+    resume_path,
+    retired_path,
+    save_atomically,
+    saved_layout,
+    staging_path,
+    write_atomically,
+)
+from recipe_util import RECIPES, load_recipe, without_timing
+
+RECIPE = RECIPES / "ctr_cvr.py"
+SMALL = ("--num-users", "300", "--num-items", "200", "--mean-impressions", "30", "--epochs", "3", "--no-progress-bar")
+SHARDED = ("--batch-size", "512", "--loss", "laa", "--accelerator", "cpu", "--devices", "2",
+           "--sharding", "table_wise")
+
+
+# --------------------------------------------------------------------------- the building blocks
+
+
+def _kill_when(process: multiprocessing.Process, ready, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert process.is_alive(), "the writer ended before the moment to kill it"
+        assert time.monotonic() < deadline, "the writer never reached the moment to kill it"
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+
+
+def _write_slowly(path: str) -> None:
+    def write(stream):
+        stream.write(b"\0" * 4096)
+        stream.flush()
+        Path(path + ".started").touch()
+        time.sleep(60)  # killed here
+
+    write_atomically(path, write)
+
+
+def _write_directory_slowly(path: str, mark: bool) -> None:
+    if mark:  # the files and the marker are written, then the hook pauses before the swap
+        os.environ[CHECKPOINT_PAUSE_ENV] = "60"
+    with atomic_directory(path) as tmp:
+        torch.save({"version": 2}, tmp / "meta.pt")
+        (tmp / "shard0").write_bytes(b"\1" * 100)
+        if not mark:
+            Path(path + ".started").touch()
+            time.sleep(60)  # killed here, before the marker
+
+
+def _fork(target, *args) -> multiprocessing.Process:
+    process = multiprocessing.get_context("fork").Process(target=target, args=args)
+    process.start()
+    return process
+
+
+def test_a_file_killed_mid_write_never_shadows_the_previous_one(tmp_path):
+    final = tmp_path / "last.ckpt"
+    save_atomically({"version": 1}, final)
+    assert not staging_path(final).exists() and not staging_path(final).parent.exists(), "nothing left behind"
+    _kill_when(_fork(_write_slowly, str(final)), lambda: Path(str(final) + ".started").exists())
+    assert staging_path(final).stat().st_size == 4096, "the killed write is under its temporary name"
+    assert torch.load(final, weights_only=False) == {"version": 1}
+    skipped = []
+    assert latest_complete_checkpoint(tmp_path, report=skipped.append) == final
+    assert skipped == [f"skipped {staging_path(final)}: a checkpoint file whose write did not finish (it is renamed "
+                       f"to {final} when it is complete)"]
+    save_atomically({"version": 3}, final)  # the next write replaces the leftover
+    assert torch.load(final, weights_only=False) == {"version": 3} and not staging_path(final).exists()
+
+
+def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path, capsys):
+    final = tmp_path / "last.ckpt"
+    with atomic_directory(final, epoch=0) as tmp:
+        torch.save({"version": 1}, tmp / "meta.pt")
+    assert json.loads((final / MARKER_FILENAME).read_text())["files"] == {"meta.pt": (final / "meta.pt").stat().st_size}
+    _kill_when(_fork(_write_directory_slowly, str(final), False), lambda: Path(str(final) + ".started").exists())
+    staging = staging_path(final)
+    assert (staging / "meta.pt").is_file() and not (staging / MARKER_FILENAME).exists()
+    assert torch.load(final / "meta.pt", weights_only=False) == {"version": 1}, "the previous one is untouched"
+
+    args = argparse.Namespace(resume="last", checkpoint_dir=tmp_path)
+    assert resume_path(args) == final
+    printed = capsys.readouterr().out
+    assert f"--resume last: skipped {staging}: a directory without the completion marker COMPLETE" in printed
+
+    (final / MARKER_FILENAME).unlink()  # neither is complete now: the error names both and why
+    with pytest.raises(FileNotFoundError) as error:
+        resume_path(args)
+    message = str(error.value)
+    assert message.startswith(f"--resume last: no checkpoint at {final} that is complete (skipped {staging}: ")
+    assert f"skipped {final}: a directory without the completion marker COMPLETE" in message
+
+
+def test_a_directory_killed_after_its_marker_is_the_newest_complete_one(tmp_path):
+    final = tmp_path / "last.ckpt"
+    with atomic_directory(final) as tmp:
+        torch.save({"version": 1}, tmp / "meta.pt")
+    _kill_when(_fork(_write_directory_slowly, str(final), True),
+               lambda: (staging_path(final) / MARKER_FILENAME).exists())
+    skipped = []
+    assert latest_complete_checkpoint(tmp_path, report=skipped.append) == staging_path(final) and not skipped
+    assert finish_interrupted_publish(staging_path(final), report=skipped.append) == final
+    assert torch.load(final / "meta.pt", weights_only=False) == {"version": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "no temporary or retired copy left"
+    assert skipped == [f"finished the interrupted write of {final} (moved {staging_path(final)} there)"]
+
+
+def _directory(path: Path, version: int, complete: bool = True) -> None:
+    path.mkdir(parents=True)
+    torch.save({"version": version}, path / "meta.pt")
+    if complete:
+        mark_complete(path)
+
+
+@pytest.mark.parametrize(("state", "newest"), [
+    ({"final": 1}, "final"),
+    ({"final": 1, "staging": 2}, "staging"),  # killed after the marker, before the swap
+    ({"retired": 1, "staging": 2}, "staging"),  # killed between the two renames
+    ({"final": 2, "retired": 1}, "final"),  # killed before the previous one was removed
+    ({"retired": 1}, "retired"),  # a file replaced a directory and was killed between the renames
+    ({"final": 1, "staging": -2}, "final"),  # killed before the marker (negative: incomplete)
+    ({"retired": 1, "staging": -2}, "retired"),
+])
+def test_every_state_a_crash_leaves_resolves_to_the_newest_complete_checkpoint(tmp_path, state, newest):
+    final = tmp_path / "last.ckpt"
+    paths = {"final": final, "staging": staging_path(final), "retired": retired_path(final)}
+    for name, version in state.items():
+        _directory(paths[name], abs(version), complete=version > 0)
+    found = latest_complete_checkpoint(tmp_path, report=lambda message: None)
+    assert found == paths[newest]
+    finish_interrupted_publish(found, report=lambda message: None)
+    assert torch.load(final / "meta.pt", weights_only=False) == {"version": abs(state[newest])}
+    assert latest_complete_checkpoint(tmp_path, report=lambda message: None) == final
+
+
+def test_a_marker_that_does_not_match_the_files_makes_the_directory_incomplete(tmp_path):
+    _directory(tmp_path / "ckpt", 1)
+    assert incomplete_reason(tmp_path / "ckpt") is None
+    with open(tmp_path / "ckpt" / "meta.pt", "ab") as stream:
+        stream.write(b"x")
+    assert "lists meta.pt with" in incomplete_reason(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "meta.pt").unlink()
+    assert incomplete_reason(tmp_path / "ckpt") == "its completion marker lists meta.pt, which is missing"
+
+
+def test_errors_name_the_path(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OSError) as error:
+        save_atomically({}, tmp_path / "a-file" / "last.ckpt")
+    assert str(tmp_path / "a-file") in str(error.value) + "".join(getattr(error.value, "__notes__", []))
+
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(b"PK\3\4 not a whole checkpoint")
+    with pytest.raises(RuntimeError, match=re.escape(f"could not load the checkpoint {broken}")):
+        AtomicCheckpointIO().load_checkpoint(broken)
+    with pytest.raises(RuntimeError, match=re.escape(f"could not load the checkpoint {broken}")):
+        saved_layout(broken, "last")
+    with pytest.raises(IsADirectoryError, match=re.escape(str(tmp_path))):
+        AtomicCheckpointIO().load_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"no checkpoint at {tmp_path / 'missing'}")):
+        resume_path(argparse.Namespace(resume=str(tmp_path / "missing"), checkpoint_dir=tmp_path))
+
+
+# --------------------------------------------------------------------------- the recipe, killed and resumed
+
+
+class Recipe:
+    """recipes/ctr_cvr.py in a subprocess of its own session, its output in a log file."""
+
+    def __init__(self, out_dir: Path, options: tuple[str, ...], label: str, **env: str) -> None:
+        self.log = out_dir.parent / f"{out_dir.name}-{label}.log"
+        self.checkpoint = out_dir / "checkpoints" / "last.ckpt"
+        environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **env}
+        for name in (BATCH_PAUSE_ENV, CHECKPOINT_PAUSE_ENV):
+            if name not in env:
+                environment.pop(name, None)
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(RECIPE), *SMALL, *options, "--output-dir", str(out_dir)],
+                stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def finish(self) -> str:
+        try:
+            code = self.process.wait(timeout=300)
+        finally:
+            self._kill()
+        assert code == 0, self.output()[-6000:]
+        return self.output()
+
+    def kill_when(self, ready, timeout: float = 300.0) -> None:
+        """SIGKILL the whole process group (every rank) once ``ready()``."""
+        deadline = time.monotonic() + timeout
+        try:
+            while not ready():
+                assert self.process.poll() is None, "the run ended before the moment to kill it:\n" + self.output()[-6000:]
+                assert time.monotonic() < deadline, "the run never reached the moment to kill it:\n" + self.output()[-6000:]
+                time.sleep(0.02)
+        finally:
+            self._kill()
+        assert self.process.returncode == -signal.SIGKILL
+
+    def _kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def _results(out_dir: Path) -> dict:
+    report = json.loads((out_dir / "results.json").read_text())
+    # json.dumps: exact floats, and NaN equal to NaN
+    return {"history": json.dumps(without_timing(report["history"])), "results": json.dumps(report["results"])}
+
+
+def _checkpoint(path: Path) -> dict:
+    """What must be bit-identical between the checkpoints of two runs: the training state (the
+    callbacks' state holds the run's own paths, the history its wall-clock times)."""
+    meta = _meta(path)
+    if path.is_dir():  # TorchRecStrategy: the shards of every rank, read back whole
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        whole = path.parent.parent / "whole.pt"
+        dcp_to_torch_save(path, whole)
+        state = torch.load(whole, weights_only=False)
+        whole.unlink()
+    else:
+        state = {"model": meta["state_dict"]}
+    return {**state, "optimizer_states": meta["optimizer_states"], "loops": meta["loops"], "epoch": meta["epoch"],
+            "global_step": meta["global_step"], "rng": meta["ctr_cvr"]["torch_rng_state"],
+            "epochs_done": len(meta["ctr_cvr"]["history"])}
+
+
+def _assert_identical(actual, expected, where: str = "checkpoint") -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor) and actual.dtype == expected.dtype, where
+        assert torch.equal(actual, expected), f"{where} differs"
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), f"{where}: {actual.keys()} != {expected.keys()}"
+        for key in expected:
+            _assert_identical(actual[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), where
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            _assert_identical(a, e, f"{where}[{i}]")
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+def _meta(path: Path) -> dict:
+    """Lightning's checkpoint without the tensors of TorchRec's shards."""
+    return torch.load(path / "meta.pt" if path.is_dir() else path, weights_only=False)
+
+
+def _epochs_done(checkpoint: Path) -> int:
+    return len(_meta(checkpoint)["ctr_cvr"]["history"])
+
+
+def _killed_twice_and_resumed(out_dir: Path, options: tuple[str, ...]) -> str:
+    """Kill the run in the middle of epoch 2, resume it and kill it while it writes the checkpoint
+    of epoch 2, resume it to the end; returns the last run's output."""
+    # 1. SIGKILL after batch 2 of epoch 2 (index 1): the checkpoint of epoch 1 is the newest
+    run = Recipe(out_dir, options, "1-killed-mid-epoch", **{BATCH_PAUSE_ENV: "120@1:2"})
+    run.kill_when(lambda: f"{BATCH_PAUSE_ENV}: pausing" in run.output())
+    assert _epochs_done(run.checkpoint) == 1 and not (out_dir / "results.json").exists()
+    assert latest_complete_checkpoint(run.checkpoint.parent, report=pytest.fail) == run.checkpoint
+
+    # 2. resumed, SIGKILL while the checkpoint of epoch 2 (its first write) waits at its temporary name
+    staging = staging_path(run.checkpoint)
+    run = Recipe(out_dir, (*options, "--resume", "last"), "2-killed-mid-write", **{CHECKPOINT_PAUSE_ENV: "120@1"})
+    run.kill_when(lambda: staging.exists() and f"{CHECKPOINT_PAUSE_ENV}: {staging} is written" in run.output())
+    assert _epochs_done(run.checkpoint) == 1, "the visible checkpoint is still the previous one"
+    skipped = []
+    newest = latest_complete_checkpoint(run.checkpoint.parent, report=skipped.append)
+    if staging.is_dir():  # a directory is complete with its marker: the newest; a temporary file is never used
+        assert newest == staging and _epochs_done(staging) == 2 and not skipped
+    else:
+        assert newest == run.checkpoint and skipped == [
+            f"skipped {staging}: a checkpoint file whose write did not finish (it is renamed to {run.checkpoint} when "
+            "it is complete)"]
+
+    # 3. resumed to the end
+    return Recipe(out_dir, (*options, "--resume", "last"), "3-resumed").finish()
+
+
+def _check_equal_to_the_uninterrupted_run(resumed: Path, straight: Path) -> None:
+    assert _results(resumed) == _results(straight)
+    last = resumed / "checkpoints" / "last.ckpt"
+    _assert_identical(_checkpoint(last), _checkpoint(straight / "checkpoints" / "last.ckpt"))
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"], "no temporary copy left"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted run per configuration, shared by the tests: in this process when it has
+    one process (saves the ~8 s of imports of a subprocess), else a subprocess."""
+    cache: dict[str, Path] = {}
+
+    def run(name: str, options: tuple[str, ...]) -> Path:
+        if name not in cache:
+            out_dir = tmp_path_factory.mktemp("straight") / name
+            if "--devices" in options:
+                Recipe(out_dir, options, "straight").finish()
+            else:
+                load_recipe("ctr_cvr").main([*SMALL, *options, "--output-dir", str(out_dir)])
+            cache[name] = out_dir
+        return cache[name]
+
+    return run
+
+
+@pytest.mark.slow
+def test_recipe_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted):
+    straight = uninterrupted("plain", ())
+    output = _killed_twice_and_resumed(tmp_path / "run", ())
+    assert f"--resume last: skipped {staging_path(tmp_path / 'run' / 'checkpoints' / 'last.ckpt')}" in output
+    _check_equal_to_the_uninterrupted_run(tmp_path / "run", straight)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sharded_recipe_on_2_ranks_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_run(
+    tmp_path, uninterrupted
+):
+    """TorchRec DCP directories on 2 gloo ranks (table-wise tables): killed mid-write after the
+    marker, the resumed run takes the temporary directory (the newest complete checkpoint) and
+    moves it to its name."""
+    pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
+    straight = uninterrupted("sharded", SHARDED)
+    last = straight / "checkpoints" / "last.ckpt"
+    assert (last / "meta.pt").is_file() and (last / ".metadata").is_file() and (last / MARKER_FILENAME).is_file()
+    assert len(list(last.glob("*.distcp"))) == 2, "one shard file per rank"
+    history = json.loads((straight / "results.json").read_text())["history"]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+
+    output = _killed_twice_and_resumed(tmp_path / "run", SHARDED)
+    staging = staging_path(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert f"--resume last: resuming from {staging}, the newest complete checkpoint" in output
+    assert f"finished the interrupted write of {staging.parent.parent / 'last.ckpt'}" in output
+    _check_equal_to_the_uninterrupted_run(tmp_path / "run", straight)
