@@ -42,7 +42,7 @@ for loss in ("bce", "bce+pdaom", "bce+auc", "laa"):
     speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up
     test = report["results"]["test"]
     rows[loss] = {"impressions_per_s_median": statistics.median(speeds),
-                  **{k: test[f"model/{k}"] for k in ("click_auc", "click_gauc", "purchase_auc", "purchase_gauc")}}
+                  **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
     print(loss, rows[loss])
 json.dump(rows, open(sys.argv[1], "w"), indent=2)
 EOF

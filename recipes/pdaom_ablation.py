@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,7 +55,7 @@ from torch import Tensor, nn
 
 import mlloss
 from mlloss.data import GroupBatchSampler, ImpressionData, SyntheticConfig, generate_impressions, split_by_time
-from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc
+from mlloss.evaluation import ranking_metrics as evaluate_ranking
 from mlloss.towers import DotInteraction, FieldEmbedding, MultiTaskModel, SharedBottom
 
 if str(Path(__file__).resolve().parent) not in sys.path:
@@ -126,15 +125,11 @@ def train(name: str, train_data: ImpressionData, seed: int, lam: float, batch_si
 
 
 def ranking_metrics(scores: Tensor, data: ImpressionData) -> dict[str, float]:
-    """AUC and GAUC (uniform user weights) x100 of each task's column of ``scores`` (N, 2)."""
-    out = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        for t, task in enumerate(TASKS):
-            label = data.labels[:, t]
-            out[f"{task}_auc"] = 100 * float(binary_auc(scores[:, t], label))
-            out[f"{task}_gauc"] = 100 * float(group_auc(scores[:, t], label, data.user, weighting="uniform"))
-    return out
+    """AUC and GAUC x100 of each task's column of ``scores`` (N, 2), by the library's one report
+    (:func:`mlloss.evaluation.ranking_metrics`, as recipes/ctr_cvr.py), with the paper's GAUC:
+    every user weighted 1 (Sun et al., Section III-C), where ctr_cvr.py weighs users by impressions."""
+    values = evaluate_ranking(scores, data.labels, data.user, label_names=TASKS, group_weighting="uniform", quiet=True)
+    return {f"{task}_{metric}": 100 * float(values[f"{metric}/{task}"]) for task in TASKS for metric in ("auc", "gauc")}
 
 
 def evaluate(model: MultiTaskModel, data: ImpressionData) -> dict[str, float]:

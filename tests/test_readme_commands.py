@@ -96,6 +96,7 @@ COMMANDS: dict[str, Coverage] = {
         "processes, ~100 s)"),
     'echo "loss: laa" > run.yaml && python recipes/ctr_cvr.py --config run.yaml': Coverage("run", QUICK),
     "python recipes/ctr_cvr.py --config run.yaml --epochs 8 --resume last": Coverage("run", QUICK_RESUME),
+    "python recipes/ctr_cvr.py --config bce+pdaom --output-dir runs/pdaom": Coverage("run", QUICK),
     # inline commands
     "pip install torchrec": Coverage(
         "elsewhere", note="shown as what not to do (it pulls the CUDA build of fbgemm-gpu); the README's test "
@@ -266,7 +267,7 @@ def test_readme_commands_run_in_a_fresh_copy(tmp_path, monkeypatch):
     quickstart = report(".venv/bin/python recipes/ctr_cvr.py")
     assert quickstart["config"]["loss"] == "bce" and quickstart["data"]["source"] == "synthetic"
     assert (report("--model ple")["config"]["model"], report("--model ple")["config"]["loss"]) == ("ple", "bce+pdaom")
-    assert "model:rank/click_auc" in report("--loss laa")["results"]["test"]
+    assert "model:rank/auc/click" in report("--loss laa")["results"]["test"]
     ali_ccp = report("--data ali-ccp")
     assert Path(ali_ccp["data"]["directory"]) == root / "recipes" / "data" / "ali-ccp-sample"
     assert ali_ccp["data"]["sizes"] == {"train": 100, "val": 50, "test": 50}

@@ -1,6 +1,6 @@
 """Tests of the CTR/CVR recipe and its building blocks: the synthetic Ali-CCP-like
-generator, the multi-task towers, the user-block batch sampler and the recipe end to end on small
-configurations."""
+generator, the multi-task towers and the recipe end to end on small configurations (its batches:
+tests/test_sampler.py)."""
 
 from __future__ import annotations
 
@@ -147,33 +147,6 @@ def test_tower_errors_name_the_bad_argument():
         FieldEmbedding([3, 3], 2)(torch.zeros(4, 3, dtype=torch.long))
 
 
-# --------------------------------------------------------------------------- sampler
-
-
-def test_user_block_sampler_covers_every_impression_and_keeps_users_together(recipe, data):
-    sampler = recipe.UserBlockBatchSampler(data.user, batch_size=256, seed=1)
-    batches = list(sampler)
-    assert len(batches) == len(sampler)
-    order = torch.cat(batches)
-    assert torch.equal(order.sort().values, torch.arange(len(data)))
-    users = data.user[order]
-    changes = int((users[1:] != users[:-1]).sum())
-    assert changes == len(data.user.unique()) - 1, "each user's impressions must be contiguous"
-    sampler.set_epoch(1)
-    assert not torch.equal(torch.cat(list(sampler)), order)
-
-
-def test_user_block_sampler_shards_for_ddp(recipe, data):
-    shards = [
-        list(recipe.UserBlockBatchSampler(data.user, 100, rank=r, world_size=3, even_shards=True)) for r in range(3)
-    ]
-    assert len({len(s) for s in shards}) == 1
-    seen = torch.cat([torch.cat(s) for s in shards])
-    assert len(seen.unique()) == len(seen)
-    with pytest.raises(ValueError, match="rank"):
-        recipe.UserBlockBatchSampler(data.user, 100, rank=3, world_size=3)
-
-
 # --------------------------------------------------------------------------- recipe end to end
 
 
@@ -194,8 +167,8 @@ def test_recipe_runs_and_writes_results(recipe, tmp_path, model, loss, extra):
     for split in ("val", "test"):
         results = written["results"][split]
         for scorer in ("model", "popularity", "oracle"):
-            assert 0.0 <= results[f"{scorer}/click_auc"] <= 1.0
-        assert ("model:rank/click_auc" in results) == (loss == "laa")
+            assert 0.0 <= results[f"{scorer}/auc/click"] <= 1.0
+        assert ("model:rank/auc/click" in results) == (loss == "laa")
     assert report["results"]["test"].keys() == written["results"]["test"].keys()
     assert "| test | model |" in (tmp_path / "results.md").read_text()
 
@@ -204,8 +177,8 @@ def test_recipe_beats_the_popularity_baseline(recipe, tmp_path):
     argv = ["--num-users", "2000", "--epochs", "2", "--batch-size", "256", "--lr", "5e-3", "--seed", "1",
             "--output-dir", str(tmp_path)]
     results = recipe.main(argv)["results"]["test"]
-    assert results["model/click_auc"] > results["popularity/click_auc"] + 0.05
-    assert results["model/click_auc"] < results["oracle/click_auc"]
+    assert results["model/auc/click"] > results["popularity/auc/click"] + 0.05
+    assert results["model/auc/click"] < results["oracle/auc/click"]
 
 
 def test_recipe_rejects_bad_arguments(recipe, capsys):
@@ -251,7 +224,7 @@ def test_resume_errors_name_the_missing_checkpoint(recipe, tmp_path):
 def test_ranking_head_reports_diff_min_auc_and_the_dictatorship(recipe, tmp_path):
     report = recipe.main([*SMALL, "--loss", "loa", "--epochs", "1", "--output-dir", str(tmp_path)])
     row = report["history"][0]
-    per_label = [row["model:rank/click_auc"], row["model:rank/purchase_auc"]]
+    per_label = [row["model:rank/auc/click"], row["model:rank/auc/purchase"]]
     assert row["model:rank/diff_auc"] == pytest.approx(max(per_label) - min(per_label))
     assert row["model:rank/min_auc"] == pytest.approx(min(per_label))
     assert 0.0 <= row["model:rank/multipartite_auc"] <= 1.0
@@ -301,3 +274,22 @@ def test_config_file_sets_options_and_the_command_line_overrides_it(recipe, tmp_
     (tmp_path / "unknown.yaml").write_text("learning-rate: 0.1\n")
     with pytest.raises(SystemExit):
         recipe.parse_args(["--config", str(tmp_path / "unknown.yaml")])
+
+
+@pytest.mark.parametrize("name", ["bce", "laa", "bce+pdaom", "sharded", "multi-gpu"])
+def test_named_configs_parse_and_say_what_they_set(recipe, name):
+    """Every config of recipes/configs/ is read by name through the recipe's parser (types and
+    choices checked as on the command line), and the command line still overrides it."""
+    import yaml
+
+    values = yaml.safe_load((RECIPES / "configs" / f"{name}.yaml").read_text())
+    args = recipe.parse_args(["--config", name, "--epochs", "1"])
+    for key, value in values.items():
+        if key == "epochs":
+            continue  # overridden below
+        dest = {"lambda": "lam"}.get(key, key.replace("-", "_"))
+        got = getattr(args, dest)
+        assert (str(got) if key == "devices" else got) == (str(value) if key == "devices" else value), key
+    assert args.epochs == 1
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--config", "no-such-config"])

@@ -143,7 +143,7 @@ def test_recipe_runs_with_torchrec_embeddings_in_one_process(tmp_path):
     argv = ["--num-users", "1000", "--epochs", "2", "--batch-size", "256", "--lr", "5e-3", "--seed", "1",
             "--embedding", "torchrec", "--no-progress-bar", "--no-checkpoint", "--output-dir", str(tmp_path)]
     results = recipe.main(argv)["results"]["test"]
-    assert results["model/click_auc"] > results["popularity/click_auc"] + 0.03
+    assert results["model/auc/click"] > results["popularity/auc/click"] + 0.03
 
 
 def test_docs_example_builds():

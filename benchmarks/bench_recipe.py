@@ -1,0 +1,256 @@
+"""Throughput of recipes/ctr_cvr.py's training step, split into where the time goes.
+
+For each loss (``bce``, ``bce+pdaom``, ``bce+auc``, ``laa``) and batch size, the recipe's own
+model, objective, LightningModule and ``mlloss.data.GroupDataModule`` train on the recipe's
+default synthetic log for ``--warmup`` steps and then ``--steps`` measured steps (no validation),
+twice:
+
+* **throughput**: no profiler; impressions per second over the measured steps (wall clock, the
+  device synchronised at both ends);
+* **split**: a profiler that times Lightning's own regions and the recipe's two
+  (``ctr_cvr.forward``, ``ctr_cvr.loss``), synchronising the device around each region on CUDA,
+  so the parts add up; per step, in ms:
+
+  - data: fetching the batch (``train_dataloader_next``) and moving it (``batch_to_device``);
+  - forward, loss: the model's and the objective's share of ``training_step``;
+  - backward: ``backward``;
+  - optimizer: ``optimizer_step`` minus what Lightning runs inside it (the closure: the training
+    step, zero_grad and backward), i.e. Adam's update;
+  - framework: the measured step time minus all of the above: Lightning's loop, hooks, the
+    recipe's bookkeeping and the metrics' updates.
+
+The data path alone is measured too: one epoch of ``TensorBatches`` (the recipe's batches: the
+epoch's rows gathered once, batches sliced on the device) against a ``DataLoader`` over a
+per-row ``Dataset`` with the same ``GroupBatchSampler`` (a ``__getitem__`` per impression, then
+``default_collate``), in impressions per second of batch assembly.
+
+Usage::
+
+    python benchmarks/bench_recipe.py [--device cpu|cuda] [--batch-sizes 1024 8192] [--steps 100]
+        [--output benchmarks/results/recipe-<device>.json]
+
+Prints a table and writes JSON and Markdown next to each other. Numbers from one machine, one run:
+compare rows of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "recipes"))
+
+import pytorch_lightning as pl  # noqa: E402
+from pytorch_lightning.profilers import Profiler  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import ctr_cvr  # noqa: E402
+from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
+
+LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
+PARTS = ("data", "forward", "loss", "backward", "optimizer", "framework")
+
+
+class SplitProfiler(Profiler):
+    """Adds up the time of each profiled region while ``recording``; synchronises the device
+    around every region on CUDA, so that a region's time is its own work."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.recording = False
+        self.started: dict[str, float] = {}
+        self.totals: dict[str, float] = {}
+
+    def start(self, action_name: str) -> None:
+        if self.recording:
+            self.sync()
+            self.started[action_name] = time.perf_counter()
+
+    def stop(self, action_name: str) -> None:
+        start = self.started.pop(action_name, None)
+        if start is not None:
+            self.sync()
+            self.totals[action_name] = self.totals.get(action_name, 0.0) + time.perf_counter() - start
+
+    def summary(self) -> str:
+        return ""
+
+    def total(self, suffix: str) -> float:
+        """Seconds of the regions whose name ends with ``suffix``."""
+        return sum(seconds for name, seconds in self.totals.items() if name.endswith(suffix))
+
+
+class Window(pl.Callback):
+    """Times the steps after ``warmup``: from the end of step ``warmup`` to the end of the last."""
+
+    def __init__(self, warmup: int, profiler: SplitProfiler | None, device: torch.device) -> None:
+        self.warmup, self.profiler, self.device = warmup, profiler, device
+        self.start = self.end = 0.0
+        self.steps = self.items = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step < self.warmup:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        if step == self.warmup:
+            self.start = now
+            if self.profiler is not None:
+                self.profiler.recording = True
+        else:
+            self.end, self.steps, self.items = now, self.steps + 1, self.items + batch["labels"].shape[0]
+
+
+def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: bool) -> dict:
+    """One timed training run of the recipe's module; the split when ``profile``."""
+    device = torch.device(args.device)
+    recipe_args = ctr_cvr.parse_args(["--loss", loss, "--batch-size", str(batch_size), "--no-checkpoint"])
+    pl.seed_everything(0, verbose=False)
+    train_split, _, _ = data
+    objective = ctr_cvr.MultiTaskObjective(loss, None)
+    model = ctr_cvr.build_model(recipe_args, train_split, len(ctr_cvr.TASKS) + objective.uses_ranking_head)
+    module = ctr_cvr.CtrCvrModule(model, objective, recipe_args.lr, recipe_args.weight_decay, compile=args.compile)
+    profiler = SplitProfiler(device) if profile else None
+    window = Window(args.warmup, profiler, device)
+    trainer = pl.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=args.warmup + args.steps,
+        limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        reload_dataloaders_every_n_epochs=1, callbacks=[window], profiler=profiler,
+    )
+    datamodule = GroupDataModule(train_split.columns(), batch_size=batch_size, group_key="user", seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, datamodule=datamodule)
+    seconds = window.end - window.start
+    row = {"loss": loss, "batch_size": batch_size, "steps": window.steps, "impressions": window.items,
+           "step_ms": 1e3 * seconds / window.steps, "impressions_per_s": window.items / seconds}
+    if profile:
+        p = profiler
+        closure = p.total(".training_step") + p.total(".optimizer_zero_grad") + p.total(".backward")
+        parts = {
+            "data": p.total("train_dataloader_next") + p.total(".batch_to_device"),
+            "forward": p.total("ctr_cvr.forward"),
+            "loss": p.total("ctr_cvr.loss"),
+            "backward": p.total(".backward"),
+            "optimizer": p.total(".optimizer_step") - closure,
+        }
+        parts["framework"] = seconds - sum(parts.values())
+        row["split_ms"] = {name: 1e3 * value / window.steps for name, value in parts.items()}
+    return row
+
+
+class PerRow(Dataset):
+    """The common user path: a ``__getitem__`` per impression, batches made by ``default_collate``."""
+
+    def __init__(self, columns: dict[str, torch.Tensor]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns["user"])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {name: value[i] for name, value in self.columns.items()}
+
+
+def data_path(train_split, batch_size: int, device: torch.device) -> dict:
+    """Impressions per second of batch assembly alone: TensorBatches vs a per-row DataLoader."""
+    columns = train_split.columns()
+    n = len(train_split)
+
+    def one_epoch(batches) -> float:
+        start = time.perf_counter()
+        count = sum(batch["user"].shape[0] for batch in batches)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        assert count == n
+        return n / (time.perf_counter() - start)
+
+    tensor_batches = TensorBatches(columns, batch_size, group_key="user", device=device)
+    tensor_batches.set_epoch(1)
+    list(tensor_batches)  # warm-up (first-call costs)
+    rates = []
+    for epoch in range(2, 5):  # each epoch gathers its rows anew
+        tensor_batches.set_epoch(epoch)
+        rates.append(one_epoch(tensor_batches))
+    loader = DataLoader(PerRow(columns), batch_sampler=GroupBatchSampler(columns["user"], batch_size))
+    per_row = one_epoch(loader)
+    return {"batch_size": batch_size, "tensor_batches_impressions_per_s": max(rates),
+            "per_row_dataloader_impressions_per_s": per_row}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# recipes/ctr_cvr.py training step ({result['device']})", "",
+             f"torch {result['torch']}, {result['train_impressions']:,} training impressions, "
+             f"{result['steps']} measured steps after {result['warmup']} warm-up steps.", "",
+             "| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS) + " | vs bce |",
+             "|---|---:|---:|---:|" + "---:|" * (len(PARTS) + 1)]
+    for row in result["training"]:
+        bce = next(r for r in result["training"] if r["loss"] == "bce" and r["batch_size"] == row["batch_size"])
+        split = " | ".join(f"{row['split_ms'][p]:.3f}" for p in PARTS)
+        lines.append(f"| {row['loss']} | {row['batch_size']} | {row['impressions_per_s']:,.0f} | {row['step_ms']:.2f} | "
+                     f"{split} | {row['impressions_per_s'] / bce['impressions_per_s']:.2f} |")
+    lines += ["", "Batch assembly alone (impressions/s):", "", "| batch | TensorBatches | per-row DataLoader | ratio |",
+              "|---:|---:|---:|---:|"]
+    for row in result["data_path"]:
+        t, d = row["tensor_batches_impressions_per_s"], row["per_row_dataloader_impressions_per_s"]
+        lines.append(f"| {row['batch_size']} | {t:,.0f} | {d:,.0f} | {t / d:.0f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1024, 8192])
+    parser.add_argument("--steps", type=int, default=100, help="measured steps per run")
+    parser.add_argument("--warmup", type=int, default=10, help="steps before the measurement")
+    parser.add_argument("--num-users", type=int, default=None, help="users of the synthetic log (recipe default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the recipe's default: 1)")
+    parser.add_argument("--compile", action="store_true", help="the recipe's --compile")
+    parser.add_argument("--output", type=Path, default=None, help="JSON path (default results/recipe-<device>.json)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    data_argv = [] if args.num_users is None else ["--num-users", str(args.num_users)]
+    data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(data_argv))
+    result = {"device": device_name(device), "torch": torch.__version__, "train_impressions": len(data[0]),
+              "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
+              "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": []}
+    for batch_size in args.batch_sizes:
+        for loss in args.losses:
+            row = train(args, loss, batch_size, data, profile=False)
+            row["split_ms"] = train(args, loss, batch_size, data, profile=True)["split_ms"]
+            result["training"].append(row)
+            split = " ".join(f"{p} {row['split_ms'][p]:.3f}" for p in PARTS)
+            print(f"{loss:>10} batch {batch_size:>5}: {row['impressions_per_s']:>12,.0f} imp/s, "
+                  f"{row['step_ms']:.2f} ms/step ({split} ms)", flush=True)
+    text = markdown(result)
+    print("\n" + text)
+    output = args.output or ROOT / "benchmarks" / "results" / f"recipe-{'cuda' if device.type == 'cuda' else 'cpu'}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2))
+    output.with_suffix(".md").write_text(text)
+    print(f"wrote {output} and {output.with_suffix('.md')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

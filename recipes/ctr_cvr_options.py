@@ -1,0 +1,204 @@
+"""The options of recipes/ctr_cvr.py: its command line, and config files that set them.
+
+``--config`` takes a YAML/JSON file keyed by long option name, or the name of one of the configs
+in ``recipes/configs/`` (``bce``, ``laa``, ``bce+pdaom``, ``sharded``, ``multi-gpu``); options
+given on the command line override the file's. A config's values go through the same parser as
+the command line (types and choices checked), so a file can set nothing the command line cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlloss.data import SyntheticConfig
+from mlloss.sharding import SHARDING_TYPES, SPARSE_OPTIMIZERS
+
+DESCRIPTION = "Multi-task CTR/CVR training with a pairwise ranking loss from mlloss (recipes/ctr_cvr.py)."
+TASKS = ("click", "purchase")
+PER_TASK_LOSSES = ("bce", "bce+auc", "bce+pdaom", "auc", "pdaom")
+RANKING_SCORE_LOSSES = ("laa", "loa", "balanced-loa")
+MODELS = ("mmoe", "ple", "cgc", "shared-bottom")
+DATA_SOURCES = ("synthetic", "ali-ccp", "aliexpress")
+RECIPES = Path(__file__).resolve().parent
+CONFIGS = RECIPES / "configs"
+SAMPLE_DATA = RECIPES / "data"  # small MIT-licensed samples, with their README and LICENSE
+DEFAULT_DATA_DIRS = {"ali-ccp": SAMPLE_DATA / "ali-ccp-sample", "aliexpress": SAMPLE_DATA / "aliexpress-sample"}
+SHARDINGS = ("none", *SHARDING_TYPES)
+
+
+class OptionParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that keeps a table of its options (``add_argument`` returns each one's
+    ``Action``), which :func:`config_argv` checks a config file's keys against."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.options: dict[str, argparse.Action] = {}  # before __init__, which adds --help
+        super().__init__(**kwargs)
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        group = super().add_argument_group(*args, **kwargs)
+        add = group.add_argument
+
+        def add_and_record(*names: str, **options: Any) -> argparse.Action:
+            action = add(*names, **options)
+            self.options.update(dict.fromkeys(action.option_strings, action))
+            return action
+
+        group.add_argument = add_and_record
+        return group
+
+    def add_argument(self, *names: str, **options: Any) -> argparse.Action:
+        action = super().add_argument(*names, **options)
+        self.options.update(dict.fromkeys(action.option_strings, action))
+        return action
+
+
+def build_parser() -> OptionParser:
+    """The recipe's command line (``--help`` lists it with defaults)."""
+    p = OptionParser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default=None, metavar="NAME|PATH",
+                   help="options from a YAML or JSON file keyed by long option name (loss: laa, batch-size: 512, "
+                        f"expert-hidden: [64, 32], esmm: true), or a named config of recipes/configs/ "
+                        f"({', '.join(named_configs())}); options on the command line override it")
+    p.add_argument("--model", choices=MODELS, default="mmoe", help="multi-task tower")
+    p.add_argument("--loss", choices=PER_TASK_LOSSES + RANKING_SCORE_LOSSES, default="bce",
+                   help="objective name passed to mlloss.build_loss")
+    p.add_argument("--lambda", dest="lam", type=float, default=None, metavar="LAMBDA",
+                   help="weight of the ranking term: 'lam' of bce+X losses (library default if unset), "
+                        "or the ranking-head weight of laa/loa/balanced-loa (1 if unset)")
+    p.add_argument("--esmm", action="store_true", help="purchase head = pCTR * pCVR (ESMM)")
+    p.add_argument("--epochs", type=int, default=5, help="passes over the training split")
+    p.add_argument("--batch-size", type=int, default=1024, help="most impressions per batch (per device); users are kept whole")
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    p.add_argument("--weight-decay", type=float, default=1e-4, help="Adam L2 penalty (curbs id-embedding overfitting)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and of the training")
+    p.add_argument("--cross-device", action="store_true",
+                   help="under DDP, take the ranking loss's pairs across all ranks (cross_device=True)")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", choices=DATA_SOURCES, default="synthetic",
+                   help="synthetic Ali-CCP-like log, or an Ali-CCP / AliExpress CSV directory")
+    g.add_argument("--data-dir", type=Path, default=None,
+                   help="directory of the *train*/*val*/*test* CSV files (default: the samples in recipes/data/)")
+    g = p.add_argument_group("synthetic data")
+    g.add_argument("--num-users", type=int, default=SyntheticConfig.num_users, help="users in the log")
+    g.add_argument("--num-items", type=int, default=SyntheticConfig.num_items, help="items (Zipf popularity)")
+    g.add_argument("--mean-impressions", type=float, default=SyntheticConfig.mean_impressions,
+                   help="mean number of impressions per user")
+    g.add_argument("--click-rate", type=float, default=SyntheticConfig.click_rate, help="clicks per impression")
+    g.add_argument("--purchase-rate", type=float, default=SyntheticConfig.purchase_rate,
+                   help="purchases per impression")
+    g = p.add_argument_group("architecture")
+    g.add_argument("--embedding-dim", type=int, default=16, help="dimension of every field embedding")
+    g.add_argument("--interaction", choices=("dot", "none"), default="dot",
+                   help="append the pairwise dot products of the field embeddings (FM/DLRM style)")
+    g.add_argument("--expert-hidden", type=int, nargs="+", default=[64, 32],
+                   help="widths of expert MLPs (of the bottom MLP for shared-bottom)")
+    g.add_argument("--tower-hidden", type=int, nargs="+", default=[16], help="hidden widths of each task tower")
+    g.add_argument("--num-experts", type=int, default=4, help="MMoE experts")
+    g.add_argument("--num-task-experts", type=int, default=2, help="CGC/PLE experts per task")
+    g.add_argument("--num-shared-experts", type=int, default=2, help="CGC/PLE shared experts")
+    g.add_argument("--num-levels", type=int, default=2, help="PLE extraction levels")
+    g.add_argument("--dropout", type=float, default=0.0, help="dropout after hidden layers")
+    g.add_argument("--embedding", choices=("plain", "torchrec"), default="plain",
+                   help="torch.nn.Embedding tables, or a TorchRec EmbeddingBagCollection fed a KeyedJaggedTensor")
+    g = p.add_argument_group("TorchRec sharding (needs the torchrec extra)")
+    g.add_argument("--sharding", choices=SHARDINGS, default="none",
+                   help="shard the tables with DistributedModelParallel (implies --embedding torchrec)")
+    g.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="rowwise_adagrad",
+                   help="fused optimizer of sharded tables (adam only on CUDA)")
+    g.add_argument("--sparse-lr", type=float, default=0.05, help="learning rate of the sparse optimizer")
+    g = p.add_argument_group("hardware and output")
+    g.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu")
+    g.add_argument("--devices", default="1", help="number of devices, or 'auto'")
+    g.add_argument("--num-nodes", type=int, default=1, help="machines of a multi-node job (Lightning's num_nodes)")
+    g.add_argument("--strategy", default="auto", help="Lightning strategy, e.g. ddp")
+    g.add_argument("--cpu-threads", type=int, default=1,
+                   help="torch intra-op threads per process: these small models run fastest on one, "
+                        "which also keeps DDP ranks from oversubscribing the cores")
+    g.add_argument("--output-dir", type=Path, default=Path("runs/ctr_cvr"),
+                   help="where results.json, results.md and curves.png go")
+    g.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="where last.ckpt is written every epoch (default: <output-dir>/checkpoints)")
+    g.add_argument("--no-checkpoint", action="store_true", help="write no checkpoints")
+    g.add_argument("--resume", default=None, metavar="PATH",
+                   help="continue training from a checkpoint: a path, or 'last' for <checkpoint-dir>/last.ckpt")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (the loss compiles with it: mlloss losses are one graph)")
+    g.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
+                   help="show Lightning's progress bar")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options of ``argv`` (default ``sys.argv[1:]``) over those of ``--config``, checked."""
+    p = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = p.parse_known_args(argv)[0].config
+    args = p.parse_args(config_argv(config, p) + argv if config is not None else argv)
+    args.devices = args.devices if args.devices == "auto" else int(args.devices)
+    for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.lam is not None and not (args.loss.startswith("bce+") or args.loss in RANKING_SCORE_LOSSES):
+        p.error(f"--lambda weighs a ranking term, which --loss {args.loss} does not have")
+    if args.cross_device and args.loss == "bce":
+        p.error("--cross-device applies to a ranking loss, which --loss bce does not have")
+    if args.sharding != "none":
+        if args.strategy not in ("auto", "ddp"):
+            p.error(f"--sharding uses its own strategy (TorchRec DMP); drop --strategy {args.strategy}")
+        args.embedding = "torchrec"
+    if not args.sparse_lr > 0:
+        p.error(f"--sparse-lr must be > 0, got {args.sparse_lr}")
+    if args.data == "synthetic" and args.data_dir is not None:
+        p.error("--data-dir needs --data ali-ccp or --data aliexpress")
+    if args.data != "synthetic" and args.data_dir is None:
+        args.data_dir = DEFAULT_DATA_DIRS[args.data]
+    if args.checkpoint_dir is None:
+        args.checkpoint_dir = args.output_dir / "checkpoints"
+    if args.resume is not None and args.no_checkpoint:
+        p.error("--resume continues a checkpointed run; drop --no-checkpoint")
+    return args
+
+
+def named_configs() -> list[str]:
+    """The names of the configs in recipes/configs/ (``--config laa`` reads ``configs/laa.yaml``)."""
+    return sorted(path.stem for path in CONFIGS.glob("*.yaml"))
+
+
+def config_argv(config: str, parser: OptionParser) -> list[str]:
+    """The options of a YAML/JSON config file (a path, or a name in recipes/configs/) as
+    command-line tokens, so that argparse checks them like typed options (types, choices) and
+    later command-line options override them."""
+    import yaml  # a dependency of pytorch-lightning; JSON is YAML too
+
+    path = Path(config)
+    if not path.is_file() and (CONFIGS / f"{config}.yaml").is_file():
+        path = CONFIGS / f"{config}.yaml"
+    if not path.is_file():
+        parser.error(f"--config {config}: no such file, nor a named config ({', '.join(named_configs())})")
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        parser.error(f"--config {path}: not valid YAML/JSON ({error})")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: expected a mapping of option names to values, got {type(values).__name__}")
+    tokens: list[str] = []
+    for key, value in values.items():
+        option = "--" + str(key).replace("_", "-")
+        action = parser.options.get(option)
+        if action is None or option in ("--config", "--help"):
+            parser.error(f"--config {path}: unknown option {key!r}")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            tokens.append(option if value else "--no-" + option[2:])
+        elif action.nargs == 0:  # store_true flags
+            if not isinstance(value, bool):
+                parser.error(f"--config {path}: {key} is a flag and takes true or false, got {value!r}")
+            tokens += [option] if value else []
+        elif isinstance(value, list):
+            tokens += [option, *map(str, value)]
+        else:
+            tokens += [option, str(value)]
+    return tokens
