@@ -221,16 +221,7 @@ class RankingMetrics(pl.Callback):
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.on_validation_epoch_start(trainer, pl_module)
 
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._predictions.update(*self._batch(outputs))
+    on_test_batch_end = on_validation_batch_end  # the same contract for test_step outputs
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._log_epoch(pl_module, self.test_prefix, "test")
