@@ -197,10 +197,23 @@ def fresh_copy(destination: Path) -> Path:
     return root
 
 
+RECIPE_SIBLINGS = ("ctr_cvr_options", "ctr_cvr_report", "_common")  # modules the recipe imports from its folder
+
+
 def _load_recipe_from(root: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ctr_cvr_fresh_copy", root / "recipes" / "ctr_cvr.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The copy's recipe with the copy's sibling modules: the checkout's, imported by earlier tests,
+    are dropped from sys.modules first (and the copy's afterwards, so later tests import theirs)."""
+    for name in RECIPE_SIBLINGS:
+        sys.modules.pop(name, None)
+    sys.path.insert(0, str(root / "recipes"))
+    try:
+        spec = importlib.util.spec_from_file_location("ctr_cvr_fresh_copy", root / "recipes" / "ctr_cvr.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(root / "recipes"))
+        for name in RECIPE_SIBLINGS:
+            sys.modules.pop(name, None)
     return module
 
 
