@@ -92,15 +92,7 @@ from mlloss.data import (
     load_aliexpress,
     split_by_time,
 )
-from mlloss.checkpointing import (
-    AtomicCheckpointIO,
-    check_resume,
-    checkpoint_layout,
-    fault_test_callbacks,
-    layout_options,
-    replace_other_kind_of_checkpoint,
-    resume_path,
-)
+from mlloss.checkpointing import AtomicCheckpointIO, fault_test_callbacks
 from mlloss.lightning import RankingMetrics
 from mlloss.sharding import TorchRecStrategy, dense_parameters
 from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
@@ -108,6 +100,7 @@ from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiT
 if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import MODELS, PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, parse_args  # noqa: E402
+from ctr_cvr_resume import check_resume, checkpoint_layout, layout_options, replace_other_kind_of_checkpoint, resume_path  # noqa: E402
 from ctr_cvr_report import GAUC_WEIGHTING, baseline_results, format_epoch, markdown_table, plot_curves  # noqa: E402
 
 

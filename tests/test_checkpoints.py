@@ -41,14 +41,14 @@ from mlloss.checkpointing import (
     incomplete_reason,
     latest_complete_checkpoint,
     mark_complete,
-    resume_path,
     retired_path,
     save_atomically,
-    saved_layout,
     staging_path,
     write_atomically,
 )
 from recipe_util import RECIPES, load_recipe, without_timing
+
+resume = load_recipe("ctr_cvr_resume")  # the recipe's --resume (recipes/ctr_cvr_resume.py)
 
 RECIPE = RECIPES / "ctr_cvr.py"
 SMALL = ("--num-users", "300", "--num-items", "200", "--mean-impressions", "30", "--epochs", "3", "--no-progress-bar")
@@ -123,13 +123,13 @@ def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path
     assert torch.load(final / "meta.pt", weights_only=False) == {"version": 1}, "the previous one is untouched"
 
     args = argparse.Namespace(resume="last", checkpoint_dir=tmp_path)
-    assert resume_path(args) == final
+    assert resume.resume_path(args) == final
     printed = capsys.readouterr().out
     assert f"--resume last: skipped {staging}: a directory without the completion marker COMPLETE" in printed
 
     (final / MARKER_FILENAME).unlink()  # neither is complete now: the error names both and why
     with pytest.raises(FileNotFoundError) as error:
-        resume_path(args)
+        resume.resume_path(args)
     message = str(error.value)
     assert message.startswith(f"--resume last: no checkpoint at {final} that is complete (skipped {staging}: ")
     assert f"skipped {final}: a directory without the completion marker COMPLETE" in message
@@ -198,11 +198,11 @@ def test_errors_name_the_path(tmp_path):
     with pytest.raises(RuntimeError, match=re.escape(f"could not load the checkpoint {broken}")):
         AtomicCheckpointIO().load_checkpoint(broken)
     with pytest.raises(RuntimeError, match=re.escape(f"could not load the checkpoint {broken}")):
-        saved_layout(broken, "last")
+        resume.saved_layout(broken, "last")
     with pytest.raises(IsADirectoryError, match=re.escape(str(tmp_path))):
         AtomicCheckpointIO().load_checkpoint(tmp_path)
     with pytest.raises(FileNotFoundError, match=re.escape(f"no checkpoint at {tmp_path / 'missing'}")):
-        resume_path(argparse.Namespace(resume=str(tmp_path / "missing"), checkpoint_dir=tmp_path))
+        resume.resume_path(argparse.Namespace(resume=str(tmp_path / "missing"), checkpoint_dir=tmp_path))
 
 
 # --------------------------------------------------------------------------- the recipe, killed and resumed

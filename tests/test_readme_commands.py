@@ -197,7 +197,7 @@ def fresh_copy(destination: Path) -> Path:
     return root
 
 
-RECIPE_SIBLINGS = ("ctr_cvr_options", "ctr_cvr_report", "_common")  # modules the recipe imports from its folder
+RECIPE_SIBLINGS = ("ctr_cvr_options", "ctr_cvr_report", "ctr_cvr_resume", "_common")  # modules the recipe imports from its folder
 
 
 def _load_recipe_from(root: Path) -> ModuleType:
