@@ -51,6 +51,7 @@ def tie_blocks(keys: Tensor, groups: Optional[Tensor]) -> TieBlocks:
     n = keys.numel()
     if keys.dtype == torch.bool:
         keys = keys.to(torch.uint8)
+    keys = keys.contiguous()  # a column of a (N, K) matrix is strided; searchsorted would copy it and warn
     rank = torch.searchsorted(torch.sort(keys).values, keys)
     layout = pair_layout(Levels(rank[None], max(n, 1), None), groups)
     block_start = layout.cell_start[0].long()
