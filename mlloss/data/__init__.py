@@ -1,19 +1,15 @@
-"""Data for mlloss experiments: a synthetic Ali-CCP-like impression log generator, loaders for
-the real Ali-CCP and AliExpress click/conversion CSVs, a batch sampler that keeps each group's
-(user's) items in the same batch for per-group losses (``sampler.py``), in-memory batches cut as
-slices on the device (``batches.py``) and a LightningDataModule serving them (``datamodule.py``,
-imported on first use: it needs the lightning extra)."""
+"""Data for mlloss experiments: the shared impression-log type ``ImpressionData``
+(``impressions.py``), a synthetic Ali-CCP-like impression log generator (``synthetic.py``),
+loaders for the real Ali-CCP and AliExpress click/conversion CSVs (``tabular.py``), a batch
+sampler that keeps each group's (user's) items in the same batch for per-group losses
+(``sampler.py``), in-memory batches cut as slices on the device (``batches.py``) and a
+LightningDataModule serving them (``datamodule.py``, imported on first use: it needs the
+lightning extra)."""
 
 from mlloss.data.batches import TensorBatches
+from mlloss.data.impressions import ImpressionData
 from mlloss.data.sampler import GroupBatchSampler
-from mlloss.data.synthetic import (
-    DENSE_FEATURES,
-    SPARSE_FIELDS,
-    ImpressionData,
-    SyntheticConfig,
-    generate_impressions,
-    split_by_time,
-)
+from mlloss.data.synthetic import DENSE_FEATURES, SPARSE_FIELDS, SyntheticConfig, generate_impressions, split_by_time
 from mlloss.data.tabular import (
     ALI_CCP_DENSE_FEATURES,
     ALI_CCP_SPARSE_FIELDS,

@@ -1,4 +1,4 @@
-"""Loaders for the real Ali-CCP and AliExpress click/conversion logs, as ImpressionData.
+"""Loaders for the real Ali-CCP and AliExpress click/conversion logs, as ImpressionData (``impressions.py``).
 
 Both data sets come in the preprocessed CSV layout of torch-rechub's multi-task examples: a
 header line, comma-separated values, sparse fields already label-encoded to 0, 1, 2, ...
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mlloss.data.synthetic import ImpressionData
+from mlloss.data.impressions import ImpressionData
 
 __all__ = [
     "ALI_CCP_SPARSE_FIELDS",
