@@ -37,6 +37,13 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
     return value
 
 
+def check_sizes(**sizes: int) -> None:
+    """Each of ``sizes`` (a count or a width of a model part) is >= 1."""
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def check_one_device(*tensors: Tensor) -> torch.device:
     """The one device of ``tensors``; raises if they are on several."""
     device = tensors[0].device

@@ -1,7 +1,6 @@
 """Deprecated alias of ``mlloss.ops.dispatch`` (the dispatcher was called ``ranking``)."""
 
-import warnings
-
+from .._deprecation import warn_moved
 from .dispatch import *  # noqa: F401,F403
 from .dispatch import (  # noqa: F401 -- the names older code imported from here
     CLOSED_FORMS,
@@ -16,6 +15,4 @@ from .dispatch import (  # noqa: F401 -- the names older code imported from here
 )
 from .torch_tier import _owned_groups  # noqa: F401
 
-warnings.warn(
-    "mlloss.ops.ranking is now mlloss.ops.dispatch; the old name will be removed", DeprecationWarning, stacklevel=2
-)
+warn_moved("mlloss.ops.ranking", "mlloss.ops.dispatch")
