@@ -6,7 +6,7 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4 puts the
 1. Logistic bipartite AUC, no groups, label priors 0.5 and 0.1: mlloss ``backend="triton"`` and
    ``backend="torch"``, a naive N x N broadcast eager and under ``torch.compile``, and LibAUC
    ``PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)`` (the same mean of log(1 + exp(-(s_i - s_j)))
-   over positive x negative pairs; see bench_pairwise.py).
+   over positive x negative pairs; see cases.py).
 2. Logistic LaA (linear cost), two binary labels with priors 0.5 and 0.1, no groups: the headline
    case. Triton, torch backend, naive eager, naive compiled.
 3. Closed forms at N = 1,048,576 in users of ~50 items: exponential / squared / hinge ``AUCLoss``
@@ -22,8 +22,10 @@ N = 1,024 to 1,048,576 (x4) in the full run; ``--quick``: N = 1,024, 16,384, 1,0
 16,384 and 1,048,576), AUC prior 0.1 only, and fewer compiled rows -- every acceptance line in a
 few minutes. ``torch.compile`` costs 5-30 s per (case, N), so the compiled naive rows run at every
 N only in sections 2 and 5 of the full run, and at N = 16,384 elsewhere (the skip rows say so).
-Inputs, valid-pair counts, the naive losses and the LibAUC wrappers are bench_pairwise.py's (same
-seeds as the CPU benchmark); the inputs are built on the CPU and copied to the device.
+The cases, inputs, valid-pair counts, implementations (mlloss, the naive losses eager and compiled,
+the LibAUC wrappers) and cross-checks are cases.py's, shared with the CPU runner bench_pairwise.py
+(same seeds); the inputs are built on the CPU and copied to the device. This module is the GPU
+runner: timing, memory, skips, acceptance lines and output files.
 
 Method (one process, one GPU). Each (case, N, implementation) row: one full-size warm-up step
 (two for ``torch.compile``, whose first call compiles forward and backward, and for steps under a
@@ -102,135 +104,22 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _measure  # noqa: E402
-import bench_pairwise as shared  # noqa: E402
+import cases  # noqa: E402
+from cases import HEADLINE_MEMORY_N, HEADLINE_SPEEDUP_N, LAA_CASE  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(SCRIPT))
 RESULTS_DIR = os.path.join(os.path.dirname(SCRIPT), "results")
 GB = 1024**3
-GROUP_SIZE = 50  # items per user in the grouped cases and section 3
 SLOW_STEP_S = 1.0  # a first call slower than this is the only warm-up; slower steps are timed at most 3 times
 
-# Sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
-SIZES = {
-    "full": ([1024, 4096, 16384, 65536, 262144, 1048576], [1024, 4096, 16384, 65536, 262144, 1048576], 1048576),
-    "quick": ([1024, 16384, 1048576], [16384, 1048576], 1048576),
-    "smoke": ([256], [256], 256),
-}
 # Per mode: (min repeats, max repeats, seconds of timing aimed at, max projected step s, run budget s).
 REPEATS = {"full": (5, 20, 1.0, 10.0, 500.0), "quick": (3, 10, 0.5, 2.0, 400.0), "smoke": (2, 3, 0.05, 30.0, 600.0)}
-
-SECTION_TITLES = {
-    1: "Section 1: logistic bipartite AUC, no groups",
-    2: "Section 2: logistic LaA, two labels, no groups (headline)",
-    3: "Section 3: closed forms at scale (users of ~50 items)",
-    4: "Section 4: grouped logistic AUC (users of ~50 items)",
-    5: "Section 5: grouped logistic LaA (users of ~50 items)",
-}
-LAA_CASE = f"LaA logistic, 2 labels (priors {shared.LAA_PRIORS[0]}, {shared.LAA_PRIORS[1]})"
-HEADLINE_SPEEDUP_N = 16384
-HEADLINE_MEMORY_N = 1048576
-
-
-# --------------------------------------------------------------------------------------------
-# Cases
-# --------------------------------------------------------------------------------------------
-
-
-def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) -> list[dict[str, Any]]:
-    """Each case: the loss definition, its sizes and its implementations (reference first)."""
-    sweep, grouped_sweep, big = SIZES[mode]
-    if sizes_override:
-        sweep = grouped_sweep = sizes_override
-    quick = mode == "quick"
-    # torch.compile costs ~5-30 s per (case, N): compiled rows at every size only where they feed the
-    # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise.
-    compile_at_speedup_n = {} if mode == "smoke" or sizes_override else {"naive-compile": [HEADLINE_SPEEDUP_N]}
-    if section == 1:
-        # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
-        priors = [0.1] if quick else [0.5, 0.1]
-        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc"]
-        if not quick:
-            impls.insert(3, "naive-compile")
-        return [dict(section=1, case=f"AUC logistic, prior {p}", kind="auc", prior=p, surrogate="logistic",
-                     sizes=sweep, impls=impls, only_at=compile_at_speedup_n) for p in priors]
-    if section == 2:
-        return [dict(section=2, case=LAA_CASE, kind="laa", priors=list(shared.LAA_PRIORS), surrogate="logistic",
-                     sizes=sweep, impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
-                     only_at=compile_at_speedup_n if quick else {})]
-    if section == 3:
-        if sizes_override:
-            big = max(sizes_override)
-        cases = []
-        for surrogate in ("exponential", "squared", "hinge"):
-            impls = ["mlloss-exact", "mlloss-triton", "mlloss-torch"]
-            cases.append(dict(section=3, case=f"AUC {surrogate}, groups, prior 0.1", kind="auc", prior=0.1,
-                              surrogate=surrogate, group_size=GROUP_SIZE, sizes=[big], impls=impls))
-            cases.append(dict(section=3, case=f"LaA {surrogate}, groups, 2 labels", kind="laa",
-                              priors=list(shared.LAA_PRIORS), surrogate=surrogate, group_size=GROUP_SIZE,
-                              sizes=[big], impls=impls))
-        cases.append(dict(section=3, case="PDAOM exponential, groups, prior 0.1", kind="pdaom", prior=0.1,
-                          surrogate="exponential", group_size=GROUP_SIZE, sizes=[big],
-                          impls=["mlloss", "naive-scatter"]))
-        return cases
-    if section == 4:
-        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc-loop"]
-        if not quick:
-            impls.insert(3, "naive-compile")
-        return [dict(section=4, case=f"grouped AUC logistic, ~{GROUP_SIZE} items/user, prior 0.1", kind="auc",
-                     prior=0.1, surrogate="logistic", group_size=GROUP_SIZE, sizes=grouped_sweep, impls=impls,
-                     only_at=compile_at_speedup_n, dense_case="AUC logistic, prior 0.1")]
-    if section == 5:
-        return [dict(section=5, case=f"grouped LaA logistic, ~{GROUP_SIZE} items/user, 2 labels", kind="laa",
-                     priors=list(shared.LAA_PRIORS), surrogate="logistic", group_size=GROUP_SIZE,
-                     sizes=grouped_sweep, impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
-                     only_at=compile_at_speedup_n if quick else {}, dense_case=LAA_CASE)]
-    raise ValueError(f"unknown section {section}; expected one of {sorted(SECTION_TITLES)}")
 
 
 # --------------------------------------------------------------------------------------------
 # One row: build, warm up, time, measure memory
 # --------------------------------------------------------------------------------------------
-
-
-def build_step(spec: dict[str, Any], inputs, compile_backend: str) -> Callable[[], Any]:
-    """One forward + backward on ``inputs``; returns the detached loss (no host sync of its own)."""
-    import torch
-
-    scores, labels, groups = inputs
-    if spec["impl"] == "naive-compile":
-        from torch._dynamo.utils import counters
-
-        torch._dynamo.reset()  # a fresh, static-shape compile per row: no recompile limit, no reuse
-        counters.clear()
-        scores.requires_grad_(True)
-
-        def naive(s, y, g):
-            return shared.naive_broadcast_loss(spec, s, y, g)
-
-        compiled = torch.compile(naive, backend=compile_backend, dynamic=False)
-
-        def forward():
-            return compiled(scores, labels, groups)
-
-    else:
-        forward = shared.build_forward(spec, inputs)
-
-    def step():
-        scores.grad = None
-        loss = forward()
-        loss.backward()
-        return loss.detach()
-
-    return step
-
-
-def compile_counters() -> dict[str, int]:
-    """Graph breaks and compiled graphs of the last ``torch.compile`` row (counters since its reset)."""
-    from torch._dynamo.utils import counters
-
-    return {"graph_breaks": sum(counters["graph_break"].values()),
-            "compiled_graphs": int(counters["stats"]["unique_graphs"])}
 
 
 class DeviceClock:
@@ -342,15 +231,6 @@ class Projector:
         self.seen: dict[str, dict[str, float]] = {}  # impl -> its last measurement
 
     @staticmethod
-    def memory_elements(impl: str, n: int, pairs: float) -> float | None:
-        """Elements of the quadratic temporaries, for the implementations that build them."""
-        if impl.startswith("naive") and impl != "naive-scatter":
-            return float(n) * n
-        if impl == "libauc":
-            return pairs
-        return None
-
-    @staticmethod
     def work(impl: str, n: int, pairs: float) -> float:
         return float(n) * n if impl in ("naive", "naive-compile") else max(pairs, float(n))
 
@@ -358,13 +238,12 @@ class Projector:
         """Why ``row`` should not run, or None; ``time_limited=False`` checks memory only."""
         impl, n, pairs = row["impl"], row["n"], row["pairs"]
         seen = self.seen.get(impl)
-        elements = self.memory_elements(impl, n, pairs)
+        elements = cases.quadratic_elements(impl, n, pairs)
         if elements is not None:
+            measured = None
             if seen and seen["elements"] and seen["peak_mb"] and seen["peak_mb"] > 0:
-                projected_mb = seen["peak_mb"] / seen["elements"] * elements
-            else:
-                prior = shared.PRIOR_BYTES_PER_ELEMENT["libauc" if impl == "libauc" else "naive"]
-                projected_mb = prior * elements / _measure.MB
+                measured = (seen["elements"], seen["peak_mb"])
+            projected_mb = cases.projected_peak_mb(impl, elements, measured)
             row["projected_peak_mb"] = projected_mb
             if projected_mb > self.mem_limit_gb * 1024:
                 return f"projected peak {projected_mb / 1024:.3g} GB > {self.mem_limit_gb:.3g} GB"
@@ -378,21 +257,11 @@ class Projector:
     def record(self, row: dict[str, Any]) -> None:
         impl, n, pairs = row["impl"], row["n"], row["pairs"]
         self.seen[impl] = {
-            "elements": self.memory_elements(impl, n, pairs) or 0.0,
+            "elements": cases.quadratic_elements(impl, n, pairs) or 0.0,
             "peak_mb": row.get("peak_extra_mb") or 0.0,
             "time_s": row["time_s"],
             "work": self.work(impl, n, pairs),
         }
-
-
-def group_pair_elements(groups, n: int) -> float:
-    """sum_u n_u^2 (N^2 without groups): the dense-equivalent size of the pair space."""
-    import torch
-
-    if groups is None:
-        return float(n) * n
-    counts = torch.unique(groups, return_counts=True)[1].to(torch.float64)
-    return float((counts * counts).sum())
 
 
 def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str | None,
@@ -403,9 +272,9 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
     for n in case["sizes"]:
         spec_base = {k: v for k, v in case.items() if k not in ("sizes", "impls", "dense_case", "only_at")}
         spec_base.update(n=n, seed=args.seed)
-        cpu_inputs = shared.make_inputs(spec_base)
-        pairs = shared.count_pairs(spec_base, cpu_inputs[1], cpu_inputs[2])
-        elements = group_pair_elements(cpu_inputs[2], n)
+        cpu_inputs = cases.make_inputs(spec_base)
+        pairs = cases.count_pairs(spec_base, cpu_inputs[1], cpu_inputs[2])
+        elements = cases.group_pair_elements(cpu_inputs[2], n)
         reference: dict[str, Any] | None = None
         f64: float | None = None
         f64_done = False
@@ -434,14 +303,14 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
             # Fresh device copies per row: no implementation sees another's autograd state.
             inputs = tuple(None if t is None else t.to(args.device) for t in cpu_inputs)
             if not f64_done:
-                f64, f64_done = shared.float64_reference(spec_base, inputs), True
+                f64, f64_done = cases.float64_reference(spec_base, inputs), True
             try:
-                step = build_step(dict(spec_base, impl=impl), inputs, args.compile_backend)
+                step = cases.build_step(dict(spec_base, impl=impl), inputs, args.compile_backend)
                 result = measure_row(step, inputs[0], clock, compiled=impl == "naive-compile",
                                      repeats=args.repeats)
                 grad = inputs[0].grad.detach().clone()
                 if impl == "naive-compile":
-                    result.update(compile_counters())
+                    result.update(cases.compile_counters())
                 del step
             except Exception as exc:  # noqa: BLE001 -- record the failure (e.g. out of memory) and go on
                 message = " ".join(str(exc).split())[:300]
@@ -456,7 +325,7 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
                 continue
             row.update(result)
             row["pairs_per_s"] = pairs / result["time_s"] if case["kind"] != "pdaom" else None
-            reference = shared.check_against_reference(row, result["value"], grad, reference, f64)
+            reference = cases.check_against_reference(row, result["value"], grad, reference, f64)
             projector.record(row)
             on_row(row)
             extra = "" if result["peak_extra_mb"] is None else f", peak extra {result['peak_extra_mb']:.0f} MB"
@@ -481,11 +350,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             note = f"skipped: {row['skipped']}" if "skipped" in row else f"error: {row['error'][:100]}"
             table.append(head + [note] + ["-"] * 6)
             continue
-        if row.get("reference"):
-            diff = "ref" + (f" (vs f64: {row['f64_rel_diff']:.1e})" if "f64_rel_diff" in row else "")
-            grad = "ref"
-        else:
-            diff, grad = f"{row['value_rel_diff']:.1e}", f"{row['grad_rel_diff']:.1e}"
+        diff, grad = cases.cross_check_cells(row)
         table.append(head + [
             f"{row['time_s'] * 1e3:.3g}", f"{row['time_min_s'] * 1e3:.3g}",
             _measure.fmt_num(row["peak_extra_mb"], ".1f"), _measure.fmt_num(row.get("pairs_per_s"), ".3g"),
@@ -527,18 +392,16 @@ SMALL_CALL_TARGET_S = 0.3e-3  # the whole call at N = 16,384
 GROUPED_CALL_TARGET_S = 1e-3  # N = 1,048,576 in users of ~50 items
 PDAOM_CALL_TARGET_S = 0.5e-3  # PDAOMLoss at N = 1,048,576
 MEMORY_TARGET_MB = 48.0  # extra memory at N = 1,048,576
-AUC_CASE = "AUC logistic, prior 0.1"
-PDAOM_CASE = "PDAOM exponential, groups, prior 0.1"
 
 
 def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
     """The targets (H100/H200), computed from the rows; then the naive baselines over Triton."""
     lines = []
-    for case in (AUC_CASE, LAA_CASE):
+    for case in (cases.AUC_CASE, LAA_CASE):
         lines += _dense_lines(rows, case, gpu)
     for case in sorted({r["case"] for r in rows if r.get("dense_case")}):
         lines += _time_line(rows, case, "mlloss-triton", HEADLINE_MEMORY_N, GROUPED_CALL_TARGET_S, gpu)
-    lines += _time_line(rows, PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
+    lines += _time_line(rows, cases.PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
     return lines + _naive_lines(rows, gpu)
 
 
@@ -637,7 +500,7 @@ def write_report(path: str, report: dict[str, Any]) -> None:
              f"{device.get('triton')}, libauc {device.get('libauc')}, {device['date_utc']}\n\n"
              f"command: `{report['command']}`\n"]
     for section in sorted({r["section"] for r in rows}):
-        parts.append(f"\n## {SECTION_TITLES[section]}\n\n"
+        parts.append(f"\n## {cases.GPU_SECTION_TITLES[section]}\n\n"
                      f"{format_rows([r for r in rows if r['section'] == section])}\n")
     parts.append("\n## Acceptance\n\n" + "\n".join(report["acceptance"]) + "\n")
     with open(os.path.splitext(path)[0] + ".md", "w") as handle:
@@ -748,12 +611,13 @@ def run(args: argparse.Namespace) -> None:
     if args.mem_limit_gb is None:
         args.mem_limit_gb = (0.85 * torch.cuda.get_device_properties(0).total_memory / GB
                              if args.device == "cuda" else 8.0)
-    cases = [case for section in args.section_list for case in gpu_cases(section, args.mode, args.size_list)]
-    for case in cases:
+    planned = [case for section in args.section_list
+               for case in cases.gpu_cases(section, args.mode, args.size_list)]
+    for case in planned:
         if args.impl_list:
             case["impls"] = [impl for impl in case["impls"] if impl in args.impl_list]
     libauc_missing = None
-    if any(impl.startswith("libauc") for case in cases for impl in case["impls"]):
+    if any(impl.startswith("libauc") for case in planned for impl in case["impls"]):
         try:
             import libauc.losses  # noqa: F401
         except Exception as exc:  # noqa: BLE001 -- optional peer: its rows are skipped with the reason
@@ -793,8 +657,8 @@ def run(args: argparse.Namespace) -> None:
 
     clock = DeviceClock(args.device)
     for section in args.section_list:
-        print(f"\nrunning {SECTION_TITLES[section]} ...", flush=True)
-        for case in cases:
+        print(f"\nrunning {cases.GPU_SECTION_TITLES[section]} ...", flush=True)
+        for case in planned:
             if case["section"] == section:
                 run_case(case, args, clock, libauc_missing, started, on_row)
         print("\n" + format_rows([r for r in report["results"] if r["section"] == section]), flush=True)

@@ -45,15 +45,14 @@ Usage::
 ``--quick`` runs every case in the driver process (memory numbers approximate: earlier cases'
 heap is reused) and writes ``results/cpu-2core-quick.json`` unless ``--output`` is given.
 
-The GPU benchmark, bench_gpu.py, reuses this module's inputs, pair counts, naive losses,
-implementation builders (``build_forward``) and cross-checks (``check_against_reference``).
+The cases, inputs, pair counts, implementations (mlloss and the baselines) and cross-checks are
+``cases.py``'s, shared with the GPU runner bench_gpu.py; this module is the CPU runner.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -62,183 +61,17 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _measure  # noqa: E402
+import cases  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(SCRIPT))
 DEFAULT_OUTPUT = os.path.join(os.path.dirname(SCRIPT), "results", "cpu-2core.json")
-LAA_PRIORS = (0.5, 0.1)
 THREADS = 2
 
-# Peak bytes per matrix element assumed before any size of an implementation has been measured;
-# afterwards the measured peak of the largest size run so far is extrapolated.
-PRIOR_BYTES_PER_ELEMENT = {"naive": 24.0, "libauc": 24.0}
-
 
 # --------------------------------------------------------------------------------------------
-# Inputs (identical in the driver and in every worker: seeded by case and N)
+# One case in a worker (or in the driver with --in-process)
 # --------------------------------------------------------------------------------------------
-
-
-def make_inputs(spec: dict[str, Any], n: int | None = None):
-    import torch
-
-    n = spec["n"] if n is None else n
-    generator = torch.Generator().manual_seed(spec["seed"] * 1_000_003 + n)
-    scores = torch.randn(n, generator=generator)
-    if spec["kind"] == "laa":
-        labels = (torch.rand(n, len(spec["priors"]), generator=generator) < torch.tensor(spec["priors"])).float()
-    else:
-        labels = (torch.rand(n, generator=generator) < spec["prior"]).float()
-    groups = None
-    if spec.get("n_groups") or spec.get("group_size"):
-        if spec.get("n_groups"):  # a fixed number of groups; scaled down for the tiny warm-up input
-            n_groups = max(1, round(spec["n_groups"] * n / spec["n"]))
-        else:
-            n_groups = max(1, n // spec["group_size"])
-        user_ids = torch.randint(0, 2**40, (n_groups,), generator=generator)
-        groups = user_ids[torch.randint(0, n_groups, (n,), generator=generator)]
-    return scores, labels, groups
-
-
-def levels_of(spec: dict[str, Any], labels):
-    return labels.sum(1) if spec["kind"] == "laa" else labels
-
-
-def count_pairs(spec: dict[str, Any], labels, groups) -> float:
-    """Valid pairs: level_i > level_j in the same group (for LibAUC also its pos x neg elements)."""
-    import torch
-
-    level = levels_of(spec, labels).to(torch.int64)
-    num_levels = int(level.max()) + 1
-    inverse = torch.zeros_like(level) if groups is None else torch.unique(groups, return_inverse=True)[1]
-    num_groups = int(inverse.max()) + 1
-    counts = torch.bincount(inverse * num_levels + level, minlength=num_groups * num_levels)
-    counts = counts.reshape(num_groups, num_levels).to(torch.float64)
-    upper = torch.tril(torch.ones(num_levels, num_levels, dtype=torch.float64), -1)  # a > b
-    pairs = float(torch.einsum("ga,ab,gb->", counts, upper, counts))
-    return pairs
-
-
-# --------------------------------------------------------------------------------------------
-# Implementations (built inside the worker)
-# --------------------------------------------------------------------------------------------
-
-
-def naive_broadcast_loss(spec, scores, labels, groups):
-    """The spec's loss from full N x N matrices and autograd: the obvious way to write it."""
-    import torch
-    import torch.nn.functional as F
-
-    level = levels_of(spec, labels)
-    cost = (level[:, None] - level[None, :]).clamp(min=0)  # linear cost; 0/1 for binary labels
-    if groups is None:
-        weight = cost / cost.sum()
-    else:
-        cost = cost * (groups[:, None] == groups[None, :])
-        _, inverse = torch.unique(groups, return_inverse=True)
-        group_cost = torch.zeros(int(inverse.max()) + 1, dtype=cost.dtype, device=cost.device).index_add_(
-            0, inverse, cost.sum(1)
-        )
-        groups_with_pairs = (group_cost > 0).sum()
-        weight = cost / (group_cost[inverse].clamp(min=1e-30)[:, None] * groups_with_pairs)
-    t = scores[:, None] - scores[None, :]
-    return (F.softplus(-t) * weight).sum()
-
-
-def naive_pdaom_loss(scores, labels, groups):
-    """sum over users of exp(-(min positive score - max negative score)) by scatter min / max."""
-    import torch
-
-    _, inverse = torch.unique(groups, return_inverse=True)
-    num_groups = int(inverse.max()) + 1
-    pos, neg = labels > 0, labels == 0
-    low_pos = torch.full((num_groups,), math.inf, device=scores.device).scatter_reduce(
-        0, inverse[pos], scores[pos], "amin"
-    )
-    high_neg = torch.full((num_groups,), -math.inf, device=scores.device).scatter_reduce(
-        0, inverse[neg], scores[neg], "amax"
-    )
-    valid = torch.isfinite(low_pos) & torch.isfinite(high_neg)
-    return torch.exp(-(low_pos[valid] - high_neg[valid])).sum()
-
-
-def build_forward(spec: dict[str, Any], inputs):
-    """A closure computing the loss of ``inputs`` (scores made to require grad) for ``spec["impl"]``.
-
-    ``"mlloss"`` is mlloss with ``backend="auto"``, ``"mlloss-<backend>"`` mlloss with that backend
-    (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``). The inputs may live on any device.
-    """
-    import torch
-
-    scores, labels, groups = inputs
-    scores.requires_grad_(True)
-    impl, kind, surrogate = spec["impl"], spec["kind"], spec["surrogate"]
-
-    if impl == "mlloss" or impl.startswith("mlloss-"):
-        import mlloss
-
-        backend = impl.partition("-")[2] or "auto"
-        if kind == "pdaom":
-            loss_fn = mlloss.PDAOMLoss(backend=backend)
-        elif kind == "laa":
-            loss_fn = mlloss.LaALoss(surrogate=surrogate, backend=backend)
-        else:
-            loss_fn = mlloss.AUCLoss(surrogate=surrogate, backend=backend)
-
-        def forward():
-            return loss_fn(scores, labels, groups)
-
-    elif impl == "libauc":
-        from libauc.losses import PairwiseAUCLoss
-
-        loss_fn = PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)
-
-        def forward():
-            return loss_fn(scores.view(-1, 1), labels.view(-1, 1))
-
-    elif impl == "libauc-loop":
-        from libauc.losses import PairwiseAUCLoss
-
-        loss_fn = PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)
-
-        def forward():
-            order = torch.argsort(groups, stable=True)
-            _, sizes = torch.unique_consecutive(groups[order], return_counts=True)
-            sizes = sizes.tolist()
-            terms = []
-            for s_u, y_u in zip(torch.split(scores[order], sizes), torch.split(labels[order], sizes)):
-                positives = int(y_u.sum())
-                if 0 < positives < y_u.numel():  # LibAUC asserts a positive; skip one-class users
-                    terms.append(loss_fn(s_u.view(-1, 1), y_u.view(-1, 1)))
-            return torch.stack(terms).mean() if terms else scores.sum() * 0
-
-    elif impl == "naive":
-
-        def forward():
-            return naive_broadcast_loss(spec, scores, labels, groups)
-
-    elif impl == "naive-scatter":
-
-        def forward():
-            return naive_pdaom_loss(scores, labels, groups)
-
-    else:
-        raise ValueError(f"unknown implementation {impl!r}")
-    return forward
-
-
-def build_step(spec: dict[str, Any], inputs):
-    """A closure running one forward + backward on ``inputs``; returns the loss value."""
-    scores = inputs[0]
-    forward = build_forward(spec, inputs)
-
-    def step():
-        scores.grad = None
-        loss = forward()
-        loss.backward()
-        return float(loss.detach())
-
-    return step
 
 
 def run_case(spec: dict[str, Any]) -> dict[str, Any]:
@@ -246,12 +79,12 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(THREADS)
-    inputs = make_inputs(spec)
-    tiny = make_inputs(spec, n=min(256, spec["n"]))
-    step, warm = build_step(spec, inputs), build_step(spec, tiny)
+    inputs = cases.make_inputs(spec)
+    tiny = cases.make_inputs(spec, n=min(256, spec["n"]))
+    step, warm = cases.build_step(spec, inputs), cases.build_step(spec, tiny)
     load_before = os.getloadavg()
     measured = _measure.measure_step(step, warm, repeats=spec["repeats"], long_run_s=spec["long_run_s"])
-    value = measured.pop("result")
+    value = float(measured.pop("result"))
     torch.save({"value": value, "grad": inputs[0].grad.detach().clone()}, spec["out_prefix"] + ".grad.pt")
     import mlloss
 
@@ -274,112 +107,29 @@ def worker_main(spec_path: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Cases
+# Driver: sections, skips, tables
 # --------------------------------------------------------------------------------------------
-
-
-def section_cases(section: int, quick: bool) -> list[dict[str, Any]]:
-    """Each case: the loss definition, its sizes and its implementations (reference first)."""
-    sizes = [1024, 4096] if quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-    if section == 1:
-        priors = [0.5] if quick else [0.5, 0.1]
-        return [
-            dict(section=1, case=f"AUC logistic, prior {p}", kind="auc", prior=p, surrogate="logistic",
-                 sizes=sizes, impls=["mlloss", "libauc", "naive"])
-            for p in priors
-        ]
-    if section == 2:
-        return [dict(section=2, case=f"LaA logistic, 2 labels (priors {LAA_PRIORS[0]}, {LAA_PRIORS[1]})",
-                     kind="laa", priors=list(LAA_PRIORS), surrogate="logistic", sizes=sizes,
-                     impls=["mlloss", "naive"], max_n={"naive": 8192})]
-    if section == 3:
-        n, n_groups = (50_000, 1_000) if quick else (1_000_000, 20_000)
-        cases = []
-        for surrogate in ("exponential", "squared", "hinge"):
-            cases.append(dict(section=3, case=f"AUC {surrogate}, groups, prior 0.1", kind="auc", prior=0.1,
-                              surrogate=surrogate, n_groups=n_groups, sizes=[n], impls=["mlloss", "mlloss-torch"]))
-            cases.append(dict(section=3, case=f"LaA {surrogate}, groups, 2 labels", kind="laa",
-                              priors=list(LAA_PRIORS), surrogate=surrogate, n_groups=n_groups, sizes=[n],
-                              impls=["mlloss", "mlloss-torch"]))
-        cases.append(dict(section=3, case="PDAOM exponential, groups, prior 0.1", kind="pdaom", prior=0.1,
-                          surrogate="exponential", n_groups=n_groups, sizes=[n], impls=["mlloss", "naive-scatter"]))
-        return cases
-    if section == 4:
-        return [dict(section=4, case="grouped AUC logistic, ~50 items/user, prior 0.1", kind="auc", prior=0.1,
-                     surrogate="logistic", group_size=50, sizes=sizes, impls=["mlloss", "naive", "libauc-loop"],
-                     max_n={"naive": 8192})]
-    raise ValueError(f"unknown section {section}")
-
-
-SECTION_TITLES = {
-    1: "Section 1: logistic bipartite AUC, no groups",
-    2: "Section 2: logistic LaA, two labels, no groups",
-    3: "Section 3: closed forms at scale (groups)",
-    4: "Section 4: grouped logistic AUC (users of ~50 items)",
-}
-
-
-def float64_reference(spec, inputs) -> float | None:
-    """Float64 naive value for small N (independent check of the reference row)."""
-    import torch
-
-    if spec["kind"] == "pdaom" or spec["surrogate"] != "logistic" or spec["n"] > 4096:
-        return None
-    scores, labels, groups = inputs
-    with torch.no_grad():
-        # The naive builder works in the dtype of its inputs.
-        value = naive_broadcast_loss(spec, scores.double(), labels.double(), groups)
-    return float(value)
-
-
-def check_against_reference(
-    row: dict[str, Any], value: float, grad, reference: dict[str, Any] | None, f64: float | None
-) -> dict[str, Any]:
-    """Fill ``row``'s cross-check fields; return the case's reference (value, gradient, implementation).
-
-    The first measured implementation of a (case, N) is the reference: it is compared with the
-    float64 naive value when there is one; every later row with the reference's value and
-    gradient (relative to the largest reference gradient entry).
-    """
-    if reference is None:
-        row["reference"] = True
-        if f64 is not None:
-            row["f64_rel_diff"] = abs(value - f64) / abs(f64)
-        return {"value": value, "grad": grad, "impl": row["impl"]}
-    row["value_rel_diff"] = abs(value - reference["value"]) / abs(reference["value"])
-    scale = float(reference["grad"].abs().max())
-    row["grad_rel_diff"] = float((grad - reference["grad"]).abs().max()) / scale
-    row["reference_impl"] = reference["impl"]
-    return reference
 
 
 def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> list[dict[str, Any]]:
     import torch
 
     rows: list[dict[str, Any]] = []
-    for case in section_cases(section, args.quick):
+    for case in cases.cpu_cases(section, args.quick):
         measured_per_element: dict[str, tuple[float, float]] = {}  # impl -> (elements, MB)
         for n in case["sizes"]:
             spec_base = {k: v for k, v in case.items() if k not in ("sizes", "impls", "max_n")}
             spec_base.update(n=n, seed=args.seed, repeats=args.repeats, long_run_s=args.long_run_s)
-            inputs = make_inputs(spec_base)
-            pairs = count_pairs(spec_base, inputs[1], inputs[2])
-            f64 = float64_reference(spec_base, inputs)
+            inputs = cases.make_inputs(spec_base)
+            pairs = cases.count_pairs(spec_base, inputs[1], inputs[2])
+            f64 = cases.float64_reference(spec_base, inputs)
             reference: dict[str, Any] | None = None
             for impl in case["impls"]:
                 spec = dict(spec_base, impl=impl)
                 row = dict(section=section, case=case["case"], n=n, impl=impl, pairs=pairs)
-                elements = None
-                if impl == "naive":
-                    elements = float(n) * n
-                elif impl == "libauc":
-                    elements = pairs
+                elements = cases.quadratic_elements(impl, n, pairs)
                 if elements is not None:
-                    if impl in measured_per_element:
-                        seen_elements, seen_mb = measured_per_element[impl]
-                        projected_mb = seen_mb / seen_elements * elements
-                    else:
-                        projected_mb = PRIOR_BYTES_PER_ELEMENT[impl] * elements / _measure.MB
+                    projected_mb = cases.projected_peak_mb(impl, elements, measured_per_element.get(impl))
                     row["projected_peak_mb"] = projected_mb
                     cap = case.get("max_n", {}).get(impl)
                     if projected_mb > args.mem_limit_gb * 1024:
@@ -408,7 +158,7 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
                         measured_per_element[impl] = (elements, result["peak_extra_mb"])
                     row["pairs_per_s"] = pairs / result["time_s"] if case["kind"] != "pdaom" else None
                     saved = torch.load(spec["out_prefix"] + ".grad.pt")
-                    reference = check_against_reference(row, saved["value"], saved["grad"], reference, f64)
+                    reference = cases.check_against_reference(row, saved["value"], saved["grad"], reference, f64)
                     os.remove(spec["out_prefix"] + ".grad.pt")
                 rows.append(row)
                 print(f"  {case['case']} N={n} {impl}: " + (
@@ -429,12 +179,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         if "error" in row:
             table.append([row["case"], row["n"], row["impl"], f"error: {row['error'][:80]}", "-", "-", "-", "-", "-"])
             continue
-        if row.get("reference"):
-            diff = "ref" + (f" (vs f64: {row['f64_rel_diff']:.1e})" if "f64_rel_diff" in row else "")
-            grad = "ref"
-        else:
-            diff = f"{row['value_rel_diff']:.1e}"
-            grad = f"{row['grad_rel_diff']:.1e}"
+        diff, grad = cases.cross_check_cells(row)
         pairs_per_s = "-" if row.get("pairs_per_s") is None else f"{row['pairs_per_s']:.3g}"
         table.append([
             row["case"], row["n"], row["impl"], f"{row['time_s'] * 1e3:.1f}",
@@ -540,11 +285,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mlloss-bench-") as tmpdir:
         for section in sections:
             load_start = os.getloadavg()
-            print(f"\nrunning {SECTION_TITLES[section]} ...", flush=True)
+            print(f"\nrunning {cases.CPU_SECTION_TITLES[section]} ...", flush=True)
             rows = run_section(section, args, tmpdir, env_extra)
             load_end = os.getloadavg()
             table = format_rows(rows)
-            block = (f"\n## {SECTION_TITLES[section]}\n\nload average (1, 5, 15 min) at start "
+            block = (f"\n## {cases.CPU_SECTION_TITLES[section]}\n\nload average (1, 5, 15 min) at start "
                      f"{tuple(round(x, 2) for x in load_start)}, at end {tuple(round(x, 2) for x in load_end)}"
                      f"\n\n{table}\n")
             print(block, flush=True)

@@ -37,6 +37,36 @@ def bench_gpu():
         sys.path.remove(str(BENCHMARKS))
 
 
+@pytest.fixture(scope="module")
+def cases(bench_gpu):
+    """benchmarks/cases.py: the cases, inputs, baselines and cross-checks of both runners."""
+    import cases
+
+    return cases
+
+
+def test_both_runners_plan_the_same_loss_for_a_case_name_and_count_its_pairs(cases):
+    """A case name means one loss in bench_pairwise.py's and bench_gpu.py's plans, and count_pairs
+    is the brute-force count of same-group pairs with a higher level first."""
+    import torch
+
+    loss_keys = ("kind", "prior", "priors", "surrogate")
+    planned = {}
+    for plan in [cases.cpu_cases(s, quick) for s in cases.CPU_SECTION_TITLES for quick in (False, True)] + [
+        cases.gpu_cases(s, mode) for s in cases.GPU_SECTION_TITLES for mode in cases.GPU_SIZES
+    ]:
+        for case in plan:
+            definition = {k: case.get(k) for k in loss_keys}
+            assert planned.setdefault(case["case"], definition) == definition, case["case"]
+    assert {cases.AUC_CASE, cases.LAA_CASE, cases.PDAOM_CASE} <= set(planned)
+    for case in (cases.laa_logistic(), cases.grouped_auc_logistic(), cases.pdaom(n_groups=7)):
+        spec = dict(case, n=300, seed=1)
+        _, labels, groups = cases.make_inputs(spec)
+        level = cases.levels_of(spec, labels)
+        same = torch.ones(300, 300, dtype=torch.bool) if groups is None else groups[:, None] == groups[None, :]
+        assert cases.count_pairs(spec, labels, groups) == float(((level[:, None] > level[None, :]) & same).sum())
+
+
 def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_path):
     output = tmp_path / "smoke.json"
     bench_gpu.main(["--device", "cpu", "--sections", "2,5", "--sizes", "96", "--min-repeats", "1",
@@ -59,8 +89,8 @@ def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_p
     assert "## Acceptance" in output.with_suffix(".md").read_text()
 
 
-def test_merge_recomputes_acceptance_from_both_files(bench_gpu, tmp_path):
-    row = dict(section=2, case=bench_gpu.LAA_CASE, n=16384, impl="mlloss-triton", pairs=1e8,
+def test_merge_recomputes_acceptance_from_both_files(bench_gpu, cases, tmp_path):
+    row = dict(section=2, case=cases.LAA_CASE, n=16384, impl="mlloss-triton", pairs=1e8,
                pair_elements=16384.0**2, time_s=1e-3, time_min_s=1e-3, peak_extra_mb=1.0,
                pairs_per_s=1e11, value=0.7, first_call_s=0.1, reference=True)
     naive = dict(row, impl="naive", time_s=3e-2, reference=None, value_rel_diff=0.0, grad_rel_diff=0.0)

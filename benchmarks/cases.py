@@ -1,0 +1,441 @@
+"""The benchmark cases and baselines that the CPU runner (bench_pairwise.py) and the GPU runner
+(bench_gpu.py) share: one definition of each, imported by both (neither runner imports the other).
+
+- Cases: the loss definitions (``auc_logistic``, ``laa_logistic``, ``closed_forms``, ``pdaom``,
+  ``grouped_auc_logistic``, ``grouped_laa_logistic``: kind, label prior(s), surrogate, grouping)
+  and each runner's plan of sections, sizes and implementations (``cpu_cases`` and
+  ``CPU_SECTION_TITLES``, ``gpu_cases`` and ``GPU_SECTION_TITLES``). A spec is a case's dict with
+  ``n``, ``seed`` and ``impl`` added.
+- Inputs: ``make_inputs`` (seeded by the spec's seed and N, so the CPU and GPU runs of a case see
+  the same scores, labels and user ids; built on the CPU) and the pair counts: ``count_pairs``
+  (valid pairs, the pairs/s numerator) and ``group_pair_elements`` (sum of squared group sizes).
+- Implementations (``build_forward``, ``build_step``): mlloss with each backend, and the baselines:
+  a naive N x N broadcast with autograd, eager (``"naive"``) or under ``torch.compile``
+  (``"naive-compile"``), a naive scatter min / max for PDAOM (``"naive-scatter"``), and LibAUC's
+  ``PairwiseAUCLoss`` on the whole batch (``"libauc"``) or once per user (``"libauc-loop"``).
+- The peak memory projected for the quadratic baselines before they run (``quadratic_elements``,
+  ``projected_peak_mb``).
+- Accuracy: a float64 naive evaluation for N <= 4096 (``float64_reference``), the comparison of
+  every row with its case's reference row (``check_against_reference``) and the table cells that
+  show it (``cross_check_cells``).
+
+The runners keep their own argument parsing, timing, memory measurement, skips and output files.
+torch, mlloss and LibAUC are imported inside the functions: bench_gpu.py sets TRITON_INTERPRET
+before torch is imported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import _measure
+
+LAA_PRIORS = (0.5, 0.1)
+GROUP_SIZE = 50  # items per user in the GPU runner's grouped cases and closed forms, and CPU section 4
+CLOSED_FORM_SURROGATES = ("exponential", "squared", "hinge")
+LAA_CASE = f"LaA logistic, 2 labels (priors {LAA_PRIORS[0]}, {LAA_PRIORS[1]})"
+PDAOM_CASE = "PDAOM exponential, groups, prior 0.1"
+
+# Peak bytes per matrix element assumed before any size of an implementation has been measured;
+# afterwards the measured peak of the largest size run so far is extrapolated.
+PRIOR_BYTES_PER_ELEMENT = {"naive": 24.0, "libauc": 24.0}
+
+
+# --------------------------------------------------------------------------------------------
+# Cases: the loss definitions, then each runner's plan
+# --------------------------------------------------------------------------------------------
+
+
+def auc_logistic(prior: float) -> dict[str, Any]:
+    return dict(case=f"AUC logistic, prior {prior}", kind="auc", prior=prior, surrogate="logistic")
+
+
+AUC_CASE = auc_logistic(0.1)["case"]  # the bipartite partner of the grouped AUC case
+
+
+def laa_logistic() -> dict[str, Any]:
+    return dict(case=LAA_CASE, kind="laa", priors=list(LAA_PRIORS), surrogate="logistic")
+
+
+def closed_forms(**grouping: int) -> list[dict[str, Any]]:
+    """AUC (prior 0.1) and LaA (two labels) with each closed-form surrogate; ``grouping`` is
+    ``n_groups=`` (a fixed number of users) or ``group_size=`` (items per user)."""
+    cases = []
+    for surrogate in CLOSED_FORM_SURROGATES:
+        cases.append(dict(case=f"AUC {surrogate}, groups, prior 0.1", kind="auc", prior=0.1,
+                          surrogate=surrogate, **grouping))
+        cases.append(dict(case=f"LaA {surrogate}, groups, 2 labels", kind="laa", priors=list(LAA_PRIORS),
+                          surrogate=surrogate, **grouping))
+    return cases
+
+
+def pdaom(**grouping: int) -> dict[str, Any]:
+    return dict(case=PDAOM_CASE, kind="pdaom", prior=0.1, surrogate="exponential", **grouping)
+
+
+def grouped_auc_logistic() -> dict[str, Any]:
+    return dict(case=f"grouped AUC logistic, ~{GROUP_SIZE} items/user, prior 0.1", kind="auc", prior=0.1,
+                surrogate="logistic", group_size=GROUP_SIZE)
+
+
+def grouped_laa_logistic() -> dict[str, Any]:
+    return dict(case=f"grouped LaA logistic, ~{GROUP_SIZE} items/user, 2 labels", kind="laa",
+                priors=list(LAA_PRIORS), surrogate="logistic", group_size=GROUP_SIZE)
+
+
+CPU_SECTION_TITLES = {
+    1: "Section 1: logistic bipartite AUC, no groups",
+    2: "Section 2: logistic LaA, two labels, no groups",
+    3: "Section 3: closed forms at scale (groups)",
+    4: "Section 4: grouped logistic AUC (users of ~50 items)",
+}
+
+
+def cpu_cases(section: int, quick: bool) -> list[dict[str, Any]]:
+    """bench_pairwise.py's cases of ``section``: each with its sizes and implementations (reference
+    first), ``max_n`` capping a baseline's N to keep the run's time."""
+    sizes = [1024, 4096] if quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    if section == 1:
+        priors = [0.5] if quick else [0.5, 0.1]
+        return [dict(auc_logistic(p), section=1, sizes=sizes, impls=["mlloss", "libauc", "naive"]) for p in priors]
+    if section == 2:
+        return [dict(laa_logistic(), section=2, sizes=sizes, impls=["mlloss", "naive"], max_n={"naive": 8192})]
+    if section == 3:
+        n, n_groups = (50_000, 1_000) if quick else (1_000_000, 20_000)
+        return [dict(case, section=3, sizes=[n], impls=["mlloss", "mlloss-torch"])
+                for case in closed_forms(n_groups=n_groups)] + [
+            dict(pdaom(n_groups=n_groups), section=3, sizes=[n], impls=["mlloss", "naive-scatter"])]
+    if section == 4:
+        return [dict(grouped_auc_logistic(), section=4, sizes=sizes, impls=["mlloss", "naive", "libauc-loop"],
+                     max_n={"naive": 8192})]
+    raise ValueError(f"unknown section {section}")
+
+
+GPU_SECTION_TITLES = {
+    1: "Section 1: logistic bipartite AUC, no groups",
+    2: "Section 2: logistic LaA, two labels, no groups (headline)",
+    3: "Section 3: closed forms at scale (users of ~50 items)",
+    4: "Section 4: grouped logistic AUC (users of ~50 items)",
+    5: "Section 5: grouped logistic LaA (users of ~50 items)",
+}
+# bench_gpu.py's sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
+GPU_SIZES = {
+    "full": ([1024, 4096, 16384, 65536, 262144, 1048576], [1024, 4096, 16384, 65536, 262144, 1048576], 1048576),
+    "quick": ([1024, 16384, 1048576], [16384, 1048576], 1048576),
+    "smoke": ([256], [256], 256),
+}
+HEADLINE_SPEEDUP_N = 16384  # the GPU runner's naive / Triton ratios and small-call targets
+HEADLINE_MEMORY_N = 1048576  # its pairs/s, memory and large-call targets
+
+
+def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) -> list[dict[str, Any]]:
+    """bench_gpu.py's cases of ``section`` in ``mode`` (full, quick, smoke): each with its sizes and
+    implementations (reference first), ``only_at`` limiting an implementation to some N, and for the
+    grouped cases the ``dense_case`` they pair with."""
+    sweep, grouped_sweep, big = GPU_SIZES[mode]
+    if sizes_override:
+        sweep = grouped_sweep = sizes_override
+    quick = mode == "quick"
+    # torch.compile costs ~5-30 s per (case, N): compiled rows at every size only where they feed the
+    # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise.
+    compile_at_speedup_n = {} if mode == "smoke" or sizes_override else {"naive-compile": [HEADLINE_SPEEDUP_N]}
+    if section == 1:
+        # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
+        priors = [0.1] if quick else [0.5, 0.1]
+        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc"]
+        if not quick:
+            impls.insert(3, "naive-compile")
+        return [dict(auc_logistic(p), section=1, sizes=sweep, impls=impls, only_at=compile_at_speedup_n)
+                for p in priors]
+    if section == 2:
+        return [dict(laa_logistic(), section=2, sizes=sweep,
+                     impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
+                     only_at=compile_at_speedup_n if quick else {})]
+    if section == 3:
+        if sizes_override:
+            big = max(sizes_override)
+        return [dict(case, section=3, sizes=[big], impls=["mlloss-exact", "mlloss-triton", "mlloss-torch"])
+                for case in closed_forms(group_size=GROUP_SIZE)] + [
+            dict(pdaom(group_size=GROUP_SIZE), section=3, sizes=[big], impls=["mlloss", "naive-scatter"])]
+    if section == 4:
+        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc-loop"]
+        if not quick:
+            impls.insert(3, "naive-compile")
+        return [dict(grouped_auc_logistic(), section=4, sizes=grouped_sweep, impls=impls,
+                     only_at=compile_at_speedup_n, dense_case=AUC_CASE)]
+    if section == 5:
+        return [dict(grouped_laa_logistic(), section=5, sizes=grouped_sweep,
+                     impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
+                     only_at=compile_at_speedup_n if quick else {}, dense_case=LAA_CASE)]
+    raise ValueError(f"unknown section {section}; expected one of {sorted(GPU_SECTION_TITLES)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs and pair counts (seeded by the case and N: the same in every process and runner)
+# --------------------------------------------------------------------------------------------
+
+
+def make_inputs(spec: dict[str, Any], n: int | None = None):
+    """(scores, labels, groups or None) on the CPU for ``spec`` at N = ``n`` (default ``spec["n"]``)."""
+    import torch
+
+    n = spec["n"] if n is None else n
+    generator = torch.Generator().manual_seed(spec["seed"] * 1_000_003 + n)
+    scores = torch.randn(n, generator=generator)
+    if spec["kind"] == "laa":
+        labels = (torch.rand(n, len(spec["priors"]), generator=generator) < torch.tensor(spec["priors"])).float()
+    else:
+        labels = (torch.rand(n, generator=generator) < spec["prior"]).float()
+    groups = None
+    if spec.get("n_groups") or spec.get("group_size"):
+        if spec.get("n_groups"):  # a fixed number of groups; scaled down for the tiny warm-up input
+            n_groups = max(1, round(spec["n_groups"] * n / spec["n"]))
+        else:
+            n_groups = max(1, n // spec["group_size"])
+        user_ids = torch.randint(0, 2**40, (n_groups,), generator=generator)
+        groups = user_ids[torch.randint(0, n_groups, (n,), generator=generator)]
+    return scores, labels, groups
+
+
+def levels_of(spec: dict[str, Any], labels):
+    return labels.sum(1) if spec["kind"] == "laa" else labels
+
+
+def count_pairs(spec: dict[str, Any], labels, groups) -> float:
+    """Valid pairs: level_i > level_j in the same group (for LibAUC also its pos x neg elements)."""
+    import torch
+
+    level = levels_of(spec, labels).to(torch.int64)
+    num_levels = int(level.max()) + 1
+    inverse = torch.zeros_like(level) if groups is None else torch.unique(groups, return_inverse=True)[1]
+    num_groups = int(inverse.max()) + 1
+    counts = torch.bincount(inverse * num_levels + level, minlength=num_groups * num_levels)
+    counts = counts.reshape(num_groups, num_levels).to(torch.float64)
+    upper = torch.tril(torch.ones(num_levels, num_levels, dtype=torch.float64), -1)  # a > b
+    return float(torch.einsum("ga,ab,gb->", counts, upper, counts))
+
+
+def group_pair_elements(groups, n: int) -> float:
+    """sum_u n_u^2 (N^2 without groups): the dense-equivalent size of the pair space."""
+    import torch
+
+    if groups is None:
+        return float(n) * n
+    counts = torch.unique(groups, return_counts=True)[1].to(torch.float64)
+    return float((counts * counts).sum())
+
+
+# --------------------------------------------------------------------------------------------
+# Implementations: mlloss and the baselines
+# --------------------------------------------------------------------------------------------
+
+
+def naive_broadcast_loss(spec, scores, labels, groups):
+    """The spec's loss from full N x N matrices and autograd: the obvious way to write it."""
+    import torch
+    import torch.nn.functional as F
+
+    level = levels_of(spec, labels)
+    cost = (level[:, None] - level[None, :]).clamp(min=0)  # linear cost; 0/1 for binary labels
+    if groups is None:
+        weight = cost / cost.sum()
+    else:
+        cost = cost * (groups[:, None] == groups[None, :])
+        _, inverse = torch.unique(groups, return_inverse=True)
+        group_cost = torch.zeros(int(inverse.max()) + 1, dtype=cost.dtype, device=cost.device).index_add_(
+            0, inverse, cost.sum(1)
+        )
+        groups_with_pairs = (group_cost > 0).sum()
+        weight = cost / (group_cost[inverse].clamp(min=1e-30)[:, None] * groups_with_pairs)
+    t = scores[:, None] - scores[None, :]
+    return (F.softplus(-t) * weight).sum()
+
+
+def naive_pdaom_loss(scores, labels, groups):
+    """sum over users of exp(-(min positive score - max negative score)) by scatter min / max."""
+    import torch
+
+    _, inverse = torch.unique(groups, return_inverse=True)
+    num_groups = int(inverse.max()) + 1
+    pos, neg = labels > 0, labels == 0
+    low_pos = torch.full((num_groups,), math.inf, device=scores.device).scatter_reduce(
+        0, inverse[pos], scores[pos], "amin"
+    )
+    high_neg = torch.full((num_groups,), -math.inf, device=scores.device).scatter_reduce(
+        0, inverse[neg], scores[neg], "amax"
+    )
+    valid = torch.isfinite(low_pos) & torch.isfinite(high_neg)
+    return torch.exp(-(low_pos[valid] - high_neg[valid])).sum()
+
+
+def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor"):
+    """A closure computing the loss of ``inputs`` (scores made to require grad) for ``spec["impl"]``.
+
+    ``"mlloss"`` is mlloss with ``backend="auto"``, ``"mlloss-<backend>"`` mlloss with that backend
+    (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``). ``"naive-compile"`` is
+    ``naive_broadcast_loss`` under ``torch.compile(backend=compile_backend, dynamic=False)``,
+    compiled afresh (``torch._dynamo.reset()``: no recompile limit, no reuse across rows; its
+    counters are cleared for ``compile_counters``). The LibAUC rows use
+    ``PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)``: log(1 + exp(-hparam * t)) on the raw
+    predictions (no sigmoid, no margin), the same mean over positive x negative pairs as the
+    logistic AUC cases. The inputs may live on any device.
+    """
+    import torch
+
+    scores, labels, groups = inputs
+    scores.requires_grad_(True)
+    impl, kind, surrogate = spec["impl"], spec["kind"], spec["surrogate"]
+
+    if impl == "mlloss" or impl.startswith("mlloss-"):
+        import mlloss
+
+        backend = impl.partition("-")[2] or "auto"
+        if kind == "pdaom":
+            loss_fn = mlloss.PDAOMLoss(backend=backend)
+        elif kind == "laa":
+            loss_fn = mlloss.LaALoss(surrogate=surrogate, backend=backend)
+        else:
+            loss_fn = mlloss.AUCLoss(surrogate=surrogate, backend=backend)
+
+        def forward():
+            return loss_fn(scores, labels, groups)
+
+    elif impl == "libauc":
+        from libauc.losses import PairwiseAUCLoss
+
+        loss_fn = PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)
+
+        def forward():
+            return loss_fn(scores.view(-1, 1), labels.view(-1, 1))
+
+    elif impl == "libauc-loop":
+        from libauc.losses import PairwiseAUCLoss
+
+        loss_fn = PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)
+
+        def forward():
+            order = torch.argsort(groups, stable=True)
+            _, sizes = torch.unique_consecutive(groups[order], return_counts=True)
+            sizes = sizes.tolist()
+            terms = []
+            for s_u, y_u in zip(torch.split(scores[order], sizes), torch.split(labels[order], sizes)):
+                positives = int(y_u.sum())
+                if 0 < positives < y_u.numel():  # LibAUC asserts a positive; skip one-class users
+                    terms.append(loss_fn(s_u.view(-1, 1), y_u.view(-1, 1)))
+            return torch.stack(terms).mean() if terms else scores.sum() * 0
+
+    elif impl == "naive":
+
+        def forward():
+            return naive_broadcast_loss(spec, scores, labels, groups)
+
+    elif impl == "naive-compile":
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()  # a fresh, static-shape compile per row: no recompile limit, no reuse
+        counters.clear()
+
+        def naive(s, y, g):
+            return naive_broadcast_loss(spec, s, y, g)
+
+        compiled = torch.compile(naive, backend=compile_backend, dynamic=False)
+
+        def forward():
+            return compiled(scores, labels, groups)
+
+    elif impl == "naive-scatter":
+
+        def forward():
+            return naive_pdaom_loss(scores, labels, groups)
+
+    else:
+        raise ValueError(f"unknown implementation {impl!r}")
+    return forward
+
+
+def build_step(spec: dict[str, Any], inputs, compile_backend: str = "inductor"):
+    """One forward + backward on ``inputs``; returns the detached loss (no host sync of its own)."""
+    scores = inputs[0]
+    forward = build_forward(spec, inputs, compile_backend)
+
+    def step():
+        scores.grad = None
+        loss = forward()
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def compile_counters() -> dict[str, int]:
+    """Graph breaks and compiled graphs of the last ``"naive-compile"`` build (counters since its reset)."""
+    from torch._dynamo.utils import counters
+
+    return {"graph_breaks": sum(counters["graph_break"].values()),
+            "compiled_graphs": int(counters["stats"]["unique_graphs"])}
+
+
+def quadratic_elements(impl: str, n: int, pairs: float) -> float | None:
+    """Elements of the quadratic temporaries, for the implementations that build them: N x N for
+    the naive broadcasts, the pos x neg matrix for LibAUC on the whole batch; None for the others."""
+    if impl.startswith("naive") and impl != "naive-scatter":
+        return float(n) * n
+    if impl == "libauc":
+        return pairs
+    return None
+
+
+def projected_peak_mb(impl: str, elements: float, measured: tuple[float, float] | None) -> float:
+    """Peak extra MB of ``impl`` at ``elements`` quadratic elements: ``measured`` (elements, MB) of
+    an earlier size extrapolated, or ``PRIOR_BYTES_PER_ELEMENT`` before any measurement."""
+    if measured is not None:
+        seen_elements, seen_mb = measured
+        return seen_mb / seen_elements * elements
+    return PRIOR_BYTES_PER_ELEMENT["libauc" if impl == "libauc" else "naive"] * elements / _measure.MB
+
+
+# --------------------------------------------------------------------------------------------
+# Accuracy: float64 reference and cross-checks against the reference row
+# --------------------------------------------------------------------------------------------
+
+
+def float64_reference(spec, inputs) -> float | None:
+    """Float64 naive value for small N (independent check of the reference row)."""
+    import torch
+
+    if spec["kind"] == "pdaom" or spec["surrogate"] != "logistic" or spec["n"] > 4096:
+        return None
+    scores, labels, groups = inputs
+    with torch.no_grad():
+        # The naive builder works in the dtype of its inputs.
+        value = naive_broadcast_loss(spec, scores.double(), labels.double(), groups)
+    return float(value)
+
+
+def check_against_reference(
+    row: dict[str, Any], value: float, grad, reference: dict[str, Any] | None, f64: float | None
+) -> dict[str, Any]:
+    """Fill ``row``'s cross-check fields; return the case's reference (value, gradient, implementation).
+
+    The first measured implementation of a (case, N) is the reference: it is compared with the
+    float64 naive value when there is one; every later row with the reference's value and
+    gradient (relative to the largest reference gradient entry).
+    """
+    if reference is None:
+        row["reference"] = True
+        if f64 is not None:
+            row["f64_rel_diff"] = abs(value - f64) / abs(f64)
+        return {"value": value, "grad": grad, "impl": row["impl"]}
+    row["value_rel_diff"] = abs(value - reference["value"]) / abs(reference["value"])
+    scale = float(reference["grad"].abs().max())
+    row["grad_rel_diff"] = float((grad - reference["grad"]).abs().max()) / scale
+    row["reference_impl"] = reference["impl"]
+    return reference
+
+
+def cross_check_cells(row: dict[str, Any]) -> tuple[str, str]:
+    """The "value rel. diff" and "grad rel. diff" cells of a measured row."""
+    if row.get("reference"):
+        return "ref" + (f" (vs f64: {row['f64_rel_diff']:.1e})" if "f64_rel_diff" in row else ""), "ref"
+    return f"{row['value_rel_diff']:.1e}", f"{row['grad_rel_diff']:.1e}"
