@@ -7,17 +7,24 @@ twice:
 
 * **throughput**: no profiler; impressions per second over the measured steps (wall clock, the
   device synchronised at both ends);
-* **split**: a profiler that times Lightning's own regions and the recipe's two
-  (``ctr_cvr.forward``, ``ctr_cvr.loss``), synchronising the device around each region on CUDA,
-  so the parts add up; per step, in ms:
+* **split**: a profiler that times Lightning's data regions and the recipe's four
+  (``ctr_cvr.forward``, ``ctr_cvr.loss``, ``ctr_cvr.backward``, ``ctr_cvr.optimizer``: the
+  recipe's training step is written out, manual optimization), synchronising the device around
+  each region on CUDA, so the parts add up; per step, in ms:
 
   - data: fetching the batch (``train_dataloader_next``) and moving it (``batch_to_device``);
-  - forward, loss: the model's and the objective's share of ``training_step``;
-  - backward: ``backward``;
-  - optimizer: ``optimizer_step`` minus what Lightning runs inside it (the closure: the training
-    step, zero_grad and backward), i.e. Adam's update;
-  - framework: the measured step time minus all of the above: Lightning's loop, hooks, the
-    recipe's bookkeeping and the metrics' updates.
+  - forward, loss, backward: the model, the objective, ``manual_backward``;
+  - optimizer: Adam's step and ``zero_grad``;
+  - other: the profiled step minus all of the above: Lightning's loop and hooks, the recipe's
+    bookkeeping, and the profiler's own cost of timing every region (so it overstates them).
+
+* **framework overhead**: what Lightning and the recipe's module cost per step around that work,
+  measured without a profiler as the difference of two median step times over the same batches:
+  the recipe's ``CtrCvrModule`` under ``pl.Trainer`` against a plain PyTorch loop (forward,
+  objective, backward, the same fused Adam). Both use a stand-in model (one linear layer over the
+  dense features; the recipe's objective), so that the model's own time, and its noise, do not
+  swamp a fraction of a millisecond; the overhead does not depend on the model. ``--rounds``
+  paired rounds; the median difference is reported, with the smallest and largest.
 
 The data path alone is measured too: one epoch of ``TensorBatches`` (the recipe's batches: the
 epoch's rows gathered once, batches sliced on the device) against a ``DataLoader`` over a
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -50,13 +58,14 @@ sys.path.insert(0, str(ROOT / "recipes"))
 
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.profilers import Profiler  # noqa: E402
+from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import ctr_cvr  # noqa: E402
 from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
 
 LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
-PARTS = ("data", "forward", "loss", "backward", "optimizer", "framework")
+PARTS = ("data", "forward", "loss", "backward", "optimizer", "other")
 
 
 class SplitProfiler(Profiler):
@@ -112,23 +121,27 @@ class Window(pl.Callback):
             self.end, self.steps, self.items = now, self.steps + 1, self.items + batch["labels"].shape[0]
 
 
+def _trainer(device: torch.device, steps: int, callbacks: list[pl.Callback], profiler: Profiler | None) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=steps,
+        limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        reload_dataloaders_every_n_epochs=1, callbacks=callbacks, profiler=profiler,
+    )
+
+
 def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: bool) -> dict:
     """One timed training run of the recipe's module; the split when ``profile``."""
     device = torch.device(args.device)
     recipe_args = ctr_cvr.parse_args(["--loss", loss, "--batch-size", str(batch_size), "--no-checkpoint"])
     pl.seed_everything(0, verbose=False)
     train_split, _, _ = data
-    objective = ctr_cvr.MultiTaskObjective(loss, None)
+    objective = ctr_cvr.MultiTaskObjective(loss, None, validate_args=False)  # as the recipe trains
     model = ctr_cvr.build_model(recipe_args, train_split, len(ctr_cvr.TASKS) + objective.uses_ranking_head)
     module = ctr_cvr.CtrCvrModule(model, objective, recipe_args.lr, recipe_args.weight_decay, compile=args.compile)
     profiler = SplitProfiler(device) if profile else None
     window = Window(args.warmup, profiler, device)
-    trainer = pl.Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=args.warmup + args.steps,
-        limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
-        reload_dataloaders_every_n_epochs=1, callbacks=[window], profiler=profiler,
-    )
+    trainer = _trainer(device, args.warmup + args.steps, [window], profiler)
     datamodule = GroupDataModule(train_split.columns(), batch_size=batch_size, group_key="user", seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -138,16 +151,97 @@ def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: b
            "step_ms": 1e3 * seconds / window.steps, "impressions_per_s": window.items / seconds}
     if profile:
         p = profiler
-        closure = p.total(".training_step") + p.total(".optimizer_zero_grad") + p.total(".backward")
         parts = {
             "data": p.total("train_dataloader_next") + p.total(".batch_to_device"),
-            "forward": p.total("ctr_cvr.forward"),
-            "loss": p.total("ctr_cvr.loss"),
-            "backward": p.total(".backward"),
-            "optimizer": p.total(".optimizer_step") - closure,
+            **{part: p.total(f"ctr_cvr.{part}") for part in ("forward", "loss", "backward", "optimizer")},
         }
-        parts["framework"] = seconds - sum(parts.values())
+        parts["other"] = seconds - sum(parts.values())
         row["split_ms"] = {name: 1e3 * value / window.steps for name, value in parts.items()}
+    return row
+
+
+class StandIn(nn.Module):
+    """The framework-overhead runs' model: one linear layer from the dense features to the heads."""
+
+    def __init__(self, dense_dim: int, heads: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dense_dim, heads)
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.linear(dense)
+
+
+class StepTimes(pl.Callback):
+    """The clocks at the end of every training step (:func:`_now`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times = device, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.times.append(_now(self.device))
+
+
+def _now(device: torch.device) -> tuple[float, float]:
+    """(wall clock, this thread's CPU time), the device synchronised first on CUDA. The CPU time
+    leaves out the time the thread waits for a core, so it holds on a machine that runs other work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter(), time.thread_time()
+
+
+def _median_step_ms(times: list[tuple[float, float]], warmup: int) -> dict[str, float]:
+    """Median wall and CPU milliseconds between consecutive steps after ``warmup``."""
+    later = times[warmup:]
+    return {clock: 1e3 * statistics.median(b[i] - a[i] for a, b in zip(later, later[1:]))
+            for i, clock in enumerate(("wall", "cpu"))}
+
+
+def framework_overhead(args: argparse.Namespace, batch_size: int, data) -> dict:
+    """Median step time of the recipe's ``CtrCvrModule`` under ``pl.Trainer`` minus that of a plain
+    loop doing the same work on the same batches, both with the ``StandIn`` model (module docstring)."""
+    device, train_split = torch.device(args.device), data[0]
+    steps = args.warmup + args.steps
+
+    def module() -> ctr_cvr.CtrCvrModule:
+        pl.seed_everything(0, verbose=False)
+        objective = ctr_cvr.MultiTaskObjective("bce", None, validate_args=False)
+        return ctr_cvr.CtrCvrModule(StandIn(train_split.dense.shape[1], len(ctr_cvr.TASKS)), objective, 1e-3, 0.0)
+
+    def lightning() -> dict[str, float]:
+        clock = StepTimes(device)
+        trainer = _trainer(device, steps, [clock], profiler=None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module(), datamodule=GroupDataModule(train_split.columns(), batch_size=batch_size,
+                                                             group_key="user", seed=0))
+        return _median_step_ms(clock.times, args.warmup)
+
+    def plain() -> dict[str, float]:
+        model = module().to(device)
+        optimizer = model.configure_optimizers()  # the recipe's optimizer (fused Adam)
+        batches = TensorBatches(train_split.columns(), batch_size, group_key="user", seed=0, drop_last=True,
+                                pad="empty", device=device)
+        times: list[tuple[float, float]] = []
+        for epoch in range(steps):
+            batches.set_epoch(epoch)
+            for batch in batches:
+                loss = model.objective(model(batch), batch["labels"], batch["user"])
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                times.append(_now(device))
+                if len(times) == steps:
+                    return _median_step_ms(times, args.warmup)
+        raise AssertionError("unreachable: the epochs hold enough steps")
+
+    plain(), lightning()  # a first round of each, not counted (first-call costs)
+    rounds = [(lightning(), plain()) for _ in range(args.rounds)]
+    row = {"batch_size": batch_size, "rounds": args.rounds}
+    for clock in ("cpu", "wall"):
+        differences = sorted(a[clock] - b[clock] for a, b in rounds)
+        row[clock] = {"framework_ms": statistics.median(differences), "smallest_ms": differences[0],
+                      "largest_ms": differences[-1], "lightning_step_ms": statistics.median(a[clock] for a, _ in rounds),
+                      "plain_step_ms": statistics.median(b[clock] for _, b in rounds)}
     return row
 
 
@@ -207,6 +301,18 @@ def markdown(result: dict) -> str:
         split = " | ".join(f"{row['split_ms'][p]:.3f}" for p in PARTS)
         lines.append(f"| {row['loss']} | {row['batch_size']} | {row['impressions_per_s']:,.0f} | {row['step_ms']:.2f} | "
                      f"{split} | {row['impressions_per_s'] / bce['impressions_per_s']:.2f} |")
+    lines += ["", "`other`: the profiled step minus the parts (Lightning, the recipe's bookkeeping and the profiler's "
+              "own cost of timing each region).", "",
+              "Framework overhead per step: Lightning and the recipe's module around the same work (stand-in model), "
+              "the median difference of paired rounds; `cpu` is the training thread's CPU time (robust to other work on "
+              "the machine), `wall` the wall clock:", "",
+              "| batch | clock | framework ms | smallest | largest | Lightning step ms | plain loop step ms |",
+              "|---:|---|---:|---:|---:|---:|---:|"]
+    for row in result["framework"]:
+        for clock in ("cpu", "wall"):
+            r = row[clock]
+            lines.append(f"| {row['batch_size']} | {clock} | {r['framework_ms']:.3f} | {r['smallest_ms']:.3f} | "
+                         f"{r['largest_ms']:.3f} | {r['lightning_step_ms']:.3f} | {r['plain_step_ms']:.3f} |")
     lines += ["", "Batch assembly alone (impressions/s):", "", "| batch | TensorBatches | per-row DataLoader | ratio |",
               "|---:|---:|---:|---:|"]
     for row in result["data_path"]:
@@ -224,6 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=10, help="steps before the measurement")
     parser.add_argument("--num-users", type=int, default=None, help="users of the synthetic log (recipe default)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the recipe's default: 1)")
+    parser.add_argument("--rounds", type=int, default=5, help="paired rounds of the framework-overhead runs")
     parser.add_argument("--compile", action="store_true", help="the recipe's --compile")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default results/recipe-<device>.json)")
     args = parser.parse_args(argv)
@@ -233,7 +340,14 @@ def main(argv: list[str] | None = None) -> dict:
     data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(data_argv))
     result = {"device": device_name(device), "torch": torch.__version__, "train_impressions": len(data[0]),
               "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
-              "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": []}
+              "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": [],
+              "framework": []}
+    for batch_size in args.batch_sizes:
+        result["framework"].append(row := framework_overhead(args, batch_size, data))
+        for clock, r in ((c, row[c]) for c in ("cpu", "wall")):
+            print(f"framework overhead, batch {batch_size:>5}, {clock:>4} time: {r['framework_ms']:.3f} ms/step (rounds "
+                  f"{r['smallest_ms']:.3f} to {r['largest_ms']:.3f}; Lightning step {r['lightning_step_ms']:.3f} ms, "
+                  f"plain loop {r['plain_step_ms']:.3f} ms)", flush=True)
     for batch_size in args.batch_sizes:
         for loss in args.losses:
             row = train(args, loss, batch_size, data, profile=False)

@@ -1,4 +1,4 @@
-"""Train a multi-task CTR/CVR model on synthetic Ali-CCP-like data with an mlloss objective.
+"""Train a multi-task CTR/CVR model with an mlloss objective (docs/recipe.md).
 
     python recipes/ctr_cvr.py                          # MMoE, BCE, 5 epochs: ~30 s on 2 CPU cores
     python recipes/ctr_cvr.py --model ple --loss bce+pdaom --lambda 10
@@ -10,64 +10,17 @@
     python recipes/ctr_cvr.py --config run.yaml          # options from a YAML/JSON file
     python recipes/ctr_cvr.py --config bce+pdaom         # a named config of recipes/configs/
 
-Data (``--data``): the built-in synthetic generator (default; it knows the true click and
-purchase probabilities, reported as an "oracle" row), or the Ali-CCP and AliExpress CSV
-layouts (``mlloss.data.load_ali_ccp`` / ``load_aliexpress``; AliExpress groups are searches) in
-``--data-dir``, by default the tiny MIT-licensed samples shipped in ``recipes/data/`` (see their
-README files).
-
-Embeddings (``--embedding``, ``--sharding``): plain ``torch.nn.Embedding`` tables, or TorchRec
-``EmbeddingBagCollection`` tables fed a ``KeyedJaggedTensor`` (``mlloss.sharding``, needs the
-torchrec extra). ``--sharding table_wise|column_wise|data_parallel`` shards the tables with
-``DistributedModelParallel`` through ``mlloss.sharding.TorchRecStrategy``: DMP is built in
-``configure_model``, the tables train with a fused sparse optimizer (``--sparse-optimizer``,
-``--sparse-lr``) and the rest with Adam, and checkpoints are ``torch.distributed.checkpoint``
-directories.
-
-Checkpoints: every epoch writes ``<checkpoint-dir>/last.ckpt`` (a file, or a directory under
-``--sharding``); ``--resume last`` (or a path) continues from it with the same data order, so
-that the continued run equals an uninterrupted one. A checkpoint is written under a temporary
-name (``<checkpoint-dir>/.partial/last.ckpt``) and made visible only when complete (a file by
-``os.replace``, a directory with its ``COMPLETE`` marker by a rename), so that a crash at any
-moment leaves the previous checkpoint loadable; ``--resume last`` takes the newest complete one
-and says what it skips (``mlloss.checkpointing``, layout in docs/checkpoints.md). A checkpoint
-records the sharding, strategy and number of processes that wrote it, and ``--resume`` refuses,
-naming the options, a run that differs in any of them (the layout of the saved state and the
-data order depend on them). A new run (no ``--resume``) replaces a ``last.ckpt`` of the other
-kind (file or directory).
-
-Metrics (``mlloss.lightning.RankingMetrics``, the ``{scorer}/{metric}`` keys of
-``recipes/ctr_cvr_report.py``): every epoch prints the validation AUC and GAUC (AUC per user,
-weighted by the user's impressions, over users with both classes) of click and purchase, and for a
-ranking head its per-label AUCs, DiffAUC and MinAUC. At the end the validation and test results,
-beside an item-popularity baseline and an oracle (the generator's true probabilities), go to
-``<output-dir>/results.json``, ``results.md`` and ``curves.png``; the run starts with the
-label-dictatorship report of the training labels.
-
-Tasks and objectives. The model has a click head (pCTR) and a purchase head (P(purchase |
-impression), or with ``--esmm`` pCTCVR = pCTR * pCVR), both trained on all impressions.
-The ``--loss`` names map to ``mlloss.build_loss`` in two ways:
-
-* per-task objectives (``bce``, ``bce+auc``, ``bce+pdaom``, ``auc``, ``pdaom``) are applied to
-  each head with its own label, with the user ids as groups, and summed over the two tasks;
-  ``--lambda`` is passed as ``lam`` to the ``bce+X`` combinations;
-* single-ranking-score objectives (``laa``, ``loa``, ``balanced-loa``) need one score ranked
-  against both labels: the model gets a third, dedicated ranking head whose logit is passed
-  with the (B, 2) labels (click, purchase). BCE stays on the click and purchase heads so that
-  the model still predicts probabilities; the total is BCE + lambda * ranking loss
-  (lambda defaults to 1). The ranking head's AUCs are reported in the row ``model:rank``.
-  ``--cross-device`` takes the ranking pairs across all DDP ranks (``cross_device=True``).
-
-Batches keep users together (``mlloss.data.GroupDataModule``, docs/sampler.md): the splits are
-tensors on the training device, every epoch shuffles the users, packs whole users into batches of
-at most ``--batch-size`` impressions and gathers the epoch's rows once; batches are slices of them.
-Options and named configs (``--config laa``, ``recipes/configs/``): ``recipes/ctr_cvr_options.py``.
+The recipe wires library parts together (docs/recipe.md): data, sampler and datamodule from
+``mlloss.data``, towers from ``mlloss.towers``, the objective from ``mlloss.build_loss``, AUC/GAUC
+from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing``. Its siblings:
+``ctr_cvr_options.py`` (command line, named configs in ``configs/``), ``ctr_cvr_report.py``
+(baselines, results.md, curves.png) and ``ctr_cvr_resume.py`` (``--resume``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 import time
 import warnings
@@ -83,15 +36,8 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor, nn
 
 import mlloss
-from mlloss.data import (
-    GroupDataModule,
-    ImpressionData,
-    SyntheticConfig,
-    generate_impressions,
-    load_ali_ccp,
-    load_aliexpress,
-    split_by_time,
-)
+from mlloss.data import (GroupDataModule, ImpressionData, SyntheticConfig, generate_impressions, load_ali_ccp,
+                         load_aliexpress, split_by_time)
 from mlloss.checkpointing import AtomicCheckpointIO, fault_test_callbacks
 from mlloss.lightning import RankingMetrics
 from mlloss.sharding import TorchRecStrategy, dense_parameters
@@ -100,8 +46,9 @@ from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiT
 if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import MODELS, PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, parse_args  # noqa: E402
-from ctr_cvr_resume import check_resume, checkpoint_layout, layout_options, replace_other_kind_of_checkpoint, resume_path  # noqa: E402
-from ctr_cvr_report import GAUC_WEIGHTING, baseline_results, format_epoch, markdown_table, plot_curves  # noqa: E402
+from ctr_cvr_resume import (check_resume, checkpoint_layout, layout_options,  # noqa: E402
+                            replace_other_kind_of_checkpoint, resume_path)
+from ctr_cvr_report import GAUC_WEIGHTING, baseline_results, describe_data, format_epoch, write_report  # noqa: E402
 
 
 # --------------------------------------------------------------------------- model and objective
@@ -135,21 +82,25 @@ def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) 
 
 
 class MultiTaskObjective(nn.Module):
-    """The training loss of the (B, 2) or (B, 3) logits for ``--loss`` (see module docstring)."""
+    """The training loss of the (B, 2) or (B, 3) logits for ``--loss`` (docs/recipe.md): per-task
+    objectives on each head with the users as groups, summed; a single-ranking-score objective on
+    the third head with the (B, 2) labels, plus BCE on the task heads. ``validate_args`` is the
+    losses' per-batch value check (a device read per loss call): the recipe checks its data once."""
 
-    def __init__(self, name: str, lam: float | None, cross_device: bool = False) -> None:
+    def __init__(self, name: str, lam: float | None, cross_device: bool = False, validate_args: bool = True) -> None:
         super().__init__()
         if name not in PER_TASK_LOSSES + RANKING_SCORE_LOSSES:
             raise ValueError(f"--loss must be one of {PER_TASK_LOSSES + RANKING_SCORE_LOSSES}, got {name!r}")
         self.uses_ranking_head = name in RANKING_SCORE_LOSSES
         ranking = {"cross_device": True} if cross_device else {}
         if self.uses_ranking_head:
-            self.task_loss = mlloss.build_loss("bce")
-            self.ranking_loss = mlloss.build_loss(name, **ranking)
+            self.task_loss = mlloss.build_loss("bce", validate_args=validate_args)
+            self.ranking_loss = mlloss.build_loss(name, validate_args=validate_args, **ranking)
             self.lam = 1.0 if lam is None else lam
         else:
             kwargs = {"lam": lam} if lam is not None and name.startswith("bce+") else {}
-            self.task_loss = mlloss.build_loss(name, **kwargs, **(ranking if name != "bce" else {}))
+            self.task_loss = mlloss.build_loss(name, validate_args=validate_args, **kwargs,
+                                               **(ranking if name != "bce" else {}))
 
     def forward(self, logits: Tensor, labels: Tensor, users: Tensor) -> Tensor:
         total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users) for t in range(len(TASKS)))
@@ -159,14 +110,17 @@ class MultiTaskObjective(nn.Module):
 
 
 class CtrCvrModule(pl.LightningModule):
-    """Trains ``model`` with ``objective``; its ``RankingMetrics`` callbacks evaluate the task heads
-    (and the ranking head) on the validation and test batches."""
+    """Trains ``model`` with ``objective``, one optimizer step per batch written out in
+    ``training_step`` (manual optimization: Lightning's automatic closure costs more per step);
+    its ``RankingMetrics`` callbacks evaluate the task heads (and the ranking head) on the
+    validation and test batches. The training loss is summed on the device and read once per epoch."""
 
     def __init__(
         self, model: MultiTaskModel, objective: MultiTaskObjective, lr: float, weight_decay: float,
         run_options: dict[str, Any] | None = None, compile: bool = False,
     ) -> None:
         super().__init__()
+        self.automatic_optimization = False
         self.model = model
         self.objective = objective
         self.lr = lr
@@ -174,7 +128,7 @@ class CtrCvrModule(pl.LightningModule):
         self.run_options = run_options or {}  # recorded in checkpoints (checkpoint_layout)
         self.compile = compile
         self.register_buffer("train_loss_sum", torch.zeros((), dtype=torch.float64), persistent=False)
-        self.train_steps = 0  # the epoch's loss is summed on the device and read once, at its end
+        self.epoch_counts = {"steps": 0, "samples": 0}  # a dict: no nn.Module.__setattr__ per step
         heads = {"model": "heads", "model:rank": "rank"} if objective.uses_ranking_head else {"model": "heads"}
         self.metrics = {scorer: RankingMetrics(TASKS, prefix=f"val/{scorer}/", test_prefix=f"test/{scorer}/",
                                                score_key=key, groups_key="user", group_weighting=GAUC_WEIGHTING,
@@ -182,10 +136,9 @@ class CtrCvrModule(pl.LightningModule):
         self.history: list[dict[str, float]] = []
         self.eval_results: dict[str, float] = {}
         self._epoch_start = self._train_end = time.perf_counter()
-        self._epoch_samples = 0
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        return list(self.metrics.values())
+        return [c for c in self.metrics.values() if c not in self.trainer.callbacks]  # test() asks again
 
     def configure_model(self) -> None:
         """Shard the embedding tables under ``TorchRecStrategy``, compile the model with ``--compile``
@@ -199,24 +152,28 @@ class CtrCvrModule(pl.LightningModule):
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.model(batch["sparse"], batch["dense"])
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        profiler = self.trainer.profiler  # benchmarks/bench_recipe.py times these; a no-op otherwise
-        with profiler.profile("ctr_cvr.forward"):
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        optimizer, profile = self.optimizers(), self.trainer.profiler.profile  # regions: benchmarks/bench_recipe.py
+        with profile("ctr_cvr.forward"):
             logits = self(batch)
-        with profiler.profile("ctr_cvr.loss"):
+        with profile("ctr_cvr.loss"):
             loss = self.objective(logits, batch["labels"], batch["user"])
-        self.train_loss_sum += loss.detach()
-        self.train_steps += 1
-        self._epoch_samples += batch["labels"].shape[0]
-        return loss
+        with profile("ctr_cvr.backward"):
+            self.manual_backward(loss)
+        with profile("ctr_cvr.optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        self.train_loss_sum.add_(loss.detach())
+        self.epoch_counts["steps"] += 1
+        self.epoch_counts["samples"] += batch["labels"].shape[0]
 
     def on_train_epoch_start(self) -> None:
-        self._epoch_start = self._train_end = time.perf_counter()
-        self._epoch_samples = self.train_steps = 0
+        self._epoch_start = time.perf_counter()
+        self.epoch_counts.update(steps=0, samples=0)
         self.train_loss_sum.zero_()
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._train_end = time.perf_counter()
+    def on_validation_epoch_start(self) -> None:
+        self._train_end = time.perf_counter()  # validation starts right after the epoch's last batch
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         logits = self(batch)
@@ -239,9 +196,12 @@ class CtrCvrModule(pl.LightningModule):
         return results
 
     def on_validation_epoch_end(self) -> None:
-        train_loss = float(self.trainer.strategy.reduce(self.train_loss_sum, reduce_op="mean")) / max(self.train_steps, 1)
+        steps, samples = self.epoch_counts["steps"], self.epoch_counts["samples"] * self.trainer.world_size
+        train_loss = float(self.trainer.strategy.reduce(self.train_loss_sum, reduce_op="mean")) / max(steps, 1)
+        if not math.isfinite(train_loss):  # the losses' per-batch checks are off (validate_args=False)
+            raise FloatingPointError(f"the training loss of epoch {self.current_epoch + 1} is {train_loss}: a batch "
+                                     "gave a non-finite loss (check the data's dense features and --lr)")
         train_seconds = self._train_end - self._epoch_start
-        samples = self._epoch_samples * self.trainer.world_size  # ranks run equal shards
         row = {"epoch": self.current_epoch + 1, "train_loss": train_loss,
                "seconds": time.perf_counter() - self._epoch_start, "train_seconds": train_seconds,
                "train_samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"), **self._results()}
@@ -265,7 +225,8 @@ class CtrCvrModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # Sharded tables are trained by the fused sparse optimizer (mlloss.sharding); the rest here.
         dense = [parameter for _, parameter in dense_parameters(self)]
-        return torch.optim.Adam(dense, lr=self.lr, weight_decay=self.weight_decay)
+        fused = all(p.device.type in ("cpu", "cuda") for p in dense)  # one kernel for all parameters
+        return torch.optim.Adam(dense, lr=self.lr, weight_decay=self.weight_decay, fused=fused)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -287,7 +248,7 @@ def run(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     pl.seed_everything(args.seed, verbose=False)
     (train, val, test), data_info = load_data(args)
-    objective = MultiTaskObjective(args.loss, args.lam, args.cross_device)
+    objective = MultiTaskObjective(args.loss, args.lam, args.cross_device, validate_args=False)
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
     module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=layout_options(args),
                           compile=args.compile)
@@ -308,7 +269,7 @@ def run(args: argparse.Namespace) -> dict:
         check_resume(args, ckpt_path, trainer)
     replace_other_kind_of_checkpoint(args, trainer)
     dictatorship = mlloss.label_dictatorship(train.labels, label_names=TASKS)
-    _print_rank_zero(f"{_describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
+    _print_rank_zero(f"{describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
     datamodule = GroupDataModule(train.columns(), val.columns(), test.columns(), batch_size=args.batch_size,
                                  group_key="user", seed=args.seed)
     with warnings.catch_warnings():
@@ -330,17 +291,7 @@ def run(args: argparse.Namespace) -> dict:
         "runtime_s": time.perf_counter() - start,
     }
     if trainer.is_global_zero:
-        table = markdown_table(results)
-        print("\n" + table)
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        (args.output_dir / "results.json").write_text(json.dumps(report, indent=2, allow_nan=True))
-        (args.output_dir / "results.md").write_text(table + "\n")
-        written = ["results.json", "results.md"]
-        if plot_curves(module.history, args.output_dir / "curves.png"):
-            written.append("curves.png")
-        else:
-            print("(curves.png skipped: pip install matplotlib to draw it)")
-        print(f"\nwrote {', '.join(str(args.output_dir / name) for name in written)} ({report['runtime_s']:.0f}s)")
+        write_report(report, args.output_dir)
     return report
 
 
@@ -363,14 +314,6 @@ def build_strategy(args: argparse.Namespace) -> str | pl.strategies.Strategy:
         return args.strategy
     backend = "gloo" if args.accelerator == "cpu" or not torch.cuda.is_available() else "nccl"
     return TorchRecStrategy(args.sharding, args.sparse_optimizer, args.sparse_lr, process_group_backend=backend)
-
-
-def _describe_data(*splits: ImpressionData) -> str:
-    rows = []
-    for name, d in zip(("train", "val", "test"), splits):
-        rows.append(f"{name}: {len(d)} impressions, {len(d.user.unique())} users, "
-                    f"click {d.click.mean():.4f}, purchase {d.purchase.mean():.4f}")
-    return "\n".join(rows)
 
 
 @rank_zero_only

@@ -1,4 +1,4 @@
-"""What recipes/ctr_cvr.py reports: baselines, the epoch line, results.md and curves.png.
+"""What recipes/ctr_cvr.py reports: the data, baselines, the epoch line, results.json/.md and curves.png.
 
 Every metric is :func:`mlloss.evaluation.ranking_metrics` (the function behind the
 ``RankingMetrics`` callback that evaluates the model), keyed ``<scorer>/<metric>``: scorers
@@ -9,6 +9,7 @@ Every metric is :func:`mlloss.evaluation.ranking_metrics` (the function behind t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +44,28 @@ def baseline_results(train: ImpressionData, split: ImpressionData) -> dict[str, 
         oracle = evaluate(torch.stack([split.p_click, split.p_purchase], 1), split)
         results |= {f"oracle/{k}": v for k, v in oracle.items()}
     return results
+
+
+def describe_data(*splits: ImpressionData) -> str:
+    """One line per split (train, val, test): impressions, users, click and purchase rates."""
+    return "\n".join(f"{name}: {len(d)} impressions, {len(d.user.unique())} users, click {d.click.mean():.4f}, "
+                     f"purchase {d.purchase.mean():.4f}" for name, d in zip(("train", "val", "test"), splits))
+
+
+def write_report(report: dict, output_dir: Path) -> None:
+    """Print the results table and write ``results.json``, ``results.md`` and ``curves.png``
+    (without matplotlib, the plot is skipped and says so)."""
+    table = markdown_table(report["results"])
+    print("\n" + table)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "results.json").write_text(json.dumps(report, indent=2, allow_nan=True))
+    (output_dir / "results.md").write_text(table + "\n")
+    written = ["results.json", "results.md"]
+    if plot_curves(report["history"], output_dir / "curves.png"):
+        written.append("curves.png")
+    else:
+        print("(curves.png skipped: pip install matplotlib to draw it)")
+    print(f"\nwrote {', '.join(str(output_dir / name) for name in written)} ({report['runtime_s']:.0f}s)")
 
 
 def format_epoch(row: dict[str, float]) -> str:
