@@ -136,6 +136,7 @@ class CtrCvrModule(pl.LightningModule):
         self.history: list[dict[str, float]] = []
         self.eval_results: dict[str, float] = {}
         self._epoch_start = self._train_end = time.perf_counter()
+        self._train_loss = float("nan")
 
     def configure_callbacks(self) -> list[pl.Callback]:
         return [c for c in self.metrics.values() if c not in self.trainer.callbacks]  # test() asks again
@@ -173,7 +174,13 @@ class CtrCvrModule(pl.LightningModule):
         self.train_loss_sum.zero_()
 
     def on_validation_epoch_start(self) -> None:
-        self._train_end = time.perf_counter()  # validation starts right after the epoch's last batch
+        """Right after the epoch's last training batch: its time, and its loss read (once) and checked."""
+        self._train_end = time.perf_counter()
+        steps = max(self.epoch_counts["steps"], 1)
+        self._train_loss = float(self.trainer.strategy.reduce(self.train_loss_sum, reduce_op="mean")) / steps
+        if not math.isfinite(self._train_loss):  # the losses' per-batch checks are off (validate_args=False)
+            raise FloatingPointError(f"the training loss of epoch {self.current_epoch + 1} is {self._train_loss}: a "
+                                     "batch gave a non-finite loss (check the data's dense features and --lr)")
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         logits = self(batch)
@@ -196,13 +203,9 @@ class CtrCvrModule(pl.LightningModule):
         return results
 
     def on_validation_epoch_end(self) -> None:
-        steps, samples = self.epoch_counts["steps"], self.epoch_counts["samples"] * self.trainer.world_size
-        train_loss = float(self.trainer.strategy.reduce(self.train_loss_sum, reduce_op="mean")) / max(steps, 1)
-        if not math.isfinite(train_loss):  # the losses' per-batch checks are off (validate_args=False)
-            raise FloatingPointError(f"the training loss of epoch {self.current_epoch + 1} is {train_loss}: a batch "
-                                     "gave a non-finite loss (check the data's dense features and --lr)")
+        samples = self.epoch_counts["samples"] * self.trainer.world_size  # ranks run equal shards
         train_seconds = self._train_end - self._epoch_start
-        row = {"epoch": self.current_epoch + 1, "train_loss": train_loss,
+        row = {"epoch": self.current_epoch + 1, "train_loss": self._train_loss,
                "seconds": time.perf_counter() - self._epoch_start, "train_seconds": train_seconds,
                "train_samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"), **self._results()}
         self.history.append(row)

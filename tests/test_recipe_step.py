@@ -1,0 +1,71 @@
+"""recipes/ctr_cvr.py's training step (docs/recipe.md, "The training step"): under ``pl.Trainer``
+it does the work of a plain PyTorch loop, no more and no less (the comparison
+benchmarks/bench_recipe.py's framework overhead rests on), and a non-finite training loss, which
+the losses no longer check batch by batch, stops the run at the end of its epoch."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from mlloss.data import GroupDataModule, SyntheticConfig, TensorBatches, generate_impressions, split_by_time
+from recipe_util import load_recipe
+
+SMALL = ["--num-users", "200", "--num-items", "100", "--mean-impressions", "20", "--batch-size", "256",
+         "--epochs", "1", "--no-checkpoint", "--no-progress-bar"]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    return load_recipe("ctr_cvr")
+
+
+@pytest.mark.parametrize("loss", ["bce", "laa"])
+def test_lightning_step_equals_a_plain_loop_bit_for_bit(recipe, loss):
+    args = recipe.parse_args([*SMALL, "--loss", loss, "--dropout", "0"])
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=200, num_items=100, mean_impressions=20)))[0]
+
+    def module():
+        pl.seed_everything(0, verbose=False)
+        objective = recipe.MultiTaskObjective(loss, None, validate_args=False)
+        model = recipe.build_model(args, train, len(recipe.TASKS) + objective.uses_ranking_head)
+        return recipe.CtrCvrModule(model, objective, args.lr, args.weight_decay)
+
+    trained = module()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_val_batches=0, num_sanity_val_steps=0,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(trained, datamodule=GroupDataModule(train.columns(), batch_size=256, group_key="user", seed=0))
+
+    plain = module()
+    optimizer = plain.configure_optimizers()
+    batches = TensorBatches(train.columns(), 256, group_key="user", seed=0, drop_last=True, pad="empty")
+    steps = 0
+    for epoch in range(2):
+        batches.set_epoch(epoch)
+        for batch in batches:
+            plain.objective(plain(batch), batch["labels"], batch["user"]).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+    assert trainer.global_step == steps > 2
+    for (name, a), b in zip(trained.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_non_finite_training_loss_stops_the_run_naming_the_epoch(recipe, monkeypatch, tmp_path):
+    load_data = recipe.load_data
+
+    def with_a_nan_feature(args):
+        (train, val, test), info = load_data(args)
+        train.dense[5, 0] = float("nan")
+        return (train, val, test), info
+
+    monkeypatch.setattr(recipe, "load_data", with_a_nan_feature)
+    with pytest.raises(FloatingPointError, match=r"training loss of epoch 1 is nan"):
+        recipe.main([*SMALL, "--output-dir", str(tmp_path)])
