@@ -284,3 +284,19 @@ def test_group_data_module_serves_every_row_once_for_evaluation_and_shuffles_tra
     assert not torch.equal(torch.cat(order), train["user"])
     with pytest.raises(ValueError, match="'test'"):
         module.test_dataloader()
+
+
+def test_group_data_module_leaves_batches_on_their_device_and_moves_others():
+    """Lightning moves every batch through the datamodule's ``transfer_batch_to_device``: a batch
+    of GroupDataModule is already on the device (the same tensors come back, no copy), any other
+    batch is moved as Lightning moves it."""
+    from mlloss.data import GroupDataModule
+
+    module = GroupDataModule(columns_of(100, 10, seed=1), batch_size=32, group_key="user")
+    batch = next(iter(module.train_dataloader()))
+    moved = module.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+    assert moved is batch
+    meta = module.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert all(value.device.type == "meta" for value in meta.values())
+    mixed = module.transfer_batch_to_device({"x": batch["x"], "note": ["a"]}, torch.device("cpu"), 0)
+    assert mixed["note"] == ["a"] and torch.equal(mixed["x"], batch["x"])

@@ -87,3 +87,10 @@ class GroupDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> TensorBatches:
         return self.batches("test")
+
+    def transfer_batch_to_device(self, batch: Mapping[str, Tensor], device, dataloader_idx: int) -> Mapping[str, Tensor]:
+        """A batch is a slice of columns already on the strategy's device: nothing to move (Lightning
+        would walk the batch every step); anything else goes through Lightning's transfer."""
+        if isinstance(batch, Mapping) and all(isinstance(v, Tensor) and v.device == device for v in batch.values()):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
