@@ -179,6 +179,12 @@ def source_provenance(repo_root: str) -> dict[str, Any]:
     }
 
 
+def print_provenance(provenance: dict[str, Any], tail: str = "") -> None:
+    """Print a run's library line from ``source_provenance``: commit, dirty files, source hash, ``tail``."""
+    print(f"mlloss at {provenance['git_commit']}, dirty library files: {provenance['library_dirty_files']}, "
+          f"sources sha256 {provenance['library_sha256']}{tail}", flush=True)
+
+
 def snapshot_library(repo_root: str, target: str) -> str:
     """Copy mlloss/ (and kernels/ as mlloss/kernels, as installed) into ``target``; return it.
 

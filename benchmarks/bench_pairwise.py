@@ -278,8 +278,7 @@ def main() -> None:
     started = time.perf_counter()
     print(f"device: {device['cpu_model']}, {device['logical_cpus']} logical CPUs, torch {device['torch']}, "
           f"load average {tuple(round(x, 2) for x in device['loadavg_start'])}", flush=True)
-    print(f"mlloss at {provenance['git_commit']}, dirty library files: {provenance['library_dirty_files']}, "
-          f"sources sha256 {provenance['library_sha256']}", flush=True)
+    _measure.print_provenance(provenance)
     all_rows: list[dict[str, Any]] = []
     markdown = []
     with tempfile.TemporaryDirectory(prefix="mlloss-bench-") as tmpdir:

@@ -1,0 +1,227 @@
+"""The report part of the GPU benchmark runner ``bench_gpu.py``: its tables, acceptance lines,
+device description, output paths, JSON and Markdown files, and ``--merge``.
+
+``bench_gpu.py`` measures the rows (timing, memory, skips) and calls ``write_report`` after every
+row, ``format_rows`` for each section's table on the console, ``describe_device`` and
+``output_path`` at the start, and ``merge`` for ``--merge``; nothing else imports this module.
+torch is imported only inside ``describe_device``: ``bench_gpu.py --device cpu`` sets
+``TRITON_INTERPRET`` before torch or triton is imported, after this module is.
+
+Acceptance lines (computed from the rows, printed, stored in the JSON and the .md), the targets of
+the GPU fast path: Triton AUC and LaA at N = 1,048,576 >= 6e11 valid pairs/s and <= 48 MB extra
+memory; the whole call at N = 16,384 <= 0.3 ms (AUC and LaA); grouped AUC and LaA at
+N = 1,048,576 in users of ~50 items <= 1 ms; ``PDAOMLoss`` at N = 1,048,576 <= 0.5 ms; then
+naive eager and naive ``torch.compile`` time over Triton at N = 16,384 (>= 20x, >= 5x). A line
+gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
+"no verdict" and why.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import _measure
+import cases
+from cases import HEADLINE_MEMORY_N, HEADLINE_SPEEDUP_N, LAA_CASE
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+GB = 1024**3
+
+# The GPU targets of the fast-path issue (logistic, forward + backward, one H100).
+PAIRS_PER_S_TARGET = 6e11  # AUC and LaA at N = 1,048,576
+SMALL_CALL_TARGET_S = 0.3e-3  # the whole call at N = 16,384
+GROUPED_CALL_TARGET_S = 1e-3  # N = 1,048,576 in users of ~50 items
+PDAOM_CALL_TARGET_S = 0.5e-3  # PDAOMLoss at N = 1,048,576
+MEMORY_TARGET_MB = 48.0  # extra memory at N = 1,048,576
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """One section's rows as a markdown table (skipped and failed rows say why)."""
+    headers = ["case", "N", "implementation", "median ms", "min ms", "peak extra MB", "pairs/s",
+               "value rel. diff", "grad rel. diff", "first call s"]
+    table = []
+    for row in rows:
+        head = [row["case"], f"{row['n']:,}", row["impl"]]
+        if "skipped" in row or "error" in row:
+            note = f"skipped: {row['skipped']}" if "skipped" in row else f"error: {row['error'][:100]}"
+            table.append(head + [note] + ["-"] * 6)
+            continue
+        diff, grad = cases.cross_check_cells(row)
+        table.append(head + [
+            f"{row['time_s'] * 1e3:.3g}", f"{row['time_min_s'] * 1e3:.3g}",
+            _measure.fmt_num(row["peak_extra_mb"], ".1f"), _measure.fmt_num(row.get("pairs_per_s"), ".3g"),
+            diff, grad, f"{row['first_call_s']:.2f}",
+        ])
+    return _measure.markdown_table(headers, table)
+
+
+def _measured(rows, case: str, impl: str) -> list[dict[str, Any]]:
+    return sorted((r for r in rows if r["case"] == case and r["impl"] == impl and "time_s" in r),
+                  key=lambda r: r["n"])
+
+
+def _verdict(ok: bool, at_target: bool, gpu: bool) -> str:
+    if not (at_target and gpu):
+        return "no verdict: " + ("not on a GPU" if not gpu else "target N not measured")
+    return "PASS" if ok else "FAIL"
+
+
+def _row_at(rows: list[dict[str, Any]], n: int) -> tuple[dict[str, Any] | None, bool]:
+    """The row at N = n, else the largest N measured below it (flagged as not at the target)."""
+    exact = [r for r in rows if r["n"] == n]
+    if exact:
+        return exact[0], True
+    below = [r for r in rows if r["n"] < n]
+    return (below[-1] if below else None), False
+
+
+def _missing(rows_all, case: str, impl: str, n: int) -> str:
+    for row in rows_all:
+        if row["case"] == case and row["impl"] == impl and row["n"] == n:
+            return row.get("skipped") or row.get("error") or "not measured"
+    return "not in this run"
+
+
+def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
+    """The targets (H100/H200), computed from the rows; then the naive baselines over Triton."""
+    lines = []
+    for case in (cases.AUC_CASE, LAA_CASE):
+        lines += _dense_lines(rows, case, gpu)
+    for case in sorted({r["case"] for r in rows if r.get("dense_case")}):
+        lines += _time_line(rows, case, "mlloss-triton", HEADLINE_MEMORY_N, GROUPED_CALL_TARGET_S, gpu)
+    lines += _time_line(rows, cases.PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
+    return lines + _naive_lines(rows, gpu)
+
+
+def _dense_lines(rows: list[dict[str, Any]], case: str, gpu: bool) -> list[str]:
+    """Pairs/s and extra memory at N = 1,048,576, and the call's time at N = 16,384."""
+    triton = _measured(rows, case, "mlloss-triton")
+    if not triton:
+        return [f"- {case}: no Triton row measured ({_missing(rows, case, 'mlloss-triton', HEADLINE_MEMORY_N)})"]
+    lines = []
+    row, at_target = _row_at(triton, HEADLINE_MEMORY_N)
+    if row is not None:
+        lines.append(
+            f"- {case}, Triton throughput at N={row['n']:,}: {row['pairs_per_s']:.3g} valid pairs/s; "
+            f"target >= {PAIRS_PER_S_TARGET:.0e}: {_verdict(row['pairs_per_s'] >= PAIRS_PER_S_TARGET, at_target, gpu)}"
+        )
+        if row["peak_extra_mb"] is not None:
+            ok = row["peak_extra_mb"] <= MEMORY_TARGET_MB
+            lines.append(f"- {case}, Triton peak extra memory at N={row['n']:,}: {row['peak_extra_mb']:.1f} MB; "
+                         f"target <= {MEMORY_TARGET_MB:g} MB: {_verdict(ok, at_target, gpu)}")
+    return lines + _time_line(rows, case, "mlloss-triton", HEADLINE_SPEEDUP_N, SMALL_CALL_TARGET_S, gpu)
+
+
+def _time_line(rows, case: str, impl: str, n: int, target_s: float, gpu: bool) -> list[str]:
+    measured = _measured(rows, case, impl)
+    row, at_target = _row_at(measured, n)
+    if row is None:
+        return [f"- {case}, {impl} at N={n:,}: not measured ({_missing(rows, case, impl, n)})"]
+    return [f"- {case}, {impl} forward + backward at N={row['n']:,}: {row['time_s'] * 1e3:.3g} ms; "
+            f"target <= {target_s * 1e3:g} ms: {_verdict(row['time_s'] <= target_s, at_target, gpu)}"]
+
+
+def _naive_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
+    """How much slower a user's naive broadcast is, eager and compiled, at N = 16,384 (LaA)."""
+    row, at_target = _row_at(_measured(rows, LAA_CASE, "mlloss-triton"), HEADLINE_SPEEDUP_N)
+    lines = []
+    for impl, target in (("naive", 20.0), ("naive-compile", 5.0)):
+        label = "naive eager" if impl == "naive" else "naive torch.compile"
+        base = [r for r in _measured(rows, LAA_CASE, impl) if row and r["n"] == row["n"]]
+        if row is None or not base:
+            n = row["n"] if row else HEADLINE_SPEEDUP_N
+            lines.append(f"- {label} / Triton at N={n:,}: not measured ({_missing(rows, LAA_CASE, impl, n)})")
+            continue
+        speedup = base[0]["time_s"] / row["time_s"]
+        lines.append(f"- {label} / Triton at N={row['n']:,}: {speedup:.1f}x ({base[0]['time_s'] * 1e3:.3g} ms vs "
+                     f"{row['time_s'] * 1e3:.3g} ms); target >= {target:g}x: "
+                     f"{_verdict(speedup >= target, at_target, gpu)}")
+    return lines
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def describe_device(device: str) -> dict[str, Any]:
+    """The CPU-side description of ``_measure`` plus the GPU, CUDA and Triton versions."""
+    import torch
+
+    described = _measure.device_description()
+    described["torch_threads"] = torch.get_num_threads()
+    described["device"] = device
+    try:
+        import triton
+
+        described["triton"] = triton.__version__
+    except ImportError:
+        described["triton"] = None
+    described["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        described.update(
+            gpu_name=torch.cuda.get_device_name(0),
+            gpu_memory_gb=round(props.total_memory / GB, 1),
+            gpu_sm_count=props.multi_processor_count,
+            gpu_capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+        )
+    else:
+        described["gpu_name"] = None
+    try:
+        described["libauc"] = importlib.metadata.version("libauc")
+    except importlib.metadata.PackageNotFoundError:
+        described["libauc"] = None
+    return described
+
+
+def write_report(path: str, report: dict[str, Any]) -> None:
+    """The JSON at ``path`` and a markdown page beside it (tables in section order, acceptance)."""
+    rows = report["results"]
+    report["acceptance"] = acceptance_lines(rows, report["device"]["device"] == "cuda")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(report, handle, indent=1)
+    device = report["device"]
+    name = device.get("gpu_name") or f"{device['cpu_model']} (CPU, Triton interpreter smoke run)"
+    parts = [f"# mlloss pairwise benchmark: GPU\n\ndevice: {name}, torch {device['torch']}, triton "
+             f"{device.get('triton')}, libauc {device.get('libauc')}, {device['date_utc']}\n\n"
+             f"command: `{report['command']}`\n"]
+    for section in sorted({r["section"] for r in rows}):
+        parts.append(f"\n## {cases.GPU_SECTION_TITLES[section]}\n\n"
+                     f"{format_rows([r for r in rows if r['section'] == section])}\n")
+    parts.append("\n## Acceptance\n\n" + "\n".join(report["acceptance"]) + "\n")
+    with open(os.path.splitext(path)[0] + ".md", "w") as handle:
+        handle.write("".join(parts))
+
+
+def output_path(args, device: dict[str, Any]) -> str:
+    slug = device_slug(device["gpu_name"]) if device.get("gpu_name") else "cpu-interpret"
+    name = slug + ("-quick" if args.mode != "full" else "") + ".json"
+    if args.output is None:
+        return os.path.join(RESULTS_DIR, name)
+    if os.path.isdir(args.output) or args.output.endswith(os.sep):
+        return os.path.join(args.output, name)
+    return args.output
+
+
+def merge(paths: Sequence[str], output: str, command: str) -> None:
+    """Combine the rows of several runs (later files win for the same case, N and implementation)."""
+    reports = []
+    for path in paths:
+        with open(path) as handle:
+            reports.append(json.load(handle))
+    rows: dict[tuple, dict[str, Any]] = {}
+    for report in reports:
+        for row in report["results"]:
+            rows[(row["section"], row["case"], row["n"], row["impl"])] = row
+    merged = dict(reports[0], command=command, merged_from=[os.path.abspath(p) for p in paths],
+                  results=list(rows.values()))
+    write_report(output, merged)
+    print("\n".join(merged["acceptance"]))
+    print(f"wrote {output}")
