@@ -1,12 +1,22 @@
 """Install-time layout: the optional extras and the error that names them; the kernels folder.
 
-The core install brings torch, numpy and torchmetrics: every loss, metric and tower, on any
-device, with the PyTorch tiers. Two extras add the rest (pyproject.toml):
+The core install brings torch, numpy and torchmetrics: every loss, metric and model, on any
+device, with the PyTorch tiers. The rest is optional (pyproject.toml), and only the modules of
+:data:`MODULE_EXTRAS` import it:
 
-* ``mlloss[lightning]`` (``pytorch-lightning``): :mod:`mlloss.lightning` and :mod:`mlloss.sharding`;
+* ``mlloss[lightning]`` (``pytorch-lightning``): the Lightning integrations,
+  :mod:`mlloss.integrations.lightning` (``RankingMetrics``),
+  :mod:`mlloss.integrations.lightning_checkpoints` (``AtomicCheckpointIO``), and
+  :mod:`mlloss.data.datamodule` (``GroupDataModule``);
+* TorchRec (installed by hand, README "TorchRec"; ``mlloss[torchrec]`` brings its pure-Python
+  needs): :mod:`mlloss.integrations.torchrec`, imported on first use of its functions;
+  :mod:`mlloss.integrations.torchrec_strategy` needs it and Lightning;
 * ``mlloss[triton]`` (``triton``): the fused kernels, ``backend="triton"``. ``backend="auto"``
   picks them on CUDA when triton is installed (CUDA builds of torch bring it) and falls back to
   the PyTorch tier silently when it is not.
+
+The deprecated aliases ``mlloss.lightning`` and ``mlloss.sharding`` import what their new modules
+import (``mlloss.sharding``: both TorchRec modules, hence Lightning).
 
 :func:`needs_extra` turns the missing module of an extra into an ImportError that names the extra.
 :func:`link_source_tree_kernels` makes ``mlloss.kernels`` importable from a source checkout.
@@ -23,7 +33,18 @@ from pathlib import Path
 # The top-level modules that each extra installs.
 EXTRA_MODULES = {
     "lightning": ("pytorch_lightning", "lightning_fabric"),
+    "torchrec": ("torchrec", "fbgemm_gpu"),
     "triton": ("triton",),
+}
+
+# The modules of mlloss that need an extra, and which; no other module imports an extra's modules
+# (tests/test_import_hygiene.py). TorchRec is imported when a function of the module first needs it.
+MODULE_EXTRAS = {
+    "mlloss.integrations.lightning": ("lightning",),
+    "mlloss.integrations.lightning_checkpoints": ("lightning",),
+    "mlloss.integrations.torchrec": ("torchrec",),
+    "mlloss.integrations.torchrec_strategy": ("lightning", "torchrec"),
+    "mlloss.data.datamodule": ("lightning",),
 }
 
 

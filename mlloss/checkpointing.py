@@ -1,5 +1,8 @@
 """Crash-safe checkpoints: written under a temporary name, made visible atomically, resumed from
-the newest complete one. Needs the ``lightning`` extra. Layout and protocol: docs/checkpoints.md.
+the newest complete one. Framework-free (torch only); Lightning's side, the checkpoint I/O plugin
+and the fault-test callback, is :mod:`mlloss.integrations.lightning_checkpoints`, and TorchRec's
+sharded directories are written by :class:`mlloss.integrations.torchrec_strategy.TorchRecStrategy`
+through the functions here. Layout and protocol: docs/checkpoints.md.
 
 A checkpoint at ``<dir>/<name>`` (``last.ckpt`` in recipes/ctr_cvr.py) is written as
 ``<dir>/.partial/<name>`` and only then moved to ``<dir>/<name>``:
@@ -7,10 +10,10 @@ A checkpoint at ``<dir>/<name>`` (``last.ckpt`` in recipes/ctr_cvr.py) is writte
 * a file (Lightning's ``.ckpt``): written, flushed and fsynced under the temporary name, then
   ``os.replace``-d over the previous one (atomic: a reader sees the old file or the new one);
 * a directory (TorchRec's ``torch.distributed.checkpoint`` shards plus ``meta.pt``, written by
-  :class:`mlloss.sharding.TorchRecStrategy`): every rank writes its shards into the temporary
-  directory, then rank 0 writes the completion marker ``COMPLETE`` last (the files and their
-  sizes, as JSON) and swaps the directories: the previous one is moved to ``<dir>/.old/<name>``,
-  the new one to ``<dir>/<name>``, and the previous one removed. ``os.replace`` cannot replace a
+  ``TorchRecStrategy``): every rank writes its shards into the temporary directory, then rank 0
+  writes the completion marker ``COMPLETE`` last (the files and their sizes, as JSON) and swaps
+  the directories: the previous one is moved to ``<dir>/.old/<name>``, the new one to
+  ``<dir>/<name>``, and the previous one removed. ``os.replace`` cannot replace a
   non-empty directory; the resolver understands every state a crash can leave between the steps.
 
 :func:`latest_complete_checkpoint` finds the newest complete checkpoint among ``.partial/<name>``
@@ -24,14 +27,17 @@ Pieces:
 * :func:`write_atomically` / :func:`save_atomically` -- one file; :func:`begin_directory`,
   :func:`finish_directory` (and :func:`atomic_directory` in one process) -- one directory;
   both end in :func:`publish`, the one implementation of "make it visible";
-* :class:`AtomicCheckpointIO` -- Lightning's ``TorchCheckpointIO`` writing through
-  :func:`save_atomically`: ``Trainer(plugins=[AtomicCheckpointIO()])``;
 * :func:`latest_complete_checkpoint`, :func:`incomplete_reason`, :func:`finish_interrupted_publish`;
-* test hooks, read from the environment (docs/checkpoints.md, "Fault tests"):
-  ``MLLOSS_TEST_CHECKPOINT_PAUSE=<seconds>[@<n>]`` pauses a writer after the temporary copy is
-  complete and before it is made visible (every write, or only the n-th of the process);
-  ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>`` pauses training after that batch
-  (``trainer.current_epoch`` and ``batch_idx``, both from 0) through :func:`fault_test_callbacks`.
+  what they skip or finish is printed on global rank 0 only: ``torch.distributed``'s rank once a
+  process group is up, before that the launcher's environment (``RANK``, else ``LOCAL_RANK``,
+  ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK``: Lightning's order), else 0;
+* the test hook ``MLLOSS_TEST_CHECKPOINT_PAUSE=<seconds>[@<n>]``, read from the environment
+  (docs/checkpoints.md, "Fault tests"), pauses a writer after the temporary copy is complete and
+  before it is made visible (every write, or only the n-th of the process); its sibling
+  ``MLLOSS_TEST_BATCH_PAUSE`` pauses training (:mod:`mlloss.integrations.lightning_checkpoints`).
+
+``AtomicCheckpointIO``, ``BatchPause`` and ``fault_test_callbacks`` were here; they still resolve
+from this module, with a ``DeprecationWarning``, and import Lightning only then.
 """
 
 from __future__ import annotations
@@ -48,12 +54,7 @@ from typing import IO, Any, Optional
 
 import torch
 
-from ._extras import needs_extra
-
-with needs_extra("lightning", "mlloss.checkpointing"):
-    import pytorch_lightning as pl
-    from lightning_fabric.plugins import TorchCheckpointIO
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+from ._deprecation import moved_names
 
 __all__ = [
     "MARKER_FILENAME",
@@ -74,9 +75,6 @@ __all__ = [
     "incomplete_reason",
     "latest_complete_checkpoint",
     "finish_interrupted_publish",
-    "AtomicCheckpointIO",
-    "BatchPause",
-    "fault_test_callbacks",
 ]
 
 MARKER_FILENAME = "COMPLETE"  # written last into a checkpoint directory
@@ -84,7 +82,12 @@ MARKER_FORMAT = "mlloss.checkpointing/1"
 STAGING_DIRNAME = ".partial"  # <dir>/.partial/<name>: being written
 RETIRED_DIRNAME = ".old"  # <dir>/.old/<name>: the previous directory, during the swap
 CHECKPOINT_PAUSE_ENV = "MLLOSS_TEST_CHECKPOINT_PAUSE"
-BATCH_PAUSE_ENV = "MLLOSS_TEST_BATCH_PAUSE"
+BATCH_PAUSE_ENV = "MLLOSS_TEST_BATCH_PAUSE"  # read by mlloss.integrations.lightning_checkpoints
+RANK_ENV_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")  # Lightning's order
+
+# The Lightning half moved; the names resolve from here with a warning (mlloss._deprecation).
+__getattr__ = moved_names(__name__, dict.fromkeys(
+    ("AtomicCheckpointIO", "BatchPause", "fault_test_callbacks"), "mlloss.integrations.lightning_checkpoints"))
 
 
 # --------------------------------------------------------------------------- names
@@ -318,9 +321,21 @@ def incomplete_reason(path: str | os.PathLike) -> str | None:
     return None
 
 
-@rank_zero_only
+def _global_rank() -> int:
+    """This process's global rank: ``torch.distributed``'s once a process group is up; before that
+    (a resolver runs before ``Trainer.fit`` starts one) the first of :data:`RANK_ENV_VARS` that a
+    launcher set (torchrun sets ``RANK``; Lightning's launcher ``LOCAL_RANK``), else 0."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    for name in RANK_ENV_VARS:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
 def _print_rank_zero(text: str) -> None:
-    print(text, flush=True)
+    if _global_rank() == 0:
+        print(text, flush=True)
 
 
 def latest_complete_checkpoint(
@@ -372,63 +387,3 @@ def finish_interrupted_publish(path: str | os.PathLike, report: Optional[Callabl
         _remove_if_empty(path.parent)
     report(f"finished the interrupted write of {final} (moved {path} there)")
     return final
-
-
-# --------------------------------------------------------------------------- Lightning
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's ``TorchCheckpointIO`` that writes each checkpoint file through
-    :func:`save_atomically` (temporary file in the checkpoint's folder, fsync, ``os.replace``)
-    instead of Lightning's ``_atomic_save`` (a copy in memory, written through a temporary file in
-    the system's temporary folder, moved without fsync). ``Trainer(plugins=[AtomicCheckpointIO()])``.
-    Loading names the path in its errors."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
-        save_atomically(checkpoint, path)
-
-    def load_checkpoint(self, path, map_location: Optional[Any] = lambda storage, loc: storage,
-                        weights_only: Optional[bool] = None) -> dict[str, Any]:
-        if Path(path).is_dir():
-            raise IsADirectoryError(f"{path} is a directory: a checkpoint of TorchRecStrategy (or another "
-                                    f"strategy's), which {type(self).__name__} does not read")
-        try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except FileNotFoundError:
-            raise
-        except Exception as error:
-            raise RuntimeError(f"could not load the checkpoint {path}: {type(error).__name__}: {error}") from error
-
-    def remove_checkpoint(self, path) -> None:
-        remove_checkpoint(path)
-
-
-class BatchPause(pl.Callback):
-    """The fault-test hook ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>``: after training
-    batch ``batch`` of epoch ``epoch`` (``trainer.current_epoch`` and ``batch_idx``), print a line
-    to stderr and sleep, so that a test can kill the process in the middle of an epoch."""
-
-    def __init__(self, seconds: float, epoch: int, batch: int) -> None:
-        self.seconds, self.epoch, self.batch = seconds, epoch, batch
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
-            print(f"{BATCH_PAUSE_ENV}: pausing {self.seconds:g} s after batch {batch_idx} of epoch {self.epoch} "
-                  f"(global step {trainer.global_step}, rank {trainer.global_rank})", file=sys.stderr, flush=True)
-            time.sleep(self.seconds)
-
-
-def fault_test_callbacks() -> list[pl.Callback]:
-    """``[BatchPause(...)]`` when ``MLLOSS_TEST_BATCH_PAUSE`` is set, else ``[]``."""
-    spec = os.environ.get(BATCH_PAUSE_ENV)
-    if not spec:
-        return []
-    try:
-        seconds, _, at = spec.partition("@")
-        epoch, _, batch = at.partition(":")
-        return [BatchPause(float(seconds), int(epoch), int(batch))]
-    except ValueError:
-        raise ValueError(f"{BATCH_PAUSE_ENV} must be <seconds>@<epoch>:<batch>, got {spec!r}") from None

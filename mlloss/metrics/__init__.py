@@ -32,9 +32,11 @@ The package, torchmetrics' split: ``functional`` (the metrics as functions of a 
 ``classes`` (the streaming :class:`torchmetrics.Metric` classes, which call the functions at ``compute``),
 ``counting`` (the sorted tie blocks and segmented counts they share; the sort is the losses' pair layout,
 :func:`mlloss.ops.layout.pair_layout`). Inputs are checked by :mod:`mlloss._validation`.
+
+The classes are imported on first use: ``torchmetrics.Metric`` imports matplotlib (for its ``plot``)
+when it is installed, which the functions do not need.
 """
 
-from .classes import AUC, GroupAUC, MultiLabelAUC, MultipartiteAUC
 from .counting import UndefinedMetricWarning
 from .functional import aggregate_levels, binary_auc, group_auc, multilabel_auc, multipartite_auc
 
@@ -50,3 +52,13 @@ __all__ = [
     "multilabel_auc",
     "multipartite_auc",
 ]
+
+_CLASSES = ("AUC", "GroupAUC", "MultiLabelAUC", "MultipartiteAUC")
+
+
+def __getattr__(name: str):
+    if name in _CLASSES:  # imports torchmetrics (and with it matplotlib) when first asked for
+        from . import classes
+
+        return getattr(classes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,298 @@
+r"""PyTorch Lightning integration: a callback that logs exact ranking metrics at validation.
+
+Importing this module needs ``pytorch_lightning`` (the ``lightning`` extra); the core of
+:mod:`mlloss` does not. Its siblings in :mod:`mlloss.integrations`: the Lightning side of
+crash-safe checkpoints (``lightning_checkpoints.py``), TorchRec's tables (``torchrec.py``) and the
+Lightning strategy that shards them (``torchrec_strategy.py``). The losses themselves need nothing
+from Lightning: put ``LaALoss()`` (or any other loss) in a ``LightningModule`` and call it in
+``training_step``; with ``cross_device=True`` the pairs are taken across the ranks of a DDP job
+(``docs/lightning.md``).
+
+:class:`RankingMetrics` collects the validation predictions of every rank, and at the end of each
+validation epoch logs, computed once over the whole validation set:
+
+- ``{prefix}auc/<label>``: the AUC of the score against each label (:func:`mlloss.metrics.multilabel_auc`);
+- ``{prefix}gauc/<label>``: the group AUC (GAUC, per user) of each label, when groups are given
+  (:func:`mlloss.metrics.group_auc`);
+- ``{prefix}diff_auc`` and ``{prefix}min_auc``: max - min and min of the per-label AUCs;
+- ``{prefix}multipartite_auc``: the multipartite AUC of the aggregated label, the metric LaA targets
+  (:func:`mlloss.metrics.multipartite_auc`, linear cost);
+- ``{prefix}dictatorship/...``: :meth:`mlloss.DictatorshipReport.as_dict` of the validation labels
+  (priors, LoA effective weights and shares per label, ``dominance_ratio``), with the name of the
+  dominant label logged as ``dominant_index`` (its position in ``label_names``) and the full report
+  printed on rank zero;
+- ``{prefix}num_items``: the number of validation items seen over all ranks (check it against the
+  size of the validation set: a ``DistributedSampler`` pads it by repeating items).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+from .._extras import needs_extra
+from ..diagnostics import DictatorshipReport, label_dictatorship
+from ..evaluation import ranking_metrics
+
+with needs_extra("lightning", "mlloss.integrations.lightning"):
+    import pytorch_lightning as pl
+    from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+__all__ = ["RankingMetrics"]
+
+
+class _Predictions(Metric):
+    """The (scores, labels, groups) seen by :meth:`update`; :meth:`compute` returns them concatenated
+    over every process (``dist_reduce_fx="cat"``), in rank order."""
+
+    full_state_update = False
+    scores: list[Tensor]
+    labels: list[Tensor]
+    groups: list[Tensor]
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in ("scores", "labels", "groups"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, scores: Tensor, labels: Tensor, groups: Optional[Tensor]) -> None:
+        self.scores.append(scores)
+        self.labels.append(labels)
+        if groups is not None:
+            self.groups.append(groups)
+
+    def compute(self) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        scores, labels = dim_zero_cat(self.scores), dim_zero_cat(self.labels)
+        # Without groups the state is [] in one process, or one empty tensor per rank after a sync.
+        groups = dim_zero_cat(self.groups) if len(self.groups) > 0 else None
+        if groups is None or groups.numel() == 0:
+            return scores, labels, None
+        if groups.numel() != scores.shape[0]:
+            raise ValueError("RankingMetrics: either every validation batch, on every rank, has groups or none has")
+        return scores, labels, groups.long()
+
+
+class RankingMetrics(pl.Callback):
+    """Log per-label AUC, GAUC, DiffAUC, MinAUC, the multipartite AUC and the label-dictatorship
+    report of the validation predictions, once per validation epoch.
+
+    Contract: the LightningModule's ``validation_step`` (and ``test_step``) returns a mapping with
+
+    - ``outputs[score_key]``: scores of shape ``(N,)`` or ``(N, 1)``, one score ranked against every
+      label (a ranking head), or ``(N, K)``, column k the score of label k (a multi-task model's
+      heads; then no multipartite AUC); logits or probabilities: the metrics only use their order;
+    - ``outputs[labels_key]``: 0/1 labels of shape ``(N, K)``, ``K = len(label_names)`` (or ``(N,)``
+      when ``K == 1``);
+    - ``outputs[groups_key]``, optional: integer group (user) ids of shape ``(N,)``. Give them in
+      every batch or in none. Without them, GAUC is not logged.
+
+    Other keys (a validation loss, say) are ignored. The callback keeps the detached predictions of
+    the epoch (O(N) numbers per rank) in a ``torchmetrics`` metric that, at the end of the epoch,
+    gathers every rank's predictions, so each rank computes the metrics of the whole validation set
+    and logs them with ``sync_dist=False`` (they are equal on every rank already; Lightning's
+    "sync_dist=True is recommended" warning for these names is silenced). All validation dataloaders
+    of an epoch are pooled. Nothing is logged during the sanity check. A metric without a valid pair
+    (a label with one class) is NaN, with an ``UndefinedMetricWarning``.
+
+    ``test_step`` outputs are evaluated the same way at the end of ``trainer.test`` and logged
+    with ``test_prefix``. The metrics are computed by :func:`mlloss.evaluation.ranking_metrics`
+    (the function the recipes use for their baselines).
+
+    Under DDP the metrics are exact only if every validation item is seen exactly once: Lightning's
+    default ``DistributedSampler`` pads the set by repeating items unless its size is a multiple of
+    the number of ranks; ``{prefix}num_items`` shows what was seen. Every rank must run at least
+    one validation batch. See ``docs/lightning.md``.
+
+    Args:
+        label_names: one name per label column, used in the logged names.
+        label_weights: the LaA label weights ``w_k`` of the multipartite AUC (default all ones).
+        loa_weights: the LoA mixing weights ``a_k`` of the dictatorship report (default all ones).
+        prefix: prepended to every logged name at validation.
+        test_prefix: prepended to every logged name at test.
+        score_key, labels_key, groups_key: the keys of the ``validation_step`` outputs.
+        group_weighting: GAUC over groups, ``"uniform"`` (default) or ``"size"`` (by items).
+        print_report: print the dictatorship report on rank zero after each validation epoch.
+        loss_attribute: the LightningModule's attribute holding its training loss. When that loss
+            has ``parts["valid_pairs"]`` (every mlloss loss), the callback adds them up over each
+            training epoch (on the device: no host synchronisation per step) and logs
+            ``train/valid_pairs_per_item`` and ``train/valid_pairs_per_batch`` at the epoch's end,
+            warning once when a grouped loss saw fewer valid pairs than items: its batches split
+            the users (``mlloss.data.GroupBatchSampler`` keeps them together).
+
+    Attributes:
+        report: the :class:`mlloss.DictatorshipReport` of the last evaluation epoch (or ``None``).
+        results: ``{logged name: float}`` of the last evaluation epoch (read once, at its end).
+    """
+
+    def __init__(
+        self,
+        label_names: Sequence[str],
+        *,
+        label_weights: Optional[Sequence[float]] = None,
+        loa_weights: Optional[Sequence[float]] = None,
+        prefix: str = "val/",
+        test_prefix: str = "test/",
+        score_key: str = "scores",
+        labels_key: str = "labels",
+        groups_key: str = "groups",
+        group_weighting: str = "uniform",
+        print_report: bool = True,
+        loss_attribute: str = "loss",
+    ) -> None:
+        super().__init__()
+        if isinstance(label_names, str) or len(label_names) == 0 or len(set(label_names)) != len(label_names):
+            raise ValueError(f"label_names must be a non-empty sequence of distinct names; got {label_names!r}")
+        if group_weighting not in ("uniform", "size"):
+            raise ValueError(f"group_weighting must be 'uniform' or 'size'; got {group_weighting!r}")
+        self.label_names = tuple(str(name) for name in label_names)
+        self.label_weights = label_weights
+        self.loa_weights = loa_weights
+        self.prefix = prefix
+        self.test_prefix = test_prefix
+        self.results: dict[str, float] = {}
+        self.keys = (score_key, labels_key, groups_key)
+        self.group_weighting = group_weighting
+        self.print_report = print_report
+        self.report: Optional[DictatorshipReport] = None
+        self._predictions = _Predictions()
+        self.loss_attribute = loss_attribute
+        self._pairs_seen: Optional[Tensor] = None  # valid pairs of the training epoch, on the device
+        self._items_seen = 0
+        self._batches_seen = 0
+        self._warned_starved = False
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # The values are global already; Lightning would still recommend sync_dist=True for each.
+        for prefix in (self.prefix, self.test_prefix):
+            warnings.filterwarnings("ignore", message=rf"It is recommended to use `self.log\('{re.escape(prefix)}")
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pairs_seen, self._items_seen, self._batches_seen = None, 0, 0
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = getattr(pl_module, self.loss_attribute, None)
+        parts = getattr(loss, "parts", None)
+        if not parts or "valid_pairs" not in parts:
+            return
+        pairs = parts["valid_pairs"].to(torch.float64)
+        self._pairs_seen = pairs if self._pairs_seen is None else self._pairs_seen + pairs
+        self._items_seen += int(getattr(loss, "num_items", 0))
+        self._batches_seen += 1
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pairs_seen is None:
+            return
+        per_item = self._pairs_seen / max(self._items_seen, 1)
+        pl_module.log("train/valid_pairs_per_item", per_item, sync_dist=True)
+        pl_module.log("train/valid_pairs_per_batch", self._pairs_seen / self._batches_seen, sync_dist=True)
+        if not self._warned_starved and self._items_seen and float(per_item) < 1.0:  # one read per epoch
+            self._warned_starved = True
+            rank_zero_warn(
+                f"the training loss saw {float(per_item):.2f} valid pairs per item this epoch: per-user pairs "
+                f"need each user's items in one batch; mlloss.data.GroupBatchSampler keeps users together"
+            )
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._predictions.reset()
+        self._predictions.to(pl_module.device)
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._predictions.update(*self._batch(outputs))
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._log_epoch(pl_module, self.prefix, "validation")
+        self._predictions.reset()
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_validation_epoch_start(trainer, pl_module)
+
+    on_test_batch_end = on_validation_batch_end  # the same contract for test_step outputs
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._log_epoch(pl_module, self.test_prefix, "test")
+        self._predictions.reset()
+
+    def _log_epoch(self, pl_module: pl.LightningModule, prefix: str, stage: str) -> None:
+        values = self.compute(prefix)
+        for name, value in values.items():
+            pl_module.log(name, value, sync_dist=False)
+        self.results = {name: float(value) for name, value in values.items()}  # one read per epoch
+        if self.print_report and self.report is not None:
+            rank_zero_info(f"Label dictatorship on the {stage} labels:\n{self.report}")
+
+    def compute(self, prefix: Optional[str] = None) -> dict[str, Tensor]:
+        """The metrics of the predictions collected so far, gathered over every rank (a collective:
+        call it on every rank), as float64 scalars named as logged (with ``prefix``, default the
+        validation prefix)."""
+        scores, labels, groups = self._predictions.compute()
+        labels = labels.reshape(scores.shape[0], len(self.label_names))
+        values: dict[str, Any] = {"num_items": scores.shape[0]}
+        values |= ranking_metrics(scores, labels, groups, label_names=self.label_names,
+                                  group_weighting=self.group_weighting, label_weights=self.label_weights)
+        self.report = label_dictatorship(labels, self.loa_weights, label_names=self.label_names)
+        for key, value in self.report.as_dict().items():
+            if key == "dominant":
+                key, value = "dominant_index", self.label_names.index(str(value))
+            values[f"dictatorship/{key}"] = value
+        prefix = self.prefix if prefix is None else prefix
+        return {
+            prefix + key: torch.as_tensor(value, dtype=torch.float64, device=scores.device).reshape(())
+            for key, value in values.items()
+        }
+
+    def _batch(self, outputs: Any) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Detached (scores (N,) or (N, K) float64, labels (N, K) uint8, groups (N,) int64 or None) of one batch."""
+        score_key, labels_key, groups_key = self.keys
+        if not isinstance(outputs, Mapping) or score_key not in outputs or labels_key not in outputs:
+            raise TypeError(
+                f"RankingMetrics needs validation_step to return a mapping with {score_key!r} and "
+                f"{labels_key!r} (and optionally {groups_key!r}); got {type(outputs).__name__}"
+                + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
+            )
+        scores = torch.as_tensor(outputs[score_key]).detach()
+        num_labels = len(self.label_names)
+        if scores.ndim == 2 and scores.shape[1] == 1:
+            scores = scores[:, 0]
+        if not (scores.ndim == 1 or (scores.ndim == 2 and scores.shape[1] == num_labels)):
+            raise ValueError(f"outputs[{score_key!r}] must have shape (N,), (N, 1) or (N, K) with K = {num_labels} "
+                             f"(one column per label); got {tuple(scores.shape)}")
+        num_items = scores.shape[0]
+        labels = torch.as_tensor(outputs[labels_key]).detach()
+        if labels.ndim == 1 and num_labels == 1:
+            labels = labels[:, None]
+        if labels.shape != (num_items, num_labels):
+            raise ValueError(
+                f"outputs[{labels_key!r}] must have shape (N, K) = ({num_items}, {num_labels}) for "
+                f"label_names={self.label_names}; got {tuple(labels.shape)}"
+            )
+        if bool(((labels != 0) & (labels != 1)).any()):
+            raise ValueError(f"outputs[{labels_key!r}] must be binary (0 or 1)")
+        groups = outputs.get(groups_key)
+        if groups is not None:
+            groups = torch.as_tensor(groups).detach().reshape(-1)
+            if groups.shape[0] != num_items or groups.dtype.is_floating_point or groups.dtype == torch.bool:
+                raise ValueError(
+                    f"outputs[{groups_key!r}] must hold {num_items} integer ids; got {groups.dtype} "
+                    f"of shape {tuple(groups.shape)}"
+                )
+            groups = groups.long()
+        # float64 holds bf16/fp16/fp32 scores exactly, so the metrics see the model's own order.
+        return scores.to(torch.float64), labels.to(torch.uint8), groups

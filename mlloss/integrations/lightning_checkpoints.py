@@ -1,0 +1,88 @@
+"""The Lightning side of crash-safe checkpoints: Lightning's checkpoint I/O writing through
+:func:`mlloss.checkpointing.save_atomically`, and the fault-test callback. Layout and protocol:
+docs/checkpoints.md.
+
+* :class:`AtomicCheckpointIO` -- Lightning's ``TorchCheckpointIO`` writing each checkpoint file
+  atomically: ``Trainer(plugins=[AtomicCheckpointIO()])``;
+* :class:`BatchPause` and :func:`fault_test_callbacks` -- the test hook
+  ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>`` (docs/checkpoints.md, "Fault tests"):
+  pauses training after that batch (``trainer.current_epoch`` and ``batch_idx``, both from 0).
+
+Needs the ``lightning`` extra. The atomic writes and the resolver of the newest complete checkpoint
+are framework-free, in :mod:`mlloss.checkpointing`; TorchRec's sharded checkpoint directories are
+written by the sibling ``torchrec_strategy.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .._extras import needs_extra
+from ..checkpointing import BATCH_PAUSE_ENV, remove_checkpoint, save_atomically
+
+with needs_extra("lightning", "mlloss.integrations.lightning_checkpoints"):
+    import pytorch_lightning as pl
+    from lightning_fabric.plugins import TorchCheckpointIO
+
+__all__ = ["AtomicCheckpointIO", "BatchPause", "fault_test_callbacks"]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` that writes each checkpoint file through
+    :func:`save_atomically` (temporary file in the checkpoint's folder, fsync, ``os.replace``)
+    instead of Lightning's ``_atomic_save`` (a copy in memory, written through a temporary file in
+    the system's temporary folder, moved without fsync). ``Trainer(plugins=[AtomicCheckpointIO()])``.
+    Loading names the path in its errors."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
+        save_atomically(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Optional[Any] = lambda storage, loc: storage,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if Path(path).is_dir():
+            raise IsADirectoryError(f"{path} is a directory: a checkpoint of TorchRecStrategy (or another "
+                                    f"strategy's), which {type(self).__name__} does not read")
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except FileNotFoundError:
+            raise
+        except Exception as error:
+            raise RuntimeError(f"could not load the checkpoint {path}: {type(error).__name__}: {error}") from error
+
+    def remove_checkpoint(self, path) -> None:
+        remove_checkpoint(path)
+
+
+class BatchPause(pl.Callback):
+    """The fault-test hook ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>``: after training
+    batch ``batch`` of epoch ``epoch`` (``trainer.current_epoch`` and ``batch_idx``), print a line
+    to stderr and sleep, so that a test can kill the process in the middle of an epoch."""
+
+    def __init__(self, seconds: float, epoch: int, batch: int) -> None:
+        self.seconds, self.epoch, self.batch = seconds, epoch, batch
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            print(f"{BATCH_PAUSE_ENV}: pausing {self.seconds:g} s after batch {batch_idx} of epoch {self.epoch} "
+                  f"(global step {trainer.global_step}, rank {trainer.global_rank})", file=sys.stderr, flush=True)
+            time.sleep(self.seconds)
+
+
+def fault_test_callbacks() -> list[pl.Callback]:
+    """``[BatchPause(...)]`` when ``MLLOSS_TEST_BATCH_PAUSE`` is set, else ``[]``."""
+    spec = os.environ.get(BATCH_PAUSE_ENV)
+    if not spec:
+        return []
+    try:
+        seconds, _, at = spec.partition("@")
+        epoch, _, batch = at.partition(":")
+        return [BatchPause(float(seconds), int(epoch), int(batch))]
+    except ValueError:
+        raise ValueError(f"{BATCH_PAUSE_ENV} must be <seconds>@<epoch>:<batch>, got {spec!r}") from None

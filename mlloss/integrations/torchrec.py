@@ -1,0 +1,247 @@
+r"""TorchRec integration: id features through an ``EmbeddingBagCollection``, its tables sharded
+with ``DistributedModelParallel``. No Lightning: the Lightning strategy that shards a
+LightningModule's tables and writes their checkpoints is the sibling ``torchrec_strategy.py``.
+
+Needs TorchRec, imported on first use (importing this module imports neither torchrec nor
+fbgemm-gpu). On a CPU-only machine plain ``pip install torchrec`` pulls the CUDA build of
+fbgemm-gpu, which does not load; install the CPU build first and torchrec without its
+dependencies (README, "TorchRec")::
+
+    pip install fbgemm-gpu-cpu==1.8.0 tensordict pyre-extensions tqdm
+    pip install --no-deps torchrec==1.8.0
+
+Pieces:
+
+* :class:`TorchRecEmbedding` -- one TorchRec table per sparse field; a drop-in replacement of
+  :class:`mlloss.models.FieldEmbedding` (same ``output_dim``, same ``(B, F)`` id input, or a
+  ``KeyedJaggedTensor``). Works in a plain single CPU process, with no process group.
+* :func:`ids_to_kjt` -- a (B, F) id matrix as a ``KeyedJaggedTensor``.
+* :func:`shard_model` -- wraps a model in ``DistributedModelParallel`` with every table sharded
+  the same way (``"table_wise"``, ``"column_wise"`` or ``"data_parallel"``). Sharded tables
+  are trained by a sparse optimizer fused into the backward pass (row-wise Adagrad by default;
+  the CPU kernels support only the Adagrad family and SGD); the dense parameters, and
+  ``"data_parallel"`` (replicated) tables, are wrapped in DDP by DMP itself and trained by the
+  optimizer the caller builds over :func:`dense_parameters`.
+
+Gradient scale. With equal local batches, a sharded table's rows receive the gradient of the
+mean loss over all ranks' batches, as the DDP-averaged dense parameters do: one step of
+sharded SGD equals one single-process step on the concatenated batch
+(``tests/test_torchrec.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "SHARDING_TYPES",
+    "SPARSE_OPTIMIZERS",
+    "TorchRecEmbedding",
+    "ids_to_kjt",
+    "shard_model",
+    "dense_parameters",
+]
+
+SHARDING_TYPES = ("table_wise", "column_wise", "data_parallel")
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
+
+
+def import_torchrec():
+    """Import torchrec, or raise an ImportError that says how to install it."""
+    try:
+        import torchrec
+    except ImportError as error:  # torchrec missing, or its fbgemm-gpu build failing to load
+        raise ImportError(
+            "mlloss.integrations.torchrec needs TorchRec: pip install fbgemm-gpu-cpu==1.8.0 tensordict "
+            "pyre-extensions tqdm && pip install --no-deps torchrec==1.8.0 (on a CUDA machine install "
+            f"fbgemm-gpu instead of fbgemm-gpu-cpu); the import failed with: {error}"
+        ) from error
+    return torchrec
+
+
+def ids_to_kjt(ids: Tensor, keys: Sequence[str]):
+    """A ``KeyedJaggedTensor`` holding one id per row and key from a (B, F) id matrix whose
+    column f belongs to ``keys[f]``."""
+    torchrec = import_torchrec()
+    if ids.dim() != 2 or ids.shape[1] != len(keys):
+        raise ValueError(f"ids must have shape (B, {len(keys)}) for keys {list(keys)}, got {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"ids must be int32 or int64, got {ids.dtype}")
+    lengths = torch.ones(ids.numel(), dtype=torch.int32, device=ids.device)
+    return torchrec.KeyedJaggedTensor(keys=list(keys), values=ids.t().reshape(-1), lengths=lengths)
+
+
+class TorchRecEmbedding(nn.Module):
+    """One sum-pooled TorchRec table of dimension ``dim`` per sparse field.
+
+    ``forward(sparse)`` takes (B, F) ids (column f is field ``field_names[f]``) or a
+    ``KeyedJaggedTensor`` keyed by the field names (several ids per row are then sum-pooled), and
+    returns the (B, F * dim) concatenation of the field embeddings in ``field_names`` order,
+    whatever order a sharded collection returns them in. The weights are initialised
+    N(0, 0.05^2) like :class:`mlloss.models.FieldEmbedding`.
+
+    Args:
+        cardinalities: number of ids of each field.
+        dim: embedding dimension of every field.
+        field_names: the feature keys (default ``f0, f1, ...``); table f is named ``t_<key>``.
+        device: where the tables live; ``"meta"`` defers the allocation to
+            :func:`shard_model`.
+    """
+
+    def __init__(
+        self,
+        cardinalities: Sequence[int],
+        dim: int,
+        field_names: Optional[Sequence[str]] = None,
+        device: Optional[torch.device | str] = None,
+    ) -> None:
+        super().__init__()
+        torchrec = import_torchrec()
+        if not cardinalities or any(c < 1 for c in cardinalities):
+            raise ValueError(f"cardinalities must be positive, got {list(cardinalities)}")
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        keys = [f"f{i}" for i in range(len(cardinalities))] if field_names is None else [str(k) for k in field_names]
+        if len(keys) != len(cardinalities) or len(set(keys)) != len(keys):
+            raise ValueError(f"field_names must be {len(cardinalities)} distinct names, got {keys}")
+        tables = [
+            torchrec.EmbeddingBagConfig(
+                name=f"t_{key}", embedding_dim=dim, num_embeddings=int(c), feature_names=[key],
+                pooling=torchrec.PoolingType.SUM, init_fn=_normal_init,
+            )
+            for key, c in zip(keys, cardinalities)
+        ]
+        self.ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device(device or "cpu"))
+        if self.ebc.embedding_bags[tables[0].name].weight.device.type != "meta":
+            for config in tables:
+                _normal_init(self.ebc.embedding_bags[config.name].weight.data)
+        self.keys = keys
+        self.output_dim = dim * len(keys)
+
+    def forward(self, sparse) -> Tensor:
+        kjt = ids_to_kjt(sparse, self.keys) if isinstance(sparse, Tensor) else sparse
+        pooled = self.ebc(kjt)
+        if hasattr(pooled, "wait"):  # a sharded collection returns an awaitable
+            pooled = pooled.wait()
+        if list(pooled.keys()) == self.keys:
+            return pooled.values()
+        by_key = pooled.to_dict()
+        return torch.cat([by_key[key] for key in self.keys], dim=1)
+
+
+def _normal_init(weight: Tensor) -> Tensor:
+    with torch.no_grad():
+        return weight.normal_(0.0, 0.05)
+
+
+def sparse_optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    if name == "rowwise_adagrad":
+        from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+        return RowWiseAdagrad
+    classes = {"adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+    if name not in classes:
+        raise ValueError(f"sparse_optimizer must be one of {SPARSE_OPTIMIZERS}, got {name!r}")
+    return classes[name]
+
+
+def shard_model(
+    module: nn.Module,
+    sharding: str = "table_wise",
+    device: Optional[torch.device] = None,
+    sparse_optimizer: str = "rowwise_adagrad",
+    sparse_lr: float = 0.05,
+    process_group: Optional[Any] = None,
+):
+    """Wrap ``module`` in TorchRec's ``DistributedModelParallel`` with every
+    ``EmbeddingBagCollection`` table sharded as ``sharding``.
+
+    The tables' current weights are copied into the shards (DMP would otherwise re-initialise
+    them), so a sharded model starts from the same weights as the unsharded one. Sharded
+    tables use the fused kernel with ``sparse_optimizer`` (``"adam"`` only on CUDA) applied in
+    the backward pass. ``"data_parallel"`` tables are replicated, all-reduced by DDP and
+    trained by the dense optimizer (``sparse_optimizer`` does not apply to them). Column-wise
+    shards are ``dim / world_size`` columns wide (at least 4). Needs an initialised process
+    group.
+    """
+    import_torchrec()
+    import torch.distributed as dist
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    if sharding not in SHARDING_TYPES:
+        raise ValueError(f"sharding must be one of {SHARDING_TYPES}, got {sharding!r}")
+    if not sparse_lr > 0:
+        raise ValueError(f"sparse_lr must be > 0, got {sparse_lr}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("shard_model needs an initialised torch.distributed process group")
+    device = torch.device(device or "cpu")
+    if sparse_optimizer == "adam" and device.type != "cuda":
+        raise ValueError(
+            "sparse_optimizer='adam' needs CUDA: fbgemm's CPU kernels support rowwise_adagrad, adagrad and sgd"
+        )
+    collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
+    if not collections:
+        raise ValueError(f"{type(module).__name__} holds no torchrec EmbeddingBagCollection to shard")
+    full_weights = {name: t.detach().clone() for name, t in module.state_dict().items() if t.device.type != "meta"}
+
+    group = process_group or dist.group.WORLD
+    world_size = dist.get_world_size(group)
+    if sharding == "data_parallel":
+        kernel = EmbeddingComputeKernel.DENSE
+    else:
+        kernel = EmbeddingComputeKernel.FUSED
+        table_params = [p for ebc in collections for p in ebc.parameters()]
+        _apply_optimizer_in_backward(sparse_optimizer_class(sparse_optimizer), table_params, {"lr": sparse_lr})
+    constraints = {
+        config.name: ParameterConstraints(
+            sharding_types=[sharding], compute_kernels=[kernel.value],
+            min_partition=max(4, config.embedding_dim // world_size) if sharding == "column_wise" else None,
+        )
+        for ebc in collections
+        for config in ebc.embedding_bag_configs()
+    }
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=local_world_size)
+    sharders = [EmbeddingBagCollectionSharder()]
+    plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).collective_plan(module, sharders, group)
+    model = DistributedModelParallel(module, device=device, plan=plan, sharders=sharders)
+    _copy_into_shards(model, full_weights)
+    return model
+
+
+def _copy_into_shards(model: nn.Module, full_weights: dict[str, Tensor]) -> None:
+    """Copy each full tensor of ``full_weights`` into ``model``'s local shards (or replicas)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    with torch.no_grad():
+        for name, target in model.state_dict().items():
+            if name not in full_weights:
+                continue
+            source = full_weights[name]
+            if isinstance(target, ShardedTensor):
+                for shard in target.local_shards():
+                    index = tuple(
+                        slice(offset, offset + size)
+                        for offset, size in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes)
+                    )
+                    shard.tensor.copy_(source[index])
+            else:
+                target.copy_(source)
+
+
+def dense_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    """The named parameters not trained by a fused (in-backward) sparse optimizer: the ones to
+    give the dense optimizer."""
+    for name, parameter in model.named_parameters():
+        if not hasattr(parameter, "_in_backward_optimizers"):
+            yield name, parameter

@@ -1,0 +1,204 @@
+"""The Lightning strategy of the TorchRec integration: :class:`TorchRecStrategy`, Lightning's DDP
+for a LightningModule whose embedding tables :func:`mlloss.integrations.torchrec.shard_model`
+shards, with sharded checkpoints written crash-safely.
+
+Needs both the ``lightning`` extra and TorchRec. Its siblings: the tables, the sharding and the
+optimizers are ``torchrec.py`` (no Lightning); the atomic writes and the resolver of the newest
+complete checkpoint are :mod:`mlloss.checkpointing` (no Lightning); Lightning's checkpoint I/O for
+plain files is ``lightning_checkpoints.py``.
+
+The strategy does not wrap the module a second time, expects the module to shard itself in
+``configure_model`` (``self.model = self.trainer.strategy.shard(self.model)``), and saves and
+restores checkpoints with ``torch.distributed.checkpoint``: a checkpoint is a directory with
+every rank's shards of the model and of the fused sparse optimizer's state, plus ``meta.pt``,
+written by rank 0, with the rest of Lightning's checkpoint (loops, epoch, callbacks, and the
+dense optimizer's state, which is replicated), and the completion marker ``COMPLETE``. It is
+written under a temporary name and made visible when complete (docs/checkpoints.md). Resuming
+needs the same world size and sharding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from .._extras import needs_extra
+from ..checkpointing import (
+    begin_directory,
+    finish_directory,
+    finish_interrupted_publish,
+    incomplete_reason,
+    remove_checkpoint,
+    staging_path,
+)
+from .torchrec import SHARDING_TYPES, import_torchrec, shard_model, sparse_optimizer_class
+
+with needs_extra("lightning", "mlloss.integrations.torchrec_strategy"):
+    from pytorch_lightning.strategies import DDPStrategy
+
+__all__ = ["TorchRecStrategy"]
+
+_METADATA_FILENAME = "meta.pt"
+
+
+class TorchRecStrategy(DDPStrategy):
+    """Lightning DDP for a module whose embedding tables are sharded by TorchRec.
+
+    Usage, in the LightningModule::
+
+        def configure_model(self):
+            if isinstance(self.trainer.strategy, TorchRecStrategy):
+                self.model = self.trainer.strategy.shard(self.model)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam([p for _, p in dense_parameters(self)], lr=1e-3)
+
+    and ``Trainer(strategy=TorchRecStrategy("table_wise"), devices=2, ...)``. The dense
+    parameters are synchronised by the DDP wrapper inside DMP, so this strategy does not wrap
+    the module again. Checkpoints are directories written with ``torch.distributed.checkpoint``
+    under a temporary name and made visible when complete (see the module docstring); resume with
+    ``trainer.fit(..., ckpt_path=mlloss.checkpointing.latest_complete_checkpoint(<folder>))``.
+
+    Args:
+        sharding: ``"table_wise"``, ``"column_wise"`` or ``"data_parallel"``.
+        sparse_optimizer: the fused optimizer of the tables (see :func:`shard_model`).
+        sparse_lr: its learning rate.
+        **kwargs: passed to ``DDPStrategy`` (``process_group_backend``, ``timeout``, ...).
+    """
+
+    strategy_name = "torchrec"
+
+    def __init__(
+        self, sharding: str = "table_wise", sparse_optimizer: str = "rowwise_adagrad", sparse_lr: float = 0.05,
+        **kwargs: Any,
+    ) -> None:
+        import_torchrec()
+        if sharding not in SHARDING_TYPES:
+            raise ValueError(f"sharding must be one of {SHARDING_TYPES}, got {sharding!r}")
+        sparse_optimizer_class(sparse_optimizer)  # validates the name
+        super().__init__(**kwargs)
+        self.sharding = sharding
+        self.sparse_optimizer = sparse_optimizer
+        self.sparse_lr = sparse_lr
+        self.sharded_model = None
+
+    def shard(self, module: nn.Module):
+        """Shard ``module``'s tables (call from ``LightningModule.configure_model``)."""
+        self.sharded_model = shard_model(
+            module, self.sharding, self.root_device, self.sparse_optimizer, self.sparse_lr
+        )
+        return self.sharded_model
+
+    def _fused_optimizer(self):
+        if self.sharded_model is None:
+            raise RuntimeError(
+                "TorchRecStrategy: the LightningModule did not shard its model; call "
+                "`self.model = self.trainer.strategy.shard(self.model)` in configure_model"
+            )
+        return self.sharded_model.fused_optimizer
+
+    def configure_ddp(self) -> None:
+        self._fused_optimizer()  # DMP already wraps the dense parameters in DDP
+
+    def model_to_device(self) -> None:
+        if self.sharded_model is None:
+            super().model_to_device()
+            return
+        # DMP already placed its shards and dense part on the device; move the module's other
+        # parts (losses with buffers, metric states) there too.
+        for child in self.lightning_module.children():
+            if child is not self.sharded_model:
+                child.to(self.root_device)
+
+    def setup(self, trainer) -> None:
+        from lightning_fabric.utilities.optimizer import _optimizers_to_device
+        from pytorch_lightning.trainer.states import TrainerFn
+
+        self.accelerator.setup(trainer)
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            self.configure_ddp()
+            self.setup_optimizers(trainer)
+        # Unlike DDPStrategy, no broadcast of the module states outside fitting: the tables
+        # are sharded (ranks hold different tensors) and DMP keeps the replicas in sync.
+        self.setup_precision_plugin()
+        if fitting:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return self.lightning_module.state_dict()  # ShardedTensors for the sharded tables
+
+    def load_model_state_dict(self, checkpoint, strict: bool = True) -> None:
+        pass  # load_checkpoint loaded it into the shards
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        if storage_options is not None:
+            raise TypeError("TorchRecStrategy.save_checkpoint does not take storage_options")
+        path = Path(self.broadcast(str(filepath)))
+        staging = staging_path(path)
+        if self.is_global_zero:
+            begin_directory(path)  # an empty <folder>/.partial/<name>
+        self.barrier("TorchRecStrategy.save_checkpoint")
+        checkpoint = dict(checkpoint)
+        state = {"model": checkpoint.pop("state_dict"), "sparse_optimizer": self._fused_optimizer().state_dict()}
+        dcp.save(state, checkpoint_id=staging)  # returns on rank 0 (the coordinator) once every shard is written
+        if self.is_global_zero:
+            with open(staging / _METADATA_FILENAME, "wb") as stream:
+                torch.save(checkpoint, stream)
+            # the marker last, then the swap into `path`
+            finish_directory(staging, path, epoch=checkpoint.get("epoch"), global_step=checkpoint.get("global_step"),
+                             world_size=self.world_size)
+        self.barrier("TorchRecStrategy.save_checkpoint: published")
+
+    def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not (path / _METADATA_FILENAME).is_file():
+            raise FileNotFoundError(
+                f"{path} is not a TorchRecStrategy checkpoint (a directory with {_METADATA_FILENAME} and the shards)"
+            )
+        reason = incomplete_reason(path)
+        if self.is_global_zero and reason is not None:
+            print(f"note: {path} is not marked complete ({reason}); loading it as named", flush=True)
+        state = {"model": self.lightning_module.state_dict(), "sparse_optimizer": self._fused_optimizer().state_dict()}
+        try:
+            dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
+            self._load_module_state(state["model"])
+            self._fused_optimizer().load_state_dict(state["sparse_optimizer"])
+            checkpoint = torch.load(path / _METADATA_FILENAME, weights_only=False)
+        except Exception as error:
+            if hasattr(error, "add_note"):
+                error.add_note(f"while loading the TorchRecStrategy checkpoint {path}")
+            raise
+        # Every rank has read it: a copy that a crash left at a temporary name takes its visible name.
+        self.barrier("TorchRecStrategy.load_checkpoint")
+        if self.is_global_zero:
+            finish_interrupted_publish(path)
+        self.barrier("TorchRecStrategy.load_checkpoint: published")
+        return checkpoint
+
+    def _load_module_state(self, state: dict[str, Any]) -> None:
+        """Load the LightningModule's state: DMP's part through DMP (its keys carry no wrapper
+        prefix), the rest through the module."""
+        module, dmp = self.lightning_module, self.sharded_model
+        prefix = next(name for name, child in module.named_modules() if child is dmp) + "."
+        dmp.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        rest = {k: v for k, v in state.items() if not k.startswith(prefix)}
+        missing, unexpected = module.load_state_dict(rest, strict=False)
+        missing = [key for key in missing if not key.startswith(prefix)]
+        if module.strict_loading and (missing or unexpected):
+            raise RuntimeError(f"checkpoint does not match the module: missing {missing}, unexpected {unexpected}")
+
+    def remove_checkpoint(self, filepath) -> None:
+        if self.is_global_zero:
+            remove_checkpoint(filepath)  # and its temporary and retired copies
