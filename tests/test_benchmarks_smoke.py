@@ -107,8 +107,9 @@ def test_merge_recomputes_acceptance_from_both_files(bench_gpu, cases, tmp_path)
 
 def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     """benchmarks/bench_recipe.py on a tiny log: every loss row has a throughput and a split whose
-    parts add up to the step time (framework = the rest, so never more than the step), and the
-    data-path rows compare TensorBatches with a per-row DataLoader; JSON and .md written."""
+    parts add up to the step time (other = the rest, so never more than the step), the framework
+    overhead compares the recipe's module with a plain loop on both clocks, and the data-path rows
+    compare TensorBatches with a per-row DataLoader; JSON and .md written."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_recipe", BENCHMARKS / "bench_recipe.py")
@@ -116,12 +117,17 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     spec.loader.exec_module(bench)
     out = tmp_path / "recipe.json"
     result = bench.main(["--device", "cpu", "--losses", "bce", "laa", "--batch-sizes", "256", "--steps", "4",
-                         "--warmup", "2", "--num-users", "300", "--output", str(out)])
+                         "--warmup", "2", "--num-users", "300", "--rounds", "1", "--output", str(out)])
     assert [row["loss"] for row in result["training"]] == ["bce", "laa"]
     for row in result["training"]:
         assert row["steps"] == 4 and row["impressions_per_s"] > 0
         assert set(row["split_ms"]) == set(bench.PARTS)
         assert all(row["split_ms"][part] > 0 for part in ("data", "forward", "loss", "backward", "optimizer"))
+    (framework,) = result["framework"]
+    for clock in ("cpu", "wall"):
+        row = framework[clock]
+        assert row["lightning_step_ms"] > 0 and row["plain_step_ms"] > 0
+        assert row["smallest_ms"] <= row["framework_ms"] <= row["largest_ms"]
     (data,) = result["data_path"]
     assert data["tensor_batches_impressions_per_s"] > 0 and data["per_row_dataloader_impressions_per_s"] > 0
     assert json.loads(out.read_text())["training"][0]["loss"] == "bce"
