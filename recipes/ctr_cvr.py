@@ -103,7 +103,10 @@ class MultiTaskObjective(nn.Module):
                                                **(ranking if name != "bce" else {}))
 
     def forward(self, logits: Tensor, labels: Tensor, users: Tensor) -> Tensor:
-        total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users) for t in range(len(TASKS)))
+        if isinstance(self.task_loss, (mlloss.BCELoss, mlloss.BCEPlusRanking)):  # (N, K) tasks in one call
+            total = self.task_loss(logits[:, : len(TASKS)], labels, groups=users)
+        else:
+            total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users) for t in range(len(TASKS)))
         if self.uses_ranking_head:
             total = total + self.lam * self.ranking_loss(logits[:, len(TASKS)], labels, groups=users)
         return total
