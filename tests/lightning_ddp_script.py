@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from mlloss import LaALoss
-from mlloss.lightning import RankingMetrics
+from mlloss.integrations.lightning import RankingMetrics
 
 LABEL_NAMES = ("click", "purchase")
 NUM_FEATURES = 6

@@ -35,7 +35,6 @@ from mlloss.checkpointing import (
     BATCH_PAUSE_ENV,
     CHECKPOINT_PAUSE_ENV,
     MARKER_FILENAME,
-    AtomicCheckpointIO,
     atomic_directory,
     finish_interrupted_publish,
     incomplete_reason,
@@ -46,6 +45,7 @@ from mlloss.checkpointing import (
     staging_path,
     write_atomically,
 )
+from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO
 from recipe_util import RECIPES, load_recipe, without_timing
 
 resume = load_recipe("ctr_cvr_resume")  # the recipe's --resume (recipes/ctr_cvr_resume.py)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mlloss
-from mlloss.factory import LOSSES, SINGLE_LABEL
+from mlloss.registry import LOSSES, SINGLE_LABEL
 
 NAMES = sorted(LOSSES) + [f"bce+{name}" for name in sorted(SINGLE_LABEL)]
 MULTI_LABEL = {"loa", "balanced-loa", "laa"}

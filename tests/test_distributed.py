@@ -67,7 +67,7 @@ def test_bce_plus_pdaom_across_devices_equals_single_process(rank_results):
 
 
 def test_group_partition_covers_every_group_once_with_balanced_work():
-    from mlloss.ops.ranking import _owned_groups
+    from mlloss.ops.torch_tier import _owned_groups
 
     gen = torch.Generator().manual_seed(0)
     sizes = torch.randint(1, 60, (500,), generator=gen)

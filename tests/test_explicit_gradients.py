@@ -25,7 +25,7 @@ from mlloss.ops.layout import (
     pair_layout,
     reduction_coefficients,
 )
-from mlloss.ops.ranking import LEVEL_RESOLUTION, problem_levels
+from mlloss.ops.dispatch import LEVEL_RESOLUTION, problem_levels
 from reference import hardest_loss, laa_loss, pair_loss
 
 ALL_PAIRS = {

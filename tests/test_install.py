@@ -23,11 +23,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HIDDEN = ("pytorch_lightning", "lightning", "lightning_fabric", "triton")
+# The modules that need the lightning extra (mlloss._extras.MODULE_EXTRAS) and the old paths of two.
+LIGHTNING_MODULES = (
+    "mlloss.integrations.lightning",
+    "mlloss.integrations.lightning_checkpoints",
+    "mlloss.integrations.torchrec_strategy",
+    "mlloss.lightning",
+    "mlloss.sharding",
+)
 
 HIDE_EXTRAS = f"""
 import importlib.abc, sys
 
 HIDDEN = {HIDDEN!r}
+LIGHTNING_MODULES = {LIGHTNING_MODULES!r}
 ATTEMPTS = []
 
 
@@ -49,8 +58,8 @@ import torch
 
 ATTEMPTS.clear()  # what torch tried is torch's business; mlloss must try neither
 import mlloss
-from mlloss.factory import LOSSES, SINGLE_LABEL
-from mlloss.ops.ranking import resolve_tier
+from mlloss.ops.dispatch import resolve_tier
+from mlloss.registry import LOSSES, SINGLE_LABEL
 
 report = {"import_attempts": list(ATTEMPTS), "losses": {}, "errors": {}}
 names = sorted(LOSSES) + [f"bce+{name}" for name in sorted(SINGLE_LABEL)]
@@ -79,8 +88,10 @@ for name in names:
 
 scores, binary = torch.randn(16), (torch.arange(16) % 2).float()
 attempts = {
-    "mlloss.lightning": lambda: __import__("mlloss.lightning"),
-    "mlloss.sharding": lambda: __import__("mlloss.sharding"),
+    **{module: lambda module=module: __import__(module) for module in LIGHTNING_MODULES},
+    # the TorchRec tables need no Lightning
+    "mlloss.integrations.torchrec": lambda: __import__("mlloss.integrations.torchrec"),
+    "mlloss.checkpointing": lambda: __import__("mlloss.checkpointing"),
     "AUCLoss(backend='triton')": lambda: mlloss.AUCLoss(backend="triton")(scores, binary),
     "AUCLoss(backend='triton', validate_args=False)":
         lambda: mlloss.AUCLoss(backend="triton", validate_args=False)(scores, binary),
@@ -128,11 +139,18 @@ def test_every_loss_trains_a_plain_pytorch_model_without_the_extras(without_extr
     assert without_extras["loaded"] == []
 
 
-@pytest.mark.parametrize("module", ["mlloss.lightning", "mlloss.sharding"])
+@pytest.mark.parametrize("module", LIGHTNING_MODULES)
 def test_lightning_parts_name_the_lightning_extra(without_extras, module):
     kind, message = without_extras["errors"][module]
     assert kind == "ModuleNotFoundError"
-    assert 'pip install "mlloss[lightning]"' in message and module in message
+    new_module = {"mlloss.lightning": "mlloss.integrations.lightning",
+                  "mlloss.sharding": "mlloss.integrations.torchrec_strategy"}.get(module, module)
+    assert 'pip install "mlloss[lightning]"' in message and new_module in message
+
+
+@pytest.mark.parametrize("module", ["mlloss.integrations.torchrec", "mlloss.checkpointing"])
+def test_framework_free_parts_import_without_lightning(without_extras, module):
+    assert without_extras["errors"][module] is None
 
 
 @pytest.mark.parametrize("what", ["AUCLoss(backend='triton')", "AUCLoss(backend='triton', validate_args=False)",

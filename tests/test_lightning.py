@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ddp_script as script
 from mlloss import AUCLoss, DictatorshipReport, LaALoss, label_dictatorship
-from mlloss.lightning import RankingMetrics
+from mlloss.integrations.lightning import RankingMetrics
 from mlloss.metrics import binary_auc, group_auc, multipartite_auc
 
 SCRIPT = Path(__file__).with_name("lightning_ddp_script.py")

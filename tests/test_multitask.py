@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import mlloss
-from mlloss.factory import LOSSES, SINGLE_LABEL
+from mlloss.registry import LOSSES, SINGLE_LABEL
 from reference import hardest_loss, pair_loss
 
 NAMES = sorted(LOSSES) + [f"bce+{name}" for name in sorted(SINGLE_LABEL)]

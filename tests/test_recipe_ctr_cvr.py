@@ -14,7 +14,7 @@ import torch
 
 from mlloss.data import SyntheticConfig, generate_impressions, split_by_time
 from recipe_util import RECIPES, load_recipe, without_timing
-from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom, esmm_logits
+from mlloss.models import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom, esmm_logits
 
 RECIPE = RECIPES / "ctr_cvr.py"
 

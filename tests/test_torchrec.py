@@ -1,7 +1,8 @@
-"""TorchRec integration (mlloss.sharding): the EmbeddingBagCollection feature module against the
-plain FieldEmbedding, sharded models against their unsharded copy on 2 gloo processes, and the
-CTR/CVR recipe with TorchRec tables in one process. The recipe trained, checkpointed, killed and
-resumed with table-wise sharded tables on 2 gloo processes: tests/test_checkpoints.py."""
+"""TorchRec integration (mlloss.integrations.torchrec and .torchrec_strategy): the
+EmbeddingBagCollection feature module against the plain FieldEmbedding, sharded models against
+their unsharded copy on 2 gloo processes, and the CTR/CVR recipe with TorchRec tables in one
+process. The recipe trained, checkpointed, killed and resumed with table-wise sharded tables on 2
+gloo processes: tests/test_checkpoints.py."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ pytest.importorskip("torchrec", reason="the torchrec extra is not installed (REA
 
 import torchrec_worker  # noqa: E402
 from recipe_util import load_recipe  # noqa: E402
-from mlloss.sharding import SHARDING_TYPES, TorchRecEmbedding, TorchRecStrategy, ids_to_kjt, shard_model  # noqa: E402
-from mlloss.towers import FieldEmbedding  # noqa: E402
+from mlloss.integrations.torchrec import SHARDING_TYPES, TorchRecEmbedding, ids_to_kjt, shard_model  # noqa: E402
+from mlloss.integrations.torchrec_strategy import TorchRecStrategy  # noqa: E402
+from mlloss.models import FieldEmbedding  # noqa: E402
 
 
 def free_port() -> int:

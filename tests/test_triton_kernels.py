@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
 from mlloss.kernels.pairwise import STATUS_OVERFLOW, pair_loss_and_grad  # noqa: E402
 from mlloss.ops.layout import pair_layout  # noqa: E402
-from mlloss.ops.ranking import pair_loss, problem_levels  # noqa: E402
+from mlloss.ops.dispatch import pair_loss, problem_levels  # noqa: E402
 from reference import hardest_loss, pair_loss as brute_force  # noqa: E402
 
 pytestmark = pytest.mark.triton

@@ -1,5 +1,6 @@
 """Worker for tests/test_torchrec.py: one rank of a 2-process gloo job that shards a small model
-with mlloss.sharding.shard_model and records what the test compares with an unsharded copy."""
+with mlloss.integrations.torchrec.shard_model and records what the test compares with an
+unsharded copy."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mlloss.sharding import TorchRecEmbedding, shard_model
+from mlloss.integrations.torchrec import TorchRecEmbedding, shard_model
 
 CARDINALITIES = (10, 12, 7)
 FIELDS = ("user", "item", "slot")
