@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlloss.data import SyntheticConfig
-from mlloss.sharding import SHARDING_TYPES, SPARSE_OPTIMIZERS
+from mlloss.integrations.torchrec import SHARDING_TYPES, SPARSE_OPTIMIZERS
 
 DESCRIPTION = "Multi-task CTR/CVR training with a pairwise ranking loss from mlloss (recipes/ctr_cvr.py)."
 TASKS = ("click", "purchase")

@@ -24,7 +24,7 @@ mean cross-entropy, a weight of order 1 on the summed hardest pairs already swam
 * ``bce+pdaom`` -- ``build_loss("bce+pdaom")`` with the user ids as groups: Eq. 6 (sum over users).
 
 Model: field embeddings (user, item, category, segment, slot) with their pairwise dot products and
-the dense features, a shared-bottom MLP and one tower per task (``mlloss.towers``); Adam. Batches keep
+the dense features, a shared-bottom MLP and one tower per task (``mlloss.models``); Adam. Batches keep
 each user's impressions together (``mlloss.data.GroupBatchSampler``: users shuffled every epoch and
 packed whole into batches of at most ``--batch-size`` rows), as the paper's training data "ranked by
 user ID". Every objective of a seed sees the same data, initialisation and batch order, so
@@ -56,7 +56,7 @@ from torch import Tensor, nn
 import mlloss
 from mlloss.data import GroupBatchSampler, ImpressionData, SyntheticConfig, generate_impressions, split_by_time
 from mlloss.evaluation import ranking_metrics as evaluate_ranking
-from mlloss.towers import DotInteraction, FieldEmbedding, MultiTaskModel, SharedBottom
+from mlloss.models import DotInteraction, FieldEmbedding, MultiTaskModel, SharedBottom
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
