@@ -1,6 +1,6 @@
 """The ranking report of a model's scores on a labelled split: one function, used by the
-:class:`mlloss.lightning.RankingMetrics` callback and by the recipes (their baselines too), so
-that every AUC and GAUC the project reports is computed the same way.
+:class:`mlloss.integrations.lightning.RankingMetrics` callback and by the recipes (their baselines
+too), so that every AUC and GAUC the project reports is computed the same way.
 
 :func:`ranking_metrics` takes either one score ranked against every label (a ranking head, LaA/LoA)
 or one score column per label (a multi-task model's heads, click and purchase), and returns
