@@ -3,11 +3,11 @@ the data checks of the loss op (``mlloss.ops.dispatch``) and the kernels' launch
 (``mlloss.kernels``).
 
 Every check raises ``TypeError`` or ``ValueError`` with the argument's name and the offending
-value, so that a mistake in a training script points at itself: ``<name> must <requirement>; got
-<value>``. Checks that only need constructor arguments run in ``__init__``; checks that need the
-batch run in ``forward`` (or ``update``). The metrics' checks (at the end) name the argument as
-torchmetrics does, in backquotes and with ``, got`` / ``found`` before the value; their phrasing is
-pinned by ``tests/test_metrics.py``, their logic shares the helpers above them.
+value, so that a mistake in a training script points at itself, in one style across the package:
+``<name> must <requirement>; got <value>``, or ``; <name>[<index>] = <value>`` for the first bad
+entry of a tensor. Checks that only need constructor arguments run in ``__init__``; checks that
+need the batch run in ``forward`` (or ``update``). The metrics' checks (at the end) accept what an
+evaluation set holds and share the helpers above them.
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ def check_sizes(**sizes: int) -> None:
     """Each of ``sizes`` (a count or a width of a model part) is >= 1."""
     for name, value in sizes.items():
         if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+            raise ValueError(f"{name} must be >= 1; got {value}")
+
+
+def check_cardinalities(cardinalities: Sequence[int]) -> None:
+    """The numbers of ids of an embedding's fields: at least one field, each >= 1."""
+    if not cardinalities or any(c < 1 for c in cardinalities):
+        raise ValueError(f"cardinalities must be positive; got {list(cardinalities)}")
 
 
 def check_one_device(*tensors: Tensor) -> torch.device:
@@ -119,25 +125,25 @@ def check_weights_length(name: str, weights: Tensor, num_labels: int) -> None:
         )
 
 
-def require_tensor(value: object, name: str, got: str = "; got") -> Tensor:
-    """``value`` if it is a tensor; ``got`` joins the requirement and the value in the message."""
+def require_tensor(value: object, name: str) -> Tensor:
+    """``value`` if it is a tensor."""
     if not isinstance(value, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor{got} {type(value).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
     return value
 
 
-def as_vector(values: Tensor, name: str, got: str = "; got") -> Tensor:
+def as_vector(values: Tensor, name: str) -> Tensor:
     """``values`` of shape (N,) or (N, 1) as shape (N,)."""
     if values.dim() == 2 and values.shape[1] == 1:
         values = values[:, 0]
     if values.dim() != 1:
-        raise ValueError(f"{name} must have shape (N,) or (N, 1){got} {tuple(values.shape)}")
+        raise ValueError(f"{name} must have shape (N,) or (N, 1); got {tuple(values.shape)}")
     return values
 
 
-def require_integer_ids(groups: Tensor, name: str, got: str = "; got") -> None:
+def require_integer_ids(groups: Tensor, name: str) -> None:
     if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer ids{got} dtype {groups.dtype}")
+        raise TypeError(f"{name} must hold integer ids; got dtype {groups.dtype}")
 
 
 def scores_vector(scores: object, *, finite: bool = True) -> Tensor:
@@ -334,56 +340,51 @@ def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:
 
 
 # --------------------------------------------------------------------------- #
-# The metrics' inputs (mlloss.metrics): torchmetrics' phrasing                 #
+# The metrics' inputs (mlloss.metrics)                                         #
 # --------------------------------------------------------------------------- #
 # The metrics accept what an evaluation set holds: integer or float scores (infinities allowed,
 # NaN not), 0/1 labels of any dtype, (N,) real levels or (N, K) binary columns.
-_METRIC_GOT = ", got"
-
-
-def metric_choice(value: str, name: str, options: Sequence[str]) -> str:
-    return check_choice(f"`{name}`", value, options)
 
 
 def metric_scores(scores: object) -> Tensor:
     """Scores of shape (N,) or (N, 1), real and free of NaN, as (N,)."""
-    require_tensor(scores, "`scores`", _METRIC_GOT)
+    require_tensor(scores, "scores")
     if scores.dtype.is_complex:
-        raise TypeError(f"`scores` must be real, got dtype {scores.dtype}")
-    scores = as_vector(scores, "`scores`", _METRIC_GOT)
+        raise TypeError(f"scores must be real; got dtype {scores.dtype}")
+    scores = as_vector(scores, "scores")
     nan = torch.isnan(scores)
     if nan.any():
-        raise ValueError(f"`scores` must not contain NaN, found NaN at index {int(nan.nonzero()[0, 0])}")
+        raise ValueError(f"scores must not contain NaN; {_first_entry('scores', scores, nan)}")
     return scores
 
 
 def metric_length(values: Tensor, name: str, num_items: int) -> None:
     if values.shape[0] != num_items:
-        raise ValueError(f"`{name}` must have one row per score ({num_items}), got shape {tuple(values.shape)}")
+        raise ValueError(f"{name} must have one row per score ({num_items}); got shape {tuple(values.shape)}")
 
 
 def metric_binary(labels: object, name: str, num_items: int, *, matrix: bool) -> Tensor:
     """0/1 labels of ``num_items`` rows, as int64 (N, K) if ``matrix`` else (N,)."""
-    require_tensor(labels, f"`{name}`", _METRIC_GOT)
+    require_tensor(labels, name)
     if matrix:
         if labels.ndim == 1:
             labels = labels[:, None]
         elif labels.ndim != 2:
-            raise ValueError(f"`{name}` must have shape (N,) or (N, K), got {tuple(labels.shape)}")
+            raise ValueError(f"{name} must have shape (N,) or (N, K); got {tuple(labels.shape)}")
     else:
-        labels = as_vector(labels, f"`{name}`", _METRIC_GOT)
+        labels = as_vector(labels, name)
     metric_length(labels, name, num_items)
     bad = (labels != 0) & (labels != 1)
     if bad.any():
-        raise ValueError(f"`{name}` must be binary (0 or 1), found {labels[bad][0].item()!r}")
+        raise ValueError(f"{name} must be binary (0 or 1); {_first_entry(name, labels, bad)}")
     return labels.long()
 
 
 def metric_groups(groups: object, num_items: int) -> Tensor:
     """Integer group ids of shape (N,) or (N, 1), as (N,)."""
-    require_tensor(groups, "`groups`", _METRIC_GOT)
-    require_integer_ids(groups, "`groups`", _METRIC_GOT)
-    groups = as_vector(groups, "`groups`", _METRIC_GOT)
+    require_tensor(groups, "groups")
+    require_integer_ids(groups, "groups")
+    groups = as_vector(groups, "groups")
     metric_length(groups, "groups", num_items)
     return groups
 
@@ -391,4 +392,4 @@ def metric_groups(groups: object, num_items: int) -> Tensor:
 def metric_finite(values: Tensor, name: str) -> None:
     finite = torch.isfinite(values)
     if not finite.all():
-        raise ValueError(f"`{name}` must be finite, found {values[~finite][0].item()!r}")
+        raise ValueError(f"{name} must be finite; {_first_entry(name, values, ~finite)}")

@@ -162,7 +162,7 @@ def _pause_before_publishing(staging: Path) -> None:
     try:
         seconds_value, nth_value = float(seconds), int(nth) if nth else None
     except ValueError:
-        raise ValueError(f"{CHECKPOINT_PAUSE_ENV} must be <seconds> or <seconds>@<n>, got {spec!r}") from None
+        raise ValueError(f"{CHECKPOINT_PAUSE_ENV} must be <seconds> or <seconds>@<n>; got {spec!r}") from None
     if nth_value is not None and nth_value != _writes_in_this_process:
         return
     print(f"{CHECKPOINT_PAUSE_ENV}: {staging} is written; pausing {seconds_value:g} s before making it visible "

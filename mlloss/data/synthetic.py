@@ -69,19 +69,19 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         for name in ("num_users", "num_items", "num_categories", "num_segments", "num_slots", "latent_dim"):
             if getattr(self, name) < 1:
-                raise ValueError(f"SyntheticConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"SyntheticConfig.{name} must be >= 1; got {getattr(self, name)}")
         if self.mean_impressions < 1:
-            raise ValueError(f"SyntheticConfig.mean_impressions must be >= 1, got {self.mean_impressions}")
+            raise ValueError(f"SyntheticConfig.mean_impressions must be >= 1; got {self.mean_impressions}")
         if self.factor_noise < 0:
-            raise ValueError(f"SyntheticConfig.factor_noise must be >= 0, got {self.factor_noise}")
+            raise ValueError(f"SyntheticConfig.factor_noise must be >= 0; got {self.factor_noise}")
         for name in ("activity_sigma", "zipf_exponent", "interaction_scale"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"SyntheticConfig.{name} must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"SyntheticConfig.{name} must be > 0; got {getattr(self, name)}")
         if not 0 < self.click_rate < 1:
-            raise ValueError(f"SyntheticConfig.click_rate must be in (0, 1), got {self.click_rate}")
+            raise ValueError(f"SyntheticConfig.click_rate must be in (0, 1); got {self.click_rate}")
         if not 0 < self.purchase_rate < self.click_rate:
             raise ValueError(
-                f"SyntheticConfig.purchase_rate must be in (0, click_rate={self.click_rate}), "
+                f"SyntheticConfig.purchase_rate must be in (0, click_rate={self.click_rate}); "
                 f"got {self.purchase_rate}"
             )
 

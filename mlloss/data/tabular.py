@@ -173,7 +173,7 @@ def load_aliexpress(
         FileNotFoundError: as for :func:`load_ali_ccp`.
     """
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise ValueError(f"val_fraction must be in (0, 1); got {val_fraction}")
     paths = _resolve_paths(_ALIEXPRESS, directory, {"train": train, "test": test})
     tables = {split: _read_table(path, _ALIEXPRESS) for split, path in paths.items()}
     cardinalities = _shared_cardinalities(_ALIEXPRESS, tables.values())

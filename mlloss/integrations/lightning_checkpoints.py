@@ -85,4 +85,4 @@ def fault_test_callbacks() -> list[pl.Callback]:
         epoch, _, batch = at.partition(":")
         return [BatchPause(float(seconds), int(epoch), int(batch))]
     except ValueError:
-        raise ValueError(f"{BATCH_PAUSE_ENV} must be <seconds>@<epoch>:<batch>, got {spec!r}") from None
+        raise ValueError(f"{BATCH_PAUSE_ENV} must be <seconds>@<epoch>:<batch>; got {spec!r}") from None

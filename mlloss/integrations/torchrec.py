@@ -38,6 +38,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_cardinalities, check_choice, check_sizes
+
 __all__ = [
     "SHARDING_TYPES",
     "SPARSE_OPTIMIZERS",
@@ -69,9 +71,9 @@ def ids_to_kjt(ids: Tensor, keys: Sequence[str]):
     column f belongs to ``keys[f]``."""
     torchrec = import_torchrec()
     if ids.dim() != 2 or ids.shape[1] != len(keys):
-        raise ValueError(f"ids must have shape (B, {len(keys)}) for keys {list(keys)}, got {tuple(ids.shape)}")
+        raise ValueError(f"ids must have shape (B, {len(keys)}) for keys {list(keys)}; got {tuple(ids.shape)}")
     if ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"ids must be int32 or int64, got {ids.dtype}")
+        raise TypeError(f"ids must be int32 or int64; got {ids.dtype}")
     lengths = torch.ones(ids.numel(), dtype=torch.int32, device=ids.device)
     return torchrec.KeyedJaggedTensor(keys=list(keys), values=ids.t().reshape(-1), lengths=lengths)
 
@@ -102,13 +104,11 @@ class TorchRecEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         torchrec = import_torchrec()
-        if not cardinalities or any(c < 1 for c in cardinalities):
-            raise ValueError(f"cardinalities must be positive, got {list(cardinalities)}")
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
+        check_cardinalities(cardinalities)
+        check_sizes(dim=dim)
         keys = [f"f{i}" for i in range(len(cardinalities))] if field_names is None else [str(k) for k in field_names]
         if len(keys) != len(cardinalities) or len(set(keys)) != len(keys):
-            raise ValueError(f"field_names must be {len(cardinalities)} distinct names, got {keys}")
+            raise ValueError(f"field_names must be {len(cardinalities)} distinct names; got {keys}")
         tables = [
             torchrec.EmbeddingBagConfig(
                 name=f"t_{key}", embedding_dim=dim, num_embeddings=int(c), feature_names=[key],
@@ -140,14 +140,13 @@ def _normal_init(weight: Tensor) -> Tensor:
 
 
 def sparse_optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The optimizer class of the fused sparse optimizer ``name`` (one of SPARSE_OPTIMIZERS)."""
+    check_choice("sparse_optimizer", name, SPARSE_OPTIMIZERS)
     if name == "rowwise_adagrad":
         from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
         return RowWiseAdagrad
-    classes = {"adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD, "adam": torch.optim.Adam}
-    if name not in classes:
-        raise ValueError(f"sparse_optimizer must be one of {SPARSE_OPTIMIZERS}, got {name!r}")
-    return classes[name]
+    return {"adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD, "adam": torch.optim.Adam}[name]
 
 
 def shard_model(
@@ -178,10 +177,9 @@ def shard_model(
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    if sharding not in SHARDING_TYPES:
-        raise ValueError(f"sharding must be one of {SHARDING_TYPES}, got {sharding!r}")
+    check_choice("sharding", sharding, SHARDING_TYPES)
     if not sparse_lr > 0:
-        raise ValueError(f"sparse_lr must be > 0, got {sparse_lr}")
+        raise ValueError(f"sparse_lr must be > 0; got {sparse_lr}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("shard_model needs an initialised torch.distributed process group")
     device = torch.device(device or "cpu")

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .._extras import needs_extra
+from .._validation import check_choice
 from ..checkpointing import (
     begin_directory,
     finish_directory,
@@ -76,8 +77,7 @@ class TorchRecStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> None:
         import_torchrec()
-        if sharding not in SHARDING_TYPES:
-            raise ValueError(f"sharding must be one of {SHARDING_TYPES}, got {sharding!r}")
+        check_choice("sharding", sharding, SHARDING_TYPES)
         sparse_optimizer_class(sparse_optimizer)  # validates the name
         super().__init__(**kwargs)
         self.sharding = sharding

@@ -134,7 +134,7 @@ class GroupAUC(_PairMetric):
 
     def __init__(self, weighting: Weighting = "uniform", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check.metric_choice(weighting, "weighting", WEIGHTINGS)
+        check.check_choice("weighting", weighting, WEIGHTINGS)
         self.weighting = weighting
         self._add_cat_states("scores", "labels", "groups")
 
@@ -182,7 +182,7 @@ class MultiLabelAUC(_PairMetric):
     def __init__(self, num_labels: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(num_labels, int) or num_labels < 1:
-            raise ValueError(f"`num_labels` must be a positive integer, got {num_labels!r}")
+            raise ValueError(f"num_labels must be a positive integer; got {num_labels!r}")
         self.num_labels = num_labels
         self._add_cat_states("scores", "labels")
 
@@ -191,7 +191,7 @@ class MultiLabelAUC(_PairMetric):
         scores = check.metric_scores(scores)
         labels = check.metric_binary(labels, "labels", scores.numel(), matrix=True)
         if labels.shape[1] != self.num_labels:
-            raise ValueError(f"`labels` must have {self.num_labels} columns (num_labels), got {labels.shape[1]}")
+            raise ValueError(f"labels must have {self.num_labels} columns (num_labels); got {labels.shape[1]}")
         self.scores.append(scores.detach())
         self.labels.append(labels.to(torch.uint8))
 
@@ -240,8 +240,8 @@ class MultipartiteAUC(_PairMetric):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        check.metric_choice(cost, "cost", COSTS)
-        check.metric_choice(weighting, "weighting", WEIGHTINGS)
+        check.check_choice("cost", cost, COSTS)
+        check.check_choice("weighting", weighting, WEIGHTINGS)
         self.cost = cost
         self.label_weights = label_weights
         self.grouped = grouped
@@ -251,7 +251,8 @@ class MultipartiteAUC(_PairMetric):
     def update(self, scores: Tensor, levels: Tensor, groups: Optional[Tensor] = None) -> None:
         """Validate a batch, aggregate its levels and keep it."""
         if self.grouped != (groups is not None):
-            raise ValueError(f"`groups` must be given if and only if grouped=True (grouped={self.grouped})")
+            raise ValueError(f"groups must be given if and only if grouped=True; got grouped={self.grouped} and "
+                             f"groups={'None' if groups is None else 'a tensor'}")
         scores = check.metric_scores(scores)
         levels = aggregate_levels(levels, self.label_weights)
         check.metric_length(levels, "levels", scores.numel())

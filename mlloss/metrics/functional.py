@@ -48,23 +48,23 @@ def aggregate_levels(levels: Tensor, label_weights: Optional[LabelWeights] = Non
         ValueError: if ``levels`` is not finite, ``(N, K)`` levels are not binary, or ``label_weights`` is given
             for ``(N,)`` levels, has the wrong shape or is not finite.
     """
-    check.require_tensor(levels, "`levels`", ", got")
+    check.require_tensor(levels, "levels")
     if levels.dtype.is_complex:
-        raise TypeError(f"`levels` must be real, got dtype {levels.dtype}")
+        raise TypeError(f"levels must be real; got dtype {levels.dtype}")
     if levels.ndim == 1:
         if label_weights is not None:
-            raise ValueError("`label_weights` needs `levels` of shape (N, K) (binary label columns), got shape (N,)")
+            raise ValueError("label_weights needs levels of shape (N, K) (binary label columns); got levels of shape (N,)")
         levels = levels.double()
         check.metric_finite(levels, "levels")
         return levels
     if levels.ndim != 2:
-        raise ValueError(f"`levels` must have shape (N,) or (N, K), got {tuple(levels.shape)}")
+        raise ValueError(f"levels must have shape (N,) or (N, K); got {tuple(levels.shape)}")
     columns = check.metric_binary(levels, "levels", levels.shape[0], matrix=True).double()
     if label_weights is None:
         return columns.sum(dim=1)
     weights = torch.as_tensor(label_weights, dtype=torch.float64, device=levels.device)
     if weights.shape != (levels.shape[1],):
-        raise ValueError(f"`label_weights` must have shape ({levels.shape[1]},), got {tuple(weights.shape)}")
+        raise ValueError(f"label_weights must have shape ({levels.shape[1]},); got {tuple(weights.shape)}")
     check.metric_finite(weights, "label_weights")
     return (columns * weights).sum(dim=1)
 
@@ -136,7 +136,7 @@ def group_auc(scores: Tensor, labels: Tensor, groups: Tensor, weighting: Weighti
         ValueError: on a shape or length mismatch, NaN ``scores``, labels outside ``{0, 1}`` or an unknown
             ``weighting``.
     """
-    check.metric_choice(weighting, "weighting", WEIGHTINGS)
+    check.check_choice("weighting", weighting, WEIGHTINGS)
     scores = check.metric_scores(scores)
     labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
     per_group, counts = _auc_per_group(scores, labels[:, None], check.metric_groups(groups, scores.numel()))
@@ -237,8 +237,8 @@ def multipartite_auc(
         ValueError: on a shape or length mismatch, NaN ``scores``, non-finite ``levels``, non-binary ``(N, K)``
             levels, bad ``label_weights``, or an unknown ``cost`` or ``weighting``.
     """
-    check.metric_choice(cost, "cost", COSTS)
-    check.metric_choice(weighting, "weighting", WEIGHTINGS)
+    check.check_choice("cost", cost, COSTS)
+    check.check_choice("weighting", weighting, WEIGHTINGS)
     scores = check.metric_scores(scores)
     levels = aggregate_levels(levels, label_weights)
     check.metric_length(levels, "levels", scores.numel())

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_sizes
+from .._validation import check_cardinalities, check_sizes
 
 __all__ = ["FieldEmbedding", "DotInteraction"]
 
@@ -32,9 +32,8 @@ class FieldEmbedding(nn.Module):
     def __init__(self, cardinalities: Sequence[int], dim: int, combine: str = "concat") -> None:
         super().__init__()
         if combine not in ("concat", "sum"):
-            raise ValueError(f"combine must be 'concat' or 'sum', got {combine!r}")
-        if not cardinalities or any(c < 1 for c in cardinalities):
-            raise ValueError(f"cardinalities must be positive, got {list(cardinalities)}")
+            raise ValueError(f"combine must be 'concat' or 'sum'; got {combine!r}")
+        check_cardinalities(cardinalities)
         check_sizes(dim=dim)
         self.tables = nn.ModuleList(nn.Embedding(c, dim) for c in cardinalities)
         for table in self.tables:
@@ -44,7 +43,7 @@ class FieldEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         if ids.dim() != 2 or ids.shape[1] != len(self.tables):
-            raise ValueError(f"ids must have shape (B, {len(self.tables)}), got {tuple(ids.shape)}")
+            raise ValueError(f"ids must have shape (B, {len(self.tables)}); got {tuple(ids.shape)}")
         vectors = [table(ids[:, f]) for f, table in enumerate(self.tables)]
         return torch.cat(vectors, dim=1) if self.combine == "concat" else torch.stack(vectors).sum(0)
 
@@ -68,7 +67,7 @@ class DotInteraction(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 2 or x.shape[1] != self.num_fields * self.dim:
-            raise ValueError(f"x must have shape (B, {self.num_fields * self.dim}), got {tuple(x.shape)}")
+            raise ValueError(f"x must have shape (B, {self.num_fields * self.dim}); got {tuple(x.shape)}")
         e = x.view(-1, self.num_fields, self.dim)
         dots = torch.bmm(e, e.transpose(1, 2))[:, self.rows, self.cols]
         return torch.cat([x, dots], dim=1)

@@ -61,7 +61,7 @@ def mlp(input_dim: int, hidden: Sequence[int], dropout: float = 0.0, last_activa
     """Linear layers of widths ``hidden``, each followed by ReLU (and dropout if > 0);
     ``last_activation=False`` leaves the last layer linear."""
     if input_dim < 1 or not hidden or any(h < 1 for h in hidden):
-        raise ValueError(f"mlp needs input_dim >= 1 and positive hidden widths, got {input_dim}, {list(hidden)}")
+        raise ValueError(f"mlp needs input_dim >= 1 and positive hidden widths; got {input_dim}, {list(hidden)}")
     layers: list[nn.Module] = []
     widths = [input_dim, *hidden]
     for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:])):
@@ -173,7 +173,7 @@ class ExtractionLevel(nn.Module):
 
     def forward(self, inputs: Sequence[Tensor]) -> list[Tensor]:
         if len(inputs) != self.num_tasks + 1:
-            raise ValueError(f"expected {self.num_tasks + 1} inputs (tasks + shared), got {len(inputs)}")
+            raise ValueError(f"expected {self.num_tasks + 1} inputs (tasks + shared); got {len(inputs)}")
         shared_in = inputs[-1]
         shared = [expert(shared_in) for expert in self.shared_experts]
         outputs, all_experts = [], []
@@ -266,7 +266,7 @@ class MultiTaskModel(nn.Module):
     ) -> None:
         super().__init__()
         if not hasattr(embedding, "output_dim"):
-            raise TypeError(f"embedding must have an output_dim attribute, got {type(embedding).__name__}")
+            raise TypeError(f"embedding must have an output_dim attribute; got {type(embedding).__name__}")
         self.embedding = embedding
         self.interaction = interaction
         self.backbone = backbone
@@ -282,6 +282,6 @@ class MultiTaskModel(nn.Module):
         if not self.esmm:
             return logits
         if logits.shape[1] < 2:
-            raise ValueError(f"esmm needs at least 2 tasks (ctr, cvr), got {logits.shape[1]}")
+            raise ValueError(f"esmm needs at least 2 tasks (ctr, cvr); got {logits.shape[1]}")
         ctcvr = esmm_logits(logits[:, 0], logits[:, 1]).unsqueeze(1)
         return torch.cat([logits[:, :1], ctcvr, logits[:, 2:]], dim=1)
