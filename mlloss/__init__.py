@@ -5,6 +5,12 @@ Losses (``torch.nn.Module``, ``loss(scores, labels, groups=None) -> scalar``):
 (per-user max-violation). ``build_loss(name, ...)`` builds any of them, or ``"bce+pdaom"`` and
 friends, by name. ``label_dictatorship(labels, weights)`` reports which label a loss-aggregated
 ranking obeys. Definitions: ``docs/loss-spec.md``.
+
+Beside the losses: ``mlloss.metrics`` (exact AUC, GAUC, multipartite AUC), ``mlloss.models``
+(embeddings and multi-task towers), ``mlloss.data`` (impression logs, group-keeping batches),
+``mlloss.checkpointing`` (crash-safe checkpoints) and, imported only when asked for,
+``mlloss.integrations`` (Lightning and TorchRec, one module each). ``import mlloss`` imports no
+framework; docs/architecture.md draws the layers.
 """
 
 from . import _extras
