@@ -75,6 +75,9 @@ def build_parser() -> OptionParser:
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-4, help="Adam L2 penalty (curbs id-embedding overfitting)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of the training")
+    p.add_argument("--steps-per-call", type=int, default=8,
+                   help="optimizer steps (batches) per call of the training step: Lightning's per-call work is paid "
+                        "once for all of them; callbacks' on_train_batch_* hooks run once per call")
     p.add_argument("--cross-device", action="store_true",
                    help="under DDP, take the ranking loss's pairs across all ranks (cross_device=True)")
     g = p.add_argument_group("data")
@@ -139,7 +142,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     config = p.parse_known_args(argv)[0].config
     args = p.parse_args(config_argv(config, p) + argv if config is not None else argv)
     args.devices = args.devices if args.devices == "auto" else int(args.devices)
-    for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes"):
+    for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes",
+                 "steps_per_call"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lam is not None and not (args.loss.startswith("bce+") or args.loss in RANKING_SCORE_LOSSES):

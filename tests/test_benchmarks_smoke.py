@@ -116,11 +116,12 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "recipe.json"
-    result = bench.main(["--device", "cpu", "--losses", "bce", "laa", "--batch-sizes", "256", "--steps", "4",
-                         "--warmup", "2", "--num-users", "300", "--rounds", "1", "--output", str(out)])
+    result = bench.main(["--device", "cpu", "--losses", "bce", "laa", "--batch-sizes", "256", "--steps", "8",
+                         "--warmup", "2", "--num-users", "300", "--rounds", "1", "--steps-per-call", "2",
+                         "--output", str(out)])
     assert [row["loss"] for row in result["training"]] == ["bce", "laa"]
     for row in result["training"]:
-        assert row["steps"] == 4 and row["impressions_per_s"] > 0
+        assert row["steps"] == 8 and row["impressions_per_s"] > 0
         assert set(row["split_ms"]) == set(bench.PARTS)
         assert all(row["split_ms"][part] > 0 for part in ("data", "forward", "loss", "backward", "optimizer"))
     (framework,) = result["framework"]

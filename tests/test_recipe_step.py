@@ -1,5 +1,5 @@
-"""recipes/ctr_cvr.py's training step (docs/recipe.md, "The training step"): under ``pl.Trainer``
-it does the work of a plain PyTorch loop, no more and no less (the comparison
+"""recipes/ctr_cvr.py's training step (docs/recipe.md, "The training step"): under ``pl.Trainer``,
+one batch or several per call, it does the work of a plain PyTorch loop, no more and no less (the comparison
 benchmarks/bench_recipe.py's framework overhead rests on), and a non-finite training loss, which
 the losses no longer check batch by batch, stops the run at the end of its epoch."""
 
@@ -23,8 +23,8 @@ def recipe():
     return load_recipe("ctr_cvr")
 
 
-@pytest.mark.parametrize("loss", ["bce", "laa"])
-def test_lightning_step_equals_a_plain_loop_bit_for_bit(recipe, loss):
+@pytest.mark.parametrize(("loss", "steps_per_call"), [("bce", 1), ("laa", 3)])
+def test_lightning_step_equals_a_plain_loop_bit_for_bit(recipe, loss, steps_per_call):
     args = recipe.parse_args([*SMALL, "--loss", loss, "--dropout", "0"])
     train = split_by_time(generate_impressions(SyntheticConfig(num_users=200, num_items=100, mean_impressions=20)))[0]
 
@@ -32,7 +32,7 @@ def test_lightning_step_equals_a_plain_loop_bit_for_bit(recipe, loss):
         pl.seed_everything(0, verbose=False)
         objective = recipe.MultiTaskObjective(loss, None, validate_args=False)
         model = recipe.build_model(args, train, len(recipe.TASKS) + objective.uses_ranking_head)
-        return recipe.CtrCvrModule(model, objective, args.lr, args.weight_decay)
+        return recipe.CtrCvrModule(model, objective, args.lr, args.weight_decay, steps_per_call=steps_per_call)
 
     trained = module()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_val_batches=0, num_sanity_val_steps=0,

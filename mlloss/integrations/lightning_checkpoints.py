@@ -62,14 +62,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 class BatchPause(pl.Callback):
     """The fault-test hook ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>``: after training
     batch ``batch`` of epoch ``epoch`` (``trainer.current_epoch`` and ``batch_idx``), print a line
-    to stderr and sleep, so that a test can kill the process in the middle of an epoch."""
+    to stderr and sleep, so that a test can kill the process in the middle of an epoch. A training
+    step that takes several batches (a ``dataloader_iter`` step) reports its last one: the pause
+    comes after the first step that reaches ``batch``, once."""
 
     def __init__(self, seconds: float, epoch: int, batch: int) -> None:
         self.seconds, self.epoch, self.batch = seconds, epoch, batch
+        self.paused = False
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+        if not self.paused and trainer.current_epoch == self.epoch and batch_idx >= self.batch:
+            self.paused = True
             print(f"{BATCH_PAUSE_ENV}: pausing {self.seconds:g} s after batch {batch_idx} of epoch {self.epoch} "
                   f"(global step {trainer.global_step}, rank {trainer.global_rank})", file=sys.stderr, flush=True)
             time.sleep(self.seconds)
