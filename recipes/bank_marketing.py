@@ -304,12 +304,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.workers = 1 if args.quick else available_cores()
     for name in ("trials", "rows", "epochs", "batch_size", "sweep_trials", "threads", "workers"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     for rate in [args.rate, *args.sweep_rates]:
         if not 0 < rate < 1:
-            p.error(f"mortgage rates must lie in (0, 1), got {rate}")
+            p.error(f"mortgage rates must lie in (0, 1); got {rate}")
     if not 0 < args.test_fraction < 1:
-        p.error(f"--test-fraction must lie in (0, 1), got {args.test_fraction}")
+        p.error(f"--test-fraction must lie in (0, 1); got {args.test_fraction}")
     return args
 
 

@@ -11,8 +11,9 @@
     python recipes/ctr_cvr.py --config bce+pdaom         # a named config of recipes/configs/
 
 The recipe wires library parts together (docs/recipe.md): data, sampler and datamodule from
-``mlloss.data``, towers from ``mlloss.towers``, the objective from ``mlloss.build_loss``, AUC/GAUC
-from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing``. Its siblings:
+``mlloss.data``, towers from ``mlloss.models``, the objective from ``mlloss.build_loss``, AUC/GAUC
+from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing``
+(its Lightning plugin in ``mlloss.integrations``). Its siblings:
 ``ctr_cvr_options.py`` (command line, named configs in ``configs/``), ``ctr_cvr_report.py``
 (baselines, results.md, curves.png) and ``ctr_cvr_resume.py`` (``--resume``).
 """
@@ -39,17 +40,19 @@ from torch import Tensor, nn
 import mlloss
 from mlloss.data import (GroupDataModule, ImpressionData, SyntheticConfig, generate_impressions, load_ali_ccp,
                          load_aliexpress, split_by_time)
-from mlloss.checkpointing import AtomicCheckpointIO, fault_test_callbacks
-from mlloss.lightning import RankingMetrics
-from mlloss.sharding import TorchRecStrategy, dense_parameters
-from mlloss.towers import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
+from mlloss.integrations.lightning import RankingMetrics
+from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO, fault_test_callbacks
+from mlloss.integrations.torchrec import dense_parameters
+from mlloss.integrations.torchrec_strategy import TorchRecStrategy
+from mlloss.models import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import MODELS, PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, parse_args  # noqa: E402
 from ctr_cvr_resume import (check_resume, checkpoint_layout, layout_options,  # noqa: E402
                             replace_other_kind_of_checkpoint, resume_path)
-from ctr_cvr_report import GAUC_WEIGHTING, baseline_results, describe_data, format_epoch, write_report  # noqa: E402
+from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
+                            scorer_results, write_report)
 
 
 # --------------------------------------------------------------------------- model and objective
@@ -59,7 +62,7 @@ def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) 
     """The tower selected by ``args.model`` over the concatenated field embeddings (with
     their pairwise dot products unless ``--interaction none``) and the dense features."""
     if args.embedding == "torchrec":
-        from mlloss.sharding import TorchRecEmbedding
+        from mlloss.integrations.torchrec import TorchRecEmbedding
 
         embedding = TorchRecEmbedding(data.cardinalities, args.embedding_dim, data.field_names)
     else:
@@ -78,7 +81,7 @@ def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) 
     elif args.model == "shared-bottom":
         backbone = SharedBottom(input_dim, num_heads, expert_hidden, tower_hidden, args.dropout)
     else:
-        raise ValueError(f"--model must be one of {MODELS}, got {args.model!r}")
+        raise ValueError(f"--model must be one of {MODELS}; got {args.model!r}")
     return MultiTaskModel(embedding, backbone, interaction, esmm=args.esmm)
 
 
@@ -91,7 +94,7 @@ class MultiTaskObjective(nn.Module):
     def __init__(self, name: str, lam: float | None, cross_device: bool = False, validate_args: bool = True) -> None:
         super().__init__()
         if name not in PER_TASK_LOSSES + RANKING_SCORE_LOSSES:
-            raise ValueError(f"--loss must be one of {PER_TASK_LOSSES + RANKING_SCORE_LOSSES}, got {name!r}")
+            raise ValueError(f"--loss must be one of {PER_TASK_LOSSES + RANKING_SCORE_LOSSES}; got {name!r}")
         self.uses_ranking_head = name in RANKING_SCORE_LOSSES
         ranking = {"cross_device": True} if cross_device else {}
         if self.uses_ranking_head:
@@ -200,28 +203,17 @@ class CtrCvrModule(pl.LightningModule):
 
     test_step = validation_step
 
-    def _results(self) -> dict[str, float]:
-        """The AUC/GAUC per task of each scorer (and a ranking head's summaries) of the epoch's
-        evaluation, from the RankingMetrics callbacks (which run before this module's hooks)."""
-        results = {}
-        for scorer, callback in self.metrics.items():
-            for name, value in callback.results.items():
-                metric = name.split("/", 2)[2]
-                if metric.split("/")[0] in ("auc", "gauc") or (scorer == "model:rank" and "auc" in metric):
-                    results[f"{scorer}/{metric}"] = value
-        return results
-
     def on_validation_epoch_end(self) -> None:
         samples = self.epoch_counts["samples"] * self.trainer.world_size  # ranks run equal shards
         train_seconds = self._train_end - self._epoch_start
         row = {"epoch": self.current_epoch + 1, "train_loss": self._train_loss,
                "seconds": time.perf_counter() - self._epoch_start, "train_seconds": train_seconds,
-               "train_samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"), **self._results()}
+               "train_samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"), **scorer_results(self.metrics)}
         self.history.append(row)
         self.print(format_epoch(row))
 
     def on_test_epoch_end(self) -> None:
-        self.eval_results = self._results()
+        self.eval_results = scorer_results(self.metrics)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["ctr_cvr"] = {"history": self.history, "torch_rng_state": torch.get_rng_state(),
@@ -235,7 +227,7 @@ class CtrCvrModule(pl.LightningModule):
         torch.set_rng_state(saved["torch_rng_state"])
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        # Sharded tables are trained by the fused sparse optimizer (mlloss.sharding); the rest here.
+        # Sharded tables are trained by the fused sparse optimizer (mlloss.integrations.torchrec); the rest here.
         dense = [parameter for _, parameter in dense_parameters(self)]
         fused = all(p.device.type in ("cpu", "cuda") for p in dense)  # one kernel for all parameters
         return torch.optim.Adam(dense, lr=self.lr, weight_decay=self.weight_decay, fused=fused)

@@ -145,7 +145,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes",
                  "steps_per_call"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if args.lam is not None and not (args.loss.startswith("bce+") or args.loss in RANKING_SCORE_LOSSES):
         p.error(f"--lambda weighs a ranking term, which --loss {args.loss} does not have")
     if args.cross_device and args.loss == "bce":
@@ -155,7 +155,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--sharding uses its own strategy (TorchRec DMP); drop --strategy {args.strategy}")
         args.embedding = "torchrec"
     if not args.sparse_lr > 0:
-        p.error(f"--sparse-lr must be > 0, got {args.sparse_lr}")
+        p.error(f"--sparse-lr must be > 0; got {args.sparse_lr}")
     if args.data == "synthetic" and args.data_dir is not None:
         p.error("--data-dir needs --data ali-ccp or --data aliexpress")
     if args.data != "synthetic" and args.data_dir is None:
@@ -188,7 +188,7 @@ def config_argv(config: str, parser: OptionParser) -> list[str]:
     except yaml.YAMLError as error:
         parser.error(f"--config {path}: not valid YAML/JSON ({error})")
     if not isinstance(values, dict):
-        parser.error(f"--config {path}: expected a mapping of option names to values, got {type(values).__name__}")
+        parser.error(f"--config {path}: expected a mapping of option names to values; got {type(values).__name__}")
     tokens: list[str] = []
     for key, value in values.items():
         option = "--" + str(key).replace("_", "-")
@@ -199,7 +199,7 @@ def config_argv(config: str, parser: OptionParser) -> list[str]:
             tokens.append(option if value else "--no-" + option[2:])
         elif action.nargs == 0:  # store_true flags
             if not isinstance(value, bool):
-                parser.error(f"--config {path}: {key} is a flag and takes true or false, got {value!r}")
+                parser.error(f"--config {path}: {key} is a flag and takes true or false; got {value!r}")
             tokens += [option] if value else []
         elif isinstance(value, list):
             tokens += [option, *map(str, value)]

@@ -10,8 +10,9 @@ Every metric is :func:`mlloss.evaluation.ranking_metrics` (the function behind t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -43,6 +44,18 @@ def baseline_results(train: ImpressionData, split: ImpressionData) -> dict[str, 
     if split.p_click is not None and split.p_purchase is not None:
         oracle = evaluate(torch.stack([split.p_click, split.p_purchase], 1), split)
         results |= {f"oracle/{k}": v for k, v in oracle.items()}
+    return results
+
+
+def scorer_results(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The ``<scorer>/<metric>`` results of the last evaluation from ``{scorer: RankingMetrics}``:
+    AUC/GAUC per task, and a ranking head's (``model:rank``) DiffAUC, MinAUC and multipartite AUC."""
+    results = {}
+    for scorer, callback in metrics.items():
+        for name, value in callback.results.items():
+            metric = name.split("/", 2)[2]  # "<val|test>/<scorer>/<metric>"
+            if metric.split("/")[0] in ("auc", "gauc") or (scorer == "model:rank" and "auc" in metric):
+                results[f"{scorer}/{metric}"] = value
     return results
 
 

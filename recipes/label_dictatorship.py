@@ -456,13 +456,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.workers = 1 if args.quick else available_cores()
     for name in ("samples", "train_size", "test_size", "epochs", "batch_size", "hidden", "threads", "workers"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     for tau in args.taus + [args.train_tau]:
         if not tau > 0:
-            p.error(f"taus must be positive, got {tau}")
+            p.error(f"taus must be positive; got {tau}")
     for prior in args.priors + args.train_priors:
         if not 0 < prior < 1:
-            p.error(f"priors must lie in (0, 1), got {prior}")
+            p.error(f"priors must lie in (0, 1); got {prior}")
     return args
 
 

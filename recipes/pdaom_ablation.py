@@ -255,9 +255,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.sweep_lams, args.sweep_batch_sizes = [10.0], [128]
     for name in ("users", "items", "epochs", "batch_size", "embedding_dim", "threads"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if not 0 < args.test_fraction < 1:
-        p.error(f"--test-fraction must lie in (0, 1), got {args.test_fraction}")
+        p.error(f"--test-fraction must lie in (0, 1); got {args.test_fraction}")
     return args
 
 
