@@ -1,20 +1,15 @@
 """Train a multi-task CTR/CVR model with an mlloss objective (docs/recipe.md).
 
     python recipes/ctr_cvr.py                          # MMoE, BCE, 5 epochs: ~30 s on 2 CPU cores
-    python recipes/ctr_cvr.py --model ple --loss bce+pdaom --lambda 10
-    python recipes/ctr_cvr.py --loss loa --esmm
-    python recipes/ctr_cvr.py --data ali-ccp           # the sample in recipes/data/ali-ccp-sample
+    python recipes/ctr_cvr.py --config bce+pdaom         # a named config of recipes/configs/ (or a YAML file)
     python recipes/ctr_cvr.py --accelerator gpu --devices 4 --strategy ddp
-    python recipes/ctr_cvr.py --accelerator cpu --devices 2 --sharding table_wise   # TorchRec DMP
-    python recipes/ctr_cvr.py --epochs 8 --resume last   # continue from the last checkpoint
-    python recipes/ctr_cvr.py --config run.yaml          # options from a YAML/JSON file
-    python recipes/ctr_cvr.py --config bce+pdaom         # a named config of recipes/configs/
+    python recipes/ctr_cvr.py --epochs 8 --resume last   # continue from the last complete checkpoint
 
 The recipe wires library parts together (docs/recipe.md): data, sampler and datamodule from
 ``mlloss.data``, towers from ``mlloss.models``, the objective from ``mlloss.build_loss``, AUC/GAUC
 from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing``
 (its Lightning plugin in ``mlloss.integrations``). Its siblings:
-``ctr_cvr_options.py`` (command line, named configs in ``configs/``), ``ctr_cvr_report.py``
+``ctr_cvr_options.py`` (command line, named configs in ``configs/``, the model), ``ctr_cvr_report.py``
 (baselines, results.md, curves.png) and ``ctr_cvr_resume.py`` (``--resume``).
 """
 
@@ -44,11 +39,11 @@ from mlloss.integrations.lightning import RankingMetrics
 from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO, fault_test_callbacks
 from mlloss.integrations.torchrec import dense_parameters
 from mlloss.integrations.torchrec_strategy import TorchRecStrategy
-from mlloss.models import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
+from mlloss.models import MultiTaskModel
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ctr_cvr_options import MODELS, PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, parse_args  # noqa: E402
+from ctr_cvr_options import PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, parse_args  # noqa: E402
 from ctr_cvr_resume import (check_resume, checkpoint_layout, layout_options,  # noqa: E402
                             replace_other_kind_of_checkpoint, resume_path)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
@@ -56,33 +51,6 @@ from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, for
 
 
 # --------------------------------------------------------------------------- model and objective
-
-
-def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) -> MultiTaskModel:
-    """The tower selected by ``args.model`` over the concatenated field embeddings (with
-    their pairwise dot products unless ``--interaction none``) and the dense features."""
-    if args.embedding == "torchrec":
-        from mlloss.integrations.torchrec import TorchRecEmbedding
-
-        embedding = TorchRecEmbedding(data.cardinalities, args.embedding_dim, data.field_names)
-    else:
-        embedding = FieldEmbedding(data.cardinalities, args.embedding_dim)
-    interaction = DotInteraction(len(data.cardinalities), args.embedding_dim) if args.interaction == "dot" else None
-    input_dim = (interaction or embedding).output_dim + data.dense.shape[1]
-    expert_hidden, tower_hidden = tuple(args.expert_hidden), tuple(args.tower_hidden)
-    if args.model == "mmoe":
-        backbone = MMoE(input_dim, num_heads, args.num_experts, expert_hidden, tower_hidden, args.dropout)
-    elif args.model == "cgc":
-        backbone = CGC(input_dim, num_heads, args.num_task_experts, args.num_shared_experts,
-                       expert_hidden, tower_hidden, args.dropout)
-    elif args.model == "ple":
-        backbone = PLE(input_dim, num_heads, args.num_levels, args.num_task_experts, args.num_shared_experts,
-                       expert_hidden, tower_hidden, args.dropout)
-    elif args.model == "shared-bottom":
-        backbone = SharedBottom(input_dim, num_heads, expert_hidden, tower_hidden, args.dropout)
-    else:
-        raise ValueError(f"--model must be one of {MODELS}; got {args.model!r}")
-    return MultiTaskModel(embedding, backbone, interaction, esmm=args.esmm)
 
 
 class MultiTaskObjective(nn.Module):

@@ -1,4 +1,5 @@
-"""The options of recipes/ctr_cvr.py: its command line, and config files that set them.
+"""The options of recipes/ctr_cvr.py: its command line, config files that set them, and the model
+they describe (``build_model``).
 
 ``--config`` takes a YAML/JSON file keyed by long option name, or the name of one of the configs
 in ``recipes/configs/`` (``bce``, ``laa``, ``bce+pdaom``, ``sharded``, ``multi-gpu``); options
@@ -14,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlloss.data import SyntheticConfig
+from mlloss.data import ImpressionData, SyntheticConfig
 from mlloss.integrations.torchrec import SHARDING_TYPES, SPARSE_OPTIMIZERS
+from mlloss.models import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
 
 DESCRIPTION = "Multi-task CTR/CVR training with a pairwise ranking loss from mlloss (recipes/ctr_cvr.py)."
 TASKS = ("click", "purchase")
@@ -206,3 +208,30 @@ def config_argv(config: str, parser: OptionParser) -> list[str]:
         else:
             tokens += [option, str(value)]
     return tokens
+
+
+def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) -> MultiTaskModel:
+    """The tower selected by ``args.model`` over the concatenated field embeddings (with
+    their pairwise dot products unless ``--interaction none``) and the dense features."""
+    if args.embedding == "torchrec":
+        from mlloss.integrations.torchrec import TorchRecEmbedding
+
+        embedding = TorchRecEmbedding(data.cardinalities, args.embedding_dim, data.field_names)
+    else:
+        embedding = FieldEmbedding(data.cardinalities, args.embedding_dim)
+    interaction = DotInteraction(len(data.cardinalities), args.embedding_dim) if args.interaction == "dot" else None
+    input_dim = (interaction or embedding).output_dim + data.dense.shape[1]
+    expert_hidden, tower_hidden = tuple(args.expert_hidden), tuple(args.tower_hidden)
+    if args.model == "mmoe":
+        backbone = MMoE(input_dim, num_heads, args.num_experts, expert_hidden, tower_hidden, args.dropout)
+    elif args.model == "cgc":
+        backbone = CGC(input_dim, num_heads, args.num_task_experts, args.num_shared_experts,
+                       expert_hidden, tower_hidden, args.dropout)
+    elif args.model == "ple":
+        backbone = PLE(input_dim, num_heads, args.num_levels, args.num_task_experts, args.num_shared_experts,
+                       expert_hidden, tower_hidden, args.dropout)
+    elif args.model == "shared-bottom":
+        backbone = SharedBottom(input_dim, num_heads, expert_hidden, tower_hidden, args.dropout)
+    else:
+        raise ValueError(f"--model must be one of {MODELS}; got {args.model!r}")
+    return MultiTaskModel(embedding, backbone, interaction, esmm=args.esmm)
