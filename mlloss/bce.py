@@ -51,7 +51,8 @@ class BCELoss(nn.Module):
         return loss
 
     def extra_repr(self) -> str:
-        return f"inputs={self.inputs!r}" if self.inputs != "logits" else ""
+        options = [f"inputs={self.inputs!r}"] if self.inputs != "logits" else []
+        return ", ".join(options + ([] if self.validate_args else ["validate_args=False"]))
 
 
 class BCEPlusRanking(nn.Module):

@@ -86,3 +86,12 @@ def test_several_label_columns_must_be_binary_for_laa_but_one_column_may_be_ordi
         mlloss.LaALoss()(SCORES, torch.stack([ratings, LABELS], 1))
     with pytest.raises(ValueError, match=r"labels must be binary \(0/1\); labels\[0, 0\] = 4.0"):
         mlloss.LoALoss()(SCORES, ratings)
+
+
+def test_reprs_show_the_options_that_differ_from_the_defaults():
+    """A printed model says how its losses were built: the options set away from their defaults."""
+    assert repr(mlloss.BCELoss()) == "BCELoss()"
+    assert repr(mlloss.BCELoss(inputs="probabilities", validate_args=False)) == \
+        "BCELoss(inputs='probabilities', validate_args=False)"
+    assert "validate_args=False" in repr(mlloss.AUCLoss(validate_args=False))
+    assert "validate_args" not in repr(mlloss.AUCLoss())

@@ -168,14 +168,14 @@ def test_empty_input(world):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
-        ({"batch_size": 2.5}, "batch_size must be a positive integer, got 2.5"),
-        ({"batch_size": True}, "batch_size must be a positive integer, got True"),
-        ({"rank": 3, "num_replicas": 3}, r"rank must be in \[0, num_replicas=3\), got 3"),
-        ({"num_replicas": 0}, "num_replicas must be >= 1, got 0"),
+        ({"batch_size": 0}, "batch_size must be a positive integer; got 0"),
+        ({"batch_size": 2.5}, "batch_size must be a positive integer; got 2.5"),
+        ({"batch_size": True}, "batch_size must be a positive integer; got True"),
+        ({"rank": 3, "num_replicas": 3}, r"rank must be in \[0, num_replicas=3\); got 3"),
+        ({"num_replicas": 0}, "num_replicas must be >= 1; got 0"),
         ({"pad": "zeros"}, "pad must be one of .*got 'zeros'"),
         ({"groups": torch.zeros(2, 3, dtype=torch.long)}, r"groups must be 1-D .*got shape \(2, 3\)"),
-        ({"groups": torch.tensor([0.5, 1.0])}, "groups must hold integer ids, got dtype torch.float32"),
+        ({"groups": torch.tensor([0.5, 1.0])}, "groups must hold integer ids; got dtype torch.float32"),
     ],
 )
 def test_errors_name_the_argument_and_value(kwargs, message):

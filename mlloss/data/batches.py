@@ -65,7 +65,7 @@ class TensorBatches:
             raise ValueError("columns must hold at least one tensor")
         lengths = {name: value.shape[0] if value.dim() else None for name, value in columns.items()}
         if len(set(lengths.values())) != 1 or None in lengths.values():
-            raise ValueError(f"columns must have the same first dimension (one row per item), got {lengths}")
+            raise ValueError(f"columns must have the same first dimension (one row per item); got {lengths}")
         if groups is None:
             if group_key not in columns:
                 raise ValueError(f"groups is None and columns has no {group_key!r} column; got {sorted(columns)}")

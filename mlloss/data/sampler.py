@@ -76,9 +76,9 @@ class GroupBatchSampler(Sampler[list[int]]):
         rank: int | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+            raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
         if pad not in PADS:
-            raise ValueError(f"pad must be one of {PADS}, got {pad!r}")
+            raise ValueError(f"pad must be one of {PADS}; got {pad!r}")
         self.num_replicas, self.rank = _replicas(num_replicas, rank)
         sorted_ids, self._items_by_group = torch.sort(_group_ids(groups), stable=True)
         self._group_sizes = torch.unique_consecutive(sorted_ids, return_counts=True)[1]
@@ -154,11 +154,11 @@ def _group_ids(groups: Tensor | Sequence[int]) -> Tensor:
     """``groups`` as a 1-D integer tensor, or a ValueError naming what is wrong with it."""
     ids = torch.as_tensor(groups)
     if ids.dim() != 1:
-        raise ValueError(f"groups must be 1-D (one id per item), got shape {tuple(ids.shape)}")
+        raise ValueError(f"groups must be 1-D (one id per item); got shape {tuple(ids.shape)}")
     if ids.numel() == 0:
         return ids.long()
     if ids.is_floating_point() or ids.is_complex():
-        raise ValueError(f"groups must hold integer ids, got dtype {ids.dtype}")
+        raise ValueError(f"groups must hold integer ids; got dtype {ids.dtype}")
     return ids
 
 
@@ -170,9 +170,9 @@ def _replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     if rank is None:
         rank = dist.get_rank() if initialised else 0
     if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        raise ValueError(f"num_replicas must be >= 1; got {num_replicas}")
     if not 0 <= rank < num_replicas:
-        raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}")
+        raise ValueError(f"rank must be in [0, num_replicas={num_replicas}); got {rank}")
     return num_replicas, rank
 
 
