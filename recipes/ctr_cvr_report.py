@@ -20,6 +20,8 @@ from torch import Tensor
 from mlloss.data import ImpressionData
 from mlloss.evaluation import ranking_metrics
 
+from _common import pyplot  # recipes/_common.py, beside this file: matplotlib (imported when asked), or None
+
 TASKS = ("click", "purchase")
 GAUC_WEIGHTING = "size"  # GAUC: each user's AUC weighted by the user's impressions (as in DIN's GAUC)
 METRICS = tuple(f"{metric}/{task}" for task in TASKS for metric in ("auc", "gauc"))
@@ -111,8 +113,6 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
 def plot_curves(history: Sequence[dict[str, float]], path: Path) -> bool:
     """Training loss and validation AUC/GAUC per task against the epoch, saved as a PNG;
     False (and nothing written) when matplotlib is not installed."""
-    from _common import pyplot  # recipes/_common.py: matplotlib, or None
-
     plt = pyplot()
     if plt is None:
         return False
