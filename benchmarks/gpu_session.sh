@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference
 #   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
 #   bash benchmarks/gpu_session.sh recipe   # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
+#   bash benchmarks/gpu_session.sh step     # python benchmarks/bench_recipe.py --device cuda (the step's split)
 #
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
 # The device image has torch, triton and pytorch-lightning but no network: nothing is installed.
@@ -18,7 +19,7 @@ print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee "$out/dev
 python -c "import mlloss.kernels" 2>/dev/null || ln -sfn ../kernels mlloss/kernels
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-case "${1:?usage: gpu_session.sh tests|bench|recipe}" in
+case "${1:?usage: gpu_session.sh tests|bench|recipe|step}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
@@ -28,27 +29,34 @@ bench)
     python benchmarks/bench_gpu.py --quick --output "$out" 2>&1 | tee "$out/bench.log" | tail -30
     ;;
 recipe)
-    # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term;
-    # DDP on one GPU uses NCCL. One combined JSON comes back.
-    for loss in bce bce+pdaom bce+auc laa; do
-        python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" \
-            --no-progress-bar --no-checkpoint --output-dir "runs/gpu-$loss" > "runs/gpu-$loss.log" 2>&1
+    # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term, at
+    # batches of 1,024 and 8,192; DDP on one GPU uses NCCL. One combined JSON comes back.
+    mkdir -p runs
+    for batch in 1024 8192; do
+        for loss in bce bce+pdaom bce+auc laa; do
+            python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" --batch-size "$batch" \
+                --no-progress-bar --no-checkpoint --output-dir "runs/gpu-$loss-$batch" > "runs/gpu-$loss-$batch.log" 2>&1
+        done
     done
     python - "$out/recipe-throughput.json" <<'EOF'
 import json, statistics, sys
 rows = {}
-for loss in ("bce", "bce+pdaom", "bce+auc", "laa"):
-    report = json.load(open(f"runs/gpu-{loss}/results.json"))
-    speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up
-    test = report["results"]["test"]
-    rows[loss] = {"impressions_per_s_median": statistics.median(speeds),
-                  **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
-    print(loss, rows[loss])
+for batch in (1024, 8192):
+    for loss in ("bce", "bce+pdaom", "bce+auc", "laa"):
+        report = json.load(open(f"runs/gpu-{loss}-{batch}/results.json"))
+        speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up
+        test = report["results"]["test"]
+        rows[f"{loss} batch {batch}"] = {"impressions_per_s_median": statistics.median(speeds),
+                                         **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
+        print(loss, batch, rows[f"{loss} batch {batch}"])
 json.dump(rows, open(sys.argv[1], "w"), indent=2)
 EOF
     ;;
+step)
+    python benchmarks/bench_recipe.py --device cuda --output "$out/recipe-cuda.json" 2>&1 | tee "$out/recipe-step.log" | tail -40
+    ;;
 *)
-    echo "unknown stage $1: tests, bench or recipe" >&2
+    echo "unknown stage $1: tests, bench, recipe or step" >&2
     exit 2
     ;;
 esac
