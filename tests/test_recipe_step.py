@@ -69,3 +69,41 @@ def test_a_non_finite_training_loss_stops_the_run_naming_the_epoch(recipe, monke
     monkeypatch.setattr(recipe, "load_data", with_a_nan_feature)
     with pytest.raises(FloatingPointError, match=r"training loss of epoch 1 is nan"):
         recipe.main([*SMALL, "--output-dir", str(tmp_path)])
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("loss", ["bce", "bce+pdaom", "bce+auc", "laa", "auc", "pdaom", "loa", "balanced-loa"])
+def test_a_training_step_never_waits_for_the_device(recipe, loss):
+    """One optimizer step of the recipe (forward, objective, backward, Adam, the loss summed on the
+    device) issues no op that synchronises with a GPU, with the pairwise losses on the Triton
+    backend (the CUDA path; the interpreter runs it here): counted with benchmarks/host_path.py's
+    dispatch mode. The plain-PyTorch tier, the CPU path, may read the host; there it costs nothing."""
+    import os
+    import sys
+    from pathlib import Path
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the Triton tier in the interpreter: needs TRITON_INTERPRET=1 before triton is imported")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import host_path
+
+    args = recipe.parse_args([*SMALL, "--loss", loss])
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=200, num_items=100, mean_impressions=20)))[0]
+    objective = recipe.MultiTaskObjective(loss, None, validate_args=False)
+    pairwise = [m for m in objective.modules() if hasattr(m, "backend")]
+    for module in pairwise:
+        module.backend = "triton"
+    assert (len(pairwise) > 0) == (loss != "bce")
+    module = recipe.CtrCvrModule(recipe.build_model(args, train, len(recipe.TASKS) + objective.uses_ranking_head),
+                                 objective, args.lr, args.weight_decay)
+    optimizer = module.configure_optimizers()
+    batch = next(iter(TensorBatches(train.columns(), 128, group_key="user")))
+    for _ in range(2):  # the second step: Adam's state exists
+        with host_path.OpCounter() as counter:
+            loss_value = module.objective(module(batch), batch["labels"], batch["user"])
+            loss_value.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            module.train_loss_sum.add_(loss_value.detach())
+    assert "_fused_adam_" in counter.ops
+    assert counter.syncs == [], counter.syncs
