@@ -84,13 +84,20 @@ def is_syncing(func, args, kwargs) -> bool:
     return False
 
 
+# Ops that allocate or mark the profiler and run no kernel (views are told apart by their schema).
+NO_KERNEL_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+                 "_record_function_enter_new", "_record_function_exit"}
+
+
 class OpCounter(TorchDispatchMode):
-    """Records every aten op dispatched inside the ``with`` block."""
+    """Records every aten op dispatched inside the ``with`` block; ``kernels`` are those that
+    run a kernel on CUDA (not views or bare allocations; a sort can run several)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[str] = []
         self.syncs: list[str] = []
+        self.kernels: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -104,6 +111,8 @@ class OpCounter(TorchDispatchMode):
             with self:
                 return func.decompose(*args, **kwargs)
         self.ops.append(str(func.overloadpacket.__name__))
+        if not func.is_view and self.ops[-1] not in NO_KERNEL_OPS:
+            self.kernels.append(self.ops[-1])
         if is_syncing(func, args, kwargs):
             self.syncs.append(str(func.overloadpacket.__name__))
         return func(*args, **kwargs)
@@ -177,7 +186,7 @@ def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000
 
 
 @contextlib.contextmanager
-def _kernels_uncounted():
+def kernels_uncounted():
     """Under TRITON_INTERPRET=1 a kernel launch runs numpy code that moves data through torch
     tensors; on CUDA a launch issues no aten op. Count neither."""
     from triton.runtime.interpreter import GridExecutor
@@ -205,7 +214,7 @@ def count_call(name: str, *, grouped: bool, validate: bool, num_items: int = 64)
     for counted in (False, True):  # the first call compiles the kernels
         x = scores.clone().requires_grad_(True)
         counter = OpCounter()
-        with _kernels_uncounted(), counter if counted else contextlib.nullcontext():
+        with kernels_uncounted(), counter if counted else contextlib.nullcontext():
             loss(x, labels, groups).backward()
     return CallCount(
         name, grouped, validate, len(counter.ops), len(counter.syncs),

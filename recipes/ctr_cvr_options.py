@@ -218,7 +218,7 @@ def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) 
 
         embedding = TorchRecEmbedding(data.cardinalities, args.embedding_dim, data.field_names)
     else:
-        embedding = FieldEmbedding(data.cardinalities, args.embedding_dim)
+        embedding = FieldEmbedding(data.cardinalities, args.embedding_dim, validate_args=False)  # ImpressionData checked the ids
     interaction = DotInteraction(len(data.cardinalities), args.embedding_dim) if args.interaction == "dot" else None
     input_dim = (interaction or embedding).output_dim + data.dense.shape[1]
     expert_hidden, tower_hidden = tuple(args.expert_hidden), tuple(args.tower_hidden)

@@ -110,8 +110,8 @@ def test_towers_return_one_logit_per_task(backbone, num_tasks):
 def test_ple_gates_follow_the_paper():
     ple = PLE(8, num_tasks=2, num_levels=2, num_task_experts=3, num_shared_experts=2, expert_hidden=(4,))
     first, last = ple.levels
-    assert first.task_gates[0].gate.out_features == 3 + 2  # own + shared experts
-    assert first.shared_gate.gate.out_features == 2 * 3 + 2  # all experts
+    assert first.task_gates.weight.shape == (2, 8, 3 + 2)  # per task: own + shared experts
+    assert first.shared_gate.out_features == 2 * 3 + 2  # all experts
     assert last.shared_gate is None
     assert len(CGC(8, num_tasks=2).levels) == 1
 

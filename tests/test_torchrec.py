@@ -34,8 +34,8 @@ def free_port() -> int:
 def _twin_field_embedding(module: TorchRecEmbedding, cardinalities) -> FieldEmbedding:
     plain = FieldEmbedding(cardinalities, module.output_dim // len(cardinalities))
     with torch.no_grad():
-        for table, key in zip(plain.tables, module.keys):
-            table.weight.copy_(module.ebc.embedding_bags[f"t_{key}"].weight)
+        for table, key in zip(plain.tables(), module.keys):
+            table.copy_(module.ebc.embedding_bags[f"t_{key}"].weight)
     return plain
 
 
@@ -51,8 +51,8 @@ def test_embedding_equals_field_embedding_with_the_same_weights():
     weights = torch.randn(out.shape, generator=gen)
     (out * weights).sum().backward()
     (expected * weights).sum().backward()
-    for table, key in zip(plain.tables, module.keys):
-        torch.testing.assert_close(module.ebc.embedding_bags[f"t_{key}"].weight.grad, table.weight.grad)
+    for grad, key in zip(plain.tables(plain.weight.grad), module.keys):
+        torch.testing.assert_close(module.ebc.embedding_bags[f"t_{key}"].weight.grad, grad)
 
 
 def test_embedding_sum_pools_several_ids_from_a_keyed_jagged_tensor():

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_cardinalities, check_sizes
@@ -25,27 +26,62 @@ __all__ = ["FieldEmbedding", "DotInteraction"]
 class FieldEmbedding(nn.Module):
     """One ``dim``-dimensional embedding table per sparse field (one id per field and row).
 
-    ``forward(ids)`` with ids (B, F) returns the concatenation (B, F * dim), or with
-    ``combine="sum"`` the sum over fields (B, dim).
+    ``forward(ids)`` with ids (B, F), ``ids[:, f]`` in ``[0, cardinalities[f])``, returns the
+    concatenation (B, F * dim), or with ``combine="sum"`` the sum over fields (B, dim).
+
+    The tables are stored as one parameter ``weight`` (sum(cardinalities), dim), field f's
+    rows after the fields before it (``tables()`` gives each field's rows), so that a step
+    costs one gather and one backward whatever the number of fields. Ids are checked against
+    their field's table (``validate_args=False`` skips that, for data checked once): on the
+    CPU with a ValueError naming the field, on a GPU without waiting for it (a device assert).
     """
 
-    def __init__(self, cardinalities: Sequence[int], dim: int, combine: str = "concat") -> None:
+    def __init__(
+        self, cardinalities: Sequence[int], dim: int, combine: str = "concat", validate_args: bool = True
+    ) -> None:
         super().__init__()
         if combine not in ("concat", "sum"):
             raise ValueError(f"combine must be 'concat' or 'sum'; got {combine!r}")
         check_cardinalities(cardinalities)
         check_sizes(dim=dim)
-        self.tables = nn.ModuleList(nn.Embedding(c, dim) for c in cardinalities)
-        for table in self.tables:
-            nn.init.normal_(table.weight, std=0.05)
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim).normal_(std=0.05))
+        sizes = torch.tensor(self.cardinalities)
+        self.register_buffer("sizes", sizes, persistent=False)
+        self.register_buffer("offsets", sizes.cumsum(0) - sizes, persistent=False)
         self.combine = combine
-        self.output_dim = dim * len(cardinalities) if combine == "concat" else dim
+        self.validate_args = validate_args
+        self.output_dim = dim * len(self.cardinalities) if combine == "concat" else dim
+        self.register_load_state_dict_pre_hook(_join_per_field_tables)
+
+    def tables(self, weight: Tensor | None = None) -> tuple[Tensor, ...]:
+        """Each field's rows of ``weight`` (default: the parameter; e.g. its ``.grad``), as views."""
+        return torch.split(self.weight if weight is None else weight, self.cardinalities)
 
     def forward(self, ids: Tensor) -> Tensor:
-        if ids.dim() != 2 or ids.shape[1] != len(self.tables):
-            raise ValueError(f"ids must have shape (B, {len(self.tables)}); got {tuple(ids.shape)}")
-        vectors = [table(ids[:, f]) for f, table in enumerate(self.tables)]
-        return torch.cat(vectors, dim=1) if self.combine == "concat" else torch.stack(vectors).sum(0)
+        if ids.dim() != 2 or ids.shape[1] != len(self.cardinalities):
+            raise ValueError(f"ids must have shape (B, {len(self.cardinalities)}); got {tuple(ids.shape)}")
+        if self.validate_args:
+            self._check_ids(ids)
+        vectors = F.embedding(ids + self.offsets, self.weight)  # (B, F, dim)
+        return vectors.flatten(1) if self.combine == "concat" else vectors.sum(1)
+
+    def _check_ids(self, ids: Tensor) -> None:
+        in_range = (ids >= 0) & (ids < self.sizes)
+        if ids.is_cuda or torch.compiler.is_compiling():
+            torch._assert_async(in_range.all(), "FieldEmbedding: an id is outside its field's table")
+        elif not bool(in_range.all()):
+            field = int((~in_range).any(0).nonzero()[0])
+            bad = ids[:, field][~in_range[:, field]][0]
+            raise ValueError(f"ids[:, {field}] must be in [0, {self.cardinalities[field]}); got {int(bad)}")
+
+
+def _join_per_field_tables(module: FieldEmbedding, state_dict: dict, prefix: str, *args) -> None:
+    """Loads a state dict saved with one ``tables.<f>.weight`` per field (before the tables
+    were stored as one parameter)."""
+    keys = [f"{prefix}tables.{f}.weight" for f in range(len(module.cardinalities))]
+    if f"{prefix}weight" not in state_dict and all(key in state_dict for key in keys):
+        state_dict[f"{prefix}weight"] = torch.cat([state_dict.pop(key) for key in keys])
 
 
 class DotInteraction(nn.Module):
@@ -61,13 +97,15 @@ class DotInteraction(nn.Module):
         check_sizes(num_fields=num_fields, dim=dim)
         self.num_fields, self.dim = num_fields, dim
         rows, cols = torch.triu_indices(num_fields, num_fields, offset=1)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
+        # picks <e_i, e_j>, i < j, out of all F * F dots: a matmul, whose backward is one too
+        pick = torch.zeros(num_fields * num_fields, rows.numel())
+        pick[rows * num_fields + cols, torch.arange(rows.numel())] = 1.0
+        self.register_buffer("pick", pick, persistent=False)
         self.output_dim = num_fields * dim + rows.numel()
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 2 or x.shape[1] != self.num_fields * self.dim:
             raise ValueError(f"x must have shape (B, {self.num_fields * self.dim}); got {tuple(x.shape)}")
         e = x.view(-1, self.num_fields, self.dim)
-        dots = torch.bmm(e, e.transpose(1, 2))[:, self.rows, self.cols]
+        dots = torch.bmm(e, e.transpose(1, 2)).flatten(1) @ self.pick
         return torch.cat([x, dots], dim=1)

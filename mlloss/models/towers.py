@@ -17,11 +17,19 @@ features and fed to a multi-task ``backbone`` that returns one logit per task::
 Backbones (constructor arguments follow the papers' figures):
 
 * :class:`SharedBottom` -- one shared bottom MLP, one tower per task (Caruana, 1997).
-* :class:`MMoE` -- shared experts, one softmax gate per task (Ma et al., KDD 2018).
+* :class:`MMoE` -- shared experts, one softmax gate per task (Ma et al., KDD 2018): a CGC
+  without task-specific experts.
 * :class:`CGC` -- task-specific plus shared experts, one gate per task over its own and the
   shared experts (Tang et al., RecSys 2020).
-* :class:`PLE` -- stacked CGC extraction levels; at intermediate levels a shared gate over
-  all experts feeds the next level's shared experts (Tang et al., RecSys 2020).
+* :class:`PLE` -- stacked CGC extraction levels (:class:`ExtractionLevel`); at intermediate
+  levels a shared gate over all experts feeds the next level's shared experts (Tang et al.,
+  RecSys 2020).
+
+The experts of a level, its task gates and the task towers are each one stack of same-shaped
+layers (:class:`StackedLinear`, ``mlp(..., copies=G)``) run with one batched matmul per layer:
+a training step issues the same few kernels for 2 experts or 16, which keeps a GPU busy at
+recommender batch sizes, where launching kernels, not computing them, is the cost.
+tests/test_models.py checks every backbone against its paper written out expert by expert.
 
 The embedding is any module with an ``output_dim`` attribute mapping the sparse input to
 ``(B, output_dim)``, so that it can be replaced without touching the towers: the embeddings and
@@ -47,6 +55,7 @@ from .._validation import check_sizes
 
 __all__ = [
     "mlp",
+    "StackedLinear",
     "SharedBottom",
     "MMoE",
     "ExtractionLevel",
@@ -57,15 +66,22 @@ __all__ = [
 ]
 
 
-def mlp(input_dim: int, hidden: Sequence[int], dropout: float = 0.0, last_activation: bool = True) -> nn.Sequential:
+def mlp(
+    input_dim: int, hidden: Sequence[int], dropout: float = 0.0, last_activation: bool = True, copies: int | None = None
+) -> nn.Sequential:
     """Linear layers of widths ``hidden``, each followed by ReLU (and dropout if > 0);
-    ``last_activation=False`` leaves the last layer linear."""
+    ``last_activation=False`` leaves the last layer linear.
+
+    With ``copies=G`` the layers are :class:`StackedLinear`: G independent MLPs of this shape
+    (experts, towers) that map (G, B, input_dim) to (G, B, hidden[-1]) with one batched matmul
+    per layer instead of G.
+    """
     if input_dim < 1 or not hidden or any(h < 1 for h in hidden):
         raise ValueError(f"mlp needs input_dim >= 1 and positive hidden widths; got {input_dim}, {list(hidden)}")
     layers: list[nn.Module] = []
     widths = [input_dim, *hidden]
     for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:])):
-        layers.append(nn.Linear(w_in, w_out))
+        layers.append(nn.Linear(w_in, w_out) if copies is None else StackedLinear(copies, w_in, w_out))
         if last_activation or i < len(hidden) - 1:
             layers.append(nn.ReLU())
             if dropout > 0:
@@ -73,11 +89,39 @@ def mlp(input_dim: int, hidden: Sequence[int], dropout: float = 0.0, last_activa
     return nn.Sequential(*layers)
 
 
-def _task_towers(input_dim: int, num_tasks: int, tower_hidden: Sequence[int], dropout: float) -> nn.ModuleList:
-    """One MLP per task ending in a single logit."""
-    return nn.ModuleList(
-        mlp(input_dim, [*tower_hidden, 1], dropout, last_activation=False) for _ in range(num_tasks)
-    )
+class StackedLinear(nn.Module):
+    """``copies`` independent linear layers of one shape, applied with one batched matmul:
+    (G, B, in_features) -> (G, B, out_features).
+
+    ``weight[g]`` (in_features, out_features) is the transpose of the g-th layer's
+    :class:`torch.nn.Linear` weight (so that the forward and both gradients are plain batched
+    matmuls) and ``bias[g, 0]`` its bias, initialised as nn.Linear does. A GPU step runs one
+    kernel per layer of all experts (or towers) together instead of one per expert.
+    """
+
+    def __init__(self, copies: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        check_sizes(copies=copies, in_features=in_features, out_features=out_features)
+        bound = in_features ** -0.5  # nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in)) for both
+        self.weight = nn.Parameter(torch.empty(copies, in_features, out_features).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(copies, 1, out_features).uniform_(-bound, bound))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+    def extra_repr(self) -> str:
+        copies, in_features, out_features = self.weight.shape
+        return f"copies={copies}, in_features={in_features}, out_features={out_features}"
+
+
+def _task_towers(input_dim: int, num_tasks: int, tower_hidden: Sequence[int], dropout: float) -> nn.Sequential:
+    """One MLP per task ending in a single logit, stacked: (T, B, input_dim) -> (T, B, 1)."""
+    return mlp(input_dim, [*tower_hidden, 1], dropout, last_activation=False, copies=num_tasks)
+
+
+def _logits(towers: nn.Sequential, task_inputs: Tensor) -> Tensor:
+    """The towers' logits (B, T) from the task inputs (T, B, H)."""
+    return towers(task_inputs).squeeze(2).t()
 
 
 class SharedBottom(nn.Module):
@@ -93,57 +137,28 @@ class SharedBottom(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes(num_tasks=num_tasks)
+        self.num_tasks = num_tasks
         self.bottom = mlp(input_dim, bottom_hidden, dropout)
         self.towers = _task_towers(bottom_hidden[-1], num_tasks, tower_hidden, dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.bottom(x)
-        return torch.cat([tower(h) for tower in self.towers], dim=1)
-
-
-class _GatedMixture(nn.Module):
-    """A softmax gate over ``num_experts`` expert outputs: (B, in), (B, E, H) -> (B, H)."""
-
-    def __init__(self, input_dim: int, num_experts: int) -> None:
-        super().__init__()
-        self.gate = nn.Linear(input_dim, num_experts)
-
-    def forward(self, gate_input: Tensor, expert_outputs: Tensor) -> Tensor:
-        weights = F.softmax(self.gate(gate_input), dim=1)
-        return torch.einsum("be,beh->bh", weights, expert_outputs)
-
-
-class MMoE(nn.Module):
-    """Multi-gate mixture of experts: shared experts, one softmax gate and tower per task."""
-
-    def __init__(
-        self,
-        input_dim: int,
-        num_tasks: int,
-        num_experts: int = 4,
-        expert_hidden: Sequence[int] = (64, 32),
-        tower_hidden: Sequence[int] = (16,),
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__()
-        check_sizes(num_tasks=num_tasks, num_experts=num_experts)
-        self.experts = nn.ModuleList(mlp(input_dim, expert_hidden, dropout) for _ in range(num_experts))
-        self.gates = nn.ModuleList(_GatedMixture(input_dim, num_experts) for _ in range(num_tasks))
-        self.towers = _task_towers(expert_hidden[-1], num_tasks, tower_hidden, dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        experts = torch.stack([expert(x) for expert in self.experts], dim=1)
-        return torch.cat([tower(gate(x, experts)) for gate, tower in zip(self.gates, self.towers)], dim=1)
+        return _logits(self.towers, h.expand(self.num_tasks, *h.shape))
 
 
 class ExtractionLevel(nn.Module):
-    """One CGC/PLE extraction level.
+    """One CGC/PLE extraction level (an MMoE when it has no task-specific experts).
 
-    Takes ``num_tasks + 1`` inputs (one per task, then the shared one) and returns as many
-    outputs. Task t's gate mixes task t's experts and the shared experts, reading input t.
-    With ``shared_gate=True`` (PLE intermediate levels) a shared gate over all experts,
-    reading the shared input, produces the shared output; otherwise the shared output is
-    the shared input unchanged (it is not used downstream).
+    Reads ``num_tasks + 1`` inputs stacked as (T + 1, B, input_dim): one per task, then the
+    shared one. Task t's softmax gate, reading input t, mixes task t's experts (which read
+    input t) and the shared experts (which read the shared input). With ``shared_gate=True``
+    (PLE intermediate levels) a shared gate over all experts, reading the shared input, adds
+    the shared output: the level returns (T + 1, B, H) then, (T, B, H) otherwise, H being
+    ``expert_hidden[-1]``.
+
+    All the level's experts are one stacked MLP and all task gates one stacked linear layer,
+    so a level costs a few kernels whatever its number of experts. A task's gate gives weight
+    0 to the experts it does not mix.
     """
 
     def __init__(
@@ -157,35 +172,40 @@ class ExtractionLevel(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        check_sizes(num_tasks=num_tasks, num_task_experts=num_task_experts, num_shared_experts=num_shared_experts)
-        self.num_tasks = num_tasks
+        check_sizes(num_tasks=num_tasks, num_shared_experts=num_shared_experts)
+        if num_task_experts < 0:
+            raise ValueError(f"num_task_experts must be >= 0; got {num_task_experts}")
+        self.num_tasks, self.num_task_experts, self.num_shared_experts = num_tasks, num_task_experts, num_shared_experts
         self.output_dim = expert_hidden[-1]
+        num_experts = num_tasks * num_task_experts + num_shared_experts
+        # Experts in the order: task 0's, task 1's, ..., the shared ones.
+        self.experts = mlp(input_dim, expert_hidden, dropout, copies=num_experts)
+        self.task_gates = StackedLinear(num_tasks, input_dim, num_task_experts + num_shared_experts)
+        self.shared_gate = nn.Linear(input_dim, num_experts) if shared_gate else None
+        shared = list(range(num_tasks * num_task_experts, num_experts))
+        gated = [[t * num_task_experts + i for i in range(num_task_experts)] + shared for t in range(num_tasks)]
+        self.register_buffer("gated_experts", torch.tensor(gated).unsqueeze(1), persistent=False)  # (T, 1, E_t)
 
-        def experts(count: int) -> nn.ModuleList:
-            return nn.ModuleList(mlp(input_dim, expert_hidden, dropout) for _ in range(count))
-
-        self.task_experts = nn.ModuleList(experts(num_task_experts) for _ in range(num_tasks))
-        self.shared_experts = experts(num_shared_experts)
-        per_task = num_task_experts + num_shared_experts
-        self.task_gates = nn.ModuleList(_GatedMixture(input_dim, per_task) for _ in range(num_tasks))
-        all_experts = num_tasks * num_task_experts + num_shared_experts
-        self.shared_gate = _GatedMixture(input_dim, all_experts) if shared_gate else None
-
-    def forward(self, inputs: Sequence[Tensor]) -> list[Tensor]:
-        if len(inputs) != self.num_tasks + 1:
-            raise ValueError(f"expected {self.num_tasks + 1} inputs (tasks + shared); got {len(inputs)}")
-        shared_in = inputs[-1]
-        shared = [expert(shared_in) for expert in self.shared_experts]
-        outputs, all_experts = [], []
-        for x, experts, gate in zip(inputs, self.task_experts, self.task_gates):
-            own = [expert(x) for expert in experts]
-            all_experts += own
-            outputs.append(gate(x, torch.stack(own + shared, dim=1)))
-        if self.shared_gate is None:
-            outputs.append(shared_in)
-        else:
-            outputs.append(self.shared_gate(shared_in, torch.stack(all_experts + shared, dim=1)))
-        return outputs
+    def forward(self, inputs: Tensor) -> Tensor:
+        tasks = self.num_tasks
+        if inputs.dim() != 3 or inputs.shape[0] != tasks + 1:
+            raise ValueError(f"inputs must have shape ({tasks + 1}, B, input_dim) (tasks, then shared); "
+                             f"got {tuple(inputs.shape)}")
+        _, batch, width = inputs.shape
+        task_inputs, shared_input = inputs[:tasks], inputs[tasks]
+        # Each expert's input, by expand (whose backward is a sum: no scatter, deterministic).
+        expert_inputs = shared_input.expand(self.num_shared_experts, batch, width)
+        if self.num_task_experts > 0:
+            own = task_inputs.unsqueeze(1).expand(tasks, self.num_task_experts, batch, width)
+            expert_inputs = torch.cat([own.flatten(0, 1), expert_inputs])
+        experts = self.experts(expert_inputs)  # (E, B, H)
+        gates = F.softmax(self.task_gates(task_inputs), dim=2)  # (T, B, E_t)
+        if self.num_task_experts > 0:  # place them among all experts (the backward is a gather)
+            gates = gates.new_zeros(tasks, batch, experts.shape[0]).scatter(
+                2, self.gated_experts.expand(tasks, batch, -1), gates)
+        if self.shared_gate is not None:
+            gates = torch.cat([gates, F.softmax(self.shared_gate(shared_input), dim=1).unsqueeze(0)])
+        return torch.einsum("tbe,ebh->tbh", gates, experts)
 
 
 class PLE(nn.Module):
@@ -205,6 +225,7 @@ class PLE(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes(num_levels=num_levels)
+        self.num_tasks = num_tasks
         dims = [input_dim] + [expert_hidden[-1]] * (num_levels - 1)
         self.levels = nn.ModuleList(
             ExtractionLevel(
@@ -216,10 +237,10 @@ class PLE(nn.Module):
         self.towers = _task_towers(expert_hidden[-1], num_tasks, tower_hidden, dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = [x] * (len(self.towers) + 1)
+        hidden = x.expand(self.num_tasks + 1, *x.shape)  # every task and the shared part read x
         for level in self.levels:
             hidden = level(hidden)
-        return torch.cat([tower(h) for tower, h in zip(self.towers, hidden)], dim=1)
+        return _logits(self.towers, hidden)
 
 
 class CGC(PLE):
@@ -238,6 +259,23 @@ class CGC(PLE):
         super().__init__(
             input_dim, num_tasks, 1, num_task_experts, num_shared_experts, expert_hidden, tower_hidden, dropout
         )
+
+
+class MMoE(PLE):
+    """Multi-gate mixture of experts: shared experts, one softmax gate and tower per task.
+    It is a CGC without task-specific experts."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        num_tasks: int,
+        num_experts: int = 4,
+        expert_hidden: Sequence[int] = (64, 32),
+        tower_hidden: Sequence[int] = (16,),
+        dropout: float = 0.0,
+    ) -> None:
+        check_sizes(num_experts=num_experts)
+        super().__init__(input_dim, num_tasks, 1, 0, num_experts, expert_hidden, tower_hidden, dropout)
 
 
 def esmm_logits(ctr_logit: Tensor, cvr_logit: Tensor) -> Tensor:
