@@ -76,7 +76,7 @@ QUICKSTART = ('python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -
               'editable_mode=compat && .venv/bin/python recipes/ctr_cvr.py')
 TEST_COMMAND = ('python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 fbgemm-gpu-cpu==1.8.0 -e '
                 '".[test,torchrec]" --config-settings editable_mode=compat && .venv/bin/pip install -q --no-deps '
-                'torchrec==1.8.0 && TRITON_INTERPRET=1 .venv/bin/python -m pytest -q')
+                'torchrec==1.8.0 && TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile')
 NOT_A_BENCHMARK_RUN = "a benchmark that measures for minutes (numbers for the README), not run by the tests"
 
 # Every command the README shows, in README order (```bash blocks, then inline `...` commands).
