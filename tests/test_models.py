@@ -184,3 +184,31 @@ def test_impression_data_checks_the_ids_once():
         data([[0, 5], [2, 0]])
     with pytest.raises(ValueError, match=r"sparse must have shape \(N, 2\)"):
         data([[0, 1, 2]])
+
+
+@pytest.mark.parametrize("validate_args", [True, False])
+@pytest.mark.parametrize("backbone", ["mmoe", "ple"])
+def test_a_model_compiles_as_one_graph_equal_to_eager(backbone, validate_args):
+    """``--compile`` in the recipe: forward and backward of the whole model in one graph (the id
+    check becomes a device assert), equal to eager."""
+    from mlloss.models import DotInteraction, MultiTaskModel
+
+    torch.manual_seed(0)
+    cardinalities = [5, 7, 3]
+    head = (MMoE(3 * 4 + 3 + 2, 2, num_experts=3, expert_hidden=(8,), tower_hidden=(4,)) if backbone == "mmoe"
+            else PLE(3 * 4 + 3 + 2, 2, num_levels=2, num_task_experts=1, num_shared_experts=2, expert_hidden=(8,)))
+    model = MultiTaskModel(FieldEmbedding(cardinalities, 4, validate_args=validate_args), head, DotInteraction(3, 4))
+    ids = torch.stack([torch.randint(c, (10,)) for c in cardinalities], dim=1)
+    dense = torch.randn(10, 2)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    expected = model(ids, dense)
+    expected_grads = torch.autograd.grad(expected.square().sum(), list(model.parameters()))
+    out = compiled(ids, dense)
+    grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want)
+    if validate_args:
+        with pytest.raises(RuntimeError):  # the device assert, on the CPU at once
+            compiled(ids.clone().fill_(6), dense)
