@@ -92,3 +92,26 @@ def test_inductor_compiles_a_step_with_a_grouped_loss() -> None:
     assert compiles[1:] == compiles[:1] * 2
     for got, expected in zip(values + grads, eager_values + eager_grads):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_bce_of_transposed_logits() -> None:
+    """(B, T) logits are often a transposed (T, B) tensor (mlloss.models' stacked towers): the
+    op's gradient has the contiguous layout its fake implementation promises, which Inductor
+    asserts."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    weight = torch.randn(2, 4, requires_grad=True)
+    loss = mlloss.BCELoss()
+
+    def step(features, labels):
+        logits = (weight @ features.T).T  # (N, 2), strides (1, N)
+        return loss(logits, labels)
+
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    for features, labels, _ in batches(2):
+        assert not (weight @ features.T).T.is_contiguous()
+        expected_grad = torch.autograd.grad(step(features, labels), weight)[0]
+        value = compiled(features, labels)
+        torch.testing.assert_close(value, step(features, labels), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(torch.autograd.grad(value, weight)[0], expected_grad, rtol=1e-5, atol=1e-7)

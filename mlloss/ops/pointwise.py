@@ -43,7 +43,9 @@ def _binary_cross_entropy_op(
         task_sums = F.binary_cross_entropy_with_logits(z, y, reduction="none").sum(0)
         grad = (torch.sigmoid(z) - y) / count
     task_losses = task_sums / count
-    return task_losses.sum(), task_losses, grad
+    # Elementwise ops give transposed scores (a model's logits.t()) a transposed gradient; the
+    # fake below, and so torch.compile, expects a contiguous one (a no-op for contiguous scores).
+    return task_losses.sum(), task_losses, grad.contiguous()
 
 
 @_binary_cross_entropy_op.register_fake
