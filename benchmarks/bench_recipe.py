@@ -308,7 +308,8 @@ def markdown(result: dict) -> str:
     lines = [f"# recipes/ctr_cvr.py training step ({result['device']})", "",
              f"torch {result['torch']}, {result['train_impressions']:,} training impressions, "
              f"{result['steps']} measured steps after {result['warmup']} warm-up steps, "
-             f"{result['steps_per_call']} steps per call of the training step.", "",
+             f"{result['steps_per_call']} steps per call of the training step"
+             + (", `--compile` (the forward column holds the loss: one graph)." if result.get("compile") else "."), "",
              "| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS) + " | vs bce |",
              "|---|---:|---:|---:|" + "---:|" * (len(PARTS) + 1)]
     for row in result["training"]:

@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference
 #   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
 #   bash benchmarks/gpu_session.sh recipe   # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
+#   bash benchmarks/gpu_session.sh recipe-compiled  # the same with --compile (bce, bce+pdaom)
 #   bash benchmarks/gpu_session.sh step     # python benchmarks/bench_recipe.py --device cuda (the step's split)
 #
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
@@ -19,7 +20,7 @@ print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee "$out/dev
 python -c "import mlloss.kernels" 2>/dev/null || ln -sfn ../kernels mlloss/kernels
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-case "${1:?usage: gpu_session.sh tests|bench|recipe|step}" in
+case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
@@ -28,35 +29,39 @@ tests)
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" 2>&1 | tee "$out/bench.log" | tail -30
     ;;
-recipe)
+recipe|recipe-compiled)
     # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term, at
-    # batches of 1,024 and 8,192; DDP on one GPU uses NCCL. One combined JSON comes back.
+    # batches of 1,024 and 8,192; DDP on one GPU uses NCCL. recipe-compiled: the same with --compile
+    # (bce and bce+pdaom). One combined JSON comes back.
     mkdir -p runs
+    if [ "$1" = recipe ]; then tag=gpu; extra=(); losses="bce bce+pdaom bce+auc laa"
+    else tag=gpu-compiled; extra=(--compile); losses="bce bce+pdaom"; fi
     for batch in 1024 8192; do
-        for loss in bce bce+pdaom bce+auc laa; do
+        for loss in $losses; do
             python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" --batch-size "$batch" \
-                --no-progress-bar --no-checkpoint --output-dir "runs/gpu-$loss-$batch" > "runs/gpu-$loss-$batch.log" 2>&1
+                --no-progress-bar --no-checkpoint "${extra[@]}" --output-dir "runs/$tag-$loss-$batch" > "runs/$tag-$loss-$batch.log" 2>&1
         done
     done
-    python - "$out/recipe-throughput.json" <<'EOF'
+    python - "$out/$tag-recipe-throughput.json" "$tag" $losses <<'EOF'
 import json, statistics, sys
+output, tag, losses = sys.argv[1], sys.argv[2], sys.argv[3:]
 rows = {}
 for batch in (1024, 8192):
-    for loss in ("bce", "bce+pdaom", "bce+auc", "laa"):
-        report = json.load(open(f"runs/gpu-{loss}-{batch}/results.json"))
-        speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up
+    for loss in losses:
+        report = json.load(open(f"runs/{tag}-{loss}-{batch}/results.json"))
+        speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up (and compiles)
         test = report["results"]["test"]
         rows[f"{loss} batch {batch}"] = {"impressions_per_s_median": statistics.median(speeds),
                                          **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
         print(loss, batch, rows[f"{loss} batch {batch}"])
-json.dump(rows, open(sys.argv[1], "w"), indent=2)
+json.dump(rows, open(output, "w"), indent=2)
 EOF
     ;;
 step)
     python benchmarks/bench_recipe.py --device cuda --output "$out/recipe-cuda.json" 2>&1 | tee "$out/recipe-step.log" | tail -40
     ;;
 *)
-    echo "unknown stage $1: tests, bench, recipe or step" >&2
+    echo "unknown stage $1: tests, bench, recipe, recipe-compiled or step" >&2
     exit 2
     ;;
 esac

@@ -131,7 +131,8 @@ def build_parser() -> OptionParser:
     g.add_argument("--resume", default=None, metavar="PATH",
                    help="continue training from a checkpoint: a path, or 'last' for <checkpoint-dir>/last.ckpt")
     g.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (the loss compiles with it: mlloss losses are one graph)")
+                   help="torch.compile the training step's model and loss as one graph (mlloss losses are "
+                        "torch.library ops), and the model for evaluation")
     g.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
                    help="show Lightning's progress bar")
     return p

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +14,7 @@ def load_recipe(name: str) -> ModuleType:
     """``recipes/<name>.py`` imported as a module (the recipes are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(f"{name}_recipe", RECIPES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does: torch.compile looks the module up by name
     spec.loader.exec_module(module)
     return module
 

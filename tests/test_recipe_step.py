@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 import torch
 
 from mlloss.data import GroupDataModule, SyntheticConfig, TensorBatches, generate_impressions, split_by_time
-from recipe_util import load_recipe
+from recipe_util import load_recipe, without_timing
 
 SMALL = ["--num-users", "200", "--num-items", "100", "--mean-impressions", "20", "--batch-size", "256",
          "--epochs", "1", "--no-checkpoint", "--no-progress-bar"]
@@ -70,6 +70,25 @@ def test_a_non_finite_training_loss_stops_the_run_naming_the_epoch(recipe, monke
     monkeypatch.setattr(recipe, "load_data", with_a_nan_feature)
     with pytest.raises(FloatingPointError, match=r"training loss of epoch 1 is nan"):
         recipe.main([*SMALL, "--output-dir", str(tmp_path)])
+
+
+def test_compile_gives_the_eager_run(recipe, tmp_path):
+    """``--compile``: the training step's model and objective in one graph (bce+pdaom: the BCE and
+    the pairwise op), over batches of varying size, gives the eager run's losses and metrics."""
+    from torch._dynamo.utils import counters
+
+    argv = [*SMALL, "--loss", "bce+pdaom", "--epochs", "2"]
+    eager = recipe.main([*argv, "--output-dir", str(tmp_path / "eager")])
+    counters.clear()
+    compiled = recipe.main([*argv, "--compile", "--output-dir", str(tmp_path / "compiled")])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] >= 2  # the training step's and the evaluation's
+    for got, want in zip(without_timing(compiled["history"]), without_timing(eager["history"]), strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6, nan_ok=True), key
+    for key, value in eager["results"]["test"].items():
+        assert compiled["results"]["test"][key] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), key
 
 
 # Kernel-running aten ops of one training step (forward, objective, backward, Adam) at most: 64
