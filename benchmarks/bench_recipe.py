@@ -62,6 +62,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import ctr_cvr  # noqa: E402
+from ctr_cvr_options import COMPILE_MODES  # noqa: E402
 from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
 
 LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
@@ -309,7 +310,8 @@ def markdown(result: dict) -> str:
              f"torch {result['torch']}, {result['train_impressions']:,} training impressions, "
              f"{result['steps']} measured steps after {result['warmup']} warm-up steps, "
              f"{result['steps_per_call']} steps per call of the training step"
-             + (", `--compile` (the forward column holds the loss: one graph)." if result.get("compile") else "."), "",
+             + (f", `--compile {result['compile']}` (the forward column holds the loss: one graph)."
+                if result.get("compile") else "."), "",
              "| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS) + " | vs bce |",
              "|---|---:|---:|---:|" + "---:|" * (len(PARTS) + 1)]
     for row in result["training"]:
@@ -349,7 +351,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds of the framework-overhead runs")
     parser.add_argument("--steps-per-call", type=int, default=ctr_cvr.parse_args([]).steps_per_call,
                         help="the recipe's --steps-per-call (optimizer steps per call of its training step)")
-    parser.add_argument("--compile", action="store_true", help="the recipe's --compile")
+    parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
+                        metavar="MODE", help="the recipe's --compile [MODE]")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default results/recipe-<device>.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

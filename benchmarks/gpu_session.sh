@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference
 #   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
 #   bash benchmarks/gpu_session.sh recipe   # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
-#   bash benchmarks/gpu_session.sh recipe-compiled  # the same with --compile (bce, bce+pdaom)
+#   bash benchmarks/gpu_session.sh recipe-compiled [MODE]  # the same with --compile MODE (bce, bce+pdaom)
 #   bash benchmarks/gpu_session.sh step     # python benchmarks/bench_recipe.py --device cuda (the step's split)
 #
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
@@ -31,11 +31,11 @@ bench)
     ;;
 recipe|recipe-compiled)
     # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term, at
-    # batches of 1,024 and 8,192; DDP on one GPU uses NCCL. recipe-compiled: the same with --compile
-    # (bce and bce+pdaom). One combined JSON comes back.
+    # batches of 1,024 and 8,192; DDP on one GPU uses NCCL. recipe-compiled [MODE]: the same with
+    # --compile MODE (default: default; reduce-overhead: CUDA graphs), bce and bce+pdaom. One JSON comes back.
     mkdir -p runs
     if [ "$1" = recipe ]; then tag=gpu; extra=(); losses="bce bce+pdaom bce+auc laa"
-    else tag=gpu-compiled; extra=(--compile); losses="bce bce+pdaom"; fi
+    else mode=${2:-default}; tag=gpu-compiled-$mode; extra=(--compile "$mode"); losses="bce bce+pdaom"; fi
     for batch in 1024 8192; do
         for loss in $losses; do
             python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" --batch-size "$batch" \

@@ -92,7 +92,7 @@ class CtrCvrModule(pl.LightningModule):
 
     def __init__(
         self, model: MultiTaskModel, objective: MultiTaskObjective, lr: float, weight_decay: float,
-        run_options: dict[str, Any] | None = None, compile: bool = False, steps_per_call: int = 8,
+        run_options: dict[str, Any] | None = None, compile: str | None = None, steps_per_call: int = 8,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -125,8 +125,8 @@ class CtrCvrModule(pl.LightningModule):
         if isinstance(strategy, TorchRecStrategy) and strategy.sharded_model is None:
             self.model = strategy.shard(self.model)
         if self.compile and not hasattr(self.model, "_orig_mod"):
-            self.model = torch.compile(self.model, dynamic=True)
-            self.batch_loss = torch.compile(self.batch_loss, dynamic=True)
+            self.model = torch.compile(self.model, dynamic=True, mode=self.compile)
+            self.batch_loss = torch.compile(self.batch_loss, dynamic=True, mode=self.compile)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.model(batch["sparse"], batch["dense"])

@@ -24,6 +24,7 @@ TASKS = ("click", "purchase")
 PER_TASK_LOSSES = ("bce", "bce+auc", "bce+pdaom", "auc", "pdaom")
 RANKING_SCORE_LOSSES = ("laa", "loa", "balanced-loa")
 MODELS = ("mmoe", "ple", "cgc", "shared-bottom")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 DATA_SOURCES = ("synthetic", "ali-ccp", "aliexpress")
 RECIPES = Path(__file__).resolve().parent
 CONFIGS = RECIPES / "configs"
@@ -130,9 +131,10 @@ def build_parser() -> OptionParser:
     g.add_argument("--no-checkpoint", action="store_true", help="write no checkpoints")
     g.add_argument("--resume", default=None, metavar="PATH",
                    help="continue training from a checkpoint: a path, or 'last' for <checkpoint-dir>/last.ckpt")
-    g.add_argument("--compile", action="store_true",
+    g.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
                    help="torch.compile the training step's model and loss as one graph (mlloss losses are "
-                        "torch.library ops), and the model for evaluation")
+                        "torch.library ops), and the model for evaluation; MODE is torch.compile's: "
+                        "reduce-overhead replays CUDA graphs on a GPU (default: %(const)s)")
     g.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
                    help="show Lightning's progress bar")
     return p

@@ -91,6 +91,15 @@ def test_compile_gives_the_eager_run(recipe, tmp_path):
         assert compiled["results"]["test"][key] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), key
 
 
+def test_compile_takes_torch_compiles_mode(recipe, capsys):
+    assert recipe.parse_args([]).compile is None
+    assert recipe.parse_args(["--compile", "--loss", "laa"]).compile == "default"
+    assert recipe.parse_args(["--compile", "reduce-overhead"]).compile == "reduce-overhead"  # CUDA graphs on a GPU
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--compile", "fast"])
+    assert "--compile: invalid choice: 'fast'" in capsys.readouterr().err
+
+
 # Kernel-running aten ops of one training step (forward, objective, backward, Adam) at most: 64
 # for bce (60 today), plus 30 per pairwise loss call (bce+X calls X once per task).
 STEP_KERNELS = {"bce": 64, "bce+pdaom": 64 + 2 * 30, "bce+auc": 64 + 2 * 30, "laa": 64 + 30, "auc": 64 + 30,
