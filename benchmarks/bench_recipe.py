@@ -55,6 +55,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "recipes"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # op_count, also when this file is loaded by path
 
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.profilers import Profiler  # noqa: E402
@@ -64,6 +65,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 import ctr_cvr  # noqa: E402
 from ctr_cvr_options import COMPILE_MODES  # noqa: E402
 from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
+from op_count import OpCounter  # noqa: E402
 
 LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
 PARTS = ("data", "forward", "loss", "backward", "optimizer", "other")
@@ -157,6 +159,9 @@ def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: b
     seconds = window.end - window.start
     row = {"loss": loss, "batch_size": batch_size, "steps": window.steps, "impressions": window.items,
            "step_ms": 1e3 * seconds / window.steps, "impressions_per_s": window.items / seconds}
+    if not profile:  # compiled, the step's kernels are Inductor's, not aten ops
+        row.update(step_ops(module, trainer.optimizers[0], next(iter(datamodule.train_dataloader())))
+                   if not args.compile else {"kernel_ops": None, "syncing_ops": None})
     if profile:
         p = profiler
         parts = {
@@ -166,6 +171,18 @@ def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: b
         parts["other"] = seconds - sum(parts.values())
         row["split_ms"] = {name: 1e3 * value / window.steps for name, value in parts.items()}
     return row
+
+
+def step_ops(module: ctr_cvr.CtrCvrModule, optimizer: torch.optim.Optimizer, batch: dict) -> dict[str, int]:
+    """The aten ops of one more optimizer step of the trained module, as the recipe takes it: those
+    that run a kernel (on CUDA each is a launch at least) and those that wait for the device."""
+    with OpCounter() as counter:
+        loss = module.batch_loss(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        module.train_loss_sum.add_(loss.detach())
+    return {"kernel_ops": len(counter.kernels), "syncing_ops": len(counter.syncs)}
 
 
 class StandIn(nn.Module):
@@ -305,6 +322,10 @@ def device_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
+def _or_dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
 def markdown(result: dict) -> str:
     lines = [f"# recipes/ctr_cvr.py training step ({result['device']})", "",
              f"torch {result['torch']}, {result['train_impressions']:,} training impressions, "
@@ -312,15 +333,19 @@ def markdown(result: dict) -> str:
              f"{result['steps_per_call']} steps per call of the training step"
              + (f", `--compile {result['compile']}` (the forward column holds the loss: one graph)."
                 if result.get("compile") else "."), "",
-             "| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS) + " | vs bce |",
-             "|---|---:|---:|---:|" + "---:|" * (len(PARTS) + 1)]
+             "| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS)
+             + " | vs bce | kernel ops | syncing ops |",
+             "|---|---:|---:|---:|" + "---:|" * (len(PARTS) + 3)]
     for row in result["training"]:
         bce = next(r for r in result["training"] if r["loss"] == "bce" and r["batch_size"] == row["batch_size"])
         split = " | ".join(f"{row['split_ms'][p]:.3f}" for p in PARTS)
         lines.append(f"| {row['loss']} | {row['batch_size']} | {row['impressions_per_s']:,.0f} | {row['step_ms']:.2f} | "
-                     f"{split} | {row['impressions_per_s'] / bce['impressions_per_s']:.2f} |")
+                     f"{split} | {row['impressions_per_s'] / bce['impressions_per_s']:.2f} | "
+                     f"{_or_dash(row['kernel_ops'])} | {_or_dash(row['syncing_ops'])} |")
     lines += ["", "`other`: the profiled step minus the parts (Lightning, the recipe's bookkeeping and the profiler's "
-              "own cost of timing each region).", "",
+              "own cost of timing each region). `kernel ops`, `syncing ops`: aten ops of one step (forward, loss, "
+              "backward, Adam) that run a kernel, and that would wait for a GPU, on this device's path (on the CPU "
+              "the pairwise losses take the PyTorch tier, which reads the host freely; benchmarks/op_count.py).", "",
               "Framework overhead per step: Lightning and the recipe's module around the same work (stand-in model), "
               "the median difference of paired rounds; `cpu` is the training thread's CPU time (robust to other work on "
               "the machine), `wall` the wall clock:", "",

@@ -39,83 +39,12 @@ from dataclasses import asdict, dataclass, field
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import torch
-from torch._library.custom_ops import _maybe_get_opdef
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
 import mlloss
+from op_count import OpCounter
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "host-path.json")
-
-# Ops that make the host wait for the device whatever their arguments.
-SYNCING_OPS = {
-    "_local_scalar_dense",
-    "nonzero",
-    "argwhere",
-    "unique",
-    "_unique",
-    "_unique2",
-    "unique_dim",
-    "unique_consecutive",
-    "unique_dim_consecutive",
-    "masked_select",
-    "bincount",
-    "equal",
-    "is_nonzero",
-    "allclose",
-}
-
-
-def is_syncing(func, args, kwargs) -> bool:
-    """Whether the aten op ``func`` called with ``args`` waits for the device on CUDA."""
-    name = func.overloadpacket.__name__
-    if name in SYNCING_OPS:
-        return True
-    if name == "repeat_interleave":
-        return kwargs.get("output_size") is None and (len(args) < 4 or args[3] is None)
-    if name == "segment_reduce":
-        return not kwargs.get("unsafe", False)
-    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
-        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
-    if name in ("_to_copy", "copy_"):
-        source = args[1] if name == "copy_" else args[0]
-        target_device = args[0].device if name == "copy_" else kwargs.get("device", source.device)
-        return source.device.type != "cpu" and torch.device(target_device).type == "cpu"
-    return False
-
-
-# Ops that allocate or mark the profiler and run no kernel (views are told apart by their schema).
-NO_KERNEL_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
-                 "_record_function_enter_new", "_record_function_exit"}
-
-
-class OpCounter(TorchDispatchMode):
-    """Records every aten op dispatched inside the ``with`` block; ``kernels`` are those that
-    run a kernel on CUDA (not views or bare allocations; a sort can run several)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-        self.syncs: list[str] = []
-        self.kernels: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace == "mlloss":
-            # A library op: count what its Python implementation issues, not the op itself.
-            with self:
-                return _maybe_get_opdef(func)._init_fn(*args, **kwargs)
-        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-            # Inside a library op, composite ops reach the mode undecomposed (autograd is below):
-            # decompose them as the dispatcher does elsewhere (a no-op .to() issues nothing).
-            with self:
-                return func.decompose(*args, **kwargs)
-        self.ops.append(str(func.overloadpacket.__name__))
-        if not func.is_view and self.ops[-1] not in NO_KERNEL_OPS:
-            self.kernels.append(self.ops[-1])
-        if is_syncing(func, args, kwargs):
-            self.syncs.append(str(func.overloadpacket.__name__))
-        return func(*args, **kwargs)
 
 
 @dataclass

@@ -124,6 +124,7 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
         assert row["steps"] == 8 and row["impressions_per_s"] > 0
         assert set(row["split_ms"]) == set(bench.PARTS)
         assert all(row["split_ms"][part] > 0 for part in ("data", "forward", "loss", "backward", "optimizer"))
+        assert row["kernel_ops"] > 20 and row["syncing_ops"] >= 0  # one step's launches, counted
     (framework,) = result["framework"]
     for clock in ("cpu", "wall"):
         row = framework[clock]
