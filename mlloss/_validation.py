@@ -50,6 +50,18 @@ def check_cardinalities(cardinalities: Sequence[int]) -> None:
         raise ValueError(f"cardinalities must be positive; got {list(cardinalities)}")
 
 
+def check_field_ids(ids: Tensor, cardinalities: Sequence[int], name: str, field_names: Sequence[str] = ()) -> None:
+    """Column f of the (N, F) ``ids`` holds ids of field f's table: values in
+    ``[0, cardinalities[f])``. Reads the host (one min and one max per column): for data checked
+    once, or for CPU batches."""
+    if not len(ids):
+        return
+    for f, (low, high) in enumerate(zip(ids.amin(0).tolist(), ids.amax(0).tolist())):
+        if low < 0 or high >= cardinalities[f]:
+            label = f" ({field_names[f]!r})" if field_names else ""
+            raise ValueError(f"{name}[:, {f}]{label} must be in [0, {cardinalities[f]}); got {low if low < 0 else high}")
+
+
 def check_one_device(*tensors: Tensor) -> torch.device:
     """The one device of ``tensors``; raises if they are on several."""
     device = tensors[0].device

@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from .._validation import check_field_ids
+
 __all__ = ["ImpressionData"]
 
 
@@ -65,11 +67,8 @@ class ImpressionData:
         if self.sparse.dim() != 2 or self.sparse.shape[1] != len(self.cardinalities):
             raise ValueError(f"ImpressionData.sparse must have shape (N, {len(self.cardinalities)}); "
                              f"got {tuple(self.sparse.shape)}")
-        if len(self.sparse):  # checked once here, so that the models need not check every batch
-            for f, (low, high) in enumerate(zip(self.sparse.amin(0).tolist(), self.sparse.amax(0).tolist())):
-                if low < 0 or high >= self.cardinalities[f]:
-                    raise ValueError(f"ImpressionData.sparse[:, {f}] ({self.field_names[f]!r}) must be in "
-                                     f"[0, {self.cardinalities[f]}); got {low if low < 0 else high}")
+        # Checked once here, so that the models need not check every batch.
+        check_field_ids(self.sparse, self.cardinalities, "ImpressionData.sparse", self.field_names)
         if self.item_field is not None and self.item_field not in self.field_names:
             raise ValueError(
                 f"ImpressionData.item_field={self.item_field!r} is not one of field_names {self.field_names}"

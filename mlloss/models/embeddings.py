@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validation import check_cardinalities, check_sizes
+from .._validation import check_cardinalities, check_field_ids, check_sizes
 
 __all__ = ["FieldEmbedding", "DotInteraction"]
 
@@ -67,13 +67,11 @@ class FieldEmbedding(nn.Module):
         return vectors.flatten(1) if self.combine == "concat" else vectors.sum(1)
 
     def _check_ids(self, ids: Tensor) -> None:
-        in_range = (ids >= 0) & (ids < self.sizes)
-        if ids.is_cuda or torch.compiler.is_compiling():
+        if ids.is_cuda or torch.compiler.is_compiling():  # no host read: a device assert
+            in_range = (ids >= 0) & (ids < self.sizes)
             torch._assert_async(in_range.all(), "FieldEmbedding: an id is outside its field's table")
-        elif not bool(in_range.all()):
-            field = int((~in_range).any(0).nonzero()[0])
-            bad = ids[:, field][~in_range[:, field]][0]
-            raise ValueError(f"ids[:, {field}] must be in [0, {self.cardinalities[field]}); got {int(bad)}")
+        else:
+            check_field_ids(ids, self.cardinalities, "ids")
 
 
 def _join_per_field_tables(module: FieldEmbedding, state_dict: dict, prefix: str, *args) -> None:
