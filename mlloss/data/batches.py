@@ -12,6 +12,14 @@ It is an iterable of ``{column name: tensor}`` batches with ``len()``, so it can
 ``for`` loop, or returned from a ``LightningDataModule``'s ``*_dataloader`` hooks
 (:class:`mlloss.data.GroupDataModule` does that): Lightning accepts any iterable there and calls
 ``set_epoch`` of its ``sampler`` attribute every epoch, as it does for a ``DataLoader``.
+
+Group-keeping batches vary in size (at most ``batch_size`` rows), and a step compiled for static
+shapes (``torch.compile(mode="reduce-overhead")``, which records one CUDA graph per input shape)
+re-records or recompiles for every new size. ``fixed_size=True`` pads every batch to exactly
+``batch_size`` rows with filler rows (copies of the data's first row, so finite, valid inputs)
+and adds a boolean ``"mask"`` column, True on the real rows: the step then always sees the same
+shapes, and the mlloss losses given ``mask=batch["mask"]`` ignore the fillers (the model still
+computes them).
 """
 
 from __future__ import annotations
@@ -38,10 +46,19 @@ class TensorBatches:
             :class:`~mlloss.data.GroupBatchSampler` (which is ``self.sampler``).
         device: where the columns and the batches live (default: where they are).
         group_key: the column holding the group ids when ``groups`` is not given.
+        fixed_size: every batch holds exactly ``batch_size`` rows (static shapes for CUDA graphs
+            and compiled steps): the sampler's batch (the same rows in the same order as without
+            it), then filler rows, copies of the columns' first row (finite, valid data, since the
+            model runs on them).
+        mask_key: with ``fixed_size``, the name of the extra ``(batch_size,)`` boolean column that
+            is True on the batch's real rows and False on the fillers; pass it to the losses
+            (``loss(scores, labels, groups, mask=batch["mask"])``), which then ignore the fillers.
+            It must not be the name of one of ``columns``.
 
     ``len()`` and the batches are those of the sampler's current epoch (``set_epoch``); the
     epoch's gathered rows are cached until the epoch changes. A pad of ``pad="empty"`` is a batch
-    of zero rows.
+    of zero rows, or with ``fixed_size`` of ``batch_size`` fillers and an all-False mask. Without
+    ``fixed_size`` there is no mask column.
     """
 
     batch_sampler = None  # as a DataLoader with batch_size=None: Lightning reads both attributes
@@ -60,7 +77,11 @@ class TensorBatches:
         num_replicas: int | None = None,
         rank: int | None = None,
         device: torch.device | str | None = None,
+        fixed_size: bool = False,
+        mask_key: str = "mask",
     ) -> None:
+        if not isinstance(fixed_size, bool):
+            raise TypeError(f"fixed_size must be a bool; got {fixed_size!r}")
         if not columns:
             raise ValueError("columns must hold at least one tensor")
         lengths = {name: value.shape[0] if value.dim() else None for name, value in columns.items()}
@@ -70,6 +91,11 @@ class TensorBatches:
             if group_key not in columns:
                 raise ValueError(f"groups is None and columns has no {group_key!r} column; got {sorted(columns)}")
             groups = columns[group_key]
+        if fixed_size and mask_key in columns:
+            raise ValueError(f"mask_key {mask_key!r} is the name of one of the columns; pass another mask_key "
+                             f"(columns: {sorted(columns)})")
+        self.fixed_size = fixed_size
+        self.mask_key = mask_key
         self.columns = {name: value.to(device) if device is not None else value for name, value in columns.items()}
         self.sampler = GroupBatchSampler(groups.cpu(), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                          pad=pad, num_replicas=num_replicas, rank=rank)
@@ -88,17 +114,38 @@ class TensorBatches:
             yield {name: value[start:end] for name, value in rows.items()}
 
     def _gathered(self) -> tuple[dict[str, Tensor], list[tuple[int, int]]]:
-        """This rank's rows of the epoch in batch order, and the batches as spans of them."""
+        """This rank's rows of the epoch in batch order (with ``fixed_size``: each batch followed
+        by its fillers, and the mask column), and the batches as spans of them."""
         if self._epoch_rows is None or self._epoch_rows[0] != self.sampler.epoch:
             items, spans = self.sampler.epoch_spans()
-            pieces, own_spans, offset = [], [], 0
-            for start, end in spans:
-                pieces.append(items[start:end])
-                own_spans.append((offset, offset + end - start))
-                offset += end - start
-            index = torch.cat(pieces) if pieces else items[:0]
             some_column = next(iter(self.columns.values()))
+            mask = None
+            if self.fixed_size:
+                index, mask, own_spans = self._fixed_size_index(items, spans)
+                mask = mask.to(some_column.device, non_blocking=True)
+            else:
+                pieces, own_spans, offset = [], [], 0
+                for start, end in spans:
+                    pieces.append(items[start:end])
+                    own_spans.append((offset, offset + end - start))
+                    offset += end - start
+                index = torch.cat(pieces) if pieces else items[:0]
             index = index.to(some_column.device, non_blocking=True)
             rows = {name: value.index_select(0, index) for name, value in self.columns.items()}
+            if mask is not None:
+                rows[self.mask_key] = mask
             self._epoch_rows = (self.sampler.epoch, rows, own_spans)
         return self._epoch_rows[1], self._epoch_rows[2]
+
+    def _fixed_size_index(self, items: Tensor, spans: list[tuple[int, int]]) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
+        """The epoch's row index with every batch padded to ``batch_size`` by row 0 (the filler),
+        the matching (rows,) mask, True on real rows, and the batches' spans in both."""
+        size = self.sampler.batch_size
+        bounds = torch.tensor(spans, dtype=torch.long).reshape(-1, 2)
+        position = torch.arange(size)
+        mask = position < (bounds[:, 1] - bounds[:, 0]).unsqueeze(1)  # (batches, batch_size)
+        # real row j of a batch is items[start + j]; fillers point at row 0 of the columns
+        where = (bounds[:, :1] + position).masked_fill(~mask, 0)
+        index = items.index_select(0, where.reshape(-1)).reshape(mask.shape).masked_fill(~mask, 0)
+        own_spans = [(batch * size, (batch + 1) * size) for batch in range(len(spans))]
+        return index.reshape(-1), mask.reshape(-1), own_spans

@@ -10,6 +10,11 @@ batches (round-robin, see :class:`~mlloss.data.GroupBatchSampler`):
 * validation and test: users in id order, every row once; a rank left one batch short gets an
   empty batch, so that a collective forward (a sharded embedding) is joined by every rank.
 
+With ``fixed_size=True`` the training batches are padded to exactly ``batch_size`` rows, with a
+``"mask"`` column that is True on the real rows (``TensorBatches(fixed_size=True)``): one shape
+for every step, as a compiled step replaying a CUDA graph wants; pass ``mask=batch["mask"]`` to
+the loss. Validation and test batches stay exact (metrics take every row of a batch).
+
 The number of batches depends on how the shuffled users pack, so it changes by a few between
 epochs, and Lightning reads a loader's length when it loads it: build the trainer with
 ``reload_dataloaders_every_n_epochs=1`` (cheap here: no copy of the data) and
@@ -42,6 +47,11 @@ class GroupDataModule(pl.LightningDataModule):
         batch_size: most rows per batch (per rank).
         group_key: the column of the group (user) ids.
         seed: seed of the training order.
+        fixed_size: pad every training batch to ``batch_size`` rows with filler rows and add a
+            boolean ``"mask"`` column, True on the real rows (see
+            :class:`~mlloss.data.TensorBatches`), so that every training step sees the same shapes
+            (one CUDA graph for ``torch.compile(mode="reduce-overhead")``); give the loss
+            ``mask=batch["mask"]``. Validation and test batches are never padded.
     """
 
     def __init__(
@@ -53,12 +63,16 @@ class GroupDataModule(pl.LightningDataModule):
         batch_size: int,
         group_key: str = "groups",
         seed: int = 0,
+        fixed_size: bool = False,
     ) -> None:
         super().__init__()
         self.splits = {"train": train, "val": val, "test": test}
         self.batch_size = batch_size
         self.group_key = group_key
         self.seed = seed
+        if not isinstance(fixed_size, bool):
+            raise TypeError(f"fixed_size must be a bool; got {fixed_size!r}")
+        self.fixed_size = fixed_size
         self._batches: dict[str, TensorBatches] = {}
 
     def batches(self, split: str) -> TensorBatches:
@@ -74,6 +88,7 @@ class GroupDataModule(pl.LightningDataModule):
             self._batches[split] = TensorBatches(
                 self.splits[split], self.batch_size, group_key=self.group_key, shuffle=training, seed=self.seed,
                 drop_last=training, pad="empty", num_replicas=world, rank=rank, device=device,
+                fixed_size=training and self.fixed_size,
             )
         batches = self._batches[split]
         batches.set_epoch(self.trainer.current_epoch if self.trainer else 0)
