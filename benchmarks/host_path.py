@@ -56,6 +56,7 @@ class CallCount:
     syncs: int
     op_names: dict[str, int] = field(default_factory=dict)
     sync_names: list[str] = field(default_factory=list)
+    masked: bool = False  # a mask leaves out every fourth item (a fixed-size batch's fillers)
 
 
 # Every loss on the Triton backend; PDAOM is the max-violation loss.
@@ -133,29 +134,31 @@ def kernels_uncounted():
         GridExecutor.__call__ = launch
 
 
-def count_call(name: str, *, grouped: bool, validate: bool, num_items: int = 64) -> CallCount:
-    """Ops and syncs of one forward + backward of loss ``name`` (after one warm-up call)."""
+def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False, num_items: int = 64) -> CallCount:
+    """Ops and syncs of one forward + backward of loss ``name`` (after one warm-up call), with
+    ``masked`` every fourth item left out by ``mask=``."""
     scores, labels, groups = batch(num_items)
     if name in SINGLE_LABEL:
         labels = labels[:, 0]
     loss = LOSSES[name](validate)
     groups = groups if grouped else None
+    options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
     for counted in (False, True):  # the first call compiles the kernels
         x = scores.clone().requires_grad_(True)
         counter = OpCounter()
         with kernels_uncounted(), counter if counted else contextlib.nullcontext():
-            loss(x, labels, groups).backward()
+            loss(x, labels, groups, **options).backward()
     return CallCount(
         name, grouped, validate, len(counter.ops), len(counter.syncs),
-        dict(collections.Counter(counter.ops)), counter.syncs,
+        dict(collections.Counter(counter.ops)), counter.syncs, masked,
     )
 
 
 def all_counts() -> list[CallCount]:
     return [
-        count_call(name, grouped=grouped, validate=validate)
+        count_call(name, grouped=grouped, validate=validate, masked=masked)
         for name in LOSSES
-        for grouped in (False, True)
+        for grouped, masked in ((False, False), (True, False), (True, True))
         for validate in (True, False)
     ]
 
@@ -167,9 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory", type=int, metavar="N", help="also the peak bytes of a call at N items")
     options = parser.parse_args(argv)
     counts = all_counts()
-    print(f"{'loss':<20} {'groups':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
+    print(f"{'loss':<20} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
     for row in counts:
-        print(f"{row.loss:<20} {str(row.grouped):>6} {str(row.validate):>6} {row.ops:>9} {row.syncs:>6}")
+        print(f"{row.loss:<20} {str(row.grouped):>6} {str(row.masked):>6} {str(row.validate):>6} {row.ops:>9} {row.syncs:>6}")
         if options.verbose:
             print("    ", row.op_names, row.sync_names)
     memory = []

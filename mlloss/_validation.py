@@ -275,6 +275,23 @@ def group_vector(groups: object, num_items: int) -> Tensor | None:
     return groups.to(torch.int64)
 
 
+def mask_vector(mask: object, scores: Tensor) -> Tensor | None:
+    """The (N,) bool mask of the items that count (True), or None; on the scores' device."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a bool torch.Tensor (True for the items that count) or None; got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor (True for the items that count); got dtype {mask.dtype}")
+    if mask.dim() == 2 and mask.shape[1] == 1:
+        mask = mask[:, 0]
+    if mask.dim() != 1 or mask.shape[0] != scores.shape[0]:
+        raise ValueError(f"mask must have shape ({scores.shape[0]},), one entry per item; got {tuple(mask.shape)}")
+    if mask.device != scores.device:
+        raise ValueError(f"mask must be on the scores' device ({scores.device}); got {mask.device}")
+    return mask
+
+
 # What a loss requires of its labels: 0/1 values (binary label columns, or several columns summed
 # by LaA), whole numbers (a single ordinal column: 0/1 or levels such as 0..4 ratings) or any
 # finite values (real-valued levels).
@@ -318,10 +335,11 @@ def raise_for_status(status: int, scores: Tensor, labels: Tensor, label_rule: st
 MIN_VALUES_FOR_PROBABILITY_WARNING = 16
 
 
-def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: bool) -> None:
+def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: bool, mask: Tensor | None = None) -> None:
     """The data check of the cross-entropy (host reads): 0/1 labels, and finite logits or
     probabilities in [0, 1]. Logits that all lie in [0, 1] look like probabilities: a warning
-    (once per process, Python's default filter) says how to declare them."""
+    (once per process, Python's default filter) says how to declare them. With a ``mask``, the
+    rows it leaves out must hold zeros (the op's fill) and do not count for the warning."""
     labels = labels.to(torch.float64)
     _require_finite_labels(labels)
     check_binary(labels)
@@ -335,7 +353,14 @@ def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: 
     finite = torch.isfinite(scores)
     if not bool(finite.all()):
         raise ValueError(f"scores must be finite; {_first_entry('scores', scores, ~finite)}")
-    if scores.numel() >= MIN_VALUES_FOR_PROBABILITY_WARNING and bool(((scores >= 0) & (scores <= 1)).all()):
+    in_unit_interval = (scores >= 0) & (scores <= 1)
+    if mask is None:
+        looks_like_probabilities = scores.numel() >= MIN_VALUES_FOR_PROBABILITY_WARNING and bool(in_unit_interval.all())
+    else:
+        kept = mask[:, None].expand_as(scores)
+        looks_like_probabilities = (int(kept.sum()) >= MIN_VALUES_FOR_PROBABILITY_WARNING
+                                    and bool((in_unit_interval | ~kept).all()))
+    if looks_like_probabilities:
         warnings.warn(
             "every logit of the batch lies in [0, 1]: if the model's heads end in a sigmoid these are "
             "probabilities, and the cross-entropy would treat them as logits; declare them with "

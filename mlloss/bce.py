@@ -30,8 +30,10 @@ class BCELoss(nn.Module):
         validate_args: check for non-finite scores and labels other than 0/1 (one host read per
             call), as the pairwise losses do.
 
-    ``forward(scores, labels, groups=None)``: scores and labels (N,) for one task, or (N, K)
-    with one column per task. ``parts`` (``mlloss.parts``): ``bce``, and ``bce/k`` per task.
+    ``forward(scores, labels, groups=None, mask=None)``: scores and labels (N,) for one task, or
+    (N, K) with one column per task; ``mask`` (N,) bool, True for the items that count: the means
+    are over those, and the other items (a fixed-size batch's filler rows) are not read and get a
+    zero gradient. ``parts`` (``mlloss.parts``): ``bce``, and ``bce/k`` per task.
     """
 
     def __init__(self, *, inputs: str = "logits", validate_args: bool = True) -> None:
@@ -42,10 +44,11 @@ class BCELoss(nn.Module):
         self.validate_args = validate_args
         self.parts = LossParts()
 
-    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
+    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         scores, labels = _task_columns(scores, labels)
         loss, task_losses = binary_cross_entropy(
-            scores, labels, probabilities=self.inputs == "probabilities", validate=self.validate_args
+            scores, labels, check.mask_vector(mask, scores),
+            probabilities=self.inputs == "probabilities", validate=self.validate_args,
         )
         self.parts = LossParts(_task_entries({"bce": loss}, {"bce": task_losses}))
         return loss
@@ -64,7 +67,8 @@ class BCEPlusRanking(nn.Module):
     cross-entropy keeps its usual mean scale: ``mean_i CE_i + lam * sum_u phi_u / N``. ``lam`` is
     then the paper's lambda and does not have to change with the batch size (the paper's best was
     10 on its data; on ours ``docs/results.md`` finds 1 neutral and 10 harmful). N counts the
-    items over all ranks when the ranking loss has ``cross_device=True``.
+    items over all ranks when the ranking loss has ``cross_device=True``, and only the items of
+    ``mask`` when one is given.
 
     Multi-task models: scores and labels (N, K), one column per task (click, purchase): the
     objective is the sum over tasks of ``mean_i CE_ik + lam_k * ranking_k``, the ranking loss
@@ -106,18 +110,20 @@ class BCEPlusRanking(nn.Module):
         """Items in the last batch (over all ranks with a ``cross_device`` ranking loss)."""
         return getattr(self.ranking, "num_items", 0)
 
-    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
+    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        """``mask`` (N,) bool: True for the items that count, as in ``BCELoss`` and the ranking losses."""
         scores, labels = _task_columns(scores, labels)
         num_tasks = scores.shape[1]
         weights = self.lam if isinstance(self.lam, tuple) else (self.lam,) * num_tasks
         if len(weights) != num_tasks:
             raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
-        bce = self.bce(scores, labels)
+        bce = self.bce(scores, labels, mask=mask)
         terms, task_parts = [], []
         for task in range(num_tasks):
-            term = self.ranking(self._ranking_scores(scores[:, task]), labels[:, task], groups)
+            ranking_args = {} if mask is None else {"mask": mask}  # ranking losses of other libraries take none
+            term = self.ranking(self._ranking_scores(scores[:, task]), labels[:, task], groups, **ranking_args)
             if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
-                term = term / max(getattr(self.ranking, "num_items", scores.shape[0]), 1)
+                term = term / _at_least_one(getattr(self.ranking, "num_items", scores.shape[0]))
             terms.append(term)
             task_parts.append(getattr(self.ranking, "parts", {}))
         ranking = sum(terms[1:], terms[0])
@@ -142,6 +148,11 @@ class BCEPlusRanking(nn.Module):
 
 
 INPUTS = ("logits", "probabilities")
+
+
+def _at_least_one(count: int | Tensor) -> int | Tensor:
+    """max(count, 1) of an item count, a host int or (with a mask) a device tensor, without a sync."""
+    return count.clamp(min=1) if isinstance(count, Tensor) else max(count, 1)
 
 
 def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:

@@ -1,8 +1,8 @@
 """Pairs across processes: gather a data-parallel batch so that every rank sees the global batch.
 
 A pairwise loss on W data-parallel ranks sees only 1/W^2 of the global pairs unless the pairs are
-taken across ranks (loss spec, "Distributed batches"). ``gather_batch`` all-gathers scores, labels
-and groups (local sizes may differ; O(N) numbers are sent, never pairs). Every rank then computes
+taken across ranks (loss spec, "Distributed batches"). ``gather_batch`` all-gathers scores, labels,
+groups and masks (local sizes may differ; O(N) numbers are sent, never pairs). Every rank then computes
 the same global loss.
 
 Gradient scale: the scores go through ``_GatherWithGrad``, whose backward *sums* the incoming
@@ -34,23 +34,31 @@ def world_size() -> int:
     return 1
 
 
-def gather_batch(scores: Tensor, labels: Tensor, groups: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Concatenate every rank's (scores (N,), labels (N, K), groups (N,) or None) in rank order."""
+def gather_batch(
+    scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Concatenate every rank's (scores (N,), labels (N, K), groups (N,) or None, mask (N,) bool
+    or None) in rank order."""
     if world_size() == 1:
-        return scores, labels, groups
-    shapes = _gather_shapes(scores, labels, groups)
-    sizes = [int(size) for size, _, _ in shapes]
-    num_labels = {int(k) for _, k, _ in shapes}
-    grouped = {bool(g) for _, _, g in shapes}
+        return scores, labels, groups, mask
+    shapes = _gather_shapes(scores, labels, groups, mask)
+    sizes = [int(size) for size, _, _, _ in shapes]
+    num_labels = {int(k) for _, k, _, _ in shapes}
+    grouped = {bool(g) for _, _, g, _ in shapes}
+    masked = {bool(m) for _, _, _, m in shapes}
     if len(num_labels) > 1:
         raise ValueError(f"cross_device=True: ranks disagree on the number of label columns: {sorted(num_labels)}")
     if len(grouped) > 1:
         raise ValueError("cross_device=True: some ranks pass groups and others pass groups=None")
+    if len(masked) > 1:
+        raise ValueError("cross_device=True: some ranks pass a mask and others pass mask=None")
     largest = max(sizes)
     gathered_scores = _GatherWithGrad.apply(scores, sizes, largest)
     gathered_labels = _gather_rows(labels, sizes, largest)
     gathered_groups = _gather_rows(groups, sizes, largest) if groups is not None else None
-    return gathered_scores, gathered_labels, gathered_groups
+    # as bytes: not every backend gathers bool tensors
+    gathered_mask = _gather_rows(mask.to(torch.uint8), sizes, largest).bool() if mask is not None else None
+    return gathered_scores, gathered_labels, gathered_groups, gathered_mask
 
 
 # Split the quadratic pair work over the ranks (below); False makes every rank compute the whole
@@ -100,9 +108,9 @@ class _GatherWithGrad(torch.autograd.Function):
         return total[start : start + ctx.sizes[ctx.rank]], None, None
 
 
-def _gather_shapes(scores: Tensor, labels: Tensor, groups: Tensor | None) -> list[Tensor]:
+def _gather_shapes(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None) -> list[Tensor]:
     local = torch.tensor(
-        [scores.shape[0], labels.shape[1], groups is not None], dtype=torch.int64, device=scores.device
+        [scores.shape[0], labels.shape[1], groups is not None, mask is not None], dtype=torch.int64, device=scores.device
     )
     shapes = [torch.empty_like(local) for _ in range(world_size())]
     dist.all_gather(shapes, local)

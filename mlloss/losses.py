@@ -1,7 +1,7 @@
 r"""The pairwise ranking losses users put in their models: AUC, LoA, LaA and PDAOM.
 
-Every loss is a ``torch.nn.Module`` called as ``loss(scores, labels, groups=None)`` and returns a
-scalar. Definitions are those of ``docs/loss-spec.md``; the arithmetic lives in ``mlloss.ops``.
+Every loss is a ``torch.nn.Module`` called as ``loss(scores, labels, groups=None, mask=None)`` and
+returns a scalar; ``mask`` (N,) bool leaves out the items that are False (see ``_without_masked``). Definitions are those of ``docs/loss-spec.md``; the arithmetic lives in ``mlloss.ops``.
 After each call, ``loss.parts`` holds detached facts about the batch (per-label terms, valid-pair
 counts) for logging, at no extra cost.
 """
@@ -57,7 +57,7 @@ class _PairwiseLoss(nn.Module):
         self.cross_device = cross_device
         self.validate_args = validate_args
         self.parts = LossParts()  # batch facts of the last call, for logging (mlloss.parts)
-        self.num_items = 0  # items in the last batch, over all ranks with cross_device=True
+        self._counted: int | Tensor = 0  # the last batch's item count, or its (gathered) mask
 
     def _pair_loss(
         self,
@@ -89,17 +89,30 @@ class _PairwiseLoss(nn.Module):
         )
         return replace(result, loss=sum_partials(result.loss), partial=False) if result.partial else result
 
-    def _checked_batch(self, scores: object, labels: object, groups: object) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _checked_batch(
+        self, scores: object, labels: object, groups: object, mask: object = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """(scores (N,), labels (N, K) in their own dtype, groups (N,) int64 or None), shapes
         and dtypes checked, gathered across processes when ``cross_device=True`` (see
-        ``mlloss.distributed``). The values are checked by the op (``validate_args``)."""
+        ``mlloss.distributed``), the items outside ``mask`` set apart (``_without_masked``).
+        The values are checked by the op (``validate_args``)."""
         scores = check.scores_vector(scores, finite=False)
         labels = check.label_columns(labels, scores.shape[0])
         groups = check.group_vector(groups, scores.shape[0])
+        mask = check.mask_vector(mask, scores)
         if self.cross_device:
-            scores, labels, groups = gather_batch(scores, labels, groups)
-        self.num_items = scores.shape[0]
-        return scores, labels, groups
+            scores, labels, groups, mask = gather_batch(scores, labels, groups, mask)
+        if mask is None:
+            self._counted = scores.shape[0]
+            return scores, labels, groups
+        self._counted = mask
+        return _without_masked(scores, labels, groups, mask)
+
+    @property
+    def num_items(self) -> int | Tensor:
+        """Items in the last batch, over all ranks with ``cross_device=True``: an int, or with a
+        mask the number of its True entries as a 0-dim tensor on its device (no host sync)."""
+        return self._counted if isinstance(self._counted, int) else self._counted.sum()
 
     def extra_repr(self) -> str:
         options = [f"surrogate={self.surrogate!r}", f"pairs={self.pairs!r}", f"reduction={self.reduction!r}"]
@@ -114,6 +127,24 @@ class _PairwiseLoss(nn.Module):
         if not self.validate_args:
             options.append("validate_args=False")
         return ", ".join(options)
+
+
+def _without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The batch with the items outside ``mask`` in a group of their own, all at one level: they
+    form no valid pair, so no loss term, normaliser or gradient sees them (loss spec, "Groups":
+    groups without a valid pair drop out of the reduction). Their scores and labels, which may be
+    anything (a fixed-size batch's filler rows), become 0, so the data check passes them and no
+    sum over a cell meets a NaN; the gradient of a masked score is exactly 0.
+
+    With groups, an item's group becomes its group's rank among the N sorted ids (< N) and a
+    masked item's N, which no real group can take; without, the real items are group 0 and the
+    masked ones group 1. Sync-free and shape-static, like the layout."""
+    dropped = ~mask
+    if groups is None:
+        groups = dropped.to(torch.int64)
+    else:
+        groups = torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, scores.shape[0])
+    return scores.masked_fill(dropped, 0), labels.masked_fill(dropped[:, None], 0), groups
 
 
 def _unit_weights(num_labels: int) -> Tensor:
@@ -144,8 +175,10 @@ class AUCLoss(_PairwiseLoss):
             host synchronisation. ``False`` removes it (e.g. to capture a step in a
             ``torch.cuda.CUDAGraph``). Shapes, dtypes and arguments are always checked.
 
-    ``forward(scores, labels, groups=None)``: scores (N,) or (N, 1); labels (N,) binary; groups (N,)
-    integer ids (e.g. user ids, any order). A batch without a valid pair gives exactly 0.
+    ``forward(scores, labels, groups=None, mask=None)``: scores (N,) or (N, 1); labels (N,) binary;
+    groups (N,) integer ids (e.g. user ids, any order); mask (N,) bool, True for the items that
+    count: the others (a fixed-size batch's filler rows) take part in no pair, whatever their
+    values, and get a zero gradient. A batch without a valid pair gives exactly 0.
     """
 
     def __init__(
@@ -165,8 +198,8 @@ class AUCLoss(_PairwiseLoss):
             reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
         )
 
-    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
-        scores, labels, groups = self._checked_batch(scores, labels, groups)
+    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        scores, labels, groups = self._checked_batch(scores, labels, groups, mask)
         check.require_single_column(labels, type(self).__name__)
         result = self._pair_loss(scores, labels, groups)
         self.parts = pair_parts(result)
@@ -223,7 +256,8 @@ class LoALoss(_PairwiseLoss):
         surrogate, margin, pairs, temperature, reduction, backend, cross_device: as in ``AUCLoss``.
             With groups, each L_k is reduced over the groups where label k has a valid pair.
 
-    ``forward(scores, labels, groups=None)``: labels (N, K) binary. ``parts["label_loss/k"]``
+    ``forward(scores, labels, groups=None, mask=None)``: labels (N, K) binary; ``mask`` as in
+    ``AUCLoss`` (the balanced priors count only the items of the mask). ``parts["label_loss/k"]``
     holds the term L_k (unweighted) of label k (see ``mlloss.parts``).
     """
 
@@ -268,10 +302,12 @@ class LoALoss(_PairwiseLoss):
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
 
-    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
-        scores, labels, groups = self._checked_batch(scores, labels, groups)
-        self._update_running_priors(labels)
-        mixing = self._mixing(labels)
+    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        scores, labels, groups = self._checked_batch(scores, labels, groups, mask)
+        if self.balanced:
+            num_items = self.num_items
+            self._update_running_priors(labels, num_items)
+        mixing = self._mixing(labels, num_items if self.balanced else None)
         result = self._pair_loss(scores, labels, groups, mixing=mixing)
         if self.label_names is not None and len(self.label_names) != labels.shape[1]:
             raise ValueError(
@@ -288,8 +324,9 @@ class LoALoss(_PairwiseLoss):
         mixing = self._mixing(labels)
         return _unit_weights(labels.shape[1]) if mixing is None else mixing.cpu()
 
-    def _mixing(self, labels: Tensor) -> Tensor | None:
-        """The a_k (K,) float64 on the labels' device for (N, K) labels; None for all ones."""
+    def _mixing(self, labels: Tensor, num_items: int | Tensor | None = None) -> Tensor | None:
+        """The a_k (K,) float64 on the labels' device for (N, K) labels, of which ``num_items``
+        count (default all; masked rows hold zeros); None for all ones."""
         num_labels = labels.shape[1]
         if not self.balanced:
             if self.weights is None:
@@ -301,7 +338,7 @@ class LoALoss(_PairwiseLoss):
         elif self.training:
             priors = (self.seen_positives / self.seen_items).to(labels.device)  # includes this batch
         else:  # evaluation: the running means once training has seen a batch, else this batch's
-            batch = labels.to(torch.float64).mean(0)
+            batch = labels.to(torch.float64).sum(0) / (labels.shape[0] if num_items is None else num_items)
             if self.seen_positives.numel() == 0:
                 priors = batch
             else:
@@ -310,8 +347,9 @@ class LoALoss(_PairwiseLoss):
         check.check_weights_length("priors", priors, num_labels)
         return torch.addcmul(priors, priors, priors, value=-1)  # pi (1 - pi)
 
-    def _update_running_priors(self, labels: Tensor) -> None:
-        """Add a training batch to the running label means of weights='balanced'."""
+    def _update_running_priors(self, labels: Tensor, num_items: int | Tensor) -> None:
+        """Add a training batch of ``num_items`` counted items (masked rows hold zeros) to the
+        running label means of weights='balanced'."""
         if not (self.balanced and self.priors is None and self.training):
             return
         positives = labels.sum(0, dtype=torch.float64).to(self.seen_items.device)
@@ -323,7 +361,7 @@ class LoALoss(_PairwiseLoss):
                 f"for {self.seen_positives.numel()}"
             )
         self.seen_positives += positives
-        self.seen_items += labels.shape[0]
+        self.seen_items += num_items.to(self.seen_items.device) if isinstance(num_items, Tensor) else num_items
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The running priors have K entries, unknown until the first batch: take the saved size.
@@ -350,9 +388,9 @@ class LaALoss(_PairwiseLoss):
             such as 0..4 ratings): a column of probabilities passed as labels by mistake raises.
         surrogate, margin, pairs, temperature, reduction, backend, cross_device: as in ``AUCLoss``.
 
-    ``forward(scores, labels, groups=None)``: labels (N, K) binary, or one ordinal column (N,) /
-    (N, 1) such as a 0..4 rating, whose values are the levels (whole numbers unless
-    ``real_levels=True``).
+    ``forward(scores, labels, groups=None, mask=None)``: labels (N, K) binary, or one ordinal column
+    (N,) / (N, 1) such as a 0..4 rating, whose values are the levels (whole numbers unless
+    ``real_levels=True``); ``mask`` as in ``AUCLoss``.
     """
 
     def __init__(
@@ -382,8 +420,8 @@ class LaALoss(_PairwiseLoss):
             raise TypeError(f"real_levels must be a bool; got {real_levels!r}")
         self.real_levels = real_levels
 
-    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None) -> Tensor:
-        scores, labels, groups = self._checked_batch(scores, labels, groups)
+    def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        scores, labels, groups = self._checked_batch(scores, labels, groups, mask)
         num_labels = labels.shape[1]
         if self.weights is not None:
             check.check_weights_length("weights", self.weights, num_labels)

@@ -30,6 +30,14 @@ def global_batch():
     return features, labels, groups
 
 
+def global_mask() -> torch.Tensor:
+    """Items a fixed-size batch would keep (the others filler rows): about two in three."""
+    return torch.rand(60, generator=torch.Generator().manual_seed(2)) < 0.65
+
+
+MASKED = ("auc", "laa", "pdaom")
+
+
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
@@ -39,8 +47,9 @@ def labels_for(name: str, labels: torch.Tensor) -> torch.Tensor:
     return labels[:, 0] if name in ("auc", "auc-exponential", "pdaom") else labels
 
 
-def loss_and_grads(model, name, features, labels, groups, **options):
-    loss = LOSSES[name](**options)(model(features)[:, 0], labels_for(name, labels), groups)
+def loss_and_grads(model, name, features, labels, groups, mask=None, **options):
+    masked = {} if mask is None else {"mask": mask}
+    loss = LOSSES[name](**options)(model(features)[:, 0], labels_for(name, labels), groups, **masked)
     loss.backward()
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
@@ -65,6 +74,11 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
             ddp = DistributedDataParallel(model)
             results[split, name] = loss_and_grads(
                 ddp, name, features[local], labels[local], groups[local], cross_device=True
+            )
+        for name in MASKED:  # each rank's own mask, gathered with the batch
+            ddp = DistributedDataParallel(make_model())
+            results[split, name, "masked"] = loss_and_grads(
+                ddp, name, features[local], labels[local], groups[local], global_mask()[local], cross_device=True
             )
     # BCE + PDAOM (Eq. 7 over N): the BCE is a per-rank mean, so ranks hold equal halves.
     half = features.shape[0] // world

@@ -44,6 +44,22 @@ def test_cross_device_loss_and_gradients_equal_single_process(rank_results, spli
             torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-10)
 
 
+@pytest.mark.parametrize("split", ddp_worker.SPLITS)
+@pytest.mark.parametrize("name", ddp_worker.MASKED)
+def test_cross_device_masked_loss_equals_single_process_on_the_kept_items(rank_results, split, name):
+    features, labels, groups = ddp_worker.global_batch()
+    keep = ddp_worker.global_mask()
+    expected_loss, expected_grads = ddp_worker.loss_and_grads(
+        ddp_worker.make_model(), name, features[keep], labels[keep], groups[keep]
+    )
+    assert expected_loss > 0
+    for results in rank_results:
+        loss, grads = results[split, name, "masked"]
+        torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-12)
+        for grad, expected in zip(grads, expected_grads):
+            torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-10)
+
+
 def test_cross_device_is_a_no_op_in_a_single_process():
     features, labels, groups = ddp_worker.global_batch()
     model = ddp_worker.make_model()

@@ -25,16 +25,25 @@ import host_path  # noqa: E402
 
 pytestmark = pytest.mark.triton
 MAX_OPS = 30
+# What ``mask=`` adds to a call (losses._without_masked): the fill of the left-out scores and
+# labels (and the scores' fill in backward), their group (a sort and a search of the ids; without
+# groups, the layout's group spans) and, for the balanced priors, the count of the mask.
+MASK_OPS = 12
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["no-groups", "groups"])
+@pytest.mark.parametrize("grouped,masked", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["no-groups", "groups", "no-groups-mask", "groups-mask"])
 @pytest.mark.parametrize("loss", list(host_path.LOSSES))
-def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool) -> None:
+def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool, masked: bool) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
-    checked = host_path.count_call(loss, grouped=grouped, validate=True)
-    unchecked = host_path.count_call(loss, grouped=grouped, validate=False)
-    assert checked.ops <= MAX_OPS, f"{loss}: {checked.ops} aten ops {checked.op_names}"
+    checked = host_path.count_call(loss, grouped=grouped, validate=True, masked=masked)
+    unchecked = host_path.count_call(loss, grouped=grouped, validate=False, masked=masked)
+    if masked:
+        plain = host_path.count_call(loss, grouped=grouped, validate=True)
+        assert checked.ops <= plain.ops + MASK_OPS, f"{loss}: {checked.ops} aten ops {checked.op_names}"
+    else:
+        assert checked.ops <= MAX_OPS, f"{loss}: {checked.ops} aten ops {checked.op_names}"
     # The data check is one fused reduction and one read: the only host synchronisation.
     assert checked.sync_names == ["_local_scalar_dense"], checked.sync_names
     assert unchecked.syncs == 0, unchecked.sync_names

@@ -5,7 +5,9 @@ probabilities (models whose heads end in a sigmoid, as torch-rechub's do), and 0
 (N, K). It returns the sum over tasks of each task's mean cross-entropy, the per-task means and
 the gradient, computed in the forward pass like the pair losses (``ops.fused``), with the data
 check inside the op: as one opaque op it keeps ``torch.compile(fullgraph=True)`` working with the
-check on. An empty batch gives exactly 0.
+check on. An empty batch gives exactly 0. An optional (N,) bool ``mask`` leaves out the items
+that are False (a fixed-size batch's filler rows): their values are never read, the means are
+over the other items, and their gradient is exactly 0.
 """
 
 from __future__ import annotations
@@ -18,38 +20,51 @@ from .. import _validation as check
 from .fused import accumulation_dtype, register_fused_gradient
 
 
-def binary_cross_entropy(scores: Tensor, labels: Tensor, *, probabilities: bool, validate: bool) -> tuple[Tensor, Tensor]:
+def binary_cross_entropy(
+    scores: Tensor, labels: Tensor, mask: Tensor | None = None, *, probabilities: bool, validate: bool
+) -> tuple[Tensor, Tensor]:
     """(sum over tasks of the mean cross-entropy, differentiable; per-task means (K,), detached)
-    of ``scores`` (N, K) against 0/1 ``labels`` (N, K)."""
-    loss, task_losses, _ = torch.ops.mlloss.binary_cross_entropy(scores, labels, probabilities, validate)
+    of ``scores`` (N, K) against 0/1 ``labels`` (N, K), over the items of ``mask`` (N,) if given."""
+    loss, task_losses, _ = torch.ops.mlloss.binary_cross_entropy(scores, labels, mask, probabilities, validate)
     return loss, task_losses
 
 
 @torch.library.custom_op("mlloss::binary_cross_entropy", mutates_args=())
 def _binary_cross_entropy_op(
-    scores: Tensor, labels: Tensor, probabilities: bool, validate: bool
+    scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
+    if mask is not None:  # left-out items become (0, 0), valid as logits and as probabilities
+        scores = torch.where(mask[:, None], scores, scores.new_zeros(()))
+        labels = torch.where(mask[:, None], labels, labels.new_zeros(()))
     if validate:
-        check.check_cross_entropy_batch(scores, labels, probabilities=probabilities)
+        check.check_cross_entropy_batch(scores, labels, probabilities=probabilities, mask=mask)
     dtype = accumulation_dtype(scores)
     z = scores.to(dtype)
     y = labels.to(dtype)
-    count = max(z.shape[0], 1)
+    if mask is None:
+        count = max(z.shape[0], 1)
+    else:  # a weight of 1/count on the items that count, 0 on the others
+        weight = mask.to(dtype)
+        count = weight.sum().clamp(min=1)
+        weight = (weight / count)[:, None]
     if probabilities:
         # torch's own rule: log clamped at -100, and the slope's denominator at 1e-12.
-        task_sums = F.binary_cross_entropy(z, y, reduction="none").sum(0)
-        grad = (z - y) / (z * (1 - z)).clamp(min=1e-12) / count
+        losses = F.binary_cross_entropy(z, y, reduction="none")
+        slopes = (z - y) / (z * (1 - z)).clamp(min=1e-12)
     else:
-        task_sums = F.binary_cross_entropy_with_logits(z, y, reduction="none").sum(0)
-        grad = (torch.sigmoid(z) - y) / count
-    task_losses = task_sums / count
+        losses = F.binary_cross_entropy_with_logits(z, y, reduction="none")
+        slopes = torch.sigmoid(z) - y
+    if mask is None:
+        task_losses, grad = losses.sum(0) / count, slopes / count
+    else:
+        task_losses, grad = (losses * weight).sum(0), slopes * weight
     # Elementwise ops give transposed scores (a model's logits.t()) a transposed gradient; the
     # fake below, and so torch.compile, expects a contiguous one (a no-op for contiguous scores).
     return task_losses.sum(), task_losses, grad.contiguous()
 
 
 @_binary_cross_entropy_op.register_fake
-def _binary_cross_entropy_fake(scores: Tensor, labels: Tensor, probabilities: bool, validate: bool):
+def _binary_cross_entropy_fake(scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool):
     dtype = accumulation_dtype(scores)
     return (
         scores.new_empty((), dtype=dtype),
