@@ -105,7 +105,7 @@ class Window(pl.Callback):
     """Times the optimizer steps after the first ``warmup``: from the end of the first training-step
     call that reaches ``warmup`` steps to the end of the last call (a call runs up to the recipe's
     ``steps_per_call`` steps). Counts the steps (``global_step``) and the impressions in between
-    (the module's per-epoch sample count, carried over epochs)."""
+    (the module's per-epoch sample count, carried over epochs: device tensors, read once at the end)."""
 
     def __init__(self, warmup: int, profiler: SplitProfiler | None, device: torch.device) -> None:
         self.warmup, self.profiler, self.device = warmup, profiler, device
@@ -115,10 +115,10 @@ class Window(pl.Callback):
         self._started = False
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self._earlier_epochs += pl_module.epoch_counts["samples"]
+        self._earlier_epochs = self._earlier_epochs + pl_module.epoch_samples()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step, items = trainer.global_step, self._earlier_epochs + pl_module.epoch_counts["samples"]
+        step, items = trainer.global_step, self._earlier_epochs + pl_module.epoch_samples()
         if step < self.warmup:
             return
         now = _now(self.device)[0]
@@ -152,13 +152,15 @@ def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: b
     profiler = SplitProfiler(device) if profile else None
     window = Window(args.warmup, profiler, device)
     trainer = _trainer(device, args.warmup + args.steps, [window], profiler)
-    datamodule = GroupDataModule(train_split.columns(), batch_size=batch_size, group_key="user", seed=0)
+    datamodule = GroupDataModule(train_split.columns(), batch_size=batch_size, group_key="user", seed=0,
+                                 fixed_size=args.fixed_batches)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, datamodule=datamodule)
     seconds = window.end - window.start
-    row = {"loss": loss, "batch_size": batch_size, "steps": window.steps, "impressions": window.items,
-           "step_ms": 1e3 * seconds / window.steps, "impressions_per_s": window.items / seconds}
+    impressions = int(window.items)
+    row = {"loss": loss, "batch_size": batch_size, "steps": window.steps, "impressions": impressions,
+           "step_ms": 1e3 * seconds / window.steps, "impressions_per_s": impressions / seconds}
     if not profile:  # compiled, the step's kernels are Inductor's, not aten ops
         row.update(step_ops(module, trainer.optimizers[0], next(iter(datamodule.train_dataloader())))
                    if not args.compile else {"kernel_ops": None, "syncing_ops": None})
@@ -331,6 +333,8 @@ def markdown(result: dict) -> str:
              f"torch {result['torch']}, {result['train_impressions']:,} training impressions, "
              f"{result['steps']} measured steps after {result['warmup']} warm-up steps, "
              f"{result['steps_per_call']} steps per call of the training step"
+             + (", `--fixed-batches` (padded to the batch size; impressions count the real rows)"
+                if result.get("fixed_batches") else "")
              + (f", `--compile {result['compile']}` (the forward column holds the loss: one graph)."
                 if result.get("compile") else "."), "",
              "| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS)
@@ -378,6 +382,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the recipe's --steps-per-call (optimizer steps per call of its training step)")
     parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                         metavar="MODE", help="the recipe's --compile [MODE]")
+    parser.add_argument("--fixed-batches", action="store_true", help="the recipe's --fixed-batches (padded, one shape)")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default results/recipe-<device>.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -386,6 +391,7 @@ def main(argv: list[str] | None = None) -> dict:
     data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(data_argv))
     result = {"device": device_name(device), "torch": torch.__version__, "train_impressions": len(data[0]),
               "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "steps_per_call": args.steps_per_call,
+              "fixed_batches": args.fixed_batches,
               "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": [],
               "framework": []}
     for batch_size in args.batch_sizes:

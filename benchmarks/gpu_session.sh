@@ -5,8 +5,10 @@
 #   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference
 #   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
 #   bash benchmarks/gpu_session.sh recipe   # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
-#   bash benchmarks/gpu_session.sh recipe-compiled [MODE]  # the same with --compile MODE (bce, bce+pdaom)
-#   bash benchmarks/gpu_session.sh step     # python benchmarks/bench_recipe.py --device cuda (the step's split)
+#   bash benchmarks/gpu_session.sh recipe-compiled [MODE [OPTION...]]  # the same with --compile MODE (bce, bce+pdaom)
+#        e.g. recipe-compiled reduce-overhead --fixed-batches: one CUDA graph for every training step
+#   bash benchmarks/gpu_session.sh step [OPTION...]  # python benchmarks/bench_recipe.py --device cuda (the step's split)
+#        e.g. step --compile reduce-overhead --fixed-batches
 #
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
 # The device image has torch, triton and pytorch-lightning but no network: nothing is installed.
@@ -35,7 +37,8 @@ recipe|recipe-compiled)
     # --compile MODE (default: default; reduce-overhead: CUDA graphs), bce and bce+pdaom. One JSON comes back.
     mkdir -p runs
     if [ "$1" = recipe ]; then tag=gpu; extra=(); losses="bce bce+pdaom bce+auc laa"
-    else mode=${2:-default}; tag=gpu-compiled-$mode; extra=(--compile "$mode"); losses="bce bce+pdaom"; fi
+    else mode=${2:-default}; tag=gpu-compiled-$mode; extra=(--compile "$mode" "${@:3}"); losses="bce bce+pdaom"
+        if [ $# -gt 2 ]; then tag=$tag$(printf '%s' "${@:3}" | tr -c 'a-z0-9' '-'); fi; fi
     for batch in 1024 8192; do
         for loss in $losses; do
             python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" --batch-size "$batch" \
@@ -58,7 +61,7 @@ json.dump(rows, open(output, "w"), indent=2)
 EOF
     ;;
 step)
-    python benchmarks/bench_recipe.py --device cuda --output "$out/recipe-cuda.json" 2>&1 | tee "$out/recipe-step.log" | tail -40
+    python benchmarks/bench_recipe.py --device cuda "${@:2}" --output "$out/recipe-cuda.json" 2>&1 | tee "$out/recipe-step.log" | tail -40
     ;;
 *)
     echo "unknown stage $1: tests, bench, recipe, recipe-compiled or step" >&2

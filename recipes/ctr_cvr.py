@@ -9,7 +9,7 @@ The recipe wires library parts together (docs/recipe.md): data, sampler and data
 ``mlloss.data``, towers from ``mlloss.models``, the objective from ``mlloss.build_loss``, AUC/GAUC
 from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing``
 (its Lightning plugin in ``mlloss.integrations``). Its siblings:
-``ctr_cvr_options.py`` (command line, named configs in ``configs/``, the model), ``ctr_cvr_report.py``
+``ctr_cvr_options.py`` (command line, named configs in ``configs/``, and the data, model and strategy they select), ``ctr_cvr_report.py``
 (baselines, results.md, curves.png) and ``ctr_cvr_resume.py`` (``--resume``).
 """
 
@@ -22,7 +22,6 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor, nn
 
 import mlloss
-from mlloss.data import (GroupDataModule, ImpressionData, SyntheticConfig, generate_impressions, load_ali_ccp,
-                         load_aliexpress, split_by_time)
+from mlloss.data import GroupDataModule
 from mlloss.integrations.lightning import RankingMetrics
 from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO, fault_test_callbacks
 from mlloss.integrations.torchrec import dense_parameters
@@ -43,7 +41,8 @@ from mlloss.models import MultiTaskModel
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ctr_cvr_options import PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, parse_args  # noqa: E402
+from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
+                             load_data, parse_args)
 from ctr_cvr_resume import (check_resume, checkpoint_layout, layout_options,  # noqa: E402
                             replace_other_kind_of_checkpoint, resume_path)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
@@ -74,13 +73,14 @@ class MultiTaskObjective(nn.Module):
             self.task_loss = mlloss.build_loss(name, validate_args=validate_args, **kwargs,
                                                **(ranking if name != "bce" else {}))
 
-    def forward(self, logits: Tensor, labels: Tensor, users: Tensor) -> Tensor:
+    def forward(self, logits: Tensor, labels: Tensor, users: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``mask``: the real rows of a padded batch (``--fixed-batches``); the losses leave out the rest."""
         if isinstance(self.task_loss, (mlloss.BCELoss, mlloss.BCEPlusRanking)):  # (N, K) tasks in one call
-            total = self.task_loss(logits[:, : len(TASKS)], labels, groups=users)
+            total = self.task_loss(logits[:, : len(TASKS)], labels, groups=users, mask=mask)
         else:
-            total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users) for t in range(len(TASKS)))
+            total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users, mask=mask) for t in range(len(TASKS)))
         if self.uses_ranking_head:
-            total = total + self.lam * self.ranking_loss(logits[:, len(TASKS)], labels, groups=users)
+            total = total + self.lam * self.ranking_loss(logits[:, len(TASKS)], labels, groups=users, mask=mask)
         return total
 
 
@@ -99,12 +99,12 @@ class CtrCvrModule(pl.LightningModule):
         self.steps_per_call = steps_per_call
         self.model = model
         self.objective = objective
-        self.lr = lr
-        self.weight_decay = weight_decay
+        self.lr, self.weight_decay = lr, weight_decay
         self.run_options = run_options or {}  # recorded in checkpoints (checkpoint_layout)
         self.compile = compile
         self.register_buffer("train_loss_sum", torch.zeros((), dtype=torch.float64), persistent=False)
         self.epoch_counts = {"steps": 0, "samples": 0}  # a dict: no nn.Module.__setattr__ per step
+        self.register_buffer("masked_samples", torch.zeros((), dtype=torch.int64), persistent=False)  # padded batches' real rows
         heads = {"model": "heads", "model:rank": "rank"} if objective.uses_ranking_head else {"model": "heads"}
         self.metrics = {scorer: RankingMetrics(TASKS, prefix=f"val/{scorer}/", test_prefix=f"test/{scorer}/",
                                                score_key=key, groups_key="user", group_weighting=GAUC_WEIGHTING,
@@ -112,7 +112,7 @@ class CtrCvrModule(pl.LightningModule):
         self.history: list[dict[str, float]] = []
         self.eval_results: dict[str, float] = {}
         self._epoch_start = self._train_end = time.perf_counter()
-        self._train_loss = float("nan")
+        self._train_loss, self._train_samples = float("nan"), 0
 
     def configure_callbacks(self) -> list[pl.Callback]:
         return [c for c in self.metrics.values() if c not in self.trainer.callbacks]  # test() asks again
@@ -120,12 +120,13 @@ class CtrCvrModule(pl.LightningModule):
     def configure_model(self) -> None:
         """Shard the embedding tables under ``TorchRecStrategy``; with ``--compile``, compile the
         model (evaluation) and the training step's model and objective as one graph, whose batch
-        size may vary (once: fit and test both call this)."""
+        size may vary (once: fit and test both call this). Evaluation batches come in many sizes:
+        no CUDA graphs for them (one would be recorded per size)."""
         strategy = self.trainer.strategy
         if isinstance(strategy, TorchRecStrategy) and strategy.sharded_model is None:
             self.model = strategy.shard(self.model)
         if self.compile and not hasattr(self.model, "_orig_mod"):
-            self.model = torch.compile(self.model, dynamic=True, mode=self.compile)
+            self.model = torch.compile(self.model, dynamic=True, mode=None if self.compile == "reduce-overhead" else self.compile)
             self.batch_loss = torch.compile(self.batch_loss, dynamic=True, mode=self.compile)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
@@ -133,7 +134,7 @@ class CtrCvrModule(pl.LightningModule):
 
     def batch_loss(self, batch: dict[str, Tensor]) -> Tensor:
         """The objective of the model's logits on ``batch`` (compiled as one graph with ``--compile``)."""
-        return self.objective(self(batch), batch["labels"], batch["user"])
+        return self.objective(self(batch), batch["labels"], batch["user"], batch.get("mask"))
 
     def training_step(self, dataloader_iter: Iterator) -> None:
         """Up to ``steps_per_call`` optimizer steps, one per batch, taken from Lightning's iterator:
@@ -148,7 +149,7 @@ class CtrCvrModule(pl.LightningModule):
                 with profile("ctr_cvr.forward"):
                     logits = self(batch)
                 with profile("ctr_cvr.loss"):
-                    loss = self.objective(logits, batch["labels"], batch["user"])
+                    loss = self.objective(logits, batch["labels"], batch["user"], batch.get("mask"))
             with profile("ctr_cvr.backward"):
                 self.manual_backward(loss)
             with profile("ctr_cvr.optimizer"):
@@ -156,18 +157,27 @@ class CtrCvrModule(pl.LightningModule):
                 optimizer.zero_grad(set_to_none=True)
             self.train_loss_sum.add_(loss.detach())
             self.epoch_counts["steps"] += 1
-            self.epoch_counts["samples"] += batch["labels"].shape[0]
+            if "mask" in batch:  # a padded batch: its real rows, counted on the device
+                self.masked_samples.add_(batch["mask"].sum())
+            else:
+                self.epoch_counts["samples"] += batch["labels"].shape[0]
+
+    def epoch_samples(self) -> Tensor:
+        """Impressions trained on this epoch so far, as a device tensor (no sync: read it once)."""
+        return self.masked_samples + self.epoch_counts["samples"]
 
     def on_train_epoch_start(self) -> None:
         self._epoch_start = time.perf_counter()
         self.epoch_counts.update(steps=0, samples=0)
         self.train_loss_sum.zero_()
+        self.masked_samples.zero_()
 
     def on_validation_epoch_start(self) -> None:
         """Right after the epoch's last training batch: its time, and its loss read (once) and checked."""
         self._train_end = time.perf_counter()
         steps = max(self.epoch_counts["steps"], 1)
         self._train_loss = float(self.trainer.strategy.reduce(self.train_loss_sum, reduce_op="mean")) / steps
+        self._train_samples = int(self.epoch_samples())
         if not math.isfinite(self._train_loss):  # the losses' per-batch checks are off (validate_args=False)
             raise FloatingPointError(f"the training loss of epoch {self.current_epoch + 1} is {self._train_loss}: a "
                                      "batch gave a non-finite loss (check the data's dense features and --lr)")
@@ -182,9 +192,9 @@ class CtrCvrModule(pl.LightningModule):
     test_step = validation_step
 
     def on_validation_epoch_end(self) -> None:
-        samples = self.epoch_counts["samples"] * self.trainer.world_size  # ranks run equal shards
+        samples = self._train_samples * self.trainer.world_size  # ranks run equal shards
         train_seconds = self._train_end - self._epoch_start
-        row = {"epoch": self.current_epoch + 1, "train_loss": self._train_loss,
+        row = {"epoch": self.current_epoch + 1, "train_loss": self._train_loss, "train_samples": samples,
                "seconds": time.perf_counter() - self._epoch_start, "train_seconds": train_seconds,
                "train_samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"), **scorer_results(self.metrics)}
         self.history.append(row)
@@ -253,7 +263,7 @@ def run(args: argparse.Namespace) -> dict:
     dictatorship = mlloss.label_dictatorship(train.labels, label_names=TASKS)
     _print_rank_zero(f"{describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
     datamodule = GroupDataModule(train.columns(), val.columns(), test.columns(), batch_size=args.batch_size,
-                                 group_key="user", seed=args.seed)
+                                 group_key="user", seed=args.seed, fixed_size=args.fixed_batches)
     with warnings.catch_warnings():
         # Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; the message is noise here.
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -275,27 +285,6 @@ def run(args: argparse.Namespace) -> dict:
     if trainer.is_global_zero:
         write_report(report, args.output_dir)
     return report
-
-
-def load_data(args: argparse.Namespace) -> tuple[tuple[ImpressionData, ImpressionData, ImpressionData], dict]:
-    """The (train, val, test) splits of ``--data`` and a description of their source."""
-    if args.data == "ali-ccp":
-        return load_ali_ccp(args.data_dir), {"source": "ali-ccp", "directory": str(args.data_dir)}
-    if args.data == "aliexpress":
-        return load_aliexpress(args.data_dir, seed=args.seed), {"source": "aliexpress", "directory": str(args.data_dir)}
-    config = SyntheticConfig(
-        num_users=args.num_users, num_items=args.num_items, mean_impressions=args.mean_impressions,
-        click_rate=args.click_rate, purchase_rate=args.purchase_rate, seed=args.seed,
-    )
-    return split_by_time(generate_impressions(config)), {"source": "synthetic", **asdict(config)}
-
-
-def build_strategy(args: argparse.Namespace) -> str | pl.strategies.Strategy:
-    """``--strategy``, or with ``--sharding`` the TorchRec DMP strategy (gloo on the CPU)."""
-    if args.sharding == "none":
-        return args.strategy
-    backend = "gloo" if args.accelerator == "cpu" or not torch.cuda.is_available() else "nccl"
-    return TorchRecStrategy(args.sharding, args.sparse_optimizer, args.sparse_lr, process_group_backend=backend)
 
 
 @rank_zero_only
