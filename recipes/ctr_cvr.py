@@ -120,14 +120,16 @@ class CtrCvrModule(pl.LightningModule):
     def configure_model(self) -> None:
         """Shard the embedding tables under ``TorchRecStrategy``; with ``--compile``, compile the
         model (evaluation) and the training step's model and objective as one graph, whose batch
-        size may vary (once: fit and test both call this). Evaluation batches come in many sizes:
-        no CUDA graphs for them (one would be recorded per size)."""
+        size may vary unless the batches are padded to one (``--fixed-batches``: a static graph);
+        once: fit and test both call this. Evaluation batches come in many sizes: no CUDA graphs
+        for them (one would be recorded per size)."""
         strategy = self.trainer.strategy
         if isinstance(strategy, TorchRecStrategy) and strategy.sharded_model is None:
             self.model = strategy.shard(self.model)
         if self.compile and not hasattr(self.model, "_orig_mod"):
             self.model = torch.compile(self.model, dynamic=True, mode=None if self.compile == "reduce-overhead" else self.compile)
-            self.batch_loss = torch.compile(self.batch_loss, dynamic=True, mode=self.compile)
+            fixed = getattr(self.trainer.datamodule, "fixed_size", False)
+            self.batch_loss = torch.compile(self.batch_loss, dynamic=not fixed, mode=self.compile)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.model(batch["sparse"], batch["dense"])

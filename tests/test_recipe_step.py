@@ -74,21 +74,27 @@ def test_a_non_finite_training_loss_stops_the_run_naming_the_epoch(recipe, monke
 
 def test_compile_gives_the_eager_run(recipe, tmp_path):
     """``--compile``: the training step's model and objective in one graph (bce+pdaom: the BCE and
-    the pairwise op), over batches of varying size, gives the eager run's losses and metrics."""
+    the pairwise op), over batches of varying size, gives the eager run's losses and metrics; with
+    ``--fixed-batches`` too, and the step is compiled once for the whole run (one static shape:
+    what a CUDA graph of ``--compile reduce-overhead`` needs)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
     argv = [*SMALL, "--loss", "bce+pdaom", "--epochs", "2"]
     eager = recipe.main([*argv, "--output-dir", str(tmp_path / "eager")])
-    counters.clear()
-    compiled = recipe.main([*argv, "--compile", "--output-dir", str(tmp_path / "compiled")])
-    assert not counters["graph_break"], dict(counters["graph_break"])
-    assert counters["stats"]["unique_graphs"] >= 2  # the training step's and the evaluation's
-    for got, want in zip(without_timing(compiled["history"]), without_timing(eager["history"]), strict=True):
-        assert got.keys() == want.keys()
-        for key in want:
-            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6, nan_ok=True), key
-    for key, value in eager["results"]["test"].items():
-        assert compiled["results"]["test"][key] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), key
+    for options in (["--compile"], ["--compile", "--fixed-batches"]):
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = recipe.main([*argv, *options, "--output-dir", str(tmp_path / "compiled")])
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] >= 2  # the training step's and the evaluation's
+        assert len(_debug_get_cache_entry_list(recipe.CtrCvrModule.batch_loss.__code__)) == 1  # never recompiled
+        for got, want in zip(without_timing(compiled["history"]), without_timing(eager["history"]), strict=True):
+            assert got.keys() == want.keys()
+            for key in want:
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6, nan_ok=True), (options, key)
+        for key, value in eager["results"]["test"].items():
+            assert compiled["results"]["test"][key] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), key
 
 
 def test_fixed_batches_train_as_the_exact_batches(recipe, tmp_path):
