@@ -64,6 +64,35 @@ def test_every_loss_through_the_triton_backend(surrogate, grouped):
           lambda s: hardest_loss(s, labels[:, 0], groups, surrogate="exponential", reduction="sum"), scores)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["no-groups", "groups"])
+def test_masked_items_change_nothing_on_the_triton_backend(grouped):
+    # mask= (a fixed-size batch's fillers): the loss of the kept items, NaN fillers ignored.
+    scores, labels, groups = batch(11)
+    keep = torch.arange(scores.shape[0]) % 3 != 1
+    groups = groups if grouped else None
+    garbage = scores.masked_fill(~keep, float("nan"))
+    labels_device, keep_device = labels.to(DEVICE), keep.to(DEVICE)
+    groups_device = None if groups is None else groups.to(DEVICE)
+    kept_groups = None if groups is None else groups[keep]
+
+    def kept_only(reference):
+        def on_kept(s):
+            return reference(s[keep])
+        return on_kept
+
+    check(lambda s: mlloss.LaALoss(backend="triton")(s, labels_device, groups_device, mask=keep_device),
+          kept_only(lambda s: laa_loss(s, labels[keep], kept_groups)), garbage.nan_to_num(0.0))
+    x = garbage.to(DEVICE).clone().requires_grad_(True)
+    value = mlloss.AUCLoss(backend="triton")(x, labels_device[:, 0], groups_device, mask=keep_device)
+    value.backward()
+    y = scores[keep].clone().requires_grad_(True)
+    expected = pair_loss(y, labels[keep, 0], kept_groups)
+    expected.backward()
+    torch.testing.assert_close(value.detach().cpu().double(), expected.detach(), rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(x.grad.cpu().double()[keep], y.grad, rtol=1e-4, atol=1e-6)
+    assert torch.equal(x.grad.cpu()[~keep], torch.zeros(int((~keep).sum()), dtype=x.grad.dtype))
+
+
 def test_triton_backend_in_bf16_accumulates_in_fp32():
     scores, labels, groups = batch(9)
     rounded = scores.to(torch.bfloat16)
