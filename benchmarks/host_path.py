@@ -20,7 +20,13 @@ skipped: the same tensors a CUDA call allocates, except the scratch space of CUD
 
 Usage::
 
-    TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--output benchmarks/results/host-path.json]
+    TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--host-time] [--output benchmarks/results/host-path.json]
+
+``--host-time`` also times one forward + backward of each loss (grouped, checks off, N = 1,024,
+the median of 300 calls after 20 warm-up calls) with every kernel launch skipped: the library's
+Python and PyTorch's dispatch, the host work that bounds a small eager call on a GPU. A CPU proxy:
+the ops also compute on 1,024-item CPU tensors, and Triton's interpreter stands in for its CUDA
+launcher.
 
 ``tests/test_host_path.py`` asserts the budgets on the same counts.
 """
@@ -32,7 +38,9 @@ import collections
 import contextlib
 import json
 import os
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -89,6 +97,25 @@ def _kernels_skipped():
         yield
     finally:
         GridExecutor.__call__ = launch
+
+
+def host_time_us(name: str, *, masked: bool = False, num_items: int = 1024, calls: int = 300) -> float:
+    """Median wall-clock microseconds of one grouped forward + backward of loss ``name`` (checks
+    off) with the kernel launches skipped (see the module docstring)."""
+    scores, labels, groups = batch(num_items)
+    if name in SINGLE_LABEL:
+        labels = labels[:, 0]
+    loss = LOSSES[name](False)
+    options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
+    times = []
+    with _kernels_skipped():
+        for call in range(20 + calls):
+            x = scores.clone().requires_grad_(True)
+            start = time.perf_counter()
+            loss(x, labels, groups, **options).backward()
+            if call >= 20:
+                times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
 
 
 def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000) -> int:
@@ -168,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default=RESULTS, help="JSON file for the counts")
     parser.add_argument("--verbose", action="store_true", help="print every op of every call")
     parser.add_argument("--memory", type=int, metavar="N", help="also the peak bytes of a call at N items")
+    parser.add_argument("--host-time", action="store_true", help="also the host microseconds of a call at N = 1,024")
     options = parser.parse_args(argv)
     counts = all_counts()
     print(f"{'loss':<20} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
@@ -183,11 +211,20 @@ def main(argv: list[str] | None = None) -> None:
                 peak = peak_memory(name, grouped=grouped, num_items=options.memory)
                 memory.append({"loss": name, "grouped": grouped, "num_items": options.memory, "peak_bytes": peak})
                 print(f"{name:<20} {'groups' if grouped else 'no groups':>9} {peak / 2**20:8.1f} MB")
+    host_times = []
+    if options.host_time:
+        torch.set_num_threads(1)
+        print("\nhost time of one grouped forward + backward at N = 1,024, checks off, kernel launches skipped")
+        for name in LOSSES:
+            for masked in (False, True):
+                micros = host_time_us(name, masked=masked)
+                host_times.append({"loss": name, "masked": masked, "num_items": 1024, "host_us": micros})
+                print(f"{name:<20} {'mask' if masked else '':>4} {micros:8.0f} us")
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as handle:
         json.dump(
             {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
-             "calls": [asdict(r) for r in counts], "memory": memory},
+             "calls": [asdict(r) for r in counts], "memory": memory, "host_time": host_times},
             handle,
             indent=1,
         )

@@ -135,10 +135,10 @@ def pair_loss(
     """
     tier = resolve_tier(backend, surrogate, pairs, scores.device)
     rank, world_size = partition if partition is not None else (0, 1)
-    loss, stats, _ = torch.ops.mlloss.pair_loss(
-        scores, labels, groups, mixing, label_weights, cost, surrogate, float(margin), pairs,
-        temperature, reduction, tier, validate, real_levels, rank, world_size,
-    )
+    flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
+             int(validate), int(real_levels), rank, world_size]
+    values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
+    loss, stats, _ = torch.ops.mlloss.pair_loss(scores, labels, groups, mixing, label_weights, flags, values)
     partial = tier == "torch" and pairs == "all" and groups is not None and world_size > 1
     return PairLossResult(loss, stats, partial)
 
@@ -146,6 +146,27 @@ def pair_loss(
 # --------------------------------------------------------------------------- #
 # The op                                                                      #
 # --------------------------------------------------------------------------- #
+# The op's host options travel as two short lists, ``flags`` (choices by index, switches, the
+# partition) and ``values`` (margin, temperature): torch.library's Python wrapper costs time
+# quadratic in an op's argument count (``torch._library.utils.fill_defaults`` rebuilds the
+# schema's argument list for each argument), about 150 us of a call's host time at 16
+# arguments and 30 us at 7 on this repository's CPU (benchmarks/host_path.py --host-time).
+_CHOICES = (check.COSTS, check.SURROGATES, check.PAIR_SETS, check.REDUCTIONS, TIERS)
+_CODES = {name: code for choices in _CHOICES for code, name in enumerate(choices)}
+assert len(_CODES) == sum(map(len, _CHOICES)), "a name in two choice tables would be coded twice"
+NO_TEMPERATURE = -1.0  # temperatures are > 0
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded(flags: tuple[int, ...], values: tuple[float, ...]) -> tuple:
+    """(cost, surrogate, pairs, reduction, tier, validate, real_levels, rank, world_size, margin,
+    temperature) from the op's ``flags`` and ``values``."""
+    names = tuple(choices[code] for choices, code in zip(_CHOICES, flags))
+    margin, temperature = values
+    return (*names, bool(flags[5]), bool(flags[6]), flags[7], flags[8], margin,
+            None if temperature == NO_TEMPERATURE else temperature)
+
+
 @torch.library.custom_op("mlloss::pair_loss", mutates_args=())
 def _pair_loss_op(
     scores: Tensor,
@@ -153,19 +174,12 @@ def _pair_loss_op(
     groups: Optional[Tensor],
     mixing: Optional[Tensor],
     label_weights: Optional[list[float]],
-    cost: str,
-    surrogate: str,
-    margin: float,
-    pairs: str,
-    temperature: Optional[float],
-    reduction: str,
-    tier: str,
-    validate: bool,
-    real_levels: bool,
-    rank: int,
-    world_size: int,
+    flags: list[int],
+    values: list[float],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
+    (cost, surrogate, pairs, reduction, tier, validate, real_levels, rank, world_size, margin,
+     temperature) = _decoded(tuple(flags), tuple(values))
     options = PairOptions(cost, surrogate, margin, pairs, temperature, reduction)
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
