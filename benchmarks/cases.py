@@ -140,13 +140,16 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
     # torch.compile costs ~5-30 s per (case, N): compiled rows at every size only where they feed the
     # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise.
     compile_at_speedup_n = {} if mode == "smoke" or sizes_override else {"naive-compile": [HEADLINE_SPEEDUP_N]}
+    # The dense kernels' threshold (kernels/dense.py MAX_ITEMS) is measured against the layout
+    # kernels at the recipe's batch size.
+    layout_at = {"mlloss-layout": [1024]}
     if section == 1:
         # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
         priors = [0.1] if quick else [0.5, 0.1]
-        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc"]
+        impls = ["mlloss-triton", "mlloss-layout", "mlloss-torch", "naive", "libauc"]
         if not quick:
-            impls.insert(3, "naive-compile")
-        return [dict(auc_logistic(p), section=1, sizes=sweep, impls=impls, only_at=compile_at_speedup_n)
+            impls.insert(4, "naive-compile")
+        return [dict(auc_logistic(p), section=1, sizes=sweep, impls=impls, only_at=compile_at_speedup_n | layout_at)
                 for p in priors]
     if section == 2:
         return [dict(laa_logistic(), section=2, sizes=sweep,
@@ -159,11 +162,11 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
                 for case in closed_forms(group_size=GROUP_SIZE)] + [
             dict(pdaom(group_size=GROUP_SIZE), section=3, sizes=[big], impls=["mlloss", "naive-scatter"])]
     if section == 4:
-        impls = ["mlloss-triton", "mlloss-torch", "naive", "libauc-loop"]
+        impls = ["mlloss-triton", "mlloss-layout", "mlloss-torch", "naive", "libauc-loop"]
         if not quick:
-            impls.insert(3, "naive-compile")
+            impls.insert(4, "naive-compile")
         return [dict(grouped_auc_logistic(), section=4, sizes=grouped_sweep, impls=impls,
-                     only_at=compile_at_speedup_n, dense_case=AUC_CASE)]
+                     only_at=compile_at_speedup_n | layout_at, dense_case=AUC_CASE)]
     if section == 5:
         return [dict(grouped_laa_logistic(), section=5, sizes=grouped_sweep,
                      impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
@@ -273,7 +276,8 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
     """A closure computing the loss of ``inputs`` (scores made to require grad) for ``spec["impl"]``.
 
     ``"mlloss"`` is mlloss with ``backend="auto"``, ``"mlloss-<backend>"`` mlloss with that backend
-    (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``). ``"naive-compile"`` is
+    (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``); ``"mlloss-layout"`` is the Triton
+    tier with its dense small-batch kernels off (``kernels/dense.py``), the layout kernels at every N. ``"naive-compile"`` is
     ``naive_broadcast_loss`` under ``torch.compile(backend=compile_backend, dynamic=False)``,
     compiled afresh (``torch._dynamo.reset()``: no recompile limit, no reuse across rows; its
     counters are cleared for ``compile_counters``). The LibAUC rows use
@@ -291,6 +295,8 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
         import mlloss
 
         backend = impl.partition("-")[2] or "auto"
+        layout_only = backend == "layout"  # the Triton tier without its dense small-batch kernels
+        backend = "triton" if layout_only else backend
         if kind == "pdaom":
             loss_fn = mlloss.PDAOMLoss(backend=backend)
         elif kind == "laa":
@@ -299,7 +305,15 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
             loss_fn = mlloss.AUCLoss(surrogate=surrogate, backend=backend)
 
         def forward():
-            return loss_fn(scores, labels, groups)
+            if not layout_only:
+                return loss_fn(scores, labels, groups)
+            from mlloss.kernels import dense
+
+            limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
+            try:
+                return loss_fn(scores, labels, groups)
+            finally:
+                dense.MAX_ITEMS = limit
 
     elif impl == "libauc":
         from libauc.losses import PairwiseAUCLoss

@@ -23,7 +23,8 @@ Usage::
     TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--host-time] [--output benchmarks/results/host-path.json]
 
 ``--host-time`` also times one forward + backward of each loss (grouped, checks off, N = 1,024,
-the median of 300 calls after 20 warm-up calls) with every kernel launch skipped: the library's
+the median of 300 calls after 20 warm-up calls, in the thread's CPU time) with every kernel
+launch skipped: the library's
 Python and PyTorch's dispatch, the host work that bounds a small eager call on a GPU. A CPU proxy:
 the ops also compute on 1,024-item CPU tensors, and Triton's interpreter stands in for its CUDA
 launcher.
@@ -65,6 +66,7 @@ class CallCount:
     op_names: dict[str, int] = field(default_factory=dict)
     sync_names: list[str] = field(default_factory=list)
     masked: bool = False  # a mask leaves out every fourth item (a fixed-size batch's fillers)
+    layout: bool = False  # the layout kernels forced where the dense small-batch kernels would run
 
 
 # Every loss on the Triton backend; PDAOM is the max-violation loss.
@@ -76,6 +78,7 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     "PDAOMLoss": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
+DENSE_LOSSES = ("AUCLoss", "PDAOMLoss")  # one binary problem: the dense kernels up to 2,048 items
 
 
 def batch(num_items: int = 64, seed: int = 0):
@@ -99,22 +102,24 @@ def _kernels_skipped():
         GridExecutor.__call__ = launch
 
 
-def host_time_us(name: str, *, masked: bool = False, num_items: int = 1024, calls: int = 300) -> float:
-    """Median wall-clock microseconds of one grouped forward + backward of loss ``name`` (checks
-    off) with the kernel launches skipped (see the module docstring)."""
+def host_time_us(name: str, *, masked: bool = False, layout: bool = False, num_items: int = 1024,
+                 calls: int = 300) -> float:
+    """Median CPU microseconds of this thread for one grouped forward + backward of loss ``name``
+    (checks off) with the kernel launches skipped (see the module docstring); the thread's CPU
+    time, not the wall clock, so that other work on the machine does not count."""
     scores, labels, groups = batch(num_items)
     if name in SINGLE_LABEL:
         labels = labels[:, 0]
     loss = LOSSES[name](False)
     options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
     times = []
-    with _kernels_skipped():
+    with _kernels_skipped(), dense_kernels_off() if layout else contextlib.nullcontext():
         for call in range(20 + calls):
             x = scores.clone().requires_grad_(True)
-            start = time.perf_counter()
+            start = time.thread_time()
             loss(x, labels, groups, **options).backward()
             if call >= 20:
-                times.append(time.perf_counter() - start)
+                times.append(time.thread_time() - start)
     return 1e6 * statistics.median(times)
 
 
@@ -161,9 +166,23 @@ def kernels_uncounted():
         GridExecutor.__call__ = launch
 
 
-def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False, num_items: int = 64) -> CallCount:
+@contextlib.contextmanager
+def dense_kernels_off():
+    """The Triton tier's layout kernels at every N (kernels/dense.py takes none)."""
+    from mlloss.kernels import dense
+
+    limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
+    try:
+        yield
+    finally:
+        dense.MAX_ITEMS = limit
+
+
+def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False, layout: bool = False,
+               num_items: int = 64) -> CallCount:
     """Ops and syncs of one forward + backward of loss ``name`` (after one warm-up call), with
-    ``masked`` every fourth item left out by ``mask=``."""
+    ``masked`` every fourth item left out by ``mask=``; ``layout``: with the dense small-batch
+    kernels off, as a batch of more than ``kernels.dense.MAX_ITEMS`` items runs."""
     scores, labels, groups = batch(num_items)
     if name in SINGLE_LABEL:
         labels = labels[:, 0]
@@ -173,19 +192,22 @@ def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False
     for counted in (False, True):  # the first call compiles the kernels
         x = scores.clone().requires_grad_(True)
         counter = OpCounter()
-        with kernels_uncounted(), counter if counted else contextlib.nullcontext():
+        with kernels_uncounted(), dense_kernels_off() if layout else contextlib.nullcontext(), \
+                counter if counted else contextlib.nullcontext():
             loss(x, labels, groups, **options).backward()
     return CallCount(
         name, grouped, validate, len(counter.ops), len(counter.syncs),
-        dict(collections.Counter(counter.ops)), counter.syncs, masked,
+        dict(collections.Counter(counter.ops)), counter.syncs, masked, layout,
     )
 
 
 def all_counts() -> list[CallCount]:
+    calls = [(name, grouped, masked, False) for name in LOSSES
+             for grouped, masked in ((False, False), (True, False), (True, True))]
+    calls += [(name, grouped, False, True) for name in DENSE_LOSSES for grouped in (False, True)]
     return [
-        count_call(name, grouped=grouped, validate=validate, masked=masked)
-        for name in LOSSES
-        for grouped, masked in ((False, False), (True, False), (True, True))
+        count_call(name, grouped=grouped, validate=validate, masked=masked, layout=layout)
+        for name, grouped, masked, layout in calls
         for validate in (True, False)
     ]
 
@@ -198,9 +220,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-time", action="store_true", help="also the host microseconds of a call at N = 1,024")
     options = parser.parse_args(argv)
     counts = all_counts()
-    print(f"{'loss':<20} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
+    print(f"{'loss':<20} {'kernels':>7} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
     for row in counts:
-        print(f"{row.loss:<20} {str(row.grouped):>6} {str(row.masked):>6} {str(row.validate):>6} {row.ops:>9} {row.syncs:>6}")
+        kernels = "layout" if row.layout or row.loss not in DENSE_LOSSES else "dense"
+        print(f"{row.loss:<20} {kernels:>7} {str(row.grouped):>6} {str(row.masked):>6} {str(row.validate):>6} "
+              f"{row.ops:>9} {row.syncs:>6}")
         if options.verbose:
             print("    ", row.op_names, row.sync_names)
     memory = []
@@ -215,11 +239,12 @@ def main(argv: list[str] | None = None) -> None:
     if options.host_time:
         torch.set_num_threads(1)
         print("\nhost time of one grouped forward + backward at N = 1,024, checks off, kernel launches skipped")
-        for name in LOSSES:
-            for masked in (False, True):
-                micros = host_time_us(name, masked=masked)
-                host_times.append({"loss": name, "masked": masked, "num_items": 1024, "host_us": micros})
-                print(f"{name:<20} {'mask' if masked else '':>4} {micros:8.0f} us")
+        runs = [(name, masked, False) for name in LOSSES for masked in (False, True)]
+        runs += [(name, False, True) for name in DENSE_LOSSES]  # the layout kernels they replace
+        for name, masked, layout in runs:
+            micros = host_time_us(name, masked=masked, layout=layout)
+            host_times.append({"loss": name, "masked": masked, "layout": layout, "num_items": 1024, "host_us": micros})
+            print(f"{name:<20} {'mask' if masked else '':>4} {'layout' if layout else '':>6} {micros:8.0f} us")
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as handle:
         json.dump(

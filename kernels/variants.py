@@ -5,7 +5,9 @@ instructions, special-function ops and shuffles per pair of its loops. The varia
 CUDA configurations the library launches: float32 scores, the fast special functions, the tile
 shape of ``pairwise.TILES["cuda"]``, every surrogate, both costs, with and without groups. The
 uniform-cost variants are AUC's and LoA's (binary levels: Z_u in closed form), the linear-cost
-ones LaA's (several levels: the kernel writes the shares of Z_u).
+ones LaA's (several levels: the kernel writes the shares of Z_u). Then the dense kernel of small
+binary batches (``dense``), whose tile loop meets every pair twice (once from each item's row):
+its per-pair counts add both visits, as the ordinal kernel's add its two passes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import triton.language as tl
 
 from ..surrogates import USES_MARGIN
 from ._common import SURROGATES, score_scale, value_scale
+from . import dense
 from .pairwise import TILES, _pair_partials_kernel
 
 __all__ = ["SassVariant", "sass_variants"]
@@ -72,4 +75,28 @@ def sass_variants() -> list[SassVariant]:
                     kernel=_pair_partials_kernel, signature=signature, constexprs=constexprs,
                     num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps), loops=_LOOPS,
                 ))
+    return variants + dense_variants()
+
+
+def dense_variants() -> list[SassVariant]:
+    """The CUDA variants of ``dense._dense_rows_kernel``: every surrogate's all-pairs loop, with
+    and without groups, then the hardest pairs' two scans (comparisons only)."""
+    block_m, block_n, num_warps = dense.TILES["cuda"]
+    signature = {"scores_ptr": "*fp32", "labels_ptr": "*i32", "groups_ptr": "*i64", "terms_ptr": "*fp64",
+                 "N": "i32", "margin": "fp32"}
+    pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
+    cases = [(surrogate, grouped, False) for surrogate in SURROGATES for grouped in (False, True)]
+    variants = []
+    for surrogate, grouped, hardest in cases + [("exponential", True, True)]:
+        constexprs = dict(
+            GROUPED=grouped, HARDEST=hardest, SURROGATE=SURROGATES[surrogate], FAST=not hardest,
+            SCORE_SCALE=score_scale(surrogate, not hardest), VALUE_SCALE=value_scale(surrogate, not hardest),
+            ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n,
+        )
+        variants.append(SassVariant(
+            name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}" + (" groups" if grouped else ""),
+            kernel=dense._dense_rows_kernel, signature=dict(signature, **{name: "constexpr" for name in constexprs}),
+            constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=pairs_per_iteration,
+            loops=("scan", "ties") if hardest else ("both sides",),
+        ))
     return variants

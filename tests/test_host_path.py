@@ -31,14 +31,23 @@ MAX_OPS = 30
 MASK_OPS = 12
 
 
-@pytest.mark.parametrize("grouped,masked", [(False, False), (True, False), (False, True), (True, True)],
-                         ids=["no-groups", "groups", "no-groups-mask", "groups-mask"])
-@pytest.mark.parametrize("loss", list(host_path.LOSSES))
-def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool, masked: bool) -> None:
+CASES = [(loss, grouped, masked, False) for loss in host_path.LOSSES
+         for grouped, masked in ((False, False), (True, False), (False, True), (True, True))]
+# the losses the dense small-batch kernels take, with them off (batches over 2,048 items)
+CASES += [(loss, grouped, False, True) for loss in host_path.DENSE_LOSSES for grouped in (False, True)]
+
+
+@pytest.mark.parametrize("loss,grouped,masked,layout", CASES,
+                         ids=[f"{c[0]}-{'groups' if c[1] else 'no-groups'}{'-mask' * c[2]}{'-layout' * c[3]}"
+                              for c in CASES])
+def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool, masked: bool, layout: bool) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
-    checked = host_path.count_call(loss, grouped=grouped, validate=True, masked=masked)
-    unchecked = host_path.count_call(loss, grouped=grouped, validate=False, masked=masked)
+    checked = host_path.count_call(loss, grouped=grouped, validate=True, masked=masked, layout=layout)
+    unchecked = host_path.count_call(loss, grouped=grouped, validate=False, masked=masked, layout=layout)
+    if loss in host_path.DENSE_LOSSES and not (layout or masked):  # no layout: no sorts or searches
+        assert not {"sort", "searchsorted"} & set(checked.op_names), checked.op_names
+        assert checked.ops < host_path.count_call(loss, grouped=grouped, validate=True, layout=True).ops
     if masked:
         plain = host_path.count_call(loss, grouped=grouped, validate=True)
         assert checked.ops <= plain.ops + MASK_OPS, f"{loss}: {checked.ops} aten ops {checked.op_names}"

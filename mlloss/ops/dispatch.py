@@ -194,7 +194,19 @@ def _pair_loss_op(
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
     levels = problem_levels(labels, label_weights)
-    if on_kernels and pairs == "all":
+    # One small binary problem (AUC, PDAOM, a bce+ ranking term): every pair in registers, no layout.
+    dense = on_kernels and not aggregated and labels.shape[1] == 1 and mixing is None and (
+        pairs == "all" or temperature is None)
+    if dense:
+        with needs_extra("triton", 'backend="triton"'):
+            from ..kernels import dense as dense_kernels
+        dense = scores.shape[0] <= dense_kernels.MAX_ITEMS
+    if dense:
+        result = dense_kernels.dense_loss_and_grad(
+            scores, levels.rank[0], groups, surrogate=surrogate, margin=margin, hardest=pairs == "hardest",
+            reduction=reduction, status=status,
+        )
+    elif on_kernels and pairs == "all":
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
             from ..kernels.pairwise import pair_loss_and_grad
 

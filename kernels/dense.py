@@ -1,0 +1,224 @@
+"""One-launch kernels for small binary batches: every pair compared in registers, no layout.
+
+At the batch sizes recommenders train with (a thousand to a few thousand items), the sorted
+``PairLayout`` of ``pairwise`` and ``hardest`` costs more than the pairs: a dozen sorts, binary
+searches and casts before the first pair kernel, each a launch (and, in eager mode, the host's
+dispatch of each). For one binary problem (``AUCLoss``, ``PDAOMLoss``, a ``bce+`` objective's
+ranking term) with N <= ``MAX_ITEMS``, these kernels read the scores, the 0/1 labels and the group
+ids as the caller passed them and test every (i, j) for a valid pair in registers: same group,
+opposite classes. O(N^2) comparisons, O(N) memory, two launches:
+
+1. ``_dense_rows_kernel``, grid (row blocks,): a program owns BLOCK_M items and streams every
+   BLOCK_N-wide tile of the batch through [BLOCK_M, BLOCK_N] register accumulators, reduced once
+   after the loop. Per item it writes (in the caller's order) its loss term, its gradient, 1 / its
+   group's size if the group has a valid pair (so that each such group adds up to 1, and no item
+   has to know whether it comes first) and its valid pairs.
+
+   * all pairs: a positive item i adds f(s_j - s_i) over its group's negatives j (the loss spec's
+     phi(s_i - s_j) in reverse-margin form, ``_common.reverse_margin_terms``) and its gradient
+     -f'(s_j - s_i); a negative item j the gradient +f'(s_j - s_i) over its group's positives.
+     Each divides by its group's Z_u = positives * negatives, counted in the same loop.
+   * hardest (no temperature): the group's lowest positive and highest negative score (a first
+     loop), then how many items attain each (a second loop): a tied extreme gets 1/ties of the
+     gradient, as in ``hardest``. The term phi(min - max), in float64, is shared by the group's
+     items (1 / group size each).
+
+2. ``_dense_combine_kernel``, one program: sums the per-item terms in a fixed order (float64),
+   divides by the groups with a valid pair for ``reduction="mean"``, and writes the loss, the
+   statistics and the scaled gradient. No atomics but the optional status bit of a non-finite
+   loss: bit-identical results run to run.
+
+Without groups every item is in one group. The items that a ``mask=`` leaves out arrive in a
+group of their own with one label (``losses._without_masked``) and form no pair.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._validation import STATUS_OVERFLOW
+from ..ops.fused import accumulation_dtype
+from ._common import fast_math, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale
+
+__all__ = ["MAX_ITEMS", "dense_loss_and_grad"]
+
+#: Largest batch the dense kernels take. Their loop spends more per pair than the layout kernels'
+#: (38 instructions and 6 special-function ops per pair for the logistic, 61 with groups, against
+#: 17-19 and 5: benchmarks/kernel_sass.py) and visits all N^2 pairs, not only a group's, but needs
+#: no layout: a call is 11 aten ops instead of 17-22 (benchmarks/host_path.py) and two kernel
+#: launches. 2,048 items are 2.1M pairs, about 10 us of an H100 at a third of the layout kernel's
+#: measured 7.7e11 pairs/s (../shared/gpu-baseline). An estimate, not yet measured: the
+#: ``mlloss-layout`` rows of benchmarks/bench_gpu.py time the layout kernels at N = 1,024.
+MAX_ITEMS = 2048
+TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, num_warps: no spills
+COMBINE_BLOCK = 1024
+_OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
+
+
+@triton.jit
+def _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
+          GROUPED: tl.constexpr, SCORE_SCALE: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile of items [start, start + BLOCK_N): scores, positive flags, and the [BLOCK_M,
+    BLOCK_N] flags of the (row, item) pairs in one group."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    in_range = offs_n < N
+    s_n = tl.load(scores_ptr + offs_n, mask=in_range, other=0.0).to(ACC) * SCORE_SCALE
+    up_n = tl.load(labels_ptr + offs_n, mask=in_range, other=0) == 1
+    same = in_range[None, :] & (rows[:, None] >= 0)
+    if GROUPED:
+        g_n = tl.load(groups_ptr + offs_n, mask=in_range, other=0)
+        same = same & (g_m[:, None] == g_n[None, :])
+    return s_n, up_n, same
+
+
+@triton.jit
+def _dense_rows_kernel(
+    scores_ptr, labels_ptr, groups_ptr, terms_ptr, N, margin,
+    GROUPED: tl.constexpr, HARDEST: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Per item of rows [pid * BLOCK_M, +BLOCK_M): terms[0] loss term, terms[1] gradient (both
+    before the mean over groups), terms[2] 1 / its group's size if the group has a valid pair (a
+    group's items add up to 1), terms[3] valid pairs counted at the item."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    s_m = tl.load(scores_ptr + rows, mask=row_ok, other=0.0).to(ACC) * SCORE_SCALE
+    up_m = tl.load(labels_ptr + rows, mask=row_ok, other=0) == 1
+    if GROUPED:
+        g_m = tl.load(groups_ptr + rows, mask=row_ok, other=0)
+    else:
+        g_m = rows
+    positives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    negatives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    if HARDEST:
+        lowest = tl.full([BLOCK_M, BLOCK_N], float("inf"), dtype=ACC)
+        highest = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=ACC)
+    else:
+        acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+        acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+    for start in range(0, N, BLOCK_N):
+        s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
+                                GROUPED, SCORE_SCALE, ACC, BLOCK_N)
+        positives += (same & up_n[None, :]).to(tl.int32)
+        negatives += (same & ~up_n[None, :]).to(tl.int32)
+        if HARDEST:
+            lowest = tl.where(same & up_n[None, :], tl.minimum(lowest, s_n[None, :]), lowest)
+            highest = tl.where(same & ~up_n[None, :], tl.maximum(highest, s_n[None, :]), highest)
+        else:
+            # Reverse margin x = s_lower - s_upper of the pair the two items form, if any.
+            keep = same & (up_m[:, None] != up_n[None, :])
+            x = tl.where(up_m[:, None], s_n[None, :] - s_m[:, None], s_m[:, None] - s_n[None, :])
+            value, pull = reverse_margin_terms(x, margin, SURROGATE, True, FAST)
+            acc_value = tl.where(keep & up_m[:, None], acc_value + value, acc_value)
+            acc_pull = tl.where(keep, acc_pull + pull, acc_pull)
+    num_positive = tl.sum(positives, axis=1)
+    num_negative = tl.sum(negatives, axis=1)
+    has_pair = row_ok & (num_positive > 0) & (num_negative > 0)
+    # 1 / group size at every item of a group with a valid pair: the group's items add up to 1.
+    share_of_group = tl.where(has_pair, 1.0 / tl.maximum(num_positive + num_negative, 1).to(tl.float64), 0.0)
+    if HARDEST:
+        low = tl.min(lowest, axis=1)
+        high = tl.max(highest, axis=1)
+        low_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        high_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        for start in range(0, N, BLOCK_N):
+            s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
+                                    GROUPED, SCORE_SCALE, ACC, BLOCK_N)
+            low_ties += (same & up_n[None, :] & (s_n[None, :] == low[:, None])).to(tl.int32)
+            high_ties += (same & ~up_n[None, :] & (s_n[None, :] == high[:, None])).to(tl.int32)
+        x = tl.where(has_pair, high.to(tl.float64) - low.to(tl.float64), 0.0)
+        value, pull = reverse_margin_terms(x, margin, SURROGATE, True, False)
+        attains = tl.where(up_m, s_m == low, s_m == high)
+        ties = tl.maximum(tl.where(up_m, tl.sum(low_ties, axis=1), tl.sum(high_ties, axis=1)), 1).to(tl.float64)
+        share = tl.where(attains, 1.0 / ties, 0.0)
+        term = value * share_of_group
+        grad = tl.where(has_pair, tl.where(up_m, -pull, pull) * share, 0.0)
+        pairs = share_of_group  # one level pair per group
+    else:
+        pair_count = (num_positive * num_negative).to(tl.float64)  # Z_u, exact in float64
+        inverse = tl.where(has_pair, 1.0 / tl.where(has_pair, pair_count, 1.0), 0.0)
+        term = tl.where(up_m, tl.sum(acc_value, axis=1).to(tl.float64) * VALUE_SCALE * inverse, 0.0)
+        pull_sum = tl.sum(acc_pull, axis=1).to(tl.float64)
+        grad = tl.where(up_m, -pull_sum, pull_sum) * inverse
+        pairs = tl.where(has_pair & up_m, num_negative.to(tl.float64), 0.0)
+    tl.store(terms_ptr + rows, term, mask=row_ok)
+    tl.store(terms_ptr + N + rows, grad, mask=row_ok)
+    tl.store(terms_ptr + 2 * N + rows, share_of_group, mask=row_ok)
+    tl.store(terms_ptr + 3 * N + rows, pairs, mask=row_ok)
+
+
+@triton.jit
+def _dense_combine_kernel(
+    terms_ptr, grad_ptr, loss_ptr, stats_ptr, status_ptr, N,
+    MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program: the loss, the statistics and the gradient from the per-item terms."""
+    value = tl.zeros([BLOCK], dtype=tl.float64)
+    groups = tl.zeros([BLOCK], dtype=tl.float64)
+    pairs = tl.zeros([BLOCK], dtype=tl.float64)
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        in_range = offs < N
+        value += tl.load(terms_ptr + offs, mask=in_range, other=0.0)
+        groups += tl.load(terms_ptr + 2 * N + offs, mask=in_range, other=0.0)
+        pairs += tl.load(terms_ptr + 3 * N + offs, mask=in_range, other=0.0)
+    groups_total = tl.floor(tl.sum(groups) + 0.5)  # a sum of 1 / group size shares: whole up to rounding
+    if MEAN:
+        scale = 1.0 / tl.maximum(groups_total, 1.0)
+    else:
+        scale = 1.0
+    loss = tl.sum(value) * scale
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        in_range = offs < N
+        grad = tl.load(terms_ptr + N + offs, mask=in_range, other=0.0) * scale
+        tl.store(grad_ptr + offs, grad.to(grad_ptr.dtype.element_ty), mask=in_range)
+    tl.store(loss_ptr, loss.to(loss_ptr.dtype.element_ty))
+    tl.store(stats_ptr, loss)
+    tl.store(stats_ptr + 1, tl.floor(tl.sum(pairs) + 0.5))
+    tl.store(stats_ptr + 2, groups_total)
+    if CHECK:
+        finite = (loss == loss) & (tl.abs(loss) < float("inf"))
+        tl.atomic_or(status_ptr, tl.where(finite, 0, _OVERFLOW))
+
+
+def dense_loss_and_grad(
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    groups: torch.Tensor | None,
+    *,
+    surrogate: str,
+    margin: float,
+    hardest: bool,
+    reduction: str,
+    status: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss (), stats (3,) float64 [loss, valid pairs, groups with pairs], grad (N,)) of one
+    binary problem: ``labels`` (N,) 0/1 ints, ``groups`` (N,) integer ids or None, N <=
+    ``MAX_ITEMS``; all pairs, or the hardest pair per group (no temperature). The loss and
+    gradient come back in the scores' accumulation dtype."""
+    validate_device(scores, labels, *(() if groups is None else (groups,)))
+    n = scores.shape[0]
+    if n > MAX_ITEMS:
+        raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
+    loss_dtype = accumulation_dtype(scores)
+    fast = fast_math(scores.device, loss_dtype) and not hardest
+    block_m, block_n, num_warps = TILES["interpreter" if scores.device.type == "cpu" else "cuda"]
+    terms = torch.empty((4, n), dtype=torch.float64, device=scores.device)
+    _dense_rows_kernel[(triton.cdiv(n, block_m),)](
+        scores, labels, groups if groups is not None else labels, terms, n, float(margin),
+        GROUPED=groups is not None, HARDEST=hardest, SURROGATE=surrogate_id(surrogate), FAST=fast,
+        SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
+        ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+    )
+    loss = torch.empty((), dtype=loss_dtype, device=scores.device)
+    stats = torch.empty(3, dtype=torch.float64, device=scores.device)
+    grad = torch.empty(n, dtype=loss_dtype, device=scores.device)
+    _dense_combine_kernel[(1,)](
+        terms, grad, loss, stats, status if status is not None else stats, n,
+        MEAN=reduction == "mean", CHECK=status is not None, BLOCK=COMBINE_BLOCK,
+    )
+    return loss, stats, grad

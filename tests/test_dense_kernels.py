@@ -1,0 +1,158 @@
+"""The one-launch dense kernels of small binary batches (``kernels/dense.py``) against the float64
+brute force, against the layout kernels they replace, and their place in the dispatch.
+
+Runs on the CPU through the Triton interpreter, or on CUDA with MLLOSS_TEST_DEVICE=cuda
+TRITON_INTERPRET=0 (then with the fast special functions of float32).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import mlloss  # noqa: E402
+from mlloss.kernels import dense  # noqa: E402
+from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
+from mlloss.kernels.pairwise import pair_loss_and_grad  # noqa: E402
+from mlloss.ops.layout import pair_layout  # noqa: E402
+from mlloss.ops.dispatch import problem_levels  # noqa: E402
+from reference import hardest_loss, pair_loss as brute_force  # noqa: E402
+
+pytestmark = pytest.mark.triton
+DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
+SURROGATES = ("logistic", "hinge", "squared", "exponential")
+
+
+def case(n: int, seed: int, *, users: int | None = 9, ties: bool = False, dtype=torch.float64):
+    """Scores, 0/1 labels and group ids (unsorted, spread over several row blocks)."""
+    gen = torch.Generator().manual_seed(seed)
+    if ties:  # exact ties of the extremes, and exact hinge kinks
+        scores = torch.randint(-2, 3, (n,), generator=gen).to(dtype)
+    else:
+        scores = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+    labels = (torch.rand(n, generator=gen) < 0.3).to(torch.int32)
+    groups = None if users is None else torch.randint(0, users, (n,), generator=gen) * 7 - 20
+    return scores, labels, groups
+
+
+def run_dense(scores, labels, groups, **options):
+    options = {"margin": 1.0, "reduction": "mean", "hardest": False, "status": None, **options}
+    return dense.dense_loss_and_grad(
+        scores.to(DEVICE), labels.to(DEVICE), None if groups is None else groups.to(DEVICE), **options
+    )
+
+
+def reference(scores, labels, groups, *, hardest=False, **options):
+    x = scores.double().clone().requires_grad_(True)
+    value = (hardest_loss if hardest else brute_force)(x, labels.double(), groups, **options)
+    value.backward()
+    return value.detach(), x.grad
+
+
+def assert_close(result, expected, rtol):
+    (loss, _, grad), (ref_loss, ref_grad) = result, expected
+    scale = max(ref_grad.abs().max().item(), 1e-12)
+    torch.testing.assert_close(loss.cpu().double(), ref_loss, rtol=rtol, atol=rtol * 1e-3)
+    torch.testing.assert_close(grad.cpu().double(), ref_grad, rtol=rtol, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("users", [None, 1, 9, 300], ids=["no-groups", "one-group", "9-groups", "singletons"])
+@pytest.mark.parametrize("surrogate", SURROGATES)
+def test_all_pairs_match_the_brute_force(surrogate, users, reduction) -> None:
+    scores, labels, groups = case(150, seed=len(surrogate) + (users or 0))
+    margin = 0.5 if surrogate in ("hinge", "squared") else 1.0
+    result = run_dense(scores, labels, groups, surrogate=surrogate, margin=margin, reduction=reduction)
+    expected = reference(scores, labels, groups, surrogate=surrogate, margin=margin, reduction=reduction)
+    assert_close(result, expected, rtol=1e-10 if DEVICE == "cpu" else 1e-4)
+    # stats: the loss, the valid pairs and the groups with a valid pair
+    ids = torch.zeros_like(labels) if groups is None else groups
+    pairs = sum(int(labels[ids == g].sum()) * int((1 - labels[ids == g]).sum()) for g in torch.unique(ids))
+    with_pairs = sum(0 < int(labels[ids == g].sum()) < int((ids == g).sum()) for g in torch.unique(ids))
+    assert result[1].tolist() == [pytest.approx(result[0].item()), pairs, with_pairs]
+
+
+@pytest.mark.parametrize("users", [None, 9], ids=["no-groups", "groups"])
+@pytest.mark.parametrize("surrogate", SURROGATES)
+def test_hardest_pairs_match_the_brute_force_and_the_layout_kernel_with_ties(surrogate, users) -> None:
+    scores, labels, groups = case(130, seed=3 + len(surrogate), users=users, ties=True)
+    result = run_dense(scores, labels, groups, surrogate=surrogate, margin=0.5, hardest=True, reduction="sum")
+    expected = reference(scores, labels, groups, hardest=True, surrogate=surrogate, margin=0.5, reduction="sum")
+    assert_close(result, expected, rtol=1e-12)
+    # the sort-based kernel it stands in for: the same tie rule (a tied extreme gets 1/ties)
+    device_scores, device_labels = scores.to(DEVICE), labels[:, None].to(DEVICE)
+    levels = problem_levels(device_labels, None)
+    layout = pair_layout(levels, None if groups is None else groups.to(DEVICE), tie_scores=device_scores)
+    loss, stats, grad = hardest_loss_and_grad(device_scores, levels, layout, mixing=None, surrogate=surrogate,
+                                              margin=0.5, temperature=None, reduction="sum", status=None)
+    torch.testing.assert_close(result[0], loss, rtol=1e-12, atol=0)
+    torch.testing.assert_close(result[2], grad, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(result[1], stats, rtol=1e-12, atol=0)
+
+
+def test_float32_matches_the_layout_kernel_and_is_deterministic() -> None:
+    scores, labels, groups = case(500, seed=11, users=40, dtype=torch.float32)
+    first, second = run_dense(scores, labels, groups, surrogate="logistic"), run_dense(scores, labels, groups,
+                                                                                        surrogate="logistic")
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)  # bit-identical run to run
+    levels = problem_levels(labels[:, None].to(DEVICE), None)
+    loss, stats, grad = pair_loss_and_grad(scores.to(DEVICE), levels, pair_layout(levels, groups.to(DEVICE)),
+                                           mixing=None, cost="uniform", surrogate="logistic", margin=1.0,
+                                           reduction="mean", status=None)
+    assert first[0].dtype == first[2].dtype == torch.float32
+    torch.testing.assert_close(first[0], loss, rtol=1e-5, atol=0)
+    torch.testing.assert_close(first[2], grad, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(first[1], stats, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_tiny_batches_give_zero_without_pairs(n) -> None:
+    scores, labels, groups = case(max(n, 1), seed=5)
+    scores, labels, groups = scores[:n], torch.ones(n, dtype=torch.int32), groups[:n]
+    loss, stats, grad = run_dense(scores, labels, groups, surrogate="logistic")
+    assert loss.item() == 0.0 and stats.tolist() == [0.0, 0.0, 0.0] and torch.equal(grad.cpu(), torch.zeros(n, dtype=grad.dtype))
+
+
+def test_an_overflowing_loss_sets_the_status_bit() -> None:
+    from mlloss._validation import STATUS_OVERFLOW
+
+    scores, labels, groups = case(60, seed=2)
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    run_dense(scores * 1e4, labels, groups, surrogate="exponential", status=status)
+    assert status.item() == STATUS_OVERFLOW
+    with pytest.raises(OverflowError):
+        mlloss.AUCLoss(surrogate="exponential", backend="triton")((scores * 1e4).to(DEVICE), labels.to(DEVICE),
+                                                                  groups.to(DEVICE))
+
+
+def test_the_dispatch_takes_the_dense_kernels_for_small_binary_problems(monkeypatch) -> None:
+    """AUC and PDAOM (no temperature) up to MAX_ITEMS items on the Triton tier; LoA, LaA, soft
+    hardest pairs and larger batches keep the layout kernels."""
+    calls = []
+    original = dense.dense_loss_and_grad
+    monkeypatch.setattr(dense, "dense_loss_and_grad", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(dense, "MAX_ITEMS", 100)
+    scores, labels, groups = case(100, seed=1)
+    scores, labels, groups = scores.to(DEVICE), labels.to(DEVICE), groups.to(DEVICE)
+    expectations = [
+        (mlloss.AUCLoss(backend="triton"), labels, True),
+        (mlloss.PDAOMLoss(backend="triton"), labels, True),
+        (mlloss.PDAOMLoss(backend="triton", temperature=0.5), labels, False),
+        (mlloss.LoALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), False),
+        (mlloss.LaALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), False),
+    ]
+    for loss, loss_labels, takes_dense in expectations:
+        calls.clear()
+        loss(scores, loss_labels, groups)
+        assert bool(calls) == takes_dense, loss
+    calls.clear()
+    bigger, bigger_labels, bigger_groups = (t.to(DEVICE) for t in case(101, seed=1))
+    mlloss.AUCLoss(backend="triton")(bigger, bigger_labels, bigger_groups)
+    assert not calls
