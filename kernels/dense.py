@@ -1,4 +1,4 @@
-"""One-launch kernels for small binary batches: every pair compared in registers, no layout.
+"""Small binary batches in one pair kernel: every pair compared in registers, no layout.
 
 At the batch sizes recommenders train with (a thousand to a few thousand items), the sorted
 ``PairLayout`` of ``pairwise`` and ``hardest`` costs more than the pairs: a dozen sorts, binary
@@ -10,9 +10,9 @@ opposite classes. O(N^2) comparisons, O(N) memory, two launches:
 
 1. ``_dense_rows_kernel``, grid (row blocks,): a program owns BLOCK_M items and streams every
    BLOCK_N-wide tile of the batch through [BLOCK_M, BLOCK_N] register accumulators, reduced once
-   after the loop. Per item it writes (in the caller's order) its loss term, its gradient, 1 / its
-   group's size if the group has a valid pair (so that each such group adds up to 1, and no item
-   has to know whether it comes first) and its valid pairs.
+   after the loop. It writes each item's gradient (in the caller's order) and the block's sums of
+   the items' loss terms, of 1 / group size over the items of groups with a valid pair (each such
+   group adds up to 1, and no item has to know whether it comes first) and of the valid pairs.
 
    * all pairs: a positive item i adds f(s_j - s_i) over its group's negatives j (the loss spec's
      phi(s_i - s_j) in reverse-margin form, ``_common.reverse_margin_terms``) and its gradient
@@ -23,10 +23,10 @@ opposite classes. O(N^2) comparisons, O(N) memory, two launches:
      gradient, as in ``hardest``. The term phi(min - max), in float64, is shared by the group's
      items (1 / group size each).
 
-2. ``_dense_combine_kernel``, one program: sums the per-item terms in a fixed order (float64),
-   divides by the groups with a valid pair for ``reduction="mean"``, and writes the loss, the
-   statistics and the scaled gradient. No atomics but the optional status bit of a non-finite
-   loss: bit-identical results run to run.
+2. ``reduce.combine``, the layout kernels' last step: sums the blocks' sums in a fixed order
+   (float64), divides by the groups with a valid pair for ``reduction="mean"``, and writes the
+   loss, the statistics and the scaled gradient. No atomics but the optional status bit of a
+   non-finite loss: bit-identical results run to run.
 
 Without groups every item is in one group. The items that a ``mask=`` leaves out arrive in a
 group of their own with one label (``losses._without_masked``) and form no pair.
@@ -38,9 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._validation import STATUS_OVERFLOW
 from ..ops.fused import accumulation_dtype
 from ._common import fast_math, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale
+from .pairwise import FINALIZE_BLOCK
+from .reduce import combine
 
 __all__ = ["MAX_ITEMS", "dense_loss_and_grad"]
 
@@ -53,8 +54,6 @@ __all__ = ["MAX_ITEMS", "dense_loss_and_grad"]
 #: ``mlloss-layout`` rows of benchmarks/bench_gpu.py time the layout kernels at N = 1,024.
 MAX_ITEMS = 2048
 TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, num_warps: no spills
-COMBINE_BLOCK = 1024
-_OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
 
 
 @triton.jit
@@ -75,15 +74,17 @@ def _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
 
 @triton.jit
 def _dense_rows_kernel(
-    scores_ptr, labels_ptr, groups_ptr, terms_ptr, N, margin,
+    scores_ptr, labels_ptr, groups_ptr, grad_ptr, block_sums_ptr, N, num_blocks, margin,
     GROUPED: tl.constexpr, HARDEST: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Per item of rows [pid * BLOCK_M, +BLOCK_M): terms[0] loss term, terms[1] gradient (both
-    before the mean over groups), terms[2] 1 / its group's size if the group has a valid pair (a
-    group's items add up to 1), terms[3] valid pairs counted at the item."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """Rows [pid * BLOCK_M, +BLOCK_M): each item's gradient (before the mean over groups), and the
+    block's sums of the items' loss terms, of 1 / group size over the items of groups with a
+    valid pair (a group's items add up to 1) and of the valid pairs counted at the items, as
+    ``reduce.combine`` reads them."""
+    block = tl.program_id(0)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     s_m = tl.load(scores_ptr + rows, mask=row_ok, other=0.0).to(ACC) * SCORE_SCALE
     up_m = tl.load(labels_ptr + rows, mask=row_ok, other=0) == 1
@@ -144,45 +145,10 @@ def _dense_rows_kernel(
         pull_sum = tl.sum(acc_pull, axis=1).to(tl.float64)
         grad = tl.where(up_m, -pull_sum, pull_sum) * inverse
         pairs = tl.where(has_pair & up_m, num_negative.to(tl.float64), 0.0)
-    tl.store(terms_ptr + rows, term, mask=row_ok)
-    tl.store(terms_ptr + N + rows, grad, mask=row_ok)
-    tl.store(terms_ptr + 2 * N + rows, share_of_group, mask=row_ok)
-    tl.store(terms_ptr + 3 * N + rows, pairs, mask=row_ok)
-
-
-@triton.jit
-def _dense_combine_kernel(
-    terms_ptr, grad_ptr, loss_ptr, stats_ptr, status_ptr, N,
-    MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """One program: the loss, the statistics and the gradient from the per-item terms."""
-    value = tl.zeros([BLOCK], dtype=tl.float64)
-    groups = tl.zeros([BLOCK], dtype=tl.float64)
-    pairs = tl.zeros([BLOCK], dtype=tl.float64)
-    for start in range(0, N, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        in_range = offs < N
-        value += tl.load(terms_ptr + offs, mask=in_range, other=0.0)
-        groups += tl.load(terms_ptr + 2 * N + offs, mask=in_range, other=0.0)
-        pairs += tl.load(terms_ptr + 3 * N + offs, mask=in_range, other=0.0)
-    groups_total = tl.floor(tl.sum(groups) + 0.5)  # a sum of 1 / group size shares: whole up to rounding
-    if MEAN:
-        scale = 1.0 / tl.maximum(groups_total, 1.0)
-    else:
-        scale = 1.0
-    loss = tl.sum(value) * scale
-    for start in range(0, N, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        in_range = offs < N
-        grad = tl.load(terms_ptr + N + offs, mask=in_range, other=0.0) * scale
-        tl.store(grad_ptr + offs, grad.to(grad_ptr.dtype.element_ty), mask=in_range)
-    tl.store(loss_ptr, loss.to(loss_ptr.dtype.element_ty))
-    tl.store(stats_ptr, loss)
-    tl.store(stats_ptr + 1, tl.floor(tl.sum(pairs) + 0.5))
-    tl.store(stats_ptr + 2, groups_total)
-    if CHECK:
-        finite = (loss == loss) & (tl.abs(loss) < float("inf"))
-        tl.atomic_or(status_ptr, tl.where(finite, 0, _OVERFLOW))
+    tl.store(grad_ptr + rows, grad.to(grad_ptr.dtype.element_ty), mask=row_ok)
+    tl.store(block_sums_ptr + block, tl.sum(tl.where(row_ok, term, 0.0)))
+    tl.store(block_sums_ptr + num_blocks + block, tl.sum(tl.where(row_ok, share_of_group, 0.0)))
+    tl.store(block_sums_ptr + 2 * num_blocks + block, tl.sum(tl.where(row_ok, pairs, 0.0)))
 
 
 def dense_loss_and_grad(
@@ -206,19 +172,18 @@ def dense_loss_and_grad(
         raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
     loss_dtype = accumulation_dtype(scores)
     fast = fast_math(scores.device, loss_dtype) and not hardest
-    block_m, block_n, num_warps = TILES["interpreter" if scores.device.type == "cpu" else "cuda"]
-    terms = torch.empty((4, n), dtype=torch.float64, device=scores.device)
-    _dense_rows_kernel[(triton.cdiv(n, block_m),)](
-        scores, labels, groups if groups is not None else labels, terms, n, float(margin),
-        GROUPED=groups is not None, HARDEST=hardest, SURROGATE=surrogate_id(surrogate), FAST=fast,
-        SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
-        ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
-    )
-    loss = torch.empty((), dtype=loss_dtype, device=scores.device)
-    stats = torch.empty(3, dtype=torch.float64, device=scores.device)
+    kind = "interpreter" if scores.device.type == "cpu" else "cuda"
+    block_m, block_n, num_warps = TILES[kind]
+    num_blocks = triton.cdiv(n, block_m)
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device)
-    _dense_combine_kernel[(1,)](
-        terms, grad, loss, stats, status if status is not None else stats, n,
-        MEAN=reduction == "mean", CHECK=status is not None, BLOCK=COMBINE_BLOCK,
-    )
-    return loss, stats, grad
+    block_sums = torch.empty((1, 3, num_blocks), dtype=torch.float64, device=scores.device)
+    if n:
+        _dense_rows_kernel[(num_blocks,)](
+            scores, labels, groups if groups is not None else labels, grad, block_sums, n, num_blocks, float(margin),
+            GROUPED=groups is not None, HARDEST=hardest, SURROGATE=surrogate_id(surrogate), FAST=fast,
+            SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
+            ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        )
+    # the gradient is scaled in place: every element is read and written by one program
+    return combine(grad, 0, n, block_sums, None, mean=reduction == "mean", loss_dtype=loss_dtype,
+                   status=status, block=FINALIZE_BLOCK[kind], grad=grad)

@@ -129,7 +129,8 @@ def _combine_kernel(
             groups += tl.load(sums + num_blocks + offs, mask=in_range, other=0.0)
             pairs += tl.load(sums + 2 * num_blocks + offs, mask=in_range, other=0.0)
         value_total = tl.sum(value)
-        groups_total = tl.sum(groups)
+        # Whole numbers; the dense kernels count a group as its items' 1 / size shares.
+        groups_total = tl.floor(tl.sum(groups) + 0.5)
         if MEAN:
             denominator = tl.maximum(groups_total, 1.0)
         else:
@@ -145,7 +146,7 @@ def _combine_kernel(
         grad += scale * tl.load(problem_grad + items, mask=mask, other=0.0)
         if block == 0:
             tl.store(stats_ptr + problem, problem_loss)
-            tl.store(stats_ptr + num_problems + problem, tl.sum(pairs))
+            tl.store(stats_ptr + num_problems + problem, tl.floor(tl.sum(pairs) + 0.5))
             tl.store(stats_ptr + 2 * num_problems + problem, groups_total)
     tl.store(grad_ptr + items, grad.to(grad_ptr.dtype.element_ty), mask=mask)
     if block == 0:

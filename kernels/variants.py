@@ -82,8 +82,8 @@ def dense_variants() -> list[SassVariant]:
     """The CUDA variants of ``dense._dense_rows_kernel``: every surrogate's all-pairs loop, with
     and without groups, then the hardest pairs' two scans (comparisons only)."""
     block_m, block_n, num_warps = dense.TILES["cuda"]
-    signature = {"scores_ptr": "*fp32", "labels_ptr": "*i32", "groups_ptr": "*i64", "terms_ptr": "*fp64",
-                 "N": "i32", "margin": "fp32"}
+    signature = {"scores_ptr": "*fp32", "labels_ptr": "*i32", "groups_ptr": "*i64", "grad_ptr": "*fp32",
+                 "block_sums_ptr": "*fp64", "N": "i32", "num_blocks": "i32", "margin": "fp32"}
     pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
     cases = [(surrogate, grouped, False) for surrogate in SURROGATES for grouped in (False, True)]
     variants = []
