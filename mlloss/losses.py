@@ -1,7 +1,8 @@
 r"""The pairwise ranking losses users put in their models: AUC, LoA, LaA and PDAOM.
 
 Every loss is a ``torch.nn.Module`` called as ``loss(scores, labels, groups=None, mask=None)`` and
-returns a scalar; ``mask`` (N,) bool leaves out the items that are False (see ``_without_masked``). Definitions are those of ``docs/loss-spec.md``; the arithmetic lives in ``mlloss.ops``.
+returns a scalar; ``mask`` (N,) bool leaves out the items that are False (``_without_masked``).
+Definitions are those of ``docs/loss-spec.md``; the arithmetic lives in ``mlloss.ops``.
 After each call, ``loss.parts`` holds detached facts about the batch (per-label terms, valid-pair
 counts) for logging, at no extra cost.
 """
@@ -304,10 +305,10 @@ class LoALoss(_PairwiseLoss):
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         scores, labels, groups = self._checked_batch(scores, labels, groups, mask)
-        if self.balanced:
-            num_items = self.num_items
+        num_items = self.num_items if self.balanced else None  # the balanced priors' denominator
+        if num_items is not None:
             self._update_running_priors(labels, num_items)
-        mixing = self._mixing(labels, num_items if self.balanced else None)
+        mixing = self._mixing(labels, num_items)
         result = self._pair_loss(scores, labels, groups, mixing=mixing)
         if self.label_names is not None and len(self.label_names) != labels.shape[1]:
             raise ValueError(
