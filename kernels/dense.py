@@ -3,14 +3,14 @@
 At the batch sizes recommenders train with (a thousand to a few thousand items), the sorted
 ``PairLayout`` of ``pairwise`` and ``hardest`` costs more than the pairs: a dozen sorts, binary
 searches and casts before the first pair kernel, each a launch (and, in eager mode, the host's
-dispatch of each). For one binary problem (``AUCLoss``, ``PDAOMLoss``, a ``bce+`` objective's
-ranking term) with N <= ``MAX_ITEMS``, these kernels read the scores, the 0/1 labels and the group
-ids as the caller passed them and test every (i, j) for a valid pair in registers: same group,
-opposite classes. O(N^2) comparisons, O(N) memory, two launches:
+dispatch of each). For binary problems (``AUCLoss``, ``PDAOMLoss``, a ``bce+`` objective's
+ranking term, ``LoALoss``'s label columns) with N <= ``MAX_ITEMS``, these kernels read the scores,
+the 0/1 labels and the group ids as the caller passed them and test every (i, j) for a valid pair
+in registers: same group, opposite classes. O(B N^2) comparisons, O(B N) memory, two launches:
 
-1. ``_dense_rows_kernel``, grid (row blocks,): a program owns BLOCK_M items and streams every
-   BLOCK_N-wide tile of the batch through [BLOCK_M, BLOCK_N] register accumulators, reduced once
-   after the loop. It writes each item's gradient (in the caller's order) and the block's sums of
+1. ``_dense_rows_kernel``, grid (row blocks, problems): a program owns BLOCK_M items of one
+   problem and streams every BLOCK_N-wide tile of the batch through [BLOCK_M, BLOCK_N] register
+   accumulators, reduced once after the loop. It writes each item's gradient (in the caller's order) and the block's sums of
    the items' loss terms, of 1 / group size over the items of groups with a valid pair (each such
    group adds up to 1, and no item has to know whether it comes first) and of the valid pairs.
 
@@ -24,9 +24,9 @@ opposite classes. O(N^2) comparisons, O(N) memory, two launches:
      items (1 / group size each).
 
 2. ``reduce.combine``, the layout kernels' last step: sums the blocks' sums in a fixed order
-   (float64), divides by the groups with a valid pair for ``reduction="mean"``, and writes the
-   loss, the statistics and the scaled gradient. No atomics but the optional status bit of a
-   non-finite loss: bit-identical results run to run.
+   (float64), divides by the groups with a valid pair for ``reduction="mean"``, mixes the
+   problems, and writes the loss, the statistics and the gradient. No atomics but the optional
+   status bit of a non-finite loss: bit-identical results run to run.
 
 Without groups every item is in one group. The items that a ``mask=`` leaves out arrive in a
 group of their own with one label (``losses._without_masked``) and form no pair.
@@ -46,10 +46,10 @@ from .reduce import combine
 __all__ = ["MAX_ITEMS", "dense_loss_and_grad"]
 
 #: Largest batch the dense kernels take. Their loop spends more per pair than the layout kernels'
-#: (38 instructions and 6 special-function ops per pair for the logistic, 61 with groups, against
+#: (39 instructions and 6 special-function ops per pair for the logistic, 61 with groups, against
 #: 17-19 and 5: benchmarks/kernel_sass.py) and visits all N^2 pairs, not only a group's, but needs
-#: no layout: a call is 11 aten ops instead of 17-22 (benchmarks/host_path.py) and two kernel
-#: launches. 2,048 items are 2.1M pairs, about 10 us of an H100 at a third of the layout kernel's
+#: no layout: a call is 10-15 aten ops instead of 15-25 without the data check
+#: (benchmarks/host_path.py) and two kernel launches. 2,048 items are 2.1M pairs, about 10 us of an H100 at a third of the layout kernel's
 #: measured 7.7e11 pairs/s (../shared/gpu-baseline). An estimate, not yet measured: the
 #: ``mlloss-layout`` rows of benchmarks/bench_gpu.py time the layout kernels at N = 1,024.
 MAX_ITEMS = 2048
@@ -79,11 +79,16 @@ def _dense_rows_kernel(
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Rows [pid * BLOCK_M, +BLOCK_M): each item's gradient (before the mean over groups), and the
+    """Grid (row blocks, problems). Rows [pid * BLOCK_M, +BLOCK_M) of one problem (a binary label
+    column): each item's gradient (before the mean over groups), and the
     block's sums of the items' loss terms, of 1 / group size over the items of groups with a
     valid pair (a group's items add up to 1) and of the valid pairs counted at the items, as
     ``reduce.combine`` reads them."""
     block = tl.program_id(0)
+    problem = tl.program_id(1)  # a label column: its 0/1 labels, gradient and block sums
+    labels_ptr += problem * N
+    grad_ptr += problem * N
+    block_sums_ptr += problem * 3 * num_blocks
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     s_m = tl.load(scores_ptr + rows, mask=row_ok, other=0.0).to(ACC) * SCORE_SCALE
@@ -156,18 +161,21 @@ def dense_loss_and_grad(
     labels: torch.Tensor,
     groups: torch.Tensor | None,
     *,
+    mixing: torch.Tensor | None,
     surrogate: str,
     margin: float,
     hardest: bool,
     reduction: str,
     status: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss (), stats (3,) float64 [loss, valid pairs, groups with pairs], grad (N,)) of one
-    binary problem: ``labels`` (N,) 0/1 ints, ``groups`` (N,) integer ids or None, N <=
-    ``MAX_ITEMS``; all pairs, or the hardest pair per group (no temperature). The loss and
-    gradient come back in the scores' accumulation dtype."""
+    """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)) of B
+    binary problems over the same scores, mixed by ``mixing`` (B,) (None: ones; the tier contract
+    of ``pairwise.pair_loss_and_grad``): ``labels`` (B, N) 0/1 int32 (LoA's label columns; one
+    row for AUC and PDAOM), ``groups`` (N,) integer ids or None, N <= ``MAX_ITEMS``; all pairs,
+    or the hardest pair per group (no temperature). The loss and gradient come back in the
+    scores' accumulation dtype."""
     validate_device(scores, labels, *(() if groups is None else (groups,)))
-    n = scores.shape[0]
+    num_problems, n = labels.shape
     if n > MAX_ITEMS:
         raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
     loss_dtype = accumulation_dtype(scores)
@@ -175,15 +183,16 @@ def dense_loss_and_grad(
     kind = "interpreter" if scores.device.type == "cpu" else "cuda"
     block_m, block_n, num_warps = TILES[kind]
     num_blocks = triton.cdiv(n, block_m)
-    grad = torch.empty(n, dtype=loss_dtype, device=scores.device)
-    block_sums = torch.empty((1, 3, num_blocks), dtype=torch.float64, device=scores.device)
+    # One problem: its gradient goes straight to the output, which combine scales in place.
+    grad = torch.empty((num_problems, n), dtype=loss_dtype if num_problems == 1 else torch.float64,
+                       device=scores.device)
+    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
     if n:
-        _dense_rows_kernel[(num_blocks,)](
+        _dense_rows_kernel[(num_blocks, num_problems)](
             scores, labels, groups if groups is not None else labels, grad, block_sums, n, num_blocks, float(margin),
             GROUPED=groups is not None, HARDEST=hardest, SURROGATE=surrogate_id(surrogate), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
             ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
         )
-    # the gradient is scaled in place: every element is read and written by one program
-    return combine(grad, 0, n, block_sums, None, mean=reduction == "mean", loss_dtype=loss_dtype,
-                   status=status, block=FINALIZE_BLOCK[kind], grad=grad)
+    return combine(grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=loss_dtype,
+                   status=status, block=FINALIZE_BLOCK[kind], grad=grad[0] if num_problems == 1 else None)

@@ -22,7 +22,7 @@ from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
 from mlloss.kernels.pairwise import pair_loss_and_grad  # noqa: E402
 from mlloss.ops.layout import pair_layout  # noqa: E402
 from mlloss.ops.dispatch import problem_levels  # noqa: E402
-from reference import hardest_loss, pair_loss as brute_force  # noqa: E402
+from reference import hardest_loss, loa_loss, pair_loss as brute_force  # noqa: E402
 
 pytestmark = pytest.mark.triton
 DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
@@ -42,9 +42,11 @@ def case(n: int, seed: int, *, users: int | None = 9, ties: bool = False, dtype=
 
 
 def run_dense(scores, labels, groups, **options):
-    options = {"margin": 1.0, "reduction": "mean", "hardest": False, "status": None, **options}
+    """The dense kernels on labels (N,) (one problem) or (B, N) (B label columns)."""
+    options = {"margin": 1.0, "reduction": "mean", "hardest": False, "status": None, "mixing": None, **options}
+    rows = (labels[None] if labels.dim() == 1 else labels).to(torch.int32).contiguous()
     return dense.dense_loss_and_grad(
-        scores.to(DEVICE), labels.to(DEVICE), None if groups is None else groups.to(DEVICE), **options
+        scores.to(DEVICE), rows.to(DEVICE), None if groups is None else groups.to(DEVICE), **options
     )
 
 
@@ -133,7 +135,7 @@ def test_an_overflowing_loss_sets_the_status_bit() -> None:
 
 
 def test_the_dispatch_takes_the_dense_kernels_for_small_binary_problems(monkeypatch) -> None:
-    """AUC and PDAOM (no temperature) up to MAX_ITEMS items on the Triton tier; LoA, LaA, soft
+    """AUC, PDAOM (no temperature) and LoA up to MAX_ITEMS items on the Triton tier; LaA, soft
     hardest pairs and larger batches keep the layout kernels."""
     calls = []
     original = dense.dense_loss_and_grad
@@ -145,7 +147,8 @@ def test_the_dispatch_takes_the_dense_kernels_for_small_binary_problems(monkeypa
         (mlloss.AUCLoss(backend="triton"), labels, True),
         (mlloss.PDAOMLoss(backend="triton"), labels, True),
         (mlloss.PDAOMLoss(backend="triton", temperature=0.5), labels, False),
-        (mlloss.LoALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), False),
+        (mlloss.LoALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), True),
+        (mlloss.LoALoss("balanced", backend="triton"), torch.stack([labels, 1 - labels], 1), True),
         (mlloss.LaALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), False),
     ]
     for loss, loss_labels, takes_dense in expectations:
@@ -156,3 +159,19 @@ def test_the_dispatch_takes_the_dense_kernels_for_small_binary_problems(monkeypa
     bigger, bigger_labels, bigger_groups = (t.to(DEVICE) for t in case(101, seed=1))
     mlloss.AUCLoss(backend="triton")(bigger, bigger_labels, bigger_groups)
     assert not calls
+
+
+@pytest.mark.parametrize("hardest", [False, True], ids=["all-pairs", "hardest"])
+@pytest.mark.parametrize("users", [None, 9], ids=["no-groups", "groups"])
+def test_label_columns_mixed_match_the_brute_force(users, hardest) -> None:
+    """LoA: one problem per label column over the same scores, mixed by the a_k."""
+    scores, labels, groups = case(140, seed=21, users=users)
+    columns = torch.stack([labels, (torch.arange(140) % 3 == 0).to(torch.int32), 1 - labels])
+    weights = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    options = dict(surrogate="exponential" if hardest else "logistic", reduction="sum" if hardest else "mean")
+    result = run_dense(scores, columns, groups, hardest=hardest, mixing=weights.to(DEVICE), **options)
+    x = scores.clone().requires_grad_(True)
+    expected = loa_loss(x, columns.t().double(), groups, weights.tolist(), pairs="hardest" if hardest else "all", **options)
+    expected.backward()
+    assert_close(result, (expected.detach(), x.grad), rtol=1e-10 if DEVICE == "cpu" else 1e-4)
+    assert result[1].shape == (9,)  # per column: loss, valid pairs, groups with pairs

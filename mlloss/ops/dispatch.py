@@ -12,7 +12,9 @@ into the problems' ``Levels`` (``problem_levels``) and hands the same per-item a
 
 * ``"triton"``: the fused kernels of the Triton tier, ``kernels/`` (installed as
   ``mlloss.kernels``): CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``; no host
-  synchronisation but the optional data-check read;
+  synchronisation but the optional data-check read. Binary problems (AUC, LoA, PDAOM without a
+  temperature) of at most ``kernels.dense.MAX_ITEMS`` items take its dense kernels, which need
+  no layout;
 * ``"torch"``: the PyTorch tier, ``torch_tier`` (the CPU path and the kernels' reference): the
   blocked all-pairs sums of ``allpairs`` on the dense (group, level) tables, O(valid pairs);
 * ``"exact"``: the same tier with the closed forms of ``closed_form`` (exponential, squared,
@@ -194,17 +196,16 @@ def _pair_loss_op(
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
     levels = problem_levels(labels, label_weights)
-    # One small binary problem (AUC, PDAOM, a bce+ ranking term): every pair in registers, no layout.
-    dense = on_kernels and not aggregated and labels.shape[1] == 1 and mixing is None and (
-        pairs == "all" or temperature is None)
+    # Small binary problems (AUC, PDAOM, a bce+ ranking term, LoA): every pair in registers, no layout.
+    dense = on_kernels and not aggregated and (pairs == "all" or temperature is None)
     if dense:
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
         dense = scores.shape[0] <= dense_kernels.MAX_ITEMS
     if dense:
         result = dense_kernels.dense_loss_and_grad(
-            scores, levels.rank[0], groups, surrogate=surrogate, margin=margin, hardest=pairs == "hardest",
-            reduction=reduction, status=status,
+            scores, levels.rank, groups, mixing=mixing, surrogate=surrogate, margin=margin,
+            hardest=pairs == "hardest", reduction=reduction, status=status,
         )
     elif on_kernels and pairs == "all":
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
