@@ -26,7 +26,7 @@ case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
-        tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_metrics.py 2>&1 | tee "$out/tests.txt" | tail -5
+        tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py 2>&1 | tee "$out/tests.txt" | tail -5
     ;;
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" 2>&1 | tee "$out/bench.log" | tail -30
