@@ -118,10 +118,11 @@ class Window(pl.Callback):
         self._earlier_epochs = self._earlier_epochs + pl_module.epoch_samples()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step, items = trainer.global_step, self._earlier_epochs + pl_module.epoch_samples()
+        step = trainer.global_step
         if step < self.warmup:
             return
         now = _now(self.device)[0]
+        items = self._earlier_epochs + pl_module.epoch_samples()  # a device tensor: no sync
         if not self._started:
             self._started, self.start, self._first_step, self._first_items = True, now, step, items
             if self.profiler is not None:

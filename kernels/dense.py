@@ -80,10 +80,10 @@ def _dense_rows_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid (row blocks, problems). Rows [pid * BLOCK_M, +BLOCK_M) of one problem (a binary label
-    column): each item's gradient (before the mean over groups), and the
-    block's sums of the items' loss terms, of 1 / group size over the items of groups with a
-    valid pair (a group's items add up to 1) and of the valid pairs counted at the items, as
-    ``reduce.combine`` reads them."""
+    column): each item's gradient (before the mean over groups), and the block's sums of the
+    items' loss terms, of 1 / group size over the items of groups with a valid pair (a group's
+    items add up to 1) and of the valid pairs counted at the items, as ``reduce.combine`` reads
+    them."""
     block = tl.program_id(0)
     problem = tl.program_id(1)  # a label column: its 0/1 labels, gradient and block sums
     labels_ptr += problem * N

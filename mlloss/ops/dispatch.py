@@ -151,8 +151,8 @@ def pair_loss(
 # The op's host options travel as two short lists, ``flags`` (choices by index, switches, the
 # partition) and ``values`` (margin, temperature): torch.library's Python wrapper costs time
 # quadratic in an op's argument count (``torch._library.utils.fill_defaults`` rebuilds the
-# schema's argument list for each argument), about 150 us of a call's host time at 16
-# arguments and 30 us at 7 on this repository's CPU (benchmarks/host_path.py --host-time).
+# schema's argument list for each argument): about 175 us per call at 16 arguments and 20 us
+# at 7 on this repository's CPU (timeit; tests/test_host_path.py keeps the count down).
 _CHOICES = (check.COSTS, check.SURROGATES, check.PAIR_SETS, check.REDUCTIONS, TIERS)
 _CODES = {name: code for choices in _CHOICES for code, name in enumerate(choices)}
 assert len(_CODES) == sum(map(len, _CHOICES)), "a name in two choice tables would be coded twice"
@@ -160,13 +160,14 @@ NO_TEMPERATURE = -1.0  # temperatures are > 0
 
 
 @functools.lru_cache(maxsize=256)
-def _decoded(flags: tuple[int, ...], values: tuple[float, ...]) -> tuple:
-    """(cost, surrogate, pairs, reduction, tier, validate, real_levels, rank, world_size, margin,
-    temperature) from the op's ``flags`` and ``values``."""
-    names = tuple(choices[code] for choices, code in zip(_CHOICES, flags))
+def _decoded(flags: tuple[int, ...], values: tuple[float, ...]) -> tuple[PairOptions, str, bool, bool, int, int]:
+    """(the pair options, tier, validate, real_levels, rank, world_size) from the op's ``flags``
+    and ``values``."""
+    cost, surrogate, pairs, reduction, tier = (choices[code] for choices, code in zip(_CHOICES, flags))
     margin, temperature = values
-    return (*names, bool(flags[5]), bool(flags[6]), flags[7], flags[8], margin,
-            None if temperature == NO_TEMPERATURE else temperature)
+    options = PairOptions(cost, surrogate, margin, pairs, None if temperature == NO_TEMPERATURE else temperature,
+                          reduction)
+    return options, tier, bool(flags[5]), bool(flags[6]), flags[7], flags[8]
 
 
 @torch.library.custom_op("mlloss::pair_loss", mutates_args=())
@@ -180,9 +181,8 @@ def _pair_loss_op(
     values: list[float],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
-    (cost, surrogate, pairs, reduction, tier, validate, real_levels, rank, world_size, margin,
-     temperature) = _decoded(tuple(flags), tuple(values))
-    options = PairOptions(cost, surrogate, margin, pairs, temperature, reduction)
+    options, tier, validate, real_levels, rank, world_size = _decoded(tuple(flags), tuple(values))
+    cost, surrogate, margin, pairs, temperature, reduction = options
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
