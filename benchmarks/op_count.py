@@ -8,8 +8,9 @@ it changes nothing (``host_path.py`` sets ``TRITON_INTERPRET``, this module does
 from __future__ import annotations
 
 import torch
-from torch._library.custom_ops import _maybe_get_opdef
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from mlloss.ops.fused import IMPLEMENTATIONS
 
 # Ops that make the host wait for the device whatever their arguments.
 SYNCING_OPS = {
@@ -69,7 +70,7 @@ class OpCounter(TorchDispatchMode):
         if func.namespace == "mlloss":
             # A library op: count what its Python implementation issues, not the op itself.
             with self:
-                return _maybe_get_opdef(func)._init_fn(*args, **kwargs)
+                return IMPLEMENTATIONS[func.overloadpacket.__name__](*args, **kwargs)
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             # Inside a library op, composite ops reach the mode undecomposed (autograd is below):
             # decompose them as the dispatcher does elsewhere (a no-op .to() issues nothing).

@@ -1,8 +1,9 @@
 """``torch.compile(fullgraph=True)`` of a model step that calls each loss.
 
-Every loss is one opaque ``torch.library`` op (``mlloss::pair_loss``, and
-``mlloss::binary_cross_entropy`` for BCE) with a fake implementation and an autograd formula,
-so Dynamo captures the step in one graph, AOTAutograd derives its backward, and batches with
+Under ``torch.compile`` every loss is one opaque ``torch.library`` op (``mlloss::pair_loss``, and
+``mlloss::binary_cross_entropy`` for BCE) with a fake implementation and an autograd formula
+(in eager mode the same implementation runs without the dispatcher, ``ops.fused``), so Dynamo
+captures the step in one graph, AOTAutograd derives its backward, and batches with
 other labels and groups but the same N reuse the graph. The compiled step must give eager's
 loss and parameter gradients. Backend ``aot_eager`` (graph capture and AOTAutograd without
 C++ code generation, which takes tens of seconds per graph on a small CPU), plus one Inductor
@@ -115,3 +116,66 @@ def test_inductor_compiles_bce_of_transposed_logits() -> None:
         value = compiled(features, labels)
         torch.testing.assert_close(value, step(features, labels), rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(torch.autograd.grad(value, weight)[0], expected_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("loss_name", ["bce+pdaom", "LaALoss", "LoALoss"])
+def test_dynamic_shapes_compile_with_the_loss_options_as_symbols(loss_name: str) -> None:
+    """``dynamic=True`` turns a module's float attributes (margin, lam) into symbols: they reach
+    the op as symbolic arguments, and batches of another size reuse the graph."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    loss = LOSSES[loss_name]()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend=counter)
+    compiles = []
+    for num_items in (40, 48, 56):
+        gen = torch.Generator().manual_seed(num_items)
+        labels = torch.randint(0, 2, (num_items, 2), generator=gen).to(torch.float32)
+        groups = torch.randint(0, 4, (num_items,), generator=gen)
+        scores = torch.randn(num_items, *((2,) if loss_name == "bce+pdaom" else ()), generator=gen)
+        got, expected = scores.clone().requires_grad_(True), scores.clone().requires_grad_(True)
+        value = compiled(got, labels, groups)
+        value.backward()
+        loss(expected, labels, groups).backward()
+        torch.testing.assert_close(value, loss(scores, labels, groups), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-6, atol=1e-7)
+        compiles.append(counter.frame_count)
+    assert compiles[0] >= 1 and compiles[1:] == compiles[:1] * 2, f"compilations after each batch {compiles}"
+
+
+@pytest.mark.parametrize("loss_name", ["AUCLoss", "LaALoss", "bce+pdaom", "AUCLoss(triton)"])
+def test_the_op_and_its_autograd_give_the_eager_bits(loss_name: str, monkeypatch) -> None:
+    """Eager calls run the op's implementation in an ``autograd.Function``; compiled code calls the
+    op, whose registered autograd formula must give the same loss and gradient, bit for bit."""
+    if "triton" in loss_name:
+        pytest.importorskip("triton")
+    features, labels, groups = next(batches(1))
+    scores = features[:, :2] if loss_name == "bce+pdaom" else features[:, 0]
+    labels = labels[:, 0] if loss_name in SINGLE_LABEL - {"bce+pdaom"} else labels
+    results = []
+    for through_op in (False, True):
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: through_op)
+        x = scores.clone().requires_grad_(True)
+        value = LOSSES[loss_name]()(x, labels, groups)
+        (3 * value).backward()
+        results.append((value.detach(), x.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_fake_and_meta_tensors_take_the_ops_fake() -> None:
+    """Shape propagation (FakeTensorMode, the meta device) gets the outputs' shapes and dtypes
+    from the ops' fakes, gradients included, without running a kernel or reading a value."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for loss, shape, labels_shape in (
+        (mlloss.AUCLoss(), (64,), (64,)), (mlloss.LaALoss(), (64,), (64, 2)), (mlloss.build_loss("bce"), (64, 2), (64, 2))
+    ):
+        with FakeTensorMode():
+            scores = torch.randn(shape, requires_grad=True)
+            value = loss(scores, torch.randint(0, 2, labels_shape).float(), torch.randint(0, 4, (64,)))
+            value.backward()
+        assert value.shape == () and value.dtype == torch.float32 and scores.grad.shape == shape
+        scores = torch.randn(shape, device="meta", requires_grad=True)
+        value = loss(scores, torch.ones(labels_shape, device="meta"))
+        value.backward()
+        assert value.is_meta and value.shape == () and scores.grad.shape == shape

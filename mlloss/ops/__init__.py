@@ -10,8 +10,8 @@
   ``hardest`` (max-violation pairs).
 * The Triton tier: the top-level folder ``kernels/``, installed as ``mlloss.kernels``
   (``kernels.pairwise``, ``kernels.hardest``); imported only when a call runs on it.
-* ``fused``: the dtype rule and the autograd formula every op shares (the gradient is computed in
-  the forward pass); ``pointwise``: the binary cross-entropy op.
+* ``fused``: the dtype rule, the registration and the autograd formula every op shares (the
+  gradient is computed in the forward pass); ``pointwise``: the binary cross-entropy op.
 
 The surrogates' formulas and the one table of their names are ``mlloss.surrogates``; the checks
 are ``mlloss._validation``. docs/architecture.md draws the layers and the path of one call.

@@ -2,8 +2,8 @@
 
 A loss is B *problems* over the same items, mixed with weights: AUC is one binary problem (the
 level is the label), LoA one binary problem per label (mixed by the a_k), LaA one problem whose
-level is the aggregated label ybar. ``pair_loss`` calls the custom op ``mlloss::pair_loss``,
-which returns the loss, per-problem statistics and the gradient (computed in the forward pass;
+level is the aggregated label ybar. ``pair_loss`` calls the op ``mlloss::pair_loss`` (registered by
+``fused.fused_loss_op``), which returns the loss, per-problem statistics and the gradient (computed in the forward pass;
 backward only scales it, ``fused``). Being one opaque op, it lets
 ``torch.compile(fullgraph=True)`` capture a model step that calls any loss, and labels or groups
 that change at a fixed N do not recompile it. Inside, the op checks the data, turns the labels
@@ -47,7 +47,7 @@ from .. import _validation as check
 from .._extras import needs_extra
 from . import torch_tier
 from .closed_form import CLOSED_FORMS as _CLOSED_FORM_TABLE
-from .fused import accumulation_dtype, register_fused_gradient
+from .fused import accumulation_dtype, fused_loss_op
 from .layout import Levels, pair_layout
 from .torch_tier import PairOptions
 
@@ -140,7 +140,7 @@ def pair_loss(
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
              int(validate), int(real_levels), rank, world_size]
     values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
-    loss, stats, _ = torch.ops.mlloss.pair_loss(scores, labels, groups, mixing, label_weights, flags, values)
+    loss, stats, _ = _pair_loss_fused(scores, labels, groups, mixing, label_weights, flags, values)
     partial = tier == "torch" and pairs == "all" and groups is not None and world_size > 1
     return PairLossResult(loss, stats, partial)
 
@@ -149,10 +149,10 @@ def pair_loss(
 # The op                                                                      #
 # --------------------------------------------------------------------------- #
 # The op's host options travel as two short lists, ``flags`` (choices by index, switches, the
-# partition) and ``values`` (margin, temperature): torch.library's Python wrapper costs time
-# quadratic in an op's argument count (``torch._library.utils.fill_defaults`` rebuilds the
-# schema's argument list for each argument): about 175 us per call at 16 arguments and 20 us
-# at 7 on this repository's CPU (timeit; tests/test_host_path.py keeps the count down).
+# partition) and ``values`` (margin, temperature), decoded once per distinct set (``_decoded``).
+# (Through ``torch.library.custom_op`` their count mattered: its wrapper's ``fill_defaults``
+# took about 175 us per call at 16 arguments and 20 us at 7. Eager calls no longer pass through
+# the operator: ``fused.fused_loss_op``.)
 _CHOICES = (check.COSTS, check.SURROGATES, check.PAIR_SETS, check.REDUCTIONS, TIERS)
 _CODES = {name: code for choices in _CHOICES for code, name in enumerate(choices)}
 assert len(_CODES) == sum(map(len, _CHOICES)), "a name in two choice tables would be coded twice"
@@ -170,7 +170,6 @@ def _decoded(flags: tuple[int, ...], values: tuple[float, ...]) -> tuple[PairOpt
     return options, tier, bool(flags[5]), bool(flags[6]), flags[7], flags[8]
 
 
-@torch.library.custom_op("mlloss::pair_loss", mutates_args=())
 def _pair_loss_op(
     scores: Tensor,
     labels: Tensor,
@@ -236,7 +235,6 @@ def _pair_loss_op(
     return result
 
 
-@_pair_loss_op.register_fake
 def _pair_loss_fake(scores, labels, groups, mixing, label_weights, *args):
     num_problems = 1 if label_weights is not None else labels.shape[1]
     return (
@@ -246,7 +244,7 @@ def _pair_loss_fake(scores, labels, groups, mixing, label_weights, *args):
     )
 
 
-register_fused_gradient(_pair_loss_op)
+_pair_loss_fused = fused_loss_op(_pair_loss_op, _pair_loss_fake)
 
 
 # --------------------------------------------------------------------------- #

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _validation as check
-from .fused import accumulation_dtype, register_fused_gradient
+from .fused import accumulation_dtype, fused_loss_op
 
 
 def binary_cross_entropy(
@@ -25,11 +25,10 @@ def binary_cross_entropy(
 ) -> tuple[Tensor, Tensor]:
     """(sum over tasks of the mean cross-entropy, differentiable; per-task means (K,), detached)
     of ``scores`` (N, K) against 0/1 ``labels`` (N, K), over the items of ``mask`` (N,) if given."""
-    loss, task_losses, _ = torch.ops.mlloss.binary_cross_entropy(scores, labels, mask, probabilities, validate)
+    loss, task_losses, _ = _binary_cross_entropy_fused(scores, labels, mask, probabilities, validate)
     return loss, task_losses
 
 
-@torch.library.custom_op("mlloss::binary_cross_entropy", mutates_args=())
 def _binary_cross_entropy_op(
     scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -63,7 +62,6 @@ def _binary_cross_entropy_op(
     return task_losses.sum(), task_losses, grad.contiguous()
 
 
-@_binary_cross_entropy_op.register_fake
 def _binary_cross_entropy_fake(scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool):
     dtype = accumulation_dtype(scores)
     return (
@@ -73,4 +71,4 @@ def _binary_cross_entropy_fake(scores: Tensor, labels: Tensor, mask: Tensor | No
     )
 
 
-register_fused_gradient(_binary_cross_entropy_op)
+_binary_cross_entropy_fused = fused_loss_op(_binary_cross_entropy_op, _binary_cross_entropy_fake)
