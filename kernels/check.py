@@ -22,12 +22,15 @@ _BAD_LABEL: tl.constexpr = tl.constexpr(STATUS_BAD_LABEL)
 # --------------------------------------------------------------------------- #
 @triton.jit
 def _check_batch_kernel(
-    scores_ptr, labels_ptr, status_ptr, N, K, label_stride_n, label_stride_k,
-    LABEL_RULE: tl.constexpr, BLOCK: tl.constexpr,
+    scores_ptr, labels_ptr, keep_ptr, status_ptr, N, K, label_stride_n, label_stride_k,
+    MASKED: tl.constexpr, LABEL_RULE: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Grid (item blocks,): OR the status bits of this block's items into ``status``."""
+    """Grid (item blocks,): OR the status bits of this block's items (those of ``keep`` if
+    MASKED) into ``status``."""
     items = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = items < N
+    if MASKED:
+        mask &= tl.load(keep_ptr + items, mask=mask, other=0) != 0
     s = tl.load(scores_ptr + items, mask=mask, other=0.0)
     bad_score = mask & ((s != s) | (tl.abs(s) == float("inf")))
     bad_label = tl.zeros([BLOCK], dtype=tl.int1)
@@ -47,12 +50,16 @@ def _check_batch_kernel(
 _LABEL_RULES = {"binary": 0, "summed-binary": 0, "integer": 1, "real": 2}
 
 
-def check_batch(scores: torch.Tensor, labels: torch.Tensor, status: torch.Tensor, *, label_rule: str) -> None:
-    """OR the data-check bits of (scores (N,), labels (N, K)) into ``status`` (one int32);
-    ``label_rule``: see ``mlloss._validation.LABEL_RULES``."""
+def check_batch(
+    scores: torch.Tensor, labels: torch.Tensor, status: torch.Tensor, *, label_rule: str,
+    mask: torch.Tensor | None = None,
+) -> None:
+    """OR the data-check bits of (scores (N,), labels (N, K)) into ``status`` (one int32), over
+    the items of the optional (N,) bool ``mask``; ``label_rule``: see
+    ``mlloss._validation.LABEL_RULES``."""
     n, k = labels.shape
     block = 1024
     _check_batch_kernel[(max(triton.cdiv(n, block), 1),)](
-        scores, labels, status, n, k, labels.stride(0), labels.stride(1),
-        LABEL_RULE=_LABEL_RULES[label_rule], BLOCK=block,
+        scores, labels, mask if mask is not None else scores, status, n, k, labels.stride(0), labels.stride(1),
+        MASKED=mask is not None, LABEL_RULE=_LABEL_RULES[label_rule], BLOCK=block,
     )

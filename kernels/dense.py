@@ -28,8 +28,9 @@ in registers: same group, opposite classes. O(B N^2) comparisons, O(B N) memory,
    problems, and writes the loss, the statistics and the gradient. No atomics but the optional
    status bit of a non-finite loss: bit-identical results run to run.
 
-Without groups every item is in one group. The items that a ``mask=`` leaves out arrive in a
-group of their own with one label (``losses._without_masked``) and form no pair.
+Without groups every item is in one group. The items outside a ``mask=`` (read by both
+kernels' loads) take part in no pair and get a zero gradient, whatever they hold: no layout, sort
+or fill is needed for a fixed-size batch's filler rows.
 """
 
 from __future__ import annotations
@@ -57,15 +58,18 @@ TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, n
 
 
 @triton.jit
-def _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
-          GROUPED: tl.constexpr, SCORE_SCALE: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr):
+def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, row_ok,
+          GROUPED: tl.constexpr, MASKED: tl.constexpr, SCORE_SCALE: tl.constexpr, ACC: tl.constexpr,
+          BLOCK_N: tl.constexpr):
     """The tile of items [start, start + BLOCK_N): scores, positive flags, and the [BLOCK_M,
-    BLOCK_N] flags of the (row, item) pairs in one group."""
+    BLOCK_N] flags of the (row, item) pairs in one group (items of the mask, if MASKED)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     in_range = offs_n < N
     s_n = tl.load(scores_ptr + offs_n, mask=in_range, other=0.0).to(ACC) * SCORE_SCALE
     up_n = tl.load(labels_ptr + offs_n, mask=in_range, other=0) == 1
-    same = in_range[None, :] & (rows[:, None] >= 0)
+    if MASKED:
+        in_range &= tl.load(keep_ptr + offs_n, mask=in_range, other=0) != 0
+    same = in_range[None, :] & row_ok[:, None]
     if GROUPED:
         g_n = tl.load(groups_ptr + offs_n, mask=in_range, other=0)
         same = same & (g_m[:, None] == g_n[None, :])
@@ -74,8 +78,8 @@ def _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
 
 @triton.jit
 def _dense_rows_kernel(
-    scores_ptr, labels_ptr, groups_ptr, grad_ptr, block_sums_ptr, N, num_blocks, margin,
-    GROUPED: tl.constexpr, HARDEST: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    scores_ptr, labels_ptr, groups_ptr, keep_ptr, grad_ptr, block_sums_ptr, N, num_blocks, margin,
+    GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -90,7 +94,10 @@ def _dense_rows_kernel(
     grad_ptr += problem * N
     block_sums_ptr += problem * 3 * num_blocks
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < N
+    in_batch = rows < N
+    row_ok = in_batch  # the rows that take part: in the batch, and in the mask if MASKED
+    if MASKED:
+        row_ok &= tl.load(keep_ptr + rows, mask=in_batch, other=0) != 0
     s_m = tl.load(scores_ptr + rows, mask=row_ok, other=0.0).to(ACC) * SCORE_SCALE
     up_m = tl.load(labels_ptr + rows, mask=row_ok, other=0) == 1
     if GROUPED:
@@ -106,8 +113,8 @@ def _dense_rows_kernel(
         acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
         acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     for start in range(0, N, BLOCK_N):
-        s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
-                                GROUPED, SCORE_SCALE, ACC, BLOCK_N)
+        s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, row_ok,
+                                GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
         positives += (same & up_n[None, :]).to(tl.int32)
         negatives += (same & ~up_n[None, :]).to(tl.int32)
         if HARDEST:
@@ -131,8 +138,8 @@ def _dense_rows_kernel(
         low_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         high_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         for start in range(0, N, BLOCK_N):
-            s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, start, N, g_m, rows,
-                                    GROUPED, SCORE_SCALE, ACC, BLOCK_N)
+            s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, row_ok,
+                                    GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
             low_ties += (same & up_n[None, :] & (s_n[None, :] == low[:, None])).to(tl.int32)
             high_ties += (same & ~up_n[None, :] & (s_n[None, :] == high[:, None])).to(tl.int32)
         x = tl.where(has_pair, high.to(tl.float64) - low.to(tl.float64), 0.0)
@@ -150,7 +157,7 @@ def _dense_rows_kernel(
         pull_sum = tl.sum(acc_pull, axis=1).to(tl.float64)
         grad = tl.where(up_m, -pull_sum, pull_sum) * inverse
         pairs = tl.where(has_pair & up_m, num_negative.to(tl.float64), 0.0)
-    tl.store(grad_ptr + rows, grad.to(grad_ptr.dtype.element_ty), mask=row_ok)
+    tl.store(grad_ptr + rows, grad.to(grad_ptr.dtype.element_ty), mask=in_batch)  # 0 outside the mask
     tl.store(block_sums_ptr + block, tl.sum(tl.where(row_ok, term, 0.0)))
     tl.store(block_sums_ptr + num_blocks + block, tl.sum(tl.where(row_ok, share_of_group, 0.0)))
     tl.store(block_sums_ptr + 2 * num_blocks + block, tl.sum(tl.where(row_ok, pairs, 0.0)))
@@ -160,6 +167,7 @@ def dense_loss_and_grad(
     scores: torch.Tensor,
     labels: torch.Tensor,
     groups: torch.Tensor | None,
+    mask: torch.Tensor | None = None,
     *,
     mixing: torch.Tensor | None,
     surrogate: str,
@@ -171,10 +179,11 @@ def dense_loss_and_grad(
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)) of B
     binary problems over the same scores, mixed by ``mixing`` (B,) (None: ones; the tier contract
     of ``pairwise.pair_loss_and_grad``): ``labels`` (B, N) 0/1 int32 (LoA's label columns; one
-    row for AUC and PDAOM), ``groups`` (N,) integer ids or None, N <= ``MAX_ITEMS``; all pairs,
+    row for AUC and PDAOM), ``groups`` (N,) integer ids or None, ``mask`` (N,) bool or None (the
+    items outside it, whatever they hold, form no pair and get a zero gradient), N <= ``MAX_ITEMS``; all pairs,
     or the hardest pair per group (no temperature). The loss and gradient come back in the
     scores' accumulation dtype."""
-    validate_device(scores, labels, *(() if groups is None else (groups,)))
+    validate_device(scores, labels, *(tensor for tensor in (groups, mask) if tensor is not None))
     num_problems, n = labels.shape
     if n > MAX_ITEMS:
         raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
@@ -189,8 +198,9 @@ def dense_loss_and_grad(
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
     if n:
         _dense_rows_kernel[(num_blocks, num_problems)](
-            scores, labels, groups if groups is not None else labels, grad, block_sums, n, num_blocks, float(margin),
-            GROUPED=groups is not None, HARDEST=hardest, SURROGATE=surrogate_id(surrogate), FAST=fast,
+            scores, labels, groups if groups is not None else labels, mask if mask is not None else labels, grad,
+            block_sums, n, num_blocks, float(margin),
+            GROUPED=groups is not None, MASKED=mask is not None, HARDEST=hardest, SURROGATE=surrogate_id(surrogate), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
             ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
         )

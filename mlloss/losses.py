@@ -1,7 +1,7 @@
 r"""The pairwise ranking losses users put in their models: AUC, LoA, LaA and PDAOM.
 
 Every loss is a ``torch.nn.Module`` called as ``loss(scores, labels, groups=None, mask=None)`` and
-returns a scalar; ``mask`` (N,) bool leaves out the items that are False (``_without_masked``).
+returns a scalar; ``mask`` (N,) bool leaves out the items that are False (``ops.dispatch``).
 Definitions are those of ``docs/loss-spec.md``; the arithmetic lives in ``mlloss.ops``.
 After each call, ``loss.parts`` holds detached facts about the batch (per-label terms, valid-pair
 counts) for logging, at no extra cost.
@@ -65,6 +65,7 @@ class _PairwiseLoss(nn.Module):
         scores: Tensor,
         labels: Tensor,
         groups: Tensor | None,
+        mask: Tensor | None,
         *,
         mixing: Tensor | None = None,
         label_weights: list[float] | None = None,
@@ -74,7 +75,7 @@ class _PairwiseLoss(nn.Module):
         # With cross_device, each rank may compute only its share of the groups' pairs; the shares
         # are then summed (distributed.sum_partials).
         result = pair_loss(
-            scores, labels, groups,
+            scores, labels, groups, mask,
             mixing=mixing,
             label_weights=label_weights,
             cost=cost,
@@ -92,22 +93,19 @@ class _PairwiseLoss(nn.Module):
 
     def _checked_batch(
         self, scores: object, labels: object, groups: object, mask: object = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(scores (N,), labels (N, K) in their own dtype, groups (N,) int64 or None), shapes
-        and dtypes checked, gathered across processes when ``cross_device=True`` (see
-        ``mlloss.distributed``), the items outside ``mask`` set apart (``_without_masked``).
-        The values are checked by the op (``validate_args``)."""
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """(scores (N,), labels (N, K) in their own dtype, groups (N,) int64 or None, mask (N,)
+        bool or None), shapes and dtypes checked, gathered across processes when
+        ``cross_device=True`` (see ``mlloss.distributed``). The values are checked by the op
+        (``validate_args``), which also sets the items outside the mask apart."""
         scores = check.scores_vector(scores, finite=False)
         labels = check.label_columns(labels, scores.shape[0])
         groups = check.group_vector(groups, scores.shape[0])
         mask = check.mask_vector(mask, scores)
         if self.cross_device:
             scores, labels, groups, mask = gather_batch(scores, labels, groups, mask)
-        if mask is None:
-            self._counted = scores.shape[0]
-            return scores, labels, groups
-        self._counted = mask
-        return _without_masked(scores, labels, groups, mask)
+        self._counted = scores.shape[0] if mask is None else mask
+        return scores, labels, groups, mask
 
     @property
     def num_items(self) -> int | Tensor:
@@ -128,24 +126,6 @@ class _PairwiseLoss(nn.Module):
         if not self.validate_args:
             options.append("validate_args=False")
         return ", ".join(options)
-
-
-def _without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The batch with the items outside ``mask`` in a group of their own, all at one level: they
-    form no valid pair, so no loss term, normaliser or gradient sees them (loss spec, "Groups":
-    groups without a valid pair drop out of the reduction). Their scores and labels, which may be
-    anything (a fixed-size batch's filler rows), become 0, so the data check passes them and no
-    sum over a cell meets a NaN; the gradient of a masked score is exactly 0.
-
-    With groups, an item's group becomes its group's rank among the N sorted ids (< N) and a
-    masked item's N, which no real group can take; without, the real items are group 0 and the
-    masked ones group 1. Sync-free and shape-static, like the layout."""
-    dropped = ~mask
-    if groups is None:
-        groups = dropped.to(torch.int64)
-    else:
-        groups = torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, scores.shape[0])
-    return scores.masked_fill(dropped, 0), labels.masked_fill(dropped[:, None], 0), groups
 
 
 def _unit_weights(num_labels: int) -> Tensor:
@@ -200,9 +180,9 @@ class AUCLoss(_PairwiseLoss):
         )
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
-        scores, labels, groups = self._checked_batch(scores, labels, groups, mask)
+        scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
         check.require_single_column(labels, type(self).__name__)
-        result = self._pair_loss(scores, labels, groups)
+        result = self._pair_loss(scores, labels, groups, mask)
         self.parts = pair_parts(result)
         return result.loss
 
@@ -304,12 +284,15 @@ class LoALoss(_PairwiseLoss):
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
-        scores, labels, groups = self._checked_batch(scores, labels, groups, mask)
+        scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
         num_items = self.num_items if self.balanced else None  # the balanced priors' denominator
+        counted = labels
         if num_items is not None:
-            self._update_running_priors(labels, num_items)
-        mixing = self._mixing(labels, num_items)
-        result = self._pair_loss(scores, labels, groups, mixing=mixing)
+            if mask is not None:  # the priors count the mask's items: the others' labels become 0
+                counted = labels.masked_fill(~mask[:, None], 0)
+            self._update_running_priors(counted, num_items)
+        mixing = self._mixing(counted, num_items)
+        result = self._pair_loss(scores, labels, groups, mask, mixing=mixing)
         if self.label_names is not None and len(self.label_names) != labels.shape[1]:
             raise ValueError(
                 f"label_names has {len(self.label_names)} names but labels have {labels.shape[1]} columns; "
@@ -422,13 +405,13 @@ class LaALoss(_PairwiseLoss):
         self.real_levels = real_levels
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
-        scores, labels, groups = self._checked_batch(scores, labels, groups, mask)
+        scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
         num_labels = labels.shape[1]
         if self.weights is not None:
             check.check_weights_length("weights", self.weights, num_labels)
         label_weights = [1.0] * num_labels if self.weights is None else self._weight_values
         result = self._pair_loss(
-            scores, labels, groups, label_weights=label_weights, cost=self.cost, real_levels=self.real_levels
+            scores, labels, groups, mask, label_weights=label_weights, cost=self.cost, real_levels=self.real_levels
         )
         self.parts = pair_parts(result)
         return result.loss

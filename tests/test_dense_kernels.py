@@ -175,3 +175,47 @@ def test_label_columns_mixed_match_the_brute_force(users, hardest) -> None:
     expected.backward()
     assert_close(result, (expected.detach(), x.grad), rtol=1e-10 if DEVICE == "cpu" else 1e-4)
     assert result[1].shape == (9,)  # per column: loss, valid pairs, groups with pairs
+
+
+@pytest.mark.parametrize("hardest", [False, True], ids=["all-pairs", "hardest"])
+@pytest.mark.parametrize("users", [None, 9], ids=["no-groups", "groups"])
+def test_the_kernels_skip_the_items_outside_the_mask(users, hardest) -> None:
+    """A mask read by the kernels: the loss, statistics and gradient of the kept items alone;
+    the others hold NaN scores, labels of 5 and any group, and get a gradient of exactly 0."""
+    scores, labels, groups = case(170, seed=31, users=users)
+    keep = torch.rand(170, generator=torch.Generator().manual_seed(1)) < 0.7
+    columns = torch.stack([labels, 1 - labels])
+    garbage_scores = scores.masked_fill(~keep, float("nan"))
+    garbage_columns = columns.masked_fill(~keep, 5)
+    garbage_groups = None if groups is None else groups.masked_fill(~keep, 10**9)
+    options = dict(surrogate="exponential" if hardest else "logistic", reduction="sum" if hardest else "mean",
+                   hardest=hardest, mixing=torch.tensor([1.0, 0.5], dtype=torch.float64, device=DEVICE))
+    loss, stats, grad = run_dense(garbage_scores, garbage_columns, garbage_groups, mask=keep.to(DEVICE), **options)
+    kept = run_dense(scores[keep], columns[:, keep], None if groups is None else groups[keep], **options)
+    torch.testing.assert_close(loss, kept[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(stats, kept[1], rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad[keep.to(DEVICE)], kept[2], rtol=1e-12, atol=1e-15)
+    assert torch.equal(grad.cpu()[~keep], torch.zeros(int((~keep).sum()), dtype=grad.dtype))
+
+
+def test_the_data_check_reads_only_the_items_of_the_mask() -> None:
+    from mlloss._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
+    from mlloss.kernels.pairwise import check_batch
+
+    scores, labels, _ = case(50, seed=4)
+    keep = torch.arange(50) % 4 != 0
+    scores, labels = scores.masked_fill(~keep, float("nan")), labels.masked_fill(~keep, 5)[:, None]
+
+    def status_of(scores, mask):
+        status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        check_batch(scores.to(DEVICE), labels.to(DEVICE), status, label_rule="binary",
+                    mask=None if mask is None else mask.to(DEVICE))
+        return status.item()
+
+    assert status_of(scores, None) == STATUS_BAD_SCORE | STATUS_BAD_LABEL
+    assert status_of(scores, keep) == 0
+    assert status_of(scores.index_fill(0, torch.tensor([5]), float("inf")), keep) == STATUS_BAD_SCORE
+    # through a loss: the offending kept entry is named, the fillers are not
+    with pytest.raises(ValueError, match=r"scores\[5\]"):
+        mlloss.AUCLoss(backend="triton")(scores.index_fill(0, torch.tensor([5]), float("inf")).to(DEVICE),
+                                         labels[:, 0].clamp(max=1).to(DEVICE), mask=keep.to(DEVICE))

@@ -110,6 +110,7 @@ def pair_loss(
     scores: Tensor,
     labels: Tensor,
     groups: Tensor | None,
+    mask: Tensor | None = None,
     *,
     mixing: Tensor | None,
     label_weights: list[float] | None,
@@ -124,7 +125,9 @@ def pair_loss(
     real_levels: bool = False,
     partition: tuple[int, int] | None = None,
 ) -> PairLossResult:
-    """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional int64 ``groups``.
+    """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional int64 ``groups``,
+    over the items of the optional (N,) bool ``mask`` (the others, whatever they hold, form no
+    pair and get a zero gradient).
 
     ``label_weights=None``: every label column is a binary problem, mixed by ``mixing`` (K,)
     float64 (the a_k of LoA; None for ones). ``label_weights`` [w_k]: one problem whose level is
@@ -140,7 +143,7 @@ def pair_loss(
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
              int(validate), int(real_levels), rank, world_size]
     values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
-    loss, stats, _ = _pair_loss_fused(scores, labels, groups, mixing, label_weights, flags, values)
+    loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
     partial = tier == "torch" and pairs == "all" and groups is not None and world_size > 1
     return PairLossResult(loss, stats, partial)
 
@@ -174,6 +177,7 @@ def _pair_loss_op(
     scores: Tensor,
     labels: Tensor,
     groups: Optional[Tensor],
+    mask: Optional[Tensor],
     mixing: Optional[Tensor],
     label_weights: Optional[list[float]],
     flags: list[int],
@@ -185,25 +189,29 @@ def _pair_loss_op(
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
+    # Small binary problems (AUC, PDAOM, a bce+ ranking term, LoA): every pair in registers, no
+    # layout, and the mask read by the kernels; the other paths get the masked items set apart.
+    dense = on_kernels and not aggregated and (pairs == "all" or temperature is None)
+    if dense:
+        with needs_extra("triton", 'backend="triton"'):
+            from ..kernels import dense as dense_kernels
+        dense = scores.shape[0] <= dense_kernels.MAX_ITEMS
+    if mask is not None and not dense:
+        scores, labels, groups = without_masked(scores, labels, groups, mask)
+        mask = None
     status = None
     if validate and on_kernels:  # fused into the kernels' launches, read at the end
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.pairwise import check_batch
 
         status = torch.zeros(1, dtype=torch.int32, device=scores.device)
-        check_batch(scores, labels, status, label_rule=label_rule)
+        check_batch(scores, labels, status, label_rule=label_rule, mask=mask)
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
     levels = problem_levels(labels, label_weights)
-    # Small binary problems (AUC, PDAOM, a bce+ ranking term, LoA): every pair in registers, no layout.
-    dense = on_kernels and not aggregated and (pairs == "all" or temperature is None)
-    if dense:
-        with needs_extra("triton", 'backend="triton"'):
-            from ..kernels import dense as dense_kernels
-        dense = scores.shape[0] <= dense_kernels.MAX_ITEMS
     if dense:
         result = dense_kernels.dense_loss_and_grad(
-            scores, levels.rank, groups, mixing=mixing, surrogate=surrogate, margin=margin,
+            scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
             hardest=pairs == "hardest", reduction=reduction, status=status,
         )
     elif on_kernels and pairs == "all":
@@ -231,11 +239,33 @@ def _pair_loss_op(
             overflow = check.overflow_status(result[0])
             status = overflow if status is None else status | overflow
     if validate:
-        check.raise_for_status(int(status.item()), scores, labels, label_rule)
+        code = int(status.item())
+        if code and mask is not None:  # name an offending entry among the items that count
+            scores, labels, _ = without_masked(scores, labels, groups, mask)
+        check.raise_for_status(code, scores, labels, label_rule)
     return result
 
 
-def _pair_loss_fake(scores, labels, groups, mixing, label_weights, *args):
+def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The batch with the items outside ``mask`` in a group of their own, all at one level: they
+    form no valid pair, so no loss term, normaliser or gradient sees them (loss spec, "Groups":
+    groups without a valid pair drop out of the reduction). Their scores and labels, which may be
+    anything (a fixed-size batch's filler rows), become 0, so the data check passes them and no
+    sum over a cell meets a NaN; the gradient of a masked score is exactly 0.
+
+    With groups, an item's group becomes its group's rank among the N sorted ids (< N) and a
+    masked item's N, which no real group can take; without, the real items are group 0 and the
+    masked ones group 1. Sync-free and shape-static, like the layout. (The dense kernels read the
+    mask instead.)"""
+    dropped = ~mask
+    if groups is None:
+        groups = dropped.to(torch.int64)
+    else:
+        groups = torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, scores.shape[0])
+    return scores.masked_fill(dropped, 0), labels.masked_fill(dropped[:, None], 0), groups
+
+
+def _pair_loss_fake(scores, labels, groups, mask, mixing, label_weights, *args):
     num_problems = 1 if label_weights is not None else labels.shape[1]
     return (
         scores.new_empty((), dtype=accumulation_dtype(scores)),
