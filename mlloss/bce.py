@@ -118,12 +118,14 @@ class BCEPlusRanking(nn.Module):
         if len(weights) != num_tasks:
             raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
         bce = self.bce(scores, labels, mask=mask)
-        terms, task_parts = [], []
+        terms, task_parts, items = [], [], None
         for task in range(num_tasks):
             ranking_args = {} if mask is None else {"mask": mask}  # ranking losses of other libraries take none
             term = self.ranking(self._ranking_scores(scores[:, task]), labels[:, task], groups, **ranking_args)
             if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
-                term = term / _at_least_one(getattr(self.ranking, "num_items", scores.shape[0]))
+                if items is None:  # the same items for every task: counted once
+                    items = _at_least_one(getattr(self.ranking, "num_items", scores.shape[0]))
+                term = term / items
             terms.append(term)
             task_parts.append(getattr(self.ranking, "parts", {}))
         ranking = sum(terms[1:], terms[0])
