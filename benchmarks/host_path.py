@@ -78,7 +78,7 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     "PDAOMLoss": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
-DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)")  # binary label columns: dense kernels up to 2,048 items
+DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss")  # dense kernels up to 2,048 items (LaA: 2 binary columns, 3 levels)
 
 
 def batch(num_items: int = 64, seed: int = 0):

@@ -1,12 +1,14 @@
-"""Small binary batches in one pair kernel: every pair compared in registers, no layout.
+"""Small batches in one pair kernel: every pair compared in registers, no layout.
 
 At the batch sizes recommenders train with (a thousand to a few thousand items), the sorted
 ``PairLayout`` of ``pairwise`` and ``hardest`` costs more than the pairs: a dozen sorts, binary
 searches and casts before the first pair kernel, each a launch (and, in eager mode, the host's
 dispatch of each). For binary problems (``AUCLoss``, ``PDAOMLoss``, a ``bce+`` objective's
-ranking term, ``LoALoss``'s label columns) with N <= ``MAX_ITEMS``, these kernels read the scores,
-the 0/1 labels and the group ids as the caller passed them and test every (i, j) for a valid pair
-in registers: same group, opposite classes. O(B N^2) comparisons, O(B N) memory, two launches:
+ranking term, ``LoALoss``'s label columns) and for ``LaALoss`` of a few binary labels (at most
+``MAX_LEVELS`` values of the aggregated label: two labels make three) with N <= ``MAX_ITEMS``,
+these kernels read the scores, the labels (or the aggregated label's rank) and the group ids as
+the caller passed them and test every (i, j) for a valid pair in registers: same group, opposite
+classes (different levels). O(B N^2) comparisons, O(B N) memory, two launches:
 
 1. ``_dense_rows_kernel``, grid (row blocks, problems): a program owns BLOCK_M items of one
    problem and streams every BLOCK_N-wide tile of the batch through [BLOCK_M, BLOCK_N] register
@@ -18,6 +20,9 @@ in registers: same group, opposite classes. O(B N^2) comparisons, O(B N) memory,
      phi(s_i - s_j) in reverse-margin form, ``_common.reverse_margin_terms``) and its gradient
      -f'(s_j - s_i); a negative item j the gradient +f'(s_j - s_i) over its group's positives.
      Each divides by its group's Z_u = positives * negatives, counted in the same loop.
+   * LaA's levels: the same, the row being the upper item of some pairs and the lower of others,
+     each pair weighted by its cost (the levels' difference, or 1); the row counts its group's
+     items per level (16 bits a level in one int64) and Z_u = sum_{a > b} n_a n_b c_ab.
    * hardest (no temperature): the group's lowest positive and highest negative score (a first
      loop), then how many items attain each (a second loop): a tied extreme gets 1/ties of the
      gradient, as in ``hardest``. The term phi(min - max), in float64, is shared by the group's
@@ -44,7 +49,7 @@ from ._common import fast_math, reverse_margin_terms, score_scale, surrogate_id,
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
-__all__ = ["MAX_ITEMS", "dense_loss_and_grad"]
+__all__ = ["MAX_ITEMS", "MAX_LEVELS", "dense_loss_and_grad"]
 
 #: Largest batch the dense kernels take. Their loop spends more per pair than the layout kernels'
 #: (39 instructions and 6 special-function ops per pair for the logistic, 61 with groups, against
@@ -54,40 +59,47 @@ __all__ = ["MAX_ITEMS", "dense_loss_and_grad"]
 #: measured 7.7e11 pairs/s (../shared/gpu-baseline). An estimate, not yet measured: the
 #: ``mlloss-layout`` rows of benchmarks/bench_gpu.py time the layout kernels at N = 1,024.
 MAX_ITEMS = 2048
+#: Most levels of LaA's aggregated label the dense kernels take (two binary labels make three):
+#: a row counts its group's items per level in one int64, 16 bits a level.
+MAX_LEVELS = 4
 TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, num_warps: no spills
 
 
 @triton.jit
-def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, row_ok,
+def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
           GROUPED: tl.constexpr, MASKED: tl.constexpr, SCORE_SCALE: tl.constexpr, ACC: tl.constexpr,
           BLOCK_N: tl.constexpr):
-    """The tile of items [start, start + BLOCK_N): scores, positive flags, and the [BLOCK_M,
-    BLOCK_N] flags of the (row, item) pairs in one group (items of the mask, if MASKED)."""
+    """The tile of items [start, start + BLOCK_N): scores, levels (0/1 labels of a binary
+    problem), and the [BLOCK_M, BLOCK_N] flags of the (row, item) pairs in one group (items of
+    the mask, if MASKED)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     in_range = offs_n < N
     s_n = tl.load(scores_ptr + offs_n, mask=in_range, other=0.0).to(ACC) * SCORE_SCALE
-    up_n = tl.load(labels_ptr + offs_n, mask=in_range, other=0) == 1
+    r_n = tl.load(labels_ptr + offs_n, mask=in_range, other=0)
     if MASKED:
         in_range &= tl.load(keep_ptr + offs_n, mask=in_range, other=0) != 0
-    same = in_range[None, :] & row_ok[:, None]
+    # Every row as if it took part (a per-column flag the compiler keeps out of the pair loop);
+    # the rows outside the batch or the mask are dropped after it (``has_pair``).
+    same = in_range[None, :] & (rows[:, None] >= 0)
     if GROUPED:
         g_n = tl.load(groups_ptr + offs_n, mask=in_range, other=0)
         same = same & (g_m[:, None] == g_n[None, :])
-    return s_n, up_n, same
+    return s_n, r_n, same
 
 
 @triton.jit
 def _dense_rows_kernel(
-    scores_ptr, labels_ptr, groups_ptr, keep_ptr, grad_ptr, block_sums_ptr, N, num_blocks, margin,
-    GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    scores_ptr, labels_ptr, groups_ptr, keep_ptr, values_ptr, grad_ptr, block_sums_ptr, N, num_blocks, margin,
+    GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid (row blocks, problems). Rows [pid * BLOCK_M, +BLOCK_M) of one problem (a binary label
-    column): each item's gradient (before the mean over groups), and the block's sums of the
-    items' loss terms, of 1 / group size over the items of groups with a valid pair (a group's
-    items add up to 1) and of the valid pairs counted at the items, as ``reduce.combine`` reads
-    them."""
+    column, LEVELS = 2; or LaA's aggregated label as ranks into the level values ``values_ptr``,
+    2 < LEVELS <= MAX_LEVELS, pair cost the values' difference if LINEAR, else 1): each item's
+    gradient (before the mean over groups), and the block's sums of the items' loss terms, of 1 /
+    group size over the items of groups with a valid pair (a group's items add up to 1) and of the
+    valid pairs counted at their upper items, as ``reduce.combine`` reads them."""
     block = tl.program_id(0)
     problem = tl.program_id(1)  # a label column: its 0/1 labels, gradient and block sums
     labels_ptr += problem * N
@@ -99,13 +111,18 @@ def _dense_rows_kernel(
     if MASKED:
         row_ok &= tl.load(keep_ptr + rows, mask=in_batch, other=0) != 0
     s_m = tl.load(scores_ptr + rows, mask=row_ok, other=0.0).to(ACC) * SCORE_SCALE
-    up_m = tl.load(labels_ptr + rows, mask=row_ok, other=0) == 1
+    r_m = tl.load(labels_ptr + rows, mask=row_ok, other=0)
+    up_m = r_m == 1
     if GROUPED:
         g_m = tl.load(groups_ptr + rows, mask=row_ok, other=0)
     else:
         g_m = rows
-    positives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    negatives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    if LEVELS == 2:
+        positives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        negatives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    else:  # the items of each level in the row's group, 16 bits a level (N <= MAX_ITEMS < 2^16)
+        packed = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int64)
+        v_m = tl.load(values_ptr + r_m, mask=row_ok, other=0.0).to(ACC)
     if HARDEST:
         lowest = tl.full([BLOCK_M, BLOCK_N], float("inf"), dtype=ACC)
         highest = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=ACC)
@@ -113,33 +130,68 @@ def _dense_rows_kernel(
         acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
         acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     for start in range(0, N, BLOCK_N):
-        s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, row_ok,
-                                GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
-        positives += (same & up_n[None, :]).to(tl.int32)
-        negatives += (same & ~up_n[None, :]).to(tl.int32)
+        s_n, r_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
+                               GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
+        up_n = r_n == 1
+        if LEVELS == 2:
+            positives += (same & up_n[None, :]).to(tl.int32)
+            negatives += (same & ~up_n[None, :]).to(tl.int32)
+        else:
+            packed += same.to(tl.int64) << (r_n.to(tl.int64) * 16)[None, :]
         if HARDEST:
             lowest = tl.where(same & up_n[None, :], tl.minimum(lowest, s_n[None, :]), lowest)
             highest = tl.where(same & ~up_n[None, :], tl.maximum(highest, s_n[None, :]), highest)
-        else:
+        elif LEVELS == 2:
             # Reverse margin x = s_lower - s_upper of the pair the two items form, if any.
             keep = same & (up_m[:, None] != up_n[None, :])
             x = tl.where(up_m[:, None], s_n[None, :] - s_m[:, None], s_m[:, None] - s_n[None, :])
             value, pull = reverse_margin_terms(x, margin, SURROGATE, True, FAST)
             acc_value = tl.where(keep & up_m[:, None], acc_value + value, acc_value)
             acc_pull = tl.where(keep, acc_pull + pull, acc_pull)
-    num_positive = tl.sum(positives, axis=1)
-    num_negative = tl.sum(negatives, axis=1)
-    has_pair = row_ok & (num_positive > 0) & (num_negative > 0)
+        else:  # the row is the pair's upper item or its lower one, pair by pair
+            upper = r_m[:, None] > r_n[None, :]
+            keep = same & (r_m[:, None] != r_n[None, :])
+            x = tl.where(upper, s_n[None, :] - s_m[:, None], s_m[:, None] - s_n[None, :])
+            value, pull = reverse_margin_terms(x, margin, SURROGATE, True, FAST)
+            if LINEAR:
+                cost = tl.abs(v_m[:, None] - tl.load(values_ptr + r_n).to(ACC)[None, :])
+                value *= cost
+                pull *= cost
+            acc_value = tl.where(keep & upper, acc_value + value, acc_value)
+            acc_pull = tl.where(keep, acc_pull + tl.where(upper, -pull, pull), acc_pull)
+    if LEVELS == 2:
+        num_positive = tl.sum(positives, axis=1)
+        num_negative = tl.sum(negatives, axis=1)
+        group_size = num_positive + num_negative
+        has_pair = row_ok & (num_positive > 0) & (num_negative > 0)
+    else:
+        counts = tl.sum(packed, axis=1)
+        group_size = tl.zeros([BLOCK_M], dtype=tl.int64)
+        lower = tl.zeros([BLOCK_M], dtype=tl.float64)  # the row's valid pairs as their upper item
+        pair_count = tl.zeros([BLOCK_M], dtype=tl.float64)  # Z_u: the group's pair costs, summed
+        for a in tl.static_range(LEVELS):
+            n_a = (counts >> (16 * a)) & 0xFFFF
+            group_size += n_a
+            lower += tl.where(r_m > a, n_a, 0).to(tl.float64)
+            for b in tl.static_range(LEVELS):
+                if b < a:
+                    n_b = ((counts >> (16 * b)) & 0xFFFF).to(tl.float64)
+                    if LINEAR:
+                        pair_count += n_a.to(tl.float64) * n_b * (tl.load(values_ptr + a) - tl.load(values_ptr + b))
+                    else:
+                        pair_count += n_a.to(tl.float64) * n_b
+        has_pair = row_ok & (pair_count > 0)
     # 1 / group size at every item of a group with a valid pair: the group's items add up to 1.
-    share_of_group = tl.where(has_pair, 1.0 / tl.maximum(num_positive + num_negative, 1).to(tl.float64), 0.0)
+    share_of_group = tl.where(has_pair, 1.0 / tl.maximum(group_size, 1).to(tl.float64), 0.0)
     if HARDEST:
         low = tl.min(lowest, axis=1)
         high = tl.max(highest, axis=1)
         low_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         high_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         for start in range(0, N, BLOCK_N):
-            s_n, up_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, row_ok,
-                                    GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
+            s_n, r_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
+                                   GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
+            up_n = r_n == 1
             low_ties += (same & up_n[None, :] & (s_n[None, :] == low[:, None])).to(tl.int32)
             high_ties += (same & ~up_n[None, :] & (s_n[None, :] == high[:, None])).to(tl.int32)
         x = tl.where(has_pair, high.to(tl.float64) - low.to(tl.float64), 0.0)
@@ -150,13 +202,19 @@ def _dense_rows_kernel(
         term = value * share_of_group
         grad = tl.where(has_pair, tl.where(up_m, -pull, pull) * share, 0.0)
         pairs = share_of_group  # one level pair per group
-    else:
+    elif LEVELS == 2:
         pair_count = (num_positive * num_negative).to(tl.float64)  # Z_u, exact in float64
         inverse = tl.where(has_pair, 1.0 / tl.where(has_pair, pair_count, 1.0), 0.0)
-        term = tl.where(up_m, tl.sum(acc_value, axis=1).to(tl.float64) * VALUE_SCALE * inverse, 0.0)
+        # A dropped row's sums may hold anything (an overflowing exponential): selected away.
+        term = tl.where(has_pair & up_m, tl.sum(acc_value, axis=1).to(tl.float64) * VALUE_SCALE * inverse, 0.0)
         pull_sum = tl.sum(acc_pull, axis=1).to(tl.float64)
-        grad = tl.where(up_m, -pull_sum, pull_sum) * inverse
+        grad = tl.where(has_pair, tl.where(up_m, -pull_sum, pull_sum) * inverse, 0.0)
         pairs = tl.where(has_pair & up_m, num_negative.to(tl.float64), 0.0)
+    else:
+        inverse = tl.where(has_pair, 1.0 / tl.where(has_pair, pair_count, 1.0), 0.0)
+        term = tl.where(has_pair, tl.sum(acc_value, axis=1).to(tl.float64) * VALUE_SCALE * inverse, 0.0)
+        grad = tl.where(has_pair, tl.sum(acc_pull, axis=1).to(tl.float64) * inverse, 0.0)
+        pairs = tl.where(has_pair, lower, 0.0)
     tl.store(grad_ptr + rows, grad.to(grad_ptr.dtype.element_ty), mask=in_batch)  # 0 outside the mask
     tl.store(block_sums_ptr + block, tl.sum(tl.where(row_ok, term, 0.0)))
     tl.store(block_sums_ptr + num_blocks + block, tl.sum(tl.where(row_ok, share_of_group, 0.0)))
@@ -175,18 +233,28 @@ def dense_loss_and_grad(
     hardest: bool,
     reduction: str,
     status: torch.Tensor | None,
+    values: torch.Tensor | None = None,
+    linear: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)) of B
     binary problems over the same scores, mixed by ``mixing`` (B,) (None: ones; the tier contract
     of ``pairwise.pair_loss_and_grad``): ``labels`` (B, N) 0/1 int32 (LoA's label columns; one
     row for AUC and PDAOM), ``groups`` (N,) integer ids or None, ``mask`` (N,) bool or None (the
-    items outside it, whatever they hold, form no pair and get a zero gradient), N <= ``MAX_ITEMS``; all pairs,
-    or the hardest pair per group (no temperature). The loss and gradient come back in the
-    scores' accumulation dtype."""
-    validate_device(scores, labels, *(tensor for tensor in (groups, mask) if tensor is not None))
+    items outside it, whatever they hold, form no pair and get a zero gradient), N <= ``MAX_ITEMS``;
+    all pairs, or the hardest pair per group (no temperature).
+
+    ``values`` (1, L) float64, 2 < L <= ``MAX_LEVELS``: one problem whose ``labels`` (1, N) are
+    ranks into these ascending level values (LaA's aggregated label, ``dispatch.problem_levels``),
+    all pairs, pair cost the values' difference (``linear``) or 1. The loss and gradient come
+    back in the scores' accumulation dtype."""
+    validate_device(scores, labels, *(tensor for tensor in (groups, mask, values) if tensor is not None))
     num_problems, n = labels.shape
     if n > MAX_ITEMS:
         raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
+    num_levels = 2 if values is None else values.shape[-1]
+    if values is not None and not (2 < num_levels <= MAX_LEVELS and num_problems == 1 and not hardest):
+        raise ValueError(f"the dense kernels take one problem of 3 to {MAX_LEVELS} levels, all pairs; got "
+                         f"{num_problems} problems of {num_levels} levels, hardest={hardest}")
     loss_dtype = accumulation_dtype(scores)
     fast = fast_math(scores.device, loss_dtype) and not hardest
     kind = "interpreter" if scores.device.type == "cpu" else "cuda"
@@ -198,9 +266,10 @@ def dense_loss_and_grad(
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
     if n:
         _dense_rows_kernel[(num_blocks, num_problems)](
-            scores, labels, groups if groups is not None else labels, mask if mask is not None else labels, grad,
-            block_sums, n, num_blocks, float(margin),
-            GROUPED=groups is not None, MASKED=mask is not None, HARDEST=hardest, SURROGATE=surrogate_id(surrogate), FAST=fast,
+            scores, labels, groups if groups is not None else labels, mask if mask is not None else labels,
+            values if values is not None else scores, grad, block_sums, n, num_blocks, float(margin),
+            GROUPED=groups is not None, MASKED=mask is not None, HARDEST=hardest, LEVELS=num_levels,
+            LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
             ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
         )

@@ -80,21 +80,27 @@ def sass_variants() -> list[SassVariant]:
 
 def dense_variants() -> list[SassVariant]:
     """The CUDA variants of ``dense._dense_rows_kernel``: every surrogate's all-pairs loop, with
-    and without groups, then the hardest pairs' two scans (comparisons only)."""
+    and without groups, the logistic one with groups and a mask (a fixed-size batch) and LaA's
+    three levels with linear costs, then the hardest pairs' two scans (comparisons only)."""
     block_m, block_n, num_warps = dense.TILES["cuda"]
-    signature = {"scores_ptr": "*fp32", "labels_ptr": "*i32", "groups_ptr": "*i64", "grad_ptr": "*fp32",
-                 "block_sums_ptr": "*fp64", "N": "i32", "num_blocks": "i32", "margin": "fp32"}
+    signature = {"scores_ptr": "*fp32", "labels_ptr": "*i32", "groups_ptr": "*i64", "keep_ptr": "*i8",
+                 "values_ptr": "*fp64", "grad_ptr": "*fp32", "block_sums_ptr": "*fp64", "N": "i32",
+                 "num_blocks": "i32", "margin": "fp32"}
     pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
-    cases = [(surrogate, grouped, False) for surrogate in SURROGATES for grouped in (False, True)]
+    # (surrogate, groups, mask, levels, hardest)
+    cases = [(surrogate, grouped, False, 2, False) for surrogate in SURROGATES for grouped in (False, True)]
+    cases += [("logistic", True, True, 2, False), ("logistic", True, False, 3, False), ("exponential", True, False, 2, True)]
     variants = []
-    for surrogate, grouped, hardest in cases + [("exponential", True, True)]:
+    for surrogate, grouped, masked, levels, hardest in cases:
         constexprs = dict(
-            GROUPED=grouped, HARDEST=hardest, SURROGATE=SURROGATES[surrogate], FAST=not hardest,
+            GROUPED=grouped, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
+            SURROGATE=SURROGATES[surrogate], FAST=not hardest,
             SCORE_SCALE=score_scale(surrogate, not hardest), VALUE_SCALE=value_scale(surrogate, not hardest),
             ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n,
         )
         variants.append(SassVariant(
-            name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}" + (" groups" if grouped else ""),
+            name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}" + (" groups" if grouped else "")
+            + (" mask" if masked else "") + (f" {levels} levels linear" if levels > 2 else ""),
             kernel=dense._dense_rows_kernel, signature=dict(signature, **{name: "constexpr" for name in constexprs}),
             constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=pairs_per_iteration,
             loops=("scan", "ties") if hardest else ("both sides",),

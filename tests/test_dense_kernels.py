@@ -22,7 +22,7 @@ from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
 from mlloss.kernels.pairwise import pair_loss_and_grad  # noqa: E402
 from mlloss.ops.layout import pair_layout  # noqa: E402
 from mlloss.ops.dispatch import problem_levels  # noqa: E402
-from reference import hardest_loss, loa_loss, pair_loss as brute_force  # noqa: E402
+from reference import hardest_loss, laa_loss, loa_loss, pair_loss as brute_force  # noqa: E402
 
 pytestmark = pytest.mark.triton
 DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
@@ -135,8 +135,9 @@ def test_an_overflowing_loss_sets_the_status_bit() -> None:
 
 
 def test_the_dispatch_takes_the_dense_kernels_for_small_binary_problems(monkeypatch) -> None:
-    """AUC, PDAOM (no temperature) and LoA up to MAX_ITEMS items on the Triton tier; LaA, soft
-    hardest pairs and larger batches keep the layout kernels."""
+    """AUC, PDAOM (no temperature), LoA and LaA of binary columns with at most MAX_LEVELS label
+    levels, up to MAX_ITEMS items on the Triton tier; LaA of an ordinal column or of more levels,
+    max-violation and soft hardest pairs of LaA and larger batches keep the layout kernels."""
     calls = []
     original = dense.dense_loss_and_grad
     monkeypatch.setattr(dense, "dense_loss_and_grad", lambda *a, **k: calls.append(1) or original(*a, **k))
@@ -149,7 +150,11 @@ def test_the_dispatch_takes_the_dense_kernels_for_small_binary_problems(monkeypa
         (mlloss.PDAOMLoss(backend="triton", temperature=0.5), labels, False),
         (mlloss.LoALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), True),
         (mlloss.LoALoss("balanced", backend="triton"), torch.stack([labels, 1 - labels], 1), True),
-        (mlloss.LaALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), False),
+        (mlloss.LaALoss(backend="triton"), torch.stack([labels, 1 - labels], 1), True),  # 3 levels
+        (mlloss.LaALoss([1.0, 0.5], cost="uniform", backend="triton"), torch.stack([labels, 1 - labels], 1), True),
+        (mlloss.LaALoss([1.0, 0.5, 0.25], backend="triton"), torch.stack([labels, 1 - labels, labels], 1), False),
+        (mlloss.LaALoss(backend="triton"), (labels * 3)[:, None], False),  # an ordinal column
+        (mlloss.LaALoss(pairs="hardest", backend="triton"), torch.stack([labels, 1 - labels], 1), False),
     ]
     for loss, loss_labels, takes_dense in expectations:
         calls.clear()
@@ -219,3 +224,66 @@ def test_the_data_check_reads_only_the_items_of_the_mask() -> None:
     with pytest.raises(ValueError, match=r"scores\[5\]"):
         mlloss.AUCLoss(backend="triton")(scores.index_fill(0, torch.tensor([5]), float("inf")).to(DEVICE),
                                          labels[:, 0].clamp(max=1).to(DEVICE), mask=keep.to(DEVICE))
+
+
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+@pytest.mark.parametrize("users", [None, 1, 9, 300], ids=["no-groups", "one-group", "9-groups", "singletons"])
+@pytest.mark.parametrize("weights", [[1.0, 1.0], [1.0, 0.5]], ids=["3-levels", "4-levels"])
+def test_aggregated_levels_match_the_brute_force_and_the_layout_kernel(weights, users, cost) -> None:
+    """LaA of two binary columns: one problem of 3 or 4 levels, each pair costing the levels'
+    difference (linear) or 1; the float64 brute force, and the layout kernel's statistics."""
+    scores, labels, groups = case(160, seed=40 + len(weights) + (users or 0))
+    columns = torch.stack([labels, (torch.rand(160, generator=torch.Generator().manual_seed(7)) < 0.4).int()], 1)
+    levels = problem_levels(columns.double().to(DEVICE), weights)
+    assert levels.values.shape[1] == (3 if weights == [1.0, 1.0] else 4)
+    result = dense.dense_loss_and_grad(
+        scores.to(DEVICE), levels.rank, None if groups is None else groups.to(DEVICE), mixing=None,
+        surrogate="logistic", margin=1.0, hardest=False, reduction="mean", status=None,
+        values=levels.values, linear=cost == "linear")
+    x = scores.clone().requires_grad_(True)
+    expected = laa_loss(x, columns.double(), groups, weights=weights, cost=cost)
+    expected.backward()
+    assert_close(result, (expected.detach(), x.grad), rtol=1e-10 if DEVICE == "cpu" else 1e-4)
+    layout = pair_loss_and_grad(scores.to(DEVICE), levels, pair_layout(levels, None if groups is None else groups.to(DEVICE)),
+                                mixing=None, cost=cost, surrogate="logistic", margin=1.0, reduction="mean", status=None)
+    torch.testing.assert_close(result[1], layout[1], rtol=1e-10 if DEVICE == "cpu" else 1e-5, atol=0)
+
+
+def test_aggregated_levels_skip_the_items_outside_the_mask() -> None:
+    scores, labels, groups = case(150, seed=50)
+    columns = torch.stack([labels, 1 - labels.roll(3)], 1).double()
+    keep = torch.arange(150) % 5 != 2
+    garbage_scores, garbage_columns = scores.masked_fill(~keep, float("nan")), columns.masked_fill(~keep[:, None], 5.0)
+    x = garbage_scores.to(DEVICE).clone().requires_grad_(True)
+    value = mlloss.LaALoss(backend="triton")(x, garbage_columns.to(DEVICE), groups.to(DEVICE), mask=keep.to(DEVICE))
+    value.backward()
+    y = scores[keep].clone().requires_grad_(True)
+    expected = laa_loss(y, columns[keep], groups[keep])
+    expected.backward()
+    torch.testing.assert_close(value.detach().cpu().double(), expected.detach(), rtol=1e-10 if DEVICE == "cpu" else 1e-4, atol=0)
+    torch.testing.assert_close(x.grad.cpu().double()[keep], y.grad, rtol=1e-9 if DEVICE == "cpu" else 1e-4, atol=1e-12)
+    assert torch.equal(x.grad.cpu()[~keep], torch.zeros(int((~keep).sum()), dtype=x.grad.dtype))
+
+
+def test_the_dense_kernels_refuse_what_they_do_not_compute() -> None:
+    scores, labels, _ = case(40, seed=1)
+    values = torch.arange(5, dtype=torch.float64, device=DEVICE)[None]
+    with pytest.raises(ValueError, match="3 to 4 levels"):
+        run_dense(scores, labels, None, surrogate="logistic", values=values)
+    with pytest.raises(ValueError, match="hardest=True"):
+        run_dense(scores, labels, None, surrogate="logistic", values=values[:, :3], hardest=True)
+
+
+def test_a_dropped_row_cannot_leak_an_overflow() -> None:
+    """Rows outside the mask run the pair loop as an item of score 0 (the kernels drop them after
+    it): with exponential pairs of scores near -100 such a row overflows in float32, the kept
+    items do not, and nothing of it may reach the loss or the gradient."""
+    scores, labels, _ = case(90, seed=8, users=None, dtype=torch.float32)  # one group: every row meets every item
+    scores = scores - 100.0
+    keep = torch.arange(90) % 3 != 0
+    loss, stats, grad = run_dense(scores, labels, None, mask=keep.to(DEVICE), surrogate="exponential")
+    kept = run_dense(scores[keep], labels[keep], None, surrogate="exponential")
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    torch.testing.assert_close(loss, kept[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(grad[keep.to(DEVICE)], kept[2], rtol=1e-5, atol=1e-8)
+    assert torch.equal(grad.cpu()[~keep], torch.zeros(30, dtype=grad.dtype))

@@ -13,8 +13,9 @@ into the problems' ``Levels`` (``problem_levels``) and hands the same per-item a
 * ``"triton"``: the fused kernels of the Triton tier, ``kernels/`` (installed as
   ``mlloss.kernels``): CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``; no host
   synchronisation but the optional data-check read. Binary problems (AUC, LoA, PDAOM without a
-  temperature) of at most ``kernels.dense.MAX_ITEMS`` items take its dense kernels, which need
-  no layout;
+  temperature) and LaA of a few binary labels (at most ``kernels.dense.MAX_LEVELS`` levels, all
+  pairs) of at most ``kernels.dense.MAX_ITEMS`` items take its dense kernels, which need no
+  layout;
 * ``"torch"``: the PyTorch tier, ``torch_tier`` (the CPU path and the kernels' reference): the
   blocked all-pairs sums of ``allpairs`` on the dense (group, level) tables, O(valid pairs);
 * ``"exact"``: the same tier with the closed forms of ``closed_form`` (exponential, squared,
@@ -189,13 +190,16 @@ def _pair_loss_op(
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
-    # Small binary problems (AUC, PDAOM, a bce+ ranking term, LoA): every pair in registers, no
-    # layout, and the mask read by the kernels; the other paths get the masked items set apart.
-    dense = on_kernels and not aggregated and (pairs == "all" or temperature is None)
+    # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
+    # label patterns: every pair in registers, no layout, and the mask read by the kernels; the
+    # other paths get the masked items set apart.
+    dense = on_kernels and (pairs == "all" or (temperature is None and not aggregated))
     if dense:
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
-        dense = scores.shape[0] <= dense_kernels.MAX_ITEMS
+        dense = scores.shape[0] <= dense_kernels.MAX_ITEMS and (
+            not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
+        )
     if mask is not None and not dense:
         scores, labels, groups = without_masked(scores, labels, groups, mask)
         mask = None
@@ -213,6 +217,7 @@ def _pair_loss_op(
         result = dense_kernels.dense_loss_and_grad(
             scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
             hardest=pairs == "hardest", reduction=reduction, status=status,
+            values=levels.values if aggregated else None, linear=cost == "linear",
         )
     elif on_kernels and pairs == "all":
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
@@ -315,6 +320,15 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
         level = _rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
     ordered = torch.sort(level).values
     return Levels(torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None], level.numel(), ordered[None])
+
+
+def _pattern_levels(labels: Tensor, label_weights: list[float]) -> int:
+    """How many levels LaA's aggregated label can take when it is ranked through the pattern
+    tables (several binary columns, ``problem_levels``); 0 for an ordinal column or too many
+    columns, whose levels are known only from the data."""
+    if not 1 < labels.shape[1] <= MAX_PATTERN_COLUMNS:
+        return 0
+    return _pattern_tables(tuple(label_weights), labels.device)[2].shape[1]
 
 
 def _rounded_levels(aggregated: Tensor, label_weights) -> Tensor:
