@@ -98,3 +98,23 @@ def test_triton_tier_matches_the_pytorch_tier(family: str, surrogate: str) -> No
     torch.testing.assert_close(
         triton_grad.double(), torch_grad.double(), rtol=rtol, atol=rtol * scale, msg=lambda m: f"{case}: {m}"
     )
+
+
+def test_auto_takes_the_sync_free_kernels_for_small_cuda_batches() -> None:
+    """``backend="auto"``: the closed forms (whose tables read sizes on the host) for surrogates
+    that have one, except on CUDA for batches the dense kernels take, which never wait for the
+    device (a CUDA graph can capture them); logistic: the kernels on CUDA, the blocked sums on
+    the CPU. Only the choice is tested here: no CUDA tensor is made."""
+    from mlloss.kernels.dense import MAX_ITEMS
+    from mlloss.ops.dispatch import CLOSED_FORMS, resolve_tier
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for surrogate in CLOSED_FORMS:
+        assert resolve_tier("auto", surrogate, "all", cuda, MAX_ITEMS) == "triton"
+        assert resolve_tier("auto", surrogate, "all", cuda, MAX_ITEMS + 1) == "exact"
+        assert resolve_tier("auto", surrogate, "all", cuda) == "exact"
+        assert resolve_tier("auto", surrogate, "all", cpu, 16) == "exact"
+        assert resolve_tier("auto", surrogate, "hardest", cuda, 10**6) == "triton"
+    assert resolve_tier("auto", "logistic", "all", cuda, 10**6) == "triton"
+    assert resolve_tier("auto", "logistic", "all", cpu, 16) == "torch"
+    assert resolve_tier("exact", "hinge", "all", cuda, 16) == "exact"  # asked for: kept

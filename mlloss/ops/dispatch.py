@@ -22,7 +22,10 @@ into the problems' ``Levels`` (``problem_levels``) and hands the same per-item a
   hinge), O(N log N); ``pairs="hardest"`` runs ``hardest``'s max-violation pairs, O(N).
 
 ``resolve_tier`` turns the user's ``backend`` into a tier: ``"auto"`` is ``"exact"`` for
-surrogates with a closed form, else ``"triton"`` for CUDA tensors and ``"torch"`` on the CPU.
+surrogates with a closed form, else ``"triton"`` for CUDA tensors and ``"torch"`` on the CPU;
+on CUDA, batches of at most ``kernels.dense.MAX_ITEMS`` items take ``"triton"`` whatever the
+surrogate (the closed forms' tables read sizes on the host, the kernels never wait, and at that
+size the pairs cost less than the closed forms' sorts).
 
 Data checks (``validate=True``, ``mlloss._validation``): non-finite scores and, for binary
 problems, labels other than 0/1 (non-finite labels otherwise) set bits of a status word, and so
@@ -88,15 +91,24 @@ class PairLossResult:
         return self.stats[2 * self.num_problems :]
 
 
-def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device) -> str:
-    """The tier that ``backend`` selects for this surrogate and device."""
+def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device, num_items: int | None = None) -> str:
+    """The tier that ``backend`` selects for this surrogate and device (and batch size, which
+    ``"auto"`` reads on CUDA)."""
     if backend == "auto":
-        if pairs == "all" and surrogate in CLOSED_FORMS:
+        on_kernels = device.type == "cuda" and _triton_available()
+        if pairs == "all" and surrogate in CLOSED_FORMS and not (on_kernels and _small(num_items)):
             return "exact"
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+        return "triton" if on_kernels else "torch"
     if backend == "exact" and pairs == "hardest":
         return "torch"  # the max-violation pairs are exact and O(N) on the tables
     return backend
+
+
+def _small(num_items: int | None) -> bool:
+    """A batch that the dense kernels take (``kernels.dense.MAX_ITEMS``); triton is importable."""
+    from ..kernels.dense import MAX_ITEMS
+
+    return num_items is not None and num_items <= MAX_ITEMS
 
 
 def _triton_available() -> bool:
@@ -139,7 +151,7 @@ def pair_loss(
     equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
     the loss); other tiers compute the whole batch.
     """
-    tier = resolve_tier(backend, surrogate, pairs, scores.device)
+    tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0])
     rank, world_size = partition if partition is not None else (0, 1)
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
              int(validate), int(real_levels), rank, world_size]
