@@ -134,9 +134,10 @@ class CtrCvrModule(pl.LightningModule):
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.model(batch["sparse"], batch["dense"])
 
-    def batch_loss(self, batch: dict[str, Tensor]) -> Tensor:
-        """The objective of the model's logits on ``batch`` (compiled as one graph with ``--compile``)."""
-        return self.objective(self(batch), batch["labels"], batch["user"], batch.get("mask"))
+    def batch_loss(self, batch: dict[str, Tensor], logits: Tensor | None = None) -> Tensor:
+        """The objective of the model's ``logits`` on ``batch``, by default computed here (then
+        compiled as one graph with ``--compile``)."""
+        return self.objective(self(batch) if logits is None else logits, batch["labels"], batch["user"], batch.get("mask"))
 
     def training_step(self, dataloader_iter: Iterator) -> None:
         """Up to ``steps_per_call`` optimizer steps, one per batch, taken from Lightning's iterator:
@@ -151,7 +152,7 @@ class CtrCvrModule(pl.LightningModule):
                 with profile("ctr_cvr.forward"):
                     logits = self(batch)
                 with profile("ctr_cvr.loss"):
-                    loss = self.objective(logits, batch["labels"], batch["user"], batch.get("mask"))
+                    loss = self.batch_loss(batch, logits)
             with profile("ctr_cvr.backward"):
                 self.manual_backward(loss)
             with profile("ctr_cvr.optimizer"):
