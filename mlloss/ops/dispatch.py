@@ -2,9 +2,10 @@
 
 A loss is B *problems* over the same items, mixed with weights: AUC is one binary problem (the
 level is the label), LoA one binary problem per label (mixed by the a_k), LaA one problem whose
-level is the aggregated label ybar. ``pair_loss`` calls the op ``mlloss::pair_loss`` (registered by
-``fused.fused_loss_op``), which returns the loss, per-problem statistics and the gradient (computed in the forward pass;
-backward only scales it, ``fused``). Being one opaque op, it lets
+level is the aggregated label ybar. ``pair_loss`` calls the op ``mlloss::pair_loss``, which
+returns the loss, per-problem statistics and the gradient (computed in the forward pass;
+backward only scales it; in eager mode its implementation runs without the dispatcher, see
+``fused.fused_loss_op``). Being one opaque op, it lets
 ``torch.compile(fullgraph=True)`` capture a model step that calls any loss, and labels or groups
 that change at a fixed N do not recompile it. Inside, the op checks the data, turns the labels
 into the problems' ``Levels`` (``problem_levels``) and hands the same per-item arguments
