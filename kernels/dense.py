@@ -19,7 +19,8 @@ classes (different levels). O(B N^2) comparisons, O(B N) memory, two launches:
    * all pairs: a positive item i adds f(s_j - s_i) over its group's negatives j (the loss spec's
      phi(s_i - s_j) in reverse-margin form, ``_common.reverse_margin_terms``) and its gradient
      -f'(s_j - s_i); a negative item j the gradient +f'(s_j - s_i) over its group's positives.
-     Each divides by its group's Z_u = positives * negatives, counted in the same loop.
+     Each divides by its group's Z_u = positives * negatives, counted in the same loop (one
+     int32 accumulator: negatives + 2^16 positives).
    * LaA's levels: the same, the row being the upper item of some pairs and the lower of others,
      each pair weighted by its cost (the levels' difference, or 1); the row counts its group's
      items per level (16 bits a level in one int64) and Z_u = sum_{a > b} n_a n_b c_ab.
@@ -52,16 +53,20 @@ from .reduce import combine
 __all__ = ["MAX_ITEMS", "MAX_LEVELS", "dense_loss_and_grad"]
 
 #: Largest batch the dense kernels take. Their loop spends more per pair than the layout kernels'
-#: (39 instructions and 6 special-function ops per pair for the logistic, 61 with groups, against
+#: (38 instructions and 6 special-function ops per pair for the logistic, 53 with groups, against
 #: 17-19 and 5: benchmarks/kernel_sass.py) and visits all N^2 pairs, not only a group's, but needs
 #: no layout: a call is 10-15 aten ops instead of 15-25 without the data check
-#: (benchmarks/host_path.py) and two kernel launches. 2,048 items are 2.1M pairs, about 10 us of an H100 at a third of the layout kernel's
-#: measured 7.7e11 pairs/s (../shared/gpu-baseline). An estimate, not yet measured: the
-#: ``mlloss-layout`` rows of benchmarks/bench_gpu.py time the layout kernels at N = 1,024.
+#: (benchmarks/host_path.py) and two kernel launches. 2,048 items are 2.1M pairs, about 10 us of
+#: an H100 at a third of the layout kernel's measured 7.7e11 pairs/s (../shared/gpu-baseline).
+#: An estimate, not yet measured: the ``mlloss-layout`` rows of benchmarks/bench_gpu.py time the
+#: layout kernels at N = 1,024.
 MAX_ITEMS = 2048
 #: Most levels of LaA's aggregated label the dense kernels take (two binary labels make three):
 #: a row counts its group's items per level in one int64, 16 bits a level.
 MAX_LEVELS = 4
+# A binary row counts its group's negatives and positives in one int32 (positives << 16): the
+# counts, and 2^16 times the positives, must fit.
+assert MAX_ITEMS < 2**15, "the dense kernels' packed counts need MAX_ITEMS < 32,768"
 TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, num_warps: no spills
 
 
@@ -118,8 +123,7 @@ def _dense_rows_kernel(
     else:
         g_m = rows
     if LEVELS == 2:
-        positives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        negatives = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        members = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)  # negatives + 2^16 positives
     else:  # the items of each level in the row's group, 16 bits a level (N <= MAX_ITEMS < 2^16)
         packed = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int64)
         v_m = tl.load(values_ptr + r_m, mask=row_ok, other=0.0).to(ACC)
@@ -134,8 +138,7 @@ def _dense_rows_kernel(
                                GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
         up_n = r_n == 1
         if LEVELS == 2:
-            positives += (same & up_n[None, :]).to(tl.int32)
-            negatives += (same & ~up_n[None, :]).to(tl.int32)
+            members += tl.where(same, tl.where(up_n, 65536, 1)[None, :], 0)
         else:
             packed += same.to(tl.int64) << (r_n.to(tl.int64) * 16)[None, :]
         if HARDEST:
@@ -160,8 +163,9 @@ def _dense_rows_kernel(
             acc_value = tl.where(keep & upper, acc_value + value, acc_value)
             acc_pull = tl.where(keep, acc_pull + tl.where(upper, -pull, pull), acc_pull)
     if LEVELS == 2:
-        num_positive = tl.sum(positives, axis=1)
-        num_negative = tl.sum(negatives, axis=1)
+        counts = tl.sum(members, axis=1)
+        num_positive = counts >> 16
+        num_negative = counts & 0xFFFF
         group_size = num_positive + num_negative
         has_pair = row_ok & (num_positive > 0) & (num_negative > 0)
     else:
