@@ -78,7 +78,8 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     "PDAOMLoss": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
-DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss")  # dense kernels up to 2,048 items (LaA: 2 binary columns, 3 levels)
+# On the dense kernels up to 2,048 items (LaA: its 2 binary columns make 3 levels).
+DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss")
 
 
 def batch(num_items: int = 64, seed: int = 0):

@@ -12,9 +12,10 @@ classes (different levels). O(B N^2) comparisons, O(B N) memory, two launches:
 
 1. ``_dense_rows_kernel``, grid (row blocks, problems): a program owns BLOCK_M items of one
    problem and streams every BLOCK_N-wide tile of the batch through [BLOCK_M, BLOCK_N] register
-   accumulators, reduced once after the loop. It writes each item's gradient (in the caller's order) and the block's sums of
-   the items' loss terms, of 1 / group size over the items of groups with a valid pair (each such
-   group adds up to 1, and no item has to know whether it comes first) and of the valid pairs.
+   accumulators, reduced once after the loop. It writes each item's gradient (in the caller's
+   order) and the block's sums of the items' loss terms, of 1 / group size over the items of
+   groups with a valid pair (each such group adds up to 1, and no item has to know whether it
+   comes first) and of the valid pairs.
 
    * all pairs: a positive item i adds f(s_j - s_i) over its group's negatives j (the loss spec's
      phi(s_i - s_j) in reverse-margin form, ``_common.reverse_margin_terms``) and its gradient
@@ -95,7 +96,8 @@ def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
 @triton.jit
 def _dense_rows_kernel(
     scores_ptr, labels_ptr, groups_ptr, keep_ptr, values_ptr, grad_ptr, block_sums_ptr, N, num_blocks, margin,
-    GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr,
+    SURROGATE: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):

@@ -145,8 +145,8 @@ class AUCLoss(_PairwiseLoss):
         reduction: over groups with a valid pair, ``"mean"`` (default) or ``"sum"``.
         backend: ``"auto"`` (closed form when one exists, else the Triton kernel on CUDA and the
             blocked all-pairs path on the CPU; on CUDA batches of at most 2,048 items always
-            take the Triton kernels, which never wait for the device), ``"exact"`` (closed forms only), ``"torch"``
-            (blocked all-pairs, any device), ``"triton"`` (fused kernel; CUDA, or the CPU under
+            take the Triton kernels, which never wait for the device), ``"exact"`` (closed forms
+            only), ``"torch"`` (blocked all-pairs, any device), ``"triton"`` (fused kernel; CUDA, or the CPU under
             ``TRITON_INTERPRET=1``).
         cross_device: take pairs across the processes of a distributed job: the loss (and, after
             DDP's gradient averaging, the parameter gradients) equal the single-process ones on
