@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,18 +235,22 @@ def _read_table(path: Path, layout: _Layout) -> dict[str, np.ndarray]:
         )
     dtype = np.dtype([(name, np.float32 if kind == "dense" else np.int64) for name, kind in columns.items()])
     try:
-        table = np.loadtxt(
-            path,
-            dtype=dtype,
-            delimiter=",",
-            quotechar='"',
-            comments=None,
-            skiprows=1,
-            usecols=[header.index(name) for name in columns],
-            ndmin=1,
-            encoding="utf-8",
-        )
-    except ValueError as error:
+        # NumPy 1.23-2.2 read "1.5" into an integer column as 1, with a DeprecationWarning (later
+        # versions raise): as an error, it names the cell below like any other bad value.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", category=DeprecationWarning)
+            table = np.loadtxt(
+                path,
+                dtype=dtype,
+                delimiter=",",
+                quotechar='"',
+                comments=None,
+                skiprows=1,
+                usecols=[header.index(name) for name in columns],
+                ndmin=1,
+                encoding="utf-8",
+            )
+    except (ValueError, DeprecationWarning) as error:
         raise _bad_value_error(path, header, columns, numpy_message=str(error)) from None
     if not all(_all_valid(table[name], kind) for name, kind in columns.items()):
         raise _bad_value_error(path, header, columns, numpy_message="a value failed the checks")
