@@ -38,6 +38,7 @@ __all__ = [
     "LOG2E",
     "SURROGATES",
     "fast_math",
+    "launch_target",
     "reverse_margin_terms",
     "score_scale",
     "surrogate_id",
@@ -67,9 +68,16 @@ def tl_dtype(dtype: torch.dtype):
     return {torch.float32: tl.float32, torch.float64: tl.float64}[dtype]
 
 
+def launch_target(device: torch.device) -> str:
+    """``"cuda"`` for kernels compiled for a CUDA device, else ``"interpreter"``: the key of every
+    per-target launch choice (tiles, blocks, chunks, fast math). The one place that decides it, so
+    that ``benchmarks/cuda_specializations.py`` can record the CUDA choices under the interpreter."""
+    return "cuda" if device.type == "cuda" and not INTERPRET else "interpreter"
+
+
 def fast_math(device: torch.device, accumulation: torch.dtype) -> bool:
     """The approximate special functions: compiled CUDA kernels accumulating in float32."""
-    return device.type == "cuda" and not INTERPRET and accumulation == torch.float32
+    return launch_target(device) == "cuda" and accumulation == torch.float32
 
 
 def score_scale(surrogate: str, fast: bool) -> float:

@@ -47,7 +47,9 @@ import triton
 import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
-from ._common import fast_math, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale
+from ._common import (
+    fast_math, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale,
+)
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
@@ -263,7 +265,7 @@ def dense_loss_and_grad(
                          f"{num_problems} problems of {num_levels} levels, hardest={hardest}")
     loss_dtype = accumulation_dtype(scores)
     fast = fast_math(scores.device, loss_dtype) and not hardest
-    kind = "interpreter" if scores.device.type == "cpu" else "cuda"
+    kind = launch_target(scores.device)
     block_m, block_n, num_warps = TILES[kind]
     num_blocks = triton.cdiv(n, block_m)
     # One problem: its gradient goes straight to the output, which combine scales in place.

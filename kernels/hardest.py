@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
-from ._common import reverse_margin_terms, surrogate_id, validate_device
+from ._common import launch_target, reverse_margin_terms, surrogate_id, validate_device
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
@@ -191,7 +191,7 @@ def hardest_loss_and_grad(
     """
     validate_device(scores, levels.rank, layout.order)
     num_problems, n = layout.order.shape
-    block = FINALIZE_BLOCK["interpreter" if scores.device.type == "cpu" else "cuda"]
+    block = FINALIZE_BLOCK[launch_target(scores.device)]
     num_blocks = triton.cdiv(n, block)
     has_groups = layout.group_start is not None
     spans = (

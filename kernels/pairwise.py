@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
-from ._common import reverse_margin_terms, tl_dtype
+from ._common import launch_target, reverse_margin_terms, tl_dtype
 from .check import check_batch
 from .reduce import combine, finalize
 
@@ -314,9 +314,11 @@ def pair_partials(
 # (BLOCK_M, BLOCK_N, num_warps) of kernel 1 per device. Fixed, not autotuned at run time, so that
 # the summation order (and so every bit of the result) depends only on the device and N.
 # CUDA: 64 x 64 tiles at 4 warps keep both [64, 64] fp32 accumulators in registers
-# (../gpu-baseline: 64x64 and 32x128 were the fastest shapes on an H100). The interpreter pays
-# about a millisecond per program-and-tile step whatever the tile size: big tiles are cheapest.
-TILES = {"cuda": (64, 64, 4), "interpreter": (128, 128, 4)}
+# (../gpu-baseline: 64x64 and 32x128 were the fastest shapes on an H100); float64 accumulators
+# take twice the registers: 64 x 64 spilled 5.9 KB per thread with groups, 32 x 32 none (188
+# registers; benchmarks/cuda_specializations.py). The interpreter pays about a millisecond per
+# program-and-tile step whatever the tile size: big tiles are cheapest.
+TILES = {"cuda": (64, 64, 4), "cuda float64": (32, 32, 4), "interpreter": (128, 128, 4)}
 FINALIZE_BLOCK = {"cuda": 1024, "interpreter": 1024}
 # Kernel 1 aims at this many programs per streaming multiprocessor (each pass of each problem
 # counts), splitting partner ranges into chunks when N alone gives too few row blocks.
@@ -324,10 +326,12 @@ PROGRAMS_PER_SM = 8
 MAX_CHUNKS = 32
 
 
-def launch_config(device: torch.device, num_items: int, num_problems: int) -> tuple[tuple[int, int, int], int, int]:
+def launch_config(
+    device: torch.device, num_items: int, num_problems: int, accumulation: torch.dtype = torch.float32,
+) -> tuple[tuple[int, int, int], int, int]:
     """((BLOCK_M, BLOCK_N, num_warps), chunks, finalize block) for a batch on ``device``."""
-    kind = "interpreter" if device.type == "cpu" else "cuda"
-    tiles = TILES[kind]
+    kind = launch_target(device)
+    tiles = TILES["cuda float64" if kind == "cuda" and accumulation == torch.float64 else kind]
     if kind == "cuda":
         row_blocks = triton.cdiv(num_items, tiles[0]) * 2 * num_problems
         programs = PROGRAMS_PER_SM * _multiprocessors(device)
@@ -378,7 +382,9 @@ def pair_loss_and_grad(
 
     validate_device(scores, levels.rank, layout.order)
     accumulation = accumulation_dtype(scores)
-    default_tiles, default_chunks, finalize_block = launch_config(scores.device, layout.num_items, layout.num_problems)
+    default_tiles, default_chunks, finalize_block = launch_config(
+        scores.device, layout.num_items, layout.num_problems, accumulation
+    )
     fast = fast_math(scores.device, accumulation)
     partials, shares = pair_partials(
         scores, levels, layout,
