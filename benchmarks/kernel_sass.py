@@ -71,7 +71,10 @@ from typing import Any, Iterator, Sequence
 #: Compile target: Hopper (H100 / H200), warp size 32.
 ARCH = 90
 WARP_SIZE = 32
-TRITON_TYPES = ("*fp16", "*bf16", "*fp32", "*fp64", "*i8", "*i32", "*i64", "i32", "i64", "fp32", "fp64", "constexpr")
+TRITON_TYPES = (
+    "*fp16", "*bf16", "*fp32", "*fp64", "*i1", "*i8", "*u8", "*i16", "*i32", "*i64", "i1", "i32", "i64", "fp32", "fp64",
+    "constexpr",
+)
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Name under which worker processes import this file (it is run as __main__ from benchmarks/).
 _MODULE = "kernel_sass" if __name__ == "__main__" else __name__

@@ -124,6 +124,9 @@ COMMANDS: dict[str, Coverage] = {
     "python benchmarks/kernel_sass.py": Coverage(
         "elsewhere", note=NOT_A_BENCHMARK_RUN + "; its loop analysis and real sm_90 compiles are tested",
         test_file="tests/test_kernel_sass.py", mentions="benchmarks/kernel_sass.py"),
+    "python benchmarks/cuda_specializations.py": Coverage(
+        "elsewhere", note=NOT_A_BENCHMARK_RUN + "; its recording and two real sm_90 compiles are tested",
+        test_file="tests/test_cuda_specializations.py", mentions="benchmarks/cuda_specializations.py"),
     "TRITON_INTERPRET=1 python benchmarks/host_path.py": Coverage(
         "elsewhere", note="its op and sync counts are tested, call by call",
         test_file="tests/test_host_path.py", mentions="host_path.count_call"),

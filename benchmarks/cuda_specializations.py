@@ -1,0 +1,352 @@
+"""Every Triton specialization the losses launch on CUDA, compiled for Hopper (sm_90) on this CPU.
+
+What it is for: knowing, without a GPU, that each kernel the library can launch on an H100 compiles
+with the installed Triton (run it under the GPU image's Triton too), with its registers and spills.
+``kernel_sass.py`` counts the instructions of the hot loops of hand-picked variants; this tool
+covers every launch instead: the data check, the dense kernels, the layout kernels, the hardest-pair
+kernels and the reductions, for each loss, surrogate, dtype, with and without groups and a mask.
+
+Method:
+
+1. **Record** (``TRITON_INTERPRET=1``): run one forward + backward of each case on CPU tensors
+   with the library's CUDA launch choices: ``kernels._common.launch_target`` answers ``"cuda"``
+   (tiles, blocks, chunks and fast math as on a GPU) and the device has H100_SMS multiprocessors.
+   Every launch is recorded as (kernel, parameter types, constexpr values, ``num_warps``) from
+   its actual arguments, then run by the interpreter with the exact special functions
+   (``FAST=False``), which it can run, so that the call computes the same values as on the CPU.
+2. **Compile** (worker processes with ``TRITON_INTERPRET=0``): each distinct specialization goes
+   through ``triton.compile(ASTSource(...))`` for ``GPUTarget("cuda", 90, 32)`` and ptxas, as in
+   ``kernel_sass.compile_sass``. A kernel that fails to compile is reported with its error, and
+   the tool exits with status 1.
+
+Parameter types follow Triton's launcher: a tensor is a pointer to its dtype (``*i1`` for bool),
+a Python int ``i32`` (``i64`` past 32 bits), a float ``fp32``, a bool ``i1``. Triton's launcher
+also marks 16-byte aligned pointers and integers divisible by 16; those hints are left out here, so
+registers may differ slightly from a real launch's.
+
+Usage::
+
+    python benchmarks/cuda_specializations.py                # all cases -> results/cuda-specializations.json
+    python benchmarks/cuda_specializations.py --match AUC    # the cases whose name contains "AUC"
+    python benchmarks/cuda_specializations.py --record-only  # list the specializations, compile nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "cuda-specializations.json"
+#: Streaming multiprocessors of an H100 SXM (the layout kernel's chunking reads it).
+H100_SMS = 132
+#: Items per case. The layout cases turn the dense kernels off (``host_path.dense_kernels_off``),
+#: as a batch past ``kernels.dense.MAX_ITEMS`` does: no constexpr depends on N, the interpreter's
+#: time does.
+NUM_ITEMS = 300
+
+_TL_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64")
+_POINTERS = {
+    "float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float64": "*fp64", "bool": "*i1",
+    "int8": "*i8", "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64",
+}
+
+
+# --------------------------------------------------------------------------- #
+# Cases                                                                       #
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Case:
+    name: str
+    make: Callable[[], object]  # the loss module (backend="triton")
+    labels: str  # "binary" (N,), "two" (N, 2) binary, "four" (N, 4) binary, "ordinal" (N,) 0..4
+    layout: bool  # the layout kernels (a batch of more than kernels.dense.MAX_ITEMS items)
+    grouped: bool = True
+    masked: bool = False
+    dtype: str = "float32"
+
+
+def cases() -> list[Case]:
+    """The loss calls whose launches are recorded: every loss on the dense kernels and on the
+    layout kernels, every surrogate, float32 / float64 / bfloat16, with and without groups and a
+    mask, the data checks on and off."""
+    import mlloss
+
+    def auc(surrogate="logistic", validate=True, **options):
+        return lambda: mlloss.AUCLoss(surrogate=surrogate, backend="triton", validate_args=validate, **options)
+
+    out = []
+    for size, layout in (("dense", False), ("layout", True)):
+        for surrogate in ("logistic", "hinge", "squared", "exponential"):
+            for grouped in (False, True):
+                out.append(Case(f"AUC {surrogate} {size}{' groups' if grouped else ''}", auc(surrogate), "binary", layout,
+                                grouped=grouped))
+        out += [
+            Case(f"AUC logistic {size} groups mask", auc(), "binary", layout, masked=True),
+            Case(f"AUC logistic {size} groups unchecked", auc(validate=False), "binary", layout),
+            Case(f"AUC logistic {size} groups float64", auc(), "binary", layout, dtype="float64"),
+            Case(f"AUC logistic {size} groups bfloat16", auc(), "binary", layout, dtype="bfloat16"),
+            Case(f"PDAOM {size} groups", lambda: mlloss.PDAOMLoss(backend="triton"), "binary", layout),
+            Case(f"PDAOM {size} groups mask", lambda: mlloss.PDAOMLoss(backend="triton"), "binary", layout, masked=True),
+            Case(f"PDAOM soft {size} groups", lambda: mlloss.PDAOMLoss(temperature=0.5, backend="triton"), "binary", layout),
+            Case(f"LoA {size} groups", lambda: mlloss.LoALoss(backend="triton"), "two", layout),
+            Case(f"LoA balanced {size} groups mask", lambda: mlloss.LoALoss("balanced", backend="triton"), "two", layout,
+                 masked=True),
+            Case(f"LaA linear {size} groups", lambda: mlloss.LaALoss(backend="triton"), "two", layout),
+            Case(f"LaA uniform {size}", lambda: mlloss.LaALoss(cost="uniform", backend="triton"), "two", layout,
+                 grouped=False),
+            Case(f"LaA linear {size} groups mask", lambda: mlloss.LaALoss(backend="triton"), "two", layout, masked=True),
+            Case(f"LaA linear 4 labels {size} groups", lambda: mlloss.LaALoss(backend="triton"), "four", layout),
+            Case(f"LaA ordinal {size} groups", lambda: mlloss.LaALoss(backend="triton"), "ordinal", layout),
+            Case(f"LaA hardest {size} groups", lambda: mlloss.LaALoss(pairs="hardest", backend="triton"), "two", layout),
+            Case(f"bce+pdaom {size} groups", lambda: mlloss.build_loss("bce+pdaom", backend="triton"), "two", layout),
+        ]
+    return out
+
+
+def _inputs(case: Case):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    n = NUM_ITEMS
+    scores = torch.randn(n, generator=generator).to(getattr(torch, case.dtype))
+    if case.name.startswith("bce+"):
+        scores = torch.randn(n, 2, generator=generator).to(getattr(torch, case.dtype))
+    columns = {"binary": 1, "two": 2, "four": 4, "ordinal": 1}[case.labels]
+    labels = torch.randint(0, 2, (n, columns), generator=generator).to(torch.float32)
+    if case.labels == "binary":
+        labels = labels[:, 0]
+    elif case.labels == "ordinal":
+        labels = torch.randint(0, 5, (n,), generator=generator).to(torch.float32)
+    groups = torch.randint(0, max(n // 50, 1), (n,), generator=generator) if case.grouped else None
+    mask = (torch.arange(n) % 4 != 3) if case.masked else None
+    return scores, labels, groups, mask
+
+
+# --------------------------------------------------------------------------- #
+# Recording (under the interpreter)                                           #
+# --------------------------------------------------------------------------- #
+def _type_of(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return _POINTERS[str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton parameter type for {type(value).__name__} {value!r}")
+
+
+def _constexpr_json(value):
+    """JSON form of a constexpr: numbers, bools and None as they are, Triton dtypes by name."""
+    import triton.language as tl
+
+    if isinstance(value, tl.dtype):  # by its name in triton.language: {"tl": "float32"}
+        return {"tl": next(name for name in _TL_DTYPES if getattr(tl, name) == value)}
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    raise TypeError(f"unsupported constexpr {value!r}")
+
+
+@contextlib.contextmanager
+def recording_cuda_launches() -> Iterator[list[dict]]:
+    """Inside: the kernels get the CUDA launch choices and each launch appends its specialization
+    (module, kernel, signature, constexprs, num_warps) to the yielded list; the interpreter runs
+    it with ``FAST=False`` (see the module docstring)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from mlloss.kernels import _common, pairwise
+
+    if not _common.INTERPRET:
+        raise RuntimeError("recording needs TRITON_INTERPRET=1 set before triton is imported")
+    launches: list[dict] = []
+    run = InterpretedFunction.run
+
+    def recorded_run(self, *args, grid, warmup, **kwargs):
+        names = self.arg_names
+        constexprs = {name for name, annotation in getattr(self.fn, "__annotations__", {}).items()
+                      if annotation in ("constexpr", tl.constexpr) or "constexpr" in str(annotation)}
+        bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
+        launches.append({
+            "module": self.fn.__module__,
+            "kernel": self.fn.__name__,
+            "signature": {name: "constexpr" if name in constexprs else _type_of(bound[name]) for name in names},
+            "constexprs": {name: _constexpr_json(bound[name]) for name in names if name in constexprs},
+            "num_warps": int(kwargs.get("num_warps", 4)),
+        })
+        if kwargs.get("FAST"):  # the interpreter cannot run inline PTX: the exact branch instead
+            kwargs = dict(kwargs, FAST=False, SCORE_SCALE=1.0, VALUE_SCALE=1.0)
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    modules = [module for name, module in sys.modules.items() if name.startswith("mlloss.kernels")]
+    original_target = _common.launch_target
+    patched = [module for module in modules if getattr(module, "launch_target", None) is original_target]
+    multiprocessors = pairwise._multiprocessors
+    InterpretedFunction.run = recorded_run
+    for module in patched:
+        module.launch_target = lambda device: "cuda"
+    pairwise._multiprocessors = lambda device: H100_SMS
+    try:
+        yield launches
+    finally:
+        InterpretedFunction.run = run
+        for module in patched:
+            module.launch_target = original_target
+        pairwise._multiprocessors = multiprocessors
+
+
+def record(selected: Sequence[Case]) -> dict[str, list[dict]]:
+    """Case name -> the specializations its forward + backward launched, in launch order."""
+    import mlloss.kernels  # noqa: F401  (the kernel modules, before their launch_target is patched)
+    import mlloss.kernels.check, mlloss.kernels.dense, mlloss.kernels.hardest  # noqa: E401, F401
+    from host_path import dense_kernels_off
+
+    out = {}
+    for case in selected:
+        scores, labels, groups, mask = _inputs(case)
+        loss = case.make()
+        scores.requires_grad_(True)
+        with recording_cuda_launches() as launches, dense_kernels_off() if case.layout else contextlib.nullcontext():
+            value = loss(scores, labels, groups, **({"mask": mask} if mask is not None else {}))
+            value.backward()
+        out[case.name] = launches
+    return out
+
+
+def distinct(recorded: dict[str, list[dict]]) -> list[dict]:
+    """The distinct specializations, each with the cases that launch it."""
+    table: dict[str, dict] = {}
+    for case, launches in recorded.items():
+        for launch in launches:
+            key = json.dumps(launch, sort_keys=True)
+            table.setdefault(key, dict(launch, cases=[]))
+            if case not in table[key]["cases"]:
+                table[key]["cases"].append(case)
+    return list(table.values())
+
+
+def _record_in_child(match: str | None) -> dict[str, list[dict]]:
+    """Record in a fresh interpreter process (the compile workers need the interpreter off)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import cuda_specializations as c; "
+        "m = sys.argv[2] or None; json.dump(c.record([x for x in c.cases() if m is None or m in x.name]), sys.stdout)"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), match or ""],
+                          capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"recording failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
+
+
+# --------------------------------------------------------------------------- #
+# Compiling (interpreter off)                                                 #
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class _Variant:
+    """What ``kernel_sass.compile_sass`` reads."""
+
+    name: str
+    kernel: object
+    signature: dict
+    constexprs: dict
+    num_warps: int
+
+
+def _compile(spec: dict) -> dict:
+    import triton.language as tl
+
+    from kernel_sass import compile_sass
+
+    start = time.perf_counter()
+    try:
+        kernel = getattr(importlib.import_module(spec["module"]), spec["kernel"])
+        constexprs = {k: getattr(tl, v["tl"]) if isinstance(v, dict) else v for k, v in spec["constexprs"].items()}
+        _, registers, spills = compile_sass(_Variant(spec["kernel"], kernel, spec["signature"], constexprs,
+                                                     spec["num_warps"]))
+    except Exception as exc:  # noqa: BLE001  (reported per specialization)
+        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
+    return {"ok": True, "registers": registers, "spill_store_bytes": spills.store_bytes,
+            "spill_load_bytes": spills.load_bytes, "seconds": round(time.perf_counter() - start, 2)}
+
+
+def compile_all(specs: Sequence[dict], jobs: int) -> list[dict]:
+    """Compile every specialization in spawned workers with the interpreter off."""
+    from kernel_sass import _interpreter_off_for_children
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    with _interpreter_off_for_children(), ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+        initializer=sys.path.insert, initargs=(0, str(Path(__file__).resolve().parent)),
+    ) as pool:
+        results = list(pool.map(_compile, specs))
+    return [dict(spec, **result) for spec, result in zip(specs, results)]
+
+
+def describe(spec: dict) -> str:
+    """kernel[constexprs](its pointers' element types) num_warps."""
+    constexprs = ", ".join(f"{k}={v['tl'] if isinstance(v, dict) else v}" for k, v in spec["constexprs"].items())
+    pointers = ",".join(sorted({t[1:] for t in spec["signature"].values() if t.startswith("*")}))
+    return f"{spec['kernel']}[{constexprs}]({pointers}) num_warps={spec['num_warps']}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--match", help="only the cases whose name contains this text")
+    parser.add_argument("--record-only", action="store_true", help="list the specializations, compile nothing")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="compile worker processes")
+    parser.add_argument("--output", type=Path, help="JSON path (default results/cuda-specializations.json)")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+
+    recorded = _record_in_child(args.match)
+    if not recorded:
+        parser.error(f"no case name contains {args.match!r}")
+    specs = distinct(recorded)
+    print(f"{len(recorded)} cases launch {len(specs)} distinct specializations")
+    if args.record_only:
+        for spec in specs:
+            print(f"  {describe(spec)}  ({len(spec['cases'])} cases)")
+        return 0
+    results = compile_all(specs, args.jobs)
+    for result in results:
+        status = (f"{result['registers']} regs, spills {result['spill_store_bytes']} B st / "
+                  f"{result['spill_load_bytes']} B ld" if result["ok"] else f"FAILED: {result['error']}")
+        print(f"  {describe(result)}: {status}")
+    failed = [r for r in results if not r["ok"]]
+
+    import triton
+
+    output = args.output or RESULTS
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({
+        "triton": triton.__version__,
+        "target": "sm_90a (cuda capability 90, warp size 32)",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cases": {case: len(launches) for case, launches in recorded.items()},
+        "compiled": len(results) - len(failed),
+        "failed": len(failed),
+        "specializations": results,
+    }, indent=2) + "\n")
+    print(f"{len(results) - len(failed)} of {len(results)} compiled for sm_90; wrote {output}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""benchmarks/cuda_specializations.py: the CUDA launches recorded under the interpreter are the
+ones a GPU would compile, the recording leaves the call's results unchanged, and one recorded
+specialization of each shape of work (a data check, a dense kernel with a mask) compiles for sm_90.
+About 15 s on 2 cores."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.triton
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _tool():
+    """benchmarks/cuda_specializations.py as a module (it imports its neighbours by name)."""
+    if "cuda_specializations" not in sys.modules:
+        sys.path.insert(0, str(BENCHMARKS))
+        spec = importlib.util.spec_from_file_location("cuda_specializations", BENCHMARKS / "cuda_specializations.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["cuda_specializations"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["cuda_specializations"]
+
+
+@pytest.fixture(scope="module")
+def tool():
+    from mlloss.kernels import _common
+
+    if not _common.INTERPRET:
+        pytest.skip("recording needs TRITON_INTERPRET=1 (the suite's CPU setting)")
+    return _tool()
+
+
+def _case(tool, name):
+    return next(case for case in tool.cases() if case.name == name)
+
+
+@pytest.fixture(scope="module")
+def masked_dense(tool) -> list[dict]:
+    """The launches of a grouped, masked AUC call on the dense kernels."""
+    return tool.record([_case(tool, "AUC logistic dense groups mask")])["AUC logistic dense groups mask"]
+
+
+def test_recorded_launches_carry_the_cuda_choices(tool, masked_dense):
+    from mlloss.kernels import _common, dense
+
+    assert [launch["kernel"] for launch in masked_dense] == ["_check_batch_kernel", "_dense_rows_kernel", "_combine_kernel"]
+    dense_launch = masked_dense[1]
+    constexprs = dense_launch["constexprs"]
+    assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"], dense_launch["num_warps"]) == dense.TILES["cuda"]
+    assert constexprs["FAST"] is True and constexprs["MASKED"] is True and constexprs["ACC"] == {"tl": "float32"}
+    assert dense_launch["signature"]["keep_ptr"] == "*i1" and dense_launch["signature"]["scores_ptr"] == "*fp32"
+    assert dense_launch["signature"]["N"] == "i32"
+    # Nothing stays patched.
+    assert dense.launch_target(torch.device("cpu")) == "interpreter" == _common.launch_target(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["LaA linear dense groups mask", "LaA linear layout groups",
+                                  "AUC logistic layout groups float64", "LoA balanced layout groups mask"])
+def test_recording_leaves_the_results_unchanged(tool, name):
+    """The interpreter runs the recorded launches with the exact special functions, so a call
+    computes with the CUDA tiles and chunks (at N = 300 the layout kernel's 32 chunks of 5 partner
+    tiles are mostly empty) what the interpreter's own launches compute, up to the rounding of the
+    summation order. The layout kernel takes the CUDA tiles of its accumulation dtype (float64:
+    the smaller ones that do not spill)."""
+    from host_path import dense_kernels_off
+
+    from mlloss.kernels import pairwise
+
+    case = _case(tool, name)
+    scores, labels, groups, mask = tool._inputs(case)
+    options = {"mask": mask} if mask is not None else {}
+    runs = []
+    for recording in (False, True):
+        x = scores.clone().requires_grad_(True)
+        with tool.recording_cuda_launches() if recording else contextlib.nullcontext() as launches, \
+                dense_kernels_off() if case.layout else contextlib.nullcontext():
+            loss = case.make()(x, labels, groups, **options)
+            loss.backward()
+        runs.append((loss.detach(), x.grad))
+    (loss, grad), (again, recorded_grad) = runs
+    tolerance = 1e-12 if case.dtype == "float64" else 1e-6
+    torch.testing.assert_close(again, loss, rtol=tolerance, atol=0)
+    torch.testing.assert_close(recorded_grad, grad, rtol=10 * tolerance, atol=tolerance * 1e-3)
+
+    kernels = [launch["kernel"] for launch in launches]
+    assert ("_pair_partials_kernel" in kernels) == case.layout and ("_dense_rows_kernel" in kernels) != case.layout
+    if case.layout:
+        constexprs = next(x for x in launches if x["kernel"] == "_pair_partials_kernel")["constexprs"]
+        tiles = pairwise.TILES["cuda float64" if case.dtype == "float64" else "cuda"]
+        assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"]) == tiles[:2]
+        assert constexprs["FAST"] is (case.dtype == "float32")
+
+
+def test_distinct_merges_equal_launches_and_keeps_their_cases(tool):
+    launch = {"module": "m", "kernel": "k", "signature": {"x": "*fp32"}, "constexprs": {}, "num_warps": 4}
+    other = dict(launch, num_warps=8)
+    specs = tool.distinct({"a": [launch, launch], "b": [launch, other]})
+    assert [(s["num_warps"], s["cases"]) for s in specs] == [(4, ["a", "b"]), (8, ["b"])]
+
+
+def test_two_recorded_specializations_compile_for_sm90(tool, masked_dense):
+    check, dense_launch = masked_dense[:2]
+    results = tool.compile_all([check, dense_launch], jobs=2)
+    for result in results:
+        assert result["ok"], result.get("error")
+        assert 0 < result["registers"] <= 255
+    assert results[1]["spill_store_bytes"] == 0  # the dense kernel's CUDA tiles fit in registers
