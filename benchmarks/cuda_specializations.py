@@ -12,8 +12,9 @@ Method:
    with the library's CUDA launch choices: ``kernels._common.launch_target`` answers ``"cuda"``
    (tiles, blocks, chunks and fast math as on a GPU) and the device has H100_SMS multiprocessors.
    Every launch is recorded as (kernel, parameter types, constexpr values, ``num_warps``) from
-   its actual arguments, then run by the interpreter with the exact special functions
-   (``FAST=False``), which it can run, so that the call computes the same values as on the CPU.
+   its actual arguments, then run by the interpreter: the fast branch included, whose inline PTX
+   ops the interpreter computes exactly (``kernels/_common.py``), so that the call computes the
+   values a GPU would, but for the approximations' own error.
 2. **Compile** (worker processes with ``TRITON_INTERPRET=0``): each distinct specialization goes
    through ``triton.compile(ASTSource(...))`` for ``GPUTarget("cuda", 90, 32)`` and ptxas, as in
    ``kernel_sass.compile_sass``. A kernel that fails to compile is reported with its error, and
@@ -166,7 +167,7 @@ def _constexpr_json(value):
 def recording_cuda_launches() -> Iterator[list[dict]]:
     """Inside: the kernels get the CUDA launch choices and each launch appends its specialization
     (module, kernel, signature, constexprs, num_warps) to the yielded list; the interpreter runs
-    it with ``FAST=False`` (see the module docstring)."""
+    it (see the module docstring)."""
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -189,8 +190,6 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
             "constexprs": {name: _constexpr_json(bound[name]) for name in names if name in constexprs},
             "num_warps": int(kwargs.get("num_warps", 4)),
         })
-        if kwargs.get("FAST"):  # the interpreter cannot run inline PTX: the exact branch instead
-            kwargs = dict(kwargs, FAST=False, SCORE_SCALE=1.0, VALUE_SCALE=1.0)
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     modules = [module for name, module in sys.modules.items() if name.startswith("mlloss.kernels")]

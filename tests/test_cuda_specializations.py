@@ -64,13 +64,14 @@ def test_recorded_launches_carry_the_cuda_choices(tool, masked_dense):
 
 
 @pytest.mark.parametrize("name", ["LaA linear dense groups mask", "LaA linear layout groups",
+                                  "AUC exponential dense groups", "AUC exponential layout groups",
                                   "AUC logistic layout groups float64", "LoA balanced layout groups mask"])
 def test_recording_leaves_the_results_unchanged(tool, name):
-    """The interpreter runs the recorded launches with the exact special functions, so a call
-    computes with the CUDA tiles and chunks (at N = 300 the layout kernel's 32 chunks of 5 partner
-    tiles are mostly empty) what the interpreter's own launches compute, up to the rounding of the
-    summation order. The layout kernel takes the CUDA tiles of its accumulation dtype (float64:
-    the smaller ones that do not spill)."""
+    """A recorded call runs the CUDA launches: the fast branch (base-2 scores, the special-function
+    ops computed exactly by the interpreter), the CUDA tiles and chunks (at N = 300 the layout
+    kernel's 32 chunks of 5 partner tiles are mostly empty). It computes what the interpreter's own
+    launches (exact branch, big tiles) compute, up to float32 rounding. The layout kernel takes the
+    CUDA tiles of its accumulation dtype (float64: the smaller ones that do not spill)."""
     from host_path import dense_kernels_off
 
     from mlloss.kernels import pairwise
