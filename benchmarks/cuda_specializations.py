@@ -288,7 +288,7 @@ def compile_all(specs: Sequence[dict], jobs: int) -> list[dict]:
     """Compile every specialization in spawned workers with the interpreter off."""
     from kernel_sass import _interpreter_off_for_children
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    # Spawned workers import this module by name (``_compile``): benchmarks/ on their path first.
     with _interpreter_off_for_children(), ProcessPoolExecutor(
         max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
         initializer=sys.path.insert, initargs=(0, str(Path(__file__).resolve().parent)),
