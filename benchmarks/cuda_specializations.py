@@ -20,10 +20,10 @@ Method:
    ``kernel_sass.compile_sass``. A kernel that fails to compile is reported with its error, and
    the tool exits with status 1.
 
-Parameter types follow Triton's launcher: a tensor is a pointer to its dtype (``*i1`` for bool),
-a Python int ``i32`` (``i64`` past 32 bits), a float ``fp32``, a bool ``i1``. Triton's launcher
-also marks 16-byte aligned pointers and integers divisible by 16; those hints are left out here, so
-registers may differ slightly from a real launch's.
+Parameter types are those Triton's launcher gives (``triton.runtime.jit.mangle_type``): a tensor
+is a pointer to its dtype (``*u1`` for bool), a Python int ``i32`` (``i64`` past 32 bits), a float
+``fp32``. The launcher also marks 16-byte aligned pointers and integers divisible by 16; those
+hints are left out here, so registers may differ slightly from a real launch's.
 
 Usage::
 
@@ -58,10 +58,6 @@ H100_SMS = 132
 NUM_ITEMS = 300
 
 _TL_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64")
-_POINTERS = {
-    "float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float64": "*fp64", "bool": "*i1",
-    "int8": "*i8", "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64",
-}
 
 
 # --------------------------------------------------------------------------- #
@@ -76,6 +72,7 @@ class Case:
     grouped: bool = True
     masked: bool = False
     dtype: str = "float32"
+    tasks: int = 0  # scores (N,), or (N, tasks) for a bce+ loss
 
 
 def cases() -> list[Case]:
@@ -111,7 +108,8 @@ def cases() -> list[Case]:
             Case(f"LaA linear 4 labels {size} groups", lambda: mlloss.LaALoss(backend="triton"), "four", layout),
             Case(f"LaA ordinal {size} groups", lambda: mlloss.LaALoss(backend="triton"), "ordinal", layout),
             Case(f"LaA hardest {size} groups", lambda: mlloss.LaALoss(pairs="hardest", backend="triton"), "two", layout),
-            Case(f"bce+pdaom {size} groups", lambda: mlloss.build_loss("bce+pdaom", backend="triton"), "two", layout),
+            Case(f"bce+pdaom {size} groups", lambda: mlloss.build_loss("bce+pdaom", backend="triton"), "two", layout,
+                 tasks=2),
         ]
     return out
 
@@ -121,9 +119,7 @@ def _inputs(case: Case):
 
     generator = torch.Generator().manual_seed(0)
     n = NUM_ITEMS
-    scores = torch.randn(n, generator=generator).to(getattr(torch, case.dtype))
-    if case.name.startswith("bce+"):
-        scores = torch.randn(n, 2, generator=generator).to(getattr(torch, case.dtype))
+    scores = torch.randn((n, case.tasks) if case.tasks else (n,), generator=generator).to(getattr(torch, case.dtype))
     columns = {"binary": 1, "two": 2, "four": 4, "ordinal": 1}[case.labels]
     labels = torch.randint(0, 2, (n, columns), generator=generator).to(torch.float32)
     if case.labels == "binary":
@@ -138,20 +134,6 @@ def _inputs(case: Case):
 # --------------------------------------------------------------------------- #
 # Recording (under the interpreter)                                           #
 # --------------------------------------------------------------------------- #
-def _type_of(value) -> str:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return _POINTERS[str(value.dtype).removeprefix("torch.")]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"no Triton parameter type for {type(value).__name__} {value!r}")
-
-
 def _constexpr_json(value):
     """JSON form of a constexpr: numbers, bools and None as they are, Triton dtypes by name."""
     import triton.language as tl
@@ -168,8 +150,8 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
     """Inside: the kernels get the CUDA launch choices and each launch appends its specialization
     (module, kernel, signature, constexprs, num_warps) to the yielded list; the interpreter runs
     it (see the module docstring)."""
-    import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import mangle_type  # the parameter types Triton's launcher gives
 
     from mlloss.kernels import _common, pairwise
 
@@ -180,13 +162,13 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
 
     def recorded_run(self, *args, grid, warmup, **kwargs):
         names = self.arg_names
-        constexprs = {name for name, annotation in getattr(self.fn, "__annotations__", {}).items()
-                      if annotation in ("constexpr", tl.constexpr) or "constexpr" in str(annotation)}
+        # "tl.constexpr" (annotations are strings under ``from __future__ import annotations``) or the class
+        constexprs = {name for name, annotation in self.fn.__annotations__.items() if "constexpr" in str(annotation)}
         bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
         launches.append({
             "module": self.fn.__module__,
             "kernel": self.fn.__name__,
-            "signature": {name: "constexpr" if name in constexprs else _type_of(bound[name]) for name in names},
+            "signature": {name: "constexpr" if name in constexprs else mangle_type(bound[name]) for name in names},
             "constexprs": {name: _constexpr_json(bound[name]) for name in names if name in constexprs},
             "num_warps": int(kwargs.get("num_warps", 4)),
         })

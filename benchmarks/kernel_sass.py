@@ -72,7 +72,7 @@ from typing import Any, Iterator, Sequence
 ARCH = 90
 WARP_SIZE = 32
 TRITON_TYPES = (
-    "*fp16", "*bf16", "*fp32", "*fp64", "*i1", "*i8", "*u8", "*i16", "*i32", "*i64", "i1", "i32", "i64", "fp32", "fp64",
+    "*fp16", "*bf16", "*fp32", "*fp64", "*u1", "*i8", "*u8", "*i16", "*i32", "*i64", "u1", "i32", "i64", "fp32", "fp64",
     "constexpr",
 )
 RESULTS = Path(__file__).resolve().parent / "results"
