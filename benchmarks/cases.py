@@ -17,7 +17,8 @@
   ``projected_peak_mb``).
 - Accuracy: a float64 naive evaluation for N <= 4096 (``float64_reference``), the comparison of
   every row with its case's reference row (``check_against_reference``) and the table cells that
-  show it (``cross_check_cells``).
+  show it (``cross_check_cells``); the GPU runner's section 6 (``accuracy_cases``) compares the
+  float32 Triton path with the same loss of float64 scores at any N.
 
 The runners keep their own argument parsing, timing, memory measurement, skips and output files.
 torch, mlloss and LibAUC are imported inside the functions: bench_gpu.py sets TRITON_INTERPRET
@@ -84,6 +85,24 @@ def grouped_laa_logistic() -> dict[str, Any]:
                 priors=list(LAA_PRIORS), surrogate="logistic", group_size=GROUP_SIZE)
 
 
+ACCURACY_PREFIX = "float32 accuracy: "
+# Scores + this much per level: a well-trained model (bipartite AUC ~0.998), whose loss is a sum of
+# small terms log(1 + e^x), x ~ N(-4, 2): the stress test of the fast branch's log and its sums.
+WELL_ORDERED_SEPARATION = 4.0
+
+
+def accuracy_cases() -> list[dict[str, Any]]:
+    """The float32 Triton path against the same loss on float64 scores (the kernels' exact branch
+    with float64 sums): the headline AUC and LaA on standard normal scores, and AUC on well-ordered
+    scores."""
+    return [
+        dict(auc_logistic(0.1), case=ACCURACY_PREFIX + AUC_CASE),
+        dict(laa_logistic(), case=ACCURACY_PREFIX + LAA_CASE),
+        dict(auc_logistic(0.1), case=f"{ACCURACY_PREFIX}{AUC_CASE}, well-ordered scores "
+             f"(+{WELL_ORDERED_SEPARATION:g} per level)", separation=WELL_ORDERED_SEPARATION),
+    ]
+
+
 CPU_SECTION_TITLES = {
     1: "Section 1: logistic bipartite AUC, no groups",
     2: "Section 2: logistic LaA, two labels, no groups",
@@ -118,6 +137,7 @@ GPU_SECTION_TITLES = {
     3: "Section 3: closed forms at scale (users of ~50 items)",
     4: "Section 4: grouped logistic AUC (users of ~50 items)",
     5: "Section 5: grouped logistic LaA (users of ~50 items)",
+    6: "Section 6: float32 accuracy of the Triton path against float64",
 }
 # bench_gpu.py's sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
 GPU_SIZES = {
@@ -126,7 +146,7 @@ GPU_SIZES = {
     "smoke": ([256], [256], 256),
 }
 HEADLINE_SPEEDUP_N = 16384  # the GPU runner's naive / Triton ratios and small-call targets
-HEADLINE_MEMORY_N = 1048576  # its pairs/s, memory and large-call targets
+HEADLINE_MEMORY_N = 1048576  # its pairs/s, memory, large-call and accuracy targets
 
 
 def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) -> list[dict[str, Any]]:
@@ -171,6 +191,10 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
         return [dict(grouped_laa_logistic(), section=5, sizes=grouped_sweep,
                      impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
                      only_at=compile_at_speedup_n if quick else {}, dense_case=LAA_CASE)]
+    if section == 6:
+        sizes = [big] if mode != "full" or sizes_override else [HEADLINE_SPEEDUP_N, big]
+        return [dict(case, section=6, sizes=sizes, impls=["mlloss-triton-f64", "mlloss-triton"])
+                for case in accuracy_cases()]
     raise ValueError(f"unknown section {section}; expected one of {sorted(GPU_SECTION_TITLES)}")
 
 
@@ -198,6 +222,8 @@ def make_inputs(spec: dict[str, Any], n: int | None = None):
             n_groups = max(1, n // spec["group_size"])
         user_ids = torch.randint(0, 2**40, (n_groups,), generator=generator)
         groups = user_ids[torch.randint(0, n_groups, (n,), generator=generator)]
+    if spec.get("separation"):
+        scores = scores + spec["separation"] * levels_of(spec, labels)
     return scores, labels, groups
 
 
@@ -276,8 +302,10 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
     """A closure computing the loss of ``inputs`` (scores made to require grad) for ``spec["impl"]``.
 
     ``"mlloss"`` is mlloss with ``backend="auto"``, ``"mlloss-<backend>"`` mlloss with that backend
-    (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``); ``"mlloss-layout"`` is the Triton
-    tier with its dense small-batch kernels off (``kernels/dense.py``), the layout kernels at every N. ``"naive-compile"`` is
+    (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``), and with ``-f64`` appended the same
+    loss of float64 copies of the scores (section 6's reference); ``"mlloss-layout"`` is the Triton
+    tier with its dense small-batch kernels off (``kernels/dense.py``), the layout kernels at every N.
+    ``"naive-compile"`` is
     ``naive_broadcast_loss`` under ``torch.compile(backend=compile_backend, dynamic=False)``,
     compiled afresh (``torch._dynamo.reset()``: no recompile limit, no reuse across rows; its
     counters are cleared for ``compile_counters``). The LibAUC rows use
@@ -295,6 +323,9 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
         import mlloss
 
         backend = impl.partition("-")[2] or "auto"
+        # "-f64": the loss of float64 copies of the scores (its gradient flows back to them).
+        float64 = backend.endswith("-f64")
+        backend = backend.removesuffix("-f64")
         layout_only = backend == "layout"  # the Triton tier without its dense small-batch kernels
         backend = "triton" if layout_only else backend
         if kind == "pdaom":
@@ -305,13 +336,14 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
             loss_fn = mlloss.AUCLoss(surrogate=surrogate, backend=backend)
 
         def forward():
+            s = scores.double() if float64 else scores
             if not layout_only:
-                return loss_fn(scores, labels, groups)
+                return loss_fn(s, labels, groups)
             from mlloss.kernels import dense
 
             limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
             try:
-                return loss_fn(scores, labels, groups)
+                return loss_fn(s, labels, groups)
             finally:
                 dense.MAX_ITEMS = limit
 

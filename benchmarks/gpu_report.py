@@ -11,7 +11,8 @@ Acceptance lines (computed from the rows, printed, stored in the JSON and the .m
 the GPU fast path: Triton AUC and LaA at N = 1,048,576 >= 6e11 valid pairs/s and <= 48 MB extra
 memory; the whole call at N = 16,384 <= 0.3 ms (AUC and LaA); grouped AUC and LaA at
 N = 1,048,576 in users of ~50 items <= 1 ms; ``PDAOMLoss`` at N = 1,048,576 <= 0.5 ms; then
-naive eager and naive ``torch.compile`` time over Triton at N = 16,384 (>= 20x, >= 5x). A line
+naive eager and naive ``torch.compile`` time over Triton at N = 16,384 (>= 20x, >= 5x); the float32
+loss within 1e-5 relative of the float64 one at N = 1,048,576 (section 6, each case run). A line
 gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
 "no verdict" and why.
 """
@@ -38,6 +39,7 @@ SMALL_CALL_TARGET_S = 0.3e-3  # the whole call at N = 16,384
 GROUPED_CALL_TARGET_S = 1e-3  # N = 1,048,576 in users of ~50 items
 PDAOM_CALL_TARGET_S = 0.5e-3  # PDAOMLoss at N = 1,048,576
 MEMORY_TARGET_MB = 48.0  # extra memory at N = 1,048,576
+ACCURACY_TARGET = 1e-5  # float32 loss vs float64, relative, at N = 1,048,576 (section 6)
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
@@ -95,7 +97,24 @@ def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
     for case in sorted({r["case"] for r in rows if r.get("dense_case")}):
         lines += _time_line(rows, case, "mlloss-triton", HEADLINE_MEMORY_N, GROUPED_CALL_TARGET_S, gpu)
     lines += _time_line(rows, cases.PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
-    return lines + _naive_lines(rows, gpu)
+    return lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu)
+
+
+def _accuracy_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
+    """Section 6: the float32 Triton loss against the same loss of float64 scores at N = 1,048,576
+    (the gradient's max relative difference is reported with it)."""
+    lines = []
+    for case in [c["case"] for c in cases.accuracy_cases()]:
+        row, at_target = _row_at(_measured(rows, case, "mlloss-triton"), HEADLINE_MEMORY_N)
+        if row is None:
+            if any(r["case"] == case for r in rows):
+                lines.append(f"- {case}: not measured ({_missing(rows, case, 'mlloss-triton', HEADLINE_MEMORY_N)})")
+            continue
+        ok = row["value_rel_diff"] <= ACCURACY_TARGET
+        lines.append(f"- {case}, float32 Triton loss vs float64 at N={row['n']:,}: {row['value_rel_diff']:.2g} "
+                     f"relative (gradient max {row['grad_rel_diff']:.2g}); target <= {ACCURACY_TARGET:g}: "
+                     f"{_verdict(ok, at_target, gpu)}")
+    return lines
 
 
 def _dense_lines(rows: list[dict[str, Any]], case: str, gpu: bool) -> list[str]:

@@ -89,6 +89,33 @@ def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_p
     assert "## Acceptance" in output.with_suffix(".md").read_text()
 
 
+def test_accuracy_section_compares_the_float32_path_with_float64_scores(bench_gpu, cases, tmp_path):
+    """Section 6: each case's reference row is the loss of float64 scores (the float64 brute force
+    agrees with it), the float32 row is compared with it, and the acceptance line reports it without
+    a verdict off the GPU. The well-ordered case's scores are the plain case's plus 4 per level."""
+    import torch
+
+    output = tmp_path / "accuracy.json"
+    bench_gpu.main(["--device", "cpu", "--sections", "6", "--sizes", "96", "--min-repeats", "1",
+                    "--max-repeats", "1", "--output", str(output)])
+    report = json.loads(output.read_text())
+    rows = {(r["case"], r["impl"]): r for r in report["results"]}
+    names = [case["case"] for case in cases.accuracy_cases()]
+    assert set(rows) == {(name, impl) for name in names for impl in ("mlloss-triton-f64", "mlloss-triton")}
+    for name in names:
+        reference, row = rows[name, "mlloss-triton-f64"], rows[name, "mlloss-triton"]
+        assert reference["reference"] and reference["f64_rel_diff"] < 1e-12  # float64 sums: not float32's
+        assert 0 < row["value_rel_diff"] < 1e-6 and row["grad_rel_diff"] < 1e-6
+    lines = [line for line in report["acceptance"] if "float32 Triton loss vs float64" in line]
+    assert len(lines) == 3 and all("no verdict: not on a GPU" in line for line in lines)
+
+    plain, ordered = cases.accuracy_cases()[0], cases.accuracy_cases()[2]
+    scores, labels, _ = cases.make_inputs(dict(plain, n=200, seed=3))
+    shifted, same_labels, _ = cases.make_inputs(dict(ordered, n=200, seed=3))
+    assert torch.equal(labels, same_labels)
+    assert torch.equal(shifted, scores + cases.WELL_ORDERED_SEPARATION * labels)
+
+
 def test_merge_recomputes_acceptance_from_both_files(bench_gpu, cases, tmp_path):
     row = dict(section=2, case=cases.LAA_CASE, n=16384, impl="mlloss-triton", pairs=1e8,
                pair_elements=16384.0**2, time_s=1e-3, time_min_s=1e-3, peak_extra_mb=1.0,
