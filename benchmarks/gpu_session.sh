@@ -11,13 +11,21 @@
 #        e.g. step --compile reduce-overhead --fixed-batches
 #
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
-# The device image has torch, triton and pytorch-lightning but no network: nothing is installed.
+# The device image has torch, triton and pytorch-lightning but no network: nothing is installed from
+# a registry. Wheels in .whl/ (git-ignored, carried with the device tool's `carry: [".whl"]`) are
+# unpacked to /tmp/site first: LibAUC for bench_gpu.py's baseline rows, fetched once with
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl libauc==2.0.1
+# (the image has its needs: scikit-learn, pandas, scipy, tqdm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
 print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee "$out/device.txt"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 # mlloss.kernels is the folder kernels/ (pyproject's package-dir); without an install, link it.
 python -c "import mlloss.kernels" 2>/dev/null || ln -sfn ../kernels mlloss/kernels
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
