@@ -2,7 +2,8 @@
 # The GPU checks a session with a lent GPU should run, one stage per device command (each well
 # under the device tool's 10 minutes).
 #
-#   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference
+#   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference,
+#                                           # and fullgraph-compiled steps with every loss on CUDA
 #   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
 #   bash benchmarks/gpu_session.sh recipe   # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
 #   bash benchmarks/gpu_session.sh recipe-compiled [MODE [OPTION...]]  # the same with --compile MODE (bce, bce+pdaom)
@@ -34,7 +35,8 @@ case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
-        tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py 2>&1 | tee "$out/tests.txt" | tail -5
+        tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
+        tests/test_compile.py 2>&1 | tee "$out/tests.txt" | tail -5
     ;;
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" 2>&1 | tee "$out/bench.log" | tail -30

@@ -7,7 +7,8 @@ captures the step in one graph, AOTAutograd derives its backward, and batches wi
 other labels and groups but the same N reuse the graph. The compiled step must give eager's
 loss and parameter gradients. Backend ``aot_eager`` (graph capture and AOTAutograd without
 C++ code generation, which takes tens of seconds per graph on a small CPU), plus one Inductor
-case.
+case. With MLLOSS_TEST_DEVICE=cuda (and TRITON_INTERPRET=0) the same steps run on CUDA tensors:
+the compiled Triton kernels inside a captured graph, and Inductor's own CUDA code.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import mlloss
 
+DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
 NUM_ITEMS = 48
 LOSSES = {
     "AUCLoss": lambda: mlloss.AUCLoss(),
@@ -39,13 +41,13 @@ SINGLE_LABEL = {"AUCLoss", "PDAOMLoss", "AUCLoss(exponential closed form)", "bce
 
 
 def batches(count: int = 3):
-    """Batches of the same size with different labels and groups."""
+    """Batches of the same size with different labels and groups, on DEVICE."""
     for seed in range(count):
         gen = torch.Generator().manual_seed(seed)
         features = torch.randn(NUM_ITEMS, 4, generator=gen)
         labels = torch.randint(0, 2, (NUM_ITEMS, 2), generator=gen).to(torch.float32)
         groups = torch.randint(0, 5 + seed, (NUM_ITEMS,), generator=gen) * 13
-        yield features, labels, groups
+        yield features.to(DEVICE), labels.to(DEVICE), groups.to(DEVICE)
 
 
 def run_steps(loss_name: str, compile_with=None):
@@ -53,8 +55,8 @@ def run_steps(loss_name: str, compile_with=None):
     if loss_name.endswith("(triton)") or "triton," in loss_name:
         pytest.importorskip("triton")
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    loss = LOSSES[loss_name]()
+    model = torch.nn.Linear(4, 1).to(DEVICE)
+    loss = LOSSES[loss_name]().to(DEVICE)
 
     def step(features, labels, groups):
         return loss(model(features), labels, groups)
@@ -102,7 +104,7 @@ def test_inductor_compiles_bce_of_transposed_logits() -> None:
     asserts."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    weight = torch.randn(2, 4, requires_grad=True)
+    weight = torch.randn(2, 4).to(DEVICE).requires_grad_(True)
     loss = mlloss.BCELoss()
 
     def step(features, labels):
@@ -124,15 +126,15 @@ def test_dynamic_shapes_compile_with_the_loss_options_as_symbols(loss_name: str)
     the op as symbolic arguments, and batches of another size reuse the graph."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    loss = LOSSES[loss_name]()
+    loss = LOSSES[loss_name]().to(DEVICE)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend=counter)
     compiles = []
     for num_items in (40, 48, 56):
         gen = torch.Generator().manual_seed(num_items)
-        labels = torch.randint(0, 2, (num_items, 2), generator=gen).to(torch.float32)
-        groups = torch.randint(0, 4, (num_items,), generator=gen)
-        scores = torch.randn(num_items, *((2,) if loss_name == "bce+pdaom" else ()), generator=gen)
+        labels = torch.randint(0, 2, (num_items, 2), generator=gen).to(torch.float32).to(DEVICE)
+        groups = torch.randint(0, 4, (num_items,), generator=gen).to(DEVICE)
+        scores = torch.randn(num_items, *((2,) if loss_name == "bce+pdaom" else ()), generator=gen).to(DEVICE)
         got, expected = scores.clone().requires_grad_(True), scores.clone().requires_grad_(True)
         value = compiled(got, labels, groups)
         value.backward()
@@ -156,7 +158,7 @@ def test_the_op_and_its_autograd_give_the_eager_bits(loss_name: str, monkeypatch
     for through_op in (False, True):
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: through_op)
         x = scores.clone().requires_grad_(True)
-        value = LOSSES[loss_name]()(x, labels, groups)
+        value = LOSSES[loss_name]().to(DEVICE)(x, labels, groups)
         (3 * value).backward()
         results.append((value.detach(), x.grad))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
