@@ -128,3 +128,71 @@ def test_a_step_with_the_triton_backend_is_captured_by_torch_compile_fullgraph()
         results.append((value.detach(), layer.weight.grad.clone()))
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
+
+
+CAPTURED_LOSSES = {
+    "AUCLoss": lambda **kw: mlloss.AUCLoss(**kw),
+    "LaALoss": lambda **kw: mlloss.LaALoss(**kw),
+    "LoALoss": lambda **kw: mlloss.LoALoss([1.0, 0.5], **kw),
+    "LoALoss(balanced)": lambda **kw: mlloss.LoALoss("balanced", num_labels=2, **kw),
+    "PDAOMLoss": lambda **kw: mlloss.PDAOMLoss(**kw),
+    "bce+pdaom": lambda **kw: mlloss.build_loss("bce+pdaom", **kw),
+    "AUCLoss(exponential)": lambda **kw: mlloss.AUCLoss(surrogate="exponential", **kw),
+}
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="captures a CUDA graph: MLLOSS_TEST_DEVICE=cuda on a GPU")
+@pytest.mark.parametrize("loss_name", list(CAPTURED_LOSSES))
+@pytest.mark.parametrize("num_items", [300, 5000])  # the dense kernels, the layout kernels
+def test_a_step_without_data_checks_is_captured_in_a_cuda_graph(loss_name: str, num_items: int):
+    """With ``validate_args=False`` a forward + backward issues no host synchronisation and no
+    host-to-device copy, so ``torch.cuda.graph`` captures it; replays on batches with other labels
+    and groups (copied into the captured inputs) give the loss and gradient of eager calls."""
+    tasks = 2 if loss_name == "bce+pdaom" else 1
+    num_labels = 1 if loss_name in ("AUCLoss", "PDAOMLoss", "bce+pdaom", "AUCLoss(exponential)") else 2
+
+    def make_batch(seed):
+        gen = torch.Generator().manual_seed(seed)
+        features = torch.randn(num_items, 4, generator=gen)
+        labels = torch.randint(0, 2, (num_items, max(tasks, num_labels)), generator=gen).float()
+        labels = labels[:, 0] if num_labels == 1 and tasks == 1 else labels
+        groups = torch.randint(0, 20 + 10 * seed, (num_items,), generator=gen) * 7
+        return features.to(DEVICE), labels.to(DEVICE), groups.to(DEVICE)
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, tasks).to(DEVICE)
+    captured_loss = CAPTURED_LOSSES[loss_name](validate_args=False).to(DEVICE)
+    eager_loss = CAPTURED_LOSSES[loss_name]().to(DEVICE)
+
+    def step(loss, features, labels, groups):
+        scores = layer(features)
+        return loss(scores if tasks > 1 else scores[:, 0], labels, groups)
+
+    static = [t.clone() for t in make_batch(0)]
+    for _ in range(2):  # the eager loss sees the warm-up batches too (the balanced LoA's running priors)
+        step(eager_loss, *static)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream: Triton compiles, allocator settles
+        for _ in range(2):
+            layer.zero_grad(set_to_none=True)
+            step(captured_loss, *static).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    layer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_value = step(captured_loss, *static)
+        static_value.backward()
+    static_grad = layer.weight.grad
+
+    for seed in (1, 2, 3):
+        batch = make_batch(seed)
+        for target, source in zip(static, batch):
+            target.copy_(source)
+        graph.replay()
+        replayed = (static_value.clone(), static_grad.clone())
+        layer.zero_grad(set_to_none=True)
+        value = step(eager_loss, *batch)
+        value.backward()
+        torch.testing.assert_close(replayed[0], value.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(replayed[1], layer.weight.grad, rtol=1e-6, atol=1e-7)
