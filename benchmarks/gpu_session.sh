@@ -4,12 +4,14 @@
 #
 #   bash benchmarks/gpu_session.sh tests    # Triton kernels and CUDA metrics against the float64 reference,
 #                                           # and fullgraph-compiled steps with every loss on CUDA
-#   bash benchmarks/gpu_session.sh bench    # python benchmarks/bench_gpu.py --quick
-#   bash benchmarks/gpu_session.sh recipe   # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
+#   bash benchmarks/gpu_session.sh bench [OPTION...]  # python benchmarks/bench_gpu.py --quick
+#   bash benchmarks/gpu_session.sh recipe [OPTION...]  # recipes/ctr_cvr.py on the GPU with and without a pairwise loss
 #   bash benchmarks/gpu_session.sh recipe-compiled [MODE [OPTION...]]  # the same with --compile MODE (bce, bce+pdaom)
 #        e.g. recipe-compiled reduce-overhead --fixed-batches: one CUDA graph for every training step
 #   bash benchmarks/gpu_session.sh step [OPTION...]  # python benchmarks/bench_recipe.py --device cuda (the step's split)
 #        e.g. step --compile reduce-overhead --fixed-batches
+#   bash benchmarks/gpu_session.sh kernels   # tests, then bench: issue 10's GPU lines in one device command
+#   bash benchmarks/gpu_session.sh training  # step (CUDA graphs, then plain), recipe-compiled, recipe: issue 12's
 #
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
 # The device image has torch, triton and pytorch-lightning but no network: nothing is installed from
@@ -22,7 +24,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
-print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee "$out/device.txt"
+print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee -i "$out/device.txt"
 if compgen -G ".whl/*.whl" > /dev/null; then
     python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -31,50 +33,81 @@ fi
 python -c "import mlloss.kernels" 2>/dev/null || ln -sfn ../kernels mlloss/kernels
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step}" in
+case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step|kernels|training}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
-        tests/test_compile.py 2>&1 | tee "$out/tests.txt" | tail -5
+        tests/test_compile.py 2>&1 | tee -i "$out/tests.txt" | tail -5
     ;;
 bench)
-    python benchmarks/bench_gpu.py --quick --output "$out" 2>&1 | tee "$out/bench.log" | tail -30
+    python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -i "$out/bench.log" | tail -30
     ;;
 recipe|recipe-compiled)
     # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term, at
     # batches of 1,024 and 8,192; DDP on one GPU uses NCCL. recipe-compiled [MODE]: the same with
     # --compile MODE (default: default; reduce-overhead: CUDA graphs), bce and bce+pdaom. One JSON comes back.
     mkdir -p runs
-    if [ "$1" = recipe ]; then tag=gpu; extra=(); losses="bce bce+pdaom bce+auc laa"
+    if [ "$1" = recipe ]; then tag=gpu; extra=("${@:2}"); losses="bce bce+pdaom bce+auc laa"
     else mode=${2:-default}; tag=gpu-compiled-$mode; extra=(--compile "$mode" "${@:3}"); losses="bce bce+pdaom"
         if [ $# -gt 2 ]; then tag=$tag$(printf '%s' "${@:3}" | tr -c 'a-z0-9' '-'); fi; fi
+    summary="$out/$tag-recipe-throughput.json"
     for batch in 1024 8192; do
         for loss in $losses; do
+            run="runs/$tag-$loss-$batch"
             python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" --batch-size "$batch" \
-                --no-progress-bar --no-checkpoint "${extra[@]}" --output-dir "runs/$tag-$loss-$batch" > "runs/$tag-$loss-$batch.log" 2>&1
-        done
-    done
-    python - "$out/$tag-recipe-throughput.json" "$tag" $losses <<'EOF'
-import json, statistics, sys
+                --no-progress-bar --no-checkpoint "${extra[@]}" --output-dir "$run" > "$run.log" 2>&1 \
+                || echo "$run failed (status $?); the end of its log goes to $summary"
+            # Rewritten after every run, so that a stage stopped by its time limit keeps what it measured.
+            CURRENT="$loss batch $batch" python - "$summary" "$tag" $losses <<'EOF'
+import json, os, statistics, sys
 output, tag, losses = sys.argv[1], sys.argv[2], sys.argv[3:]
 rows = {}
 for batch in (1024, 8192):
     for loss in losses:
-        report = json.load(open(f"runs/{tag}-{loss}-{batch}/results.json"))
-        speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up (and compiles)
-        test = report["results"]["test"]
-        rows[f"{loss} batch {batch}"] = {"impressions_per_s_median": statistics.median(speeds),
-                                         **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
-        print(loss, batch, rows[f"{loss} batch {batch}"])
+        run = f"runs/{tag}-{loss}-{batch}"
+        if os.path.exists(f"{run}/results.json"):
+            report = json.load(open(f"{run}/results.json"))
+            speeds = [row["train_samples_per_s"] for row in report["history"][1:]]  # epoch 1 warms up (and compiles)
+            test = report["results"]["test"]
+            rows[f"{loss} batch {batch}"] = {
+                "impressions_per_s_median": statistics.median(speeds) if speeds else None,
+                **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
+        elif os.path.exists(f"{run}.log"):  # failed
+            rows[f"{loss} batch {batch}"] = {"log_tail": open(f"{run}.log").read()[-2000:]}
 json.dump(rows, open(output, "w"), indent=2)
+print(os.environ["CURRENT"], str(rows.get(os.environ["CURRENT"]))[:300])
 EOF
+        done
+    done
     ;;
 step)
-    python benchmarks/bench_recipe.py --device cuda "${@:2}" --output "$out/recipe-cuda.json" 2>&1 | tee "$out/recipe-step.log" | tail -40
+    # The options name the output: recipe-cuda.json, recipe-cuda-compile-reduce-overhead-fixed-batches.json.
+    suffix=$(printf '%s ' "${@:2}" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+    python benchmarks/bench_recipe.py --device cuda "${@:2}" --output "$out/recipe-cuda${suffix:+-$suffix}.json" 2>&1 \
+        | tee -ia "$out/recipe-step.log" | tail -40
+    ;;
+kernels|training)
+    # Several stages in one device command (a cold start costs minutes of the session's 30), each
+    # under its own time limit so that one that hangs leaves the others their time; at most 8 files.
+    # kernels: tests, then bench_gpu.py --quick (issue 10); training: bench_recipe.py's step split
+    # with CUDA graphs and without, the recipe with CUDA graphs, then the plain recipe (issue 12).
+    if [ "$1" = kernels ]; then
+        plan=("240 tests" "330 bench --budget-s 280")
+    else
+        # Three epochs per recipe run: the first warms up (and compiles), the other two are timed.
+        plan=("140 step --compile reduce-overhead --fixed-batches" "90 step" \
+              "150 recipe-compiled reduce-overhead --fixed-batches --epochs 3" "180 recipe --epochs 3")
+    fi
+    for entry in "${plan[@]}"; do
+        read -r limit stage <<< "$entry"
+        echo "== $stage (limit ${limit} s)"
+        # shellcheck disable=SC2086 -- the stage's words are its arguments
+        timeout --signal=INT "$limit" bash "$0" $stage || echo "== $stage stopped with status $?"
+    done
     ;;
 *)
-    echo "unknown stage $1: tests, bench, recipe, recipe-compiled or step" >&2
+    echo "unknown stage $1: tests, bench, recipe, recipe-compiled, step, kernels or training" >&2
     exit 2
     ;;
 esac
