@@ -35,8 +35,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step|kernels|training}" in
 tests)
-    # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0).
-    MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider \
+    # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0); 8 workers
+    # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
+    MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
         tests/test_compile.py 2>&1 | tee -i "$out/tests.txt" | tail -5
     ;;
@@ -93,7 +94,7 @@ kernels|training)
     # kernels: tests, then bench_gpu.py --quick (issue 10); training: bench_recipe.py's step split
     # with CUDA graphs and without, the recipe with CUDA graphs, then the plain recipe (issue 12).
     if [ "$1" = kernels ]; then
-        plan=("240 tests" "330 bench --budget-s 280")
+        plan=("300 tests" "270 bench --budget-s 230")
     else
         # Three epochs per recipe run: the first warms up (and compiles), the other two are timed.
         plan=("140 step --compile reduce-overhead --fixed-batches" "90 step" \
