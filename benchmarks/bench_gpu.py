@@ -1,7 +1,7 @@
 """GPU benchmark of mlloss's pairwise losses: the Triton kernel against the torch backend, the
 closed forms, and naive broadcast (eager and ``torch.compile``) and LibAUC baselines.
 
-Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6 puts the headline first):
+Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts the headline first):
 
 1. Logistic bipartite AUC, no groups, label priors 0.5 and 0.1: mlloss ``backend="triton"`` and
    ``backend="torch"``, a naive N x N broadcast eager and under ``torch.compile``, and LibAUC
@@ -21,6 +21,10 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6 puts t
    the same loss of float64 copies of the scores (the kernels' exact branch, float64 sums), the
    reference row, at N = 1,048,576 (full run: also 16,384): AUC prior 0.1 and LaA on standard
    normal scores, and AUC on well-ordered scores (+4 per level: most pairs' terms are tiny).
+7. Tiles: the layout kernel (dense kernels off) with each of cases.TILE_CANDIDATES as its
+   (BLOCK_M x BLOCK_N x warps) against the library's choice, AUC prior 0.1 and LaA at N = 16,384
+   and 1,048,576: the data for ``pairwise.TILES["cuda"]`` (fixed per device, not autotuned at run
+   time, so that the summation order depends only on the device and N).
 
 N = 1,024 to 1,048,576 (x4) in the full run; ``--quick``: N = 1,024, 16,384, 1,048,576 (grouped:
 16,384 and 1,048,576), AUC prior 0.1 only, and fewer compiled rows -- every acceptance line in a
@@ -344,7 +348,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="cuda (default), or cpu: smoke run with TRITON_INTERPRET=1 and N = 256")
     parser.add_argument("--quick", action="store_true",
                         help="N = 1k, 16k, 1M (grouped 16k, 1M), fewer baselines: every acceptance line")
-    parser.add_argument("--sections", default="2,5,3,1,4,6", help="comma-separated sections, run in this order")
+    parser.add_argument("--sections", default="2,5,3,1,4,6,7", help="comma-separated sections, run in this order")
     parser.add_argument("--sizes", default=None, help="comma-separated N for every section (overrides the mode's)")
     parser.add_argument("--impls", default=None,
                         help="comma-separated implementations to keep (default all); the first kept is the reference")

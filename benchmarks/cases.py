@@ -27,6 +27,7 @@ before torch is imported.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -91,6 +92,14 @@ ACCURACY_PREFIX = "float32 accuracy: "
 WELL_ORDERED_SEPARATION = 4.0
 
 
+TILES_PREFIX = "tiles: "
+# Section 7's (BLOCK_M x BLOCK_N x warps) of the layout kernel, timed against the library's choice
+# (pairwise.TILES["cuda"], 64x64x4, listed too: the two rows' gap is the run's noise). All compile
+# for sm_90 without spills in the logistic uniform and linear grouped variants (kernel_sass.py);
+# 128x128x8 spills 104 B (uniform) to 1.5 KB (linear, groups) per thread and is left out.
+TILE_CANDIDATES = ("64x64x4", "64x64x8", "32x128x4", "128x32x4", "64x128x8", "128x64x8", "32x64x4", "64x32x4")
+
+
 def accuracy_cases() -> list[dict[str, Any]]:
     """The float32 Triton path against the same loss on float64 scores (the kernels' exact branch
     with float64 sums): the headline AUC and LaA on standard normal scores, and AUC on well-ordered
@@ -138,6 +147,7 @@ GPU_SECTION_TITLES = {
     4: "Section 4: grouped logistic AUC (users of ~50 items)",
     5: "Section 5: grouped logistic LaA (users of ~50 items)",
     6: "Section 6: float32 accuracy of the Triton path against float64",
+    7: "Section 7: the layout kernel's tiles (BLOCK_M x BLOCK_N x warps)",
 }
 # bench_gpu.py's sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
 GPU_SIZES = {
@@ -195,6 +205,11 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
         sizes = [big] if mode != "full" or sizes_override else [HEADLINE_SPEEDUP_N, big]
         return [dict(case, section=6, sizes=sizes, impls=["mlloss-triton-f64", "mlloss-triton"])
                 for case in accuracy_cases()]
+    if section == 7:
+        sizes = sizes_override or ([big] if mode == "smoke" else [HEADLINE_SPEEDUP_N, big])
+        return [dict(case, case=TILES_PREFIX + case["case"], section=7, sizes=sizes,
+                     impls=["mlloss-layout"] + [f"mlloss-layout@{tiles}" for tiles in TILE_CANDIDATES])
+                for case in (auc_logistic(0.1), laa_logistic())]
     raise ValueError(f"unknown section {section}; expected one of {sorted(GPU_SECTION_TITLES)}")
 
 
@@ -323,6 +338,7 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
         import mlloss
 
         backend = impl.partition("-")[2] or "auto"
+        backend, _, tiles = backend.partition("@")  # "@64x64x8": the layout kernel's tiles (section 7)
         # "-f64": the loss of float64 copies of the scores (its gradient flows back to them).
         float64 = backend.endswith("-f64")
         backend = backend.removesuffix("-f64")
@@ -337,15 +353,8 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
 
         def forward():
             s = scores.double() if float64 else scores
-            if not layout_only:
+            with kernel_settings(s.device, layout_only=layout_only, tiles=tiles):
                 return loss_fn(s, labels, groups)
-            from mlloss.kernels import dense
-
-            limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
-            try:
-                return loss_fn(s, labels, groups)
-            finally:
-                dense.MAX_ITEMS = limit
 
     elif impl == "libauc":
         from libauc.losses import PairwiseAUCLoss
@@ -398,6 +407,30 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
     else:
         raise ValueError(f"unknown implementation {impl!r}")
     return forward
+
+
+@contextlib.contextmanager
+def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
+    """The Triton tier's launch settings changed for one call: its dense small-batch kernels off
+    (``layout_only``: the layout kernels at every N), and the layout kernel's (BLOCK_M, BLOCK_N,
+    warps) on ``device``'s target (``tiles``, e.g. ``"64x64x8"``)."""
+    if not (layout_only or tiles):
+        yield
+        return
+    from mlloss.kernels import dense, pairwise
+    from mlloss.kernels._common import launch_target
+
+    max_items, saved_tiles = dense.MAX_ITEMS, dict(pairwise.TILES)
+    try:
+        if layout_only:
+            dense.MAX_ITEMS = 0
+        if tiles:
+            pairwise.TILES[launch_target(device)] = tuple(int(part) for part in tiles.split("x"))
+        yield
+    finally:
+        dense.MAX_ITEMS = max_items
+        pairwise.TILES.clear()
+        pairwise.TILES.update(saved_tiles)
 
 
 def build_step(spec: dict[str, Any], inputs, compile_backend: str = "inductor"):

@@ -97,7 +97,22 @@ def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
     for case in sorted({r["case"] for r in rows if r.get("dense_case")}):
         lines += _time_line(rows, case, "mlloss-triton", HEADLINE_MEMORY_N, GROUPED_CALL_TARGET_S, gpu)
     lines += _time_line(rows, cases.PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
-    return lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu)
+    return lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu) + _tile_lines(rows)
+
+
+def _tile_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Section 7, no target: per case and N, the fastest tiles of the layout kernel against the
+    library's choice (the ``mlloss-layout`` row; its ``@64x64x4`` twin shows the run's noise)."""
+    lines = []
+    for case in sorted({r["case"] for r in rows if r["case"].startswith(cases.TILES_PREFIX) and "time_s" in r}):
+        for n in sorted({r["n"] for r in rows if r["case"] == case and "time_s" in r}):
+            measured = [r for r in rows if r["case"] == case and r["n"] == n and "time_s" in r]
+            library = [r for r in measured if r["impl"] == "mlloss-layout"]
+            best = min(measured, key=lambda r: r["time_s"])
+            base = f"library's {library[0]['time_s'] * 1e3:.3g} ms" if library else "library's row not measured"
+            lines.append(f"- {case} at N={n:,} (no target): fastest {best['impl'].partition('@')[2] or 'library tiles'} "
+                         f"{best['time_s'] * 1e3:.3g} ms; {base} ({len(measured)} rows)")
+    return lines
 
 
 def _accuracy_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:

@@ -116,6 +116,42 @@ def test_accuracy_section_compares_the_float32_path_with_float64_scores(bench_gp
     assert torch.equal(shifted, scores + cases.WELL_ORDERED_SEPARATION * labels)
 
 
+def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_the_library_tiles(
+    bench_gpu, cases, tmp_path
+):
+    """Section 7: one row per candidate tile shape besides the library's; the shapes take effect
+    (a BLOCK_N other than the interpreter's 128 sums in another order, so the gradient's bits
+    differ from the reference's; the float32 loss may round to the same value), the values agree within float32 summation error, the library's
+    tiles are restored afterwards (also after an error), and the report names the fastest."""
+    from mlloss.kernels import dense, pairwise
+
+    before = dict(pairwise.TILES), dense.MAX_ITEMS
+    output = tmp_path / "tiles.json"
+    bench_gpu.main(["--device", "cpu", "--sections", "7", "--sizes", "200", "--min-repeats", "1",
+                    "--max-repeats", "1", "--impls", "mlloss-layout,mlloss-layout@64x64x8,mlloss-layout@32x128x4",
+                    "--output", str(output)])
+    assert (dict(pairwise.TILES), dense.MAX_ITEMS) == before
+    report = json.loads(output.read_text())
+    rows = {(r["case"], r["impl"]): r for r in report["results"]}
+    for case in (cases.TILES_PREFIX + cases.AUC_CASE, cases.TILES_PREFIX + cases.LAA_CASE):
+        assert rows[case, "mlloss-layout"]["reference"]
+        other_order = rows[case, "mlloss-layout@64x64x8"]
+        assert other_order["value_rel_diff"] < 1e-6 and 0 < other_order["grad_rel_diff"] < 1e-6
+        assert rows[case, "mlloss-layout@32x128x4"]["value_rel_diff"] < 1e-6
+    assert sum("(no target): fastest" in line for line in report["acceptance"]) == 2
+
+    with pytest.raises(RuntimeError), cases.kernel_settings(torch_device("cpu"), layout_only=True, tiles="16x16x1"):
+        assert pairwise.TILES["interpreter"] == (16, 16, 1) and dense.MAX_ITEMS == 0
+        raise RuntimeError
+    assert (dict(pairwise.TILES), dense.MAX_ITEMS) == before
+
+
+def torch_device(name: str):
+    import torch
+
+    return torch.device(name)
+
+
 def test_merge_recomputes_acceptance_from_both_files(bench_gpu, cases, tmp_path):
     row = dict(section=2, case=cases.LAA_CASE, n=16384, impl="mlloss-triton", pairs=1e8,
                pair_elements=16384.0**2, time_s=1e-3, time_min_s=1e-3, peak_extra_mb=1.0,
