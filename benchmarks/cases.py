@@ -88,16 +88,8 @@ def grouped_laa_logistic() -> dict[str, Any]:
 
 ACCURACY_PREFIX = "float32 accuracy: "
 # Scores + this much per level: a well-trained model (bipartite AUC ~0.998), whose loss is a sum of
-# small terms log(1 + e^x), x ~ N(-4, 2): the stress test of the fast branch's log and its sums.
+# small terms log(1 + e^x), x ~ N(-4, sd 1.4): the stress test of the fast branch's log and its sums.
 WELL_ORDERED_SEPARATION = 4.0
-
-
-TILES_PREFIX = "tiles: "
-# Section 7's (BLOCK_M x BLOCK_N x warps) of the layout kernel, timed against the library's choice
-# (pairwise.TILES["cuda"], 64x64x4, listed too: the two rows' gap is the run's noise). All compile
-# for sm_90 without spills in the logistic uniform and linear grouped variants (kernel_sass.py);
-# 128x128x8 spills 104 B (uniform) to 1.5 KB (linear, groups) per thread and is left out.
-TILE_CANDIDATES = ("64x64x4", "64x64x8", "32x128x4", "128x32x4", "64x128x8", "128x64x8", "32x64x4", "64x32x4")
 
 
 def accuracy_cases() -> list[dict[str, Any]]:
@@ -110,6 +102,34 @@ def accuracy_cases() -> list[dict[str, Any]]:
         dict(auc_logistic(0.1), case=f"{ACCURACY_PREFIX}{AUC_CASE}, well-ordered scores "
              f"(+{WELL_ORDERED_SEPARATION:g} per level)", separation=WELL_ORDERED_SEPARATION),
     ]
+
+
+TILES_PREFIX = "tiles: "
+# Section 7's (BLOCK_M x BLOCK_N x warps) of the layout kernel, timed against the library's choice
+# (pairwise.TILES["cuda"], 64x64x4, listed too: the two rows' gap is the run's noise). All compile
+# for sm_90 without spills in the logistic uniform and linear grouped variants; 128x128x8 spills
+# 104 B (uniform) to 1.5 KB (linear, groups) per thread and is left out (tile_sass_variants,
+# results/kernel-sass-tiles.json).
+TILE_CANDIDATES = ("64x64x4", "64x64x8", "32x128x4", "128x32x4", "64x128x8", "128x64x8", "32x64x4", "64x32x4")
+SPILLING_TILES = ("128x128x8",)
+
+
+def tile_sass_variants() -> list[Any]:
+    """The ordinal logistic kernel (uniform cost; linear cost with groups) with each tile shape of
+    section 7 and the spilling ones, for ``python benchmarks/kernel_sass.py --variants-from
+    cases:tile_sass_variants --output benchmarks/results/kernel-sass-tiles.json``."""
+    import dataclasses
+
+    from mlloss.kernels.variants import sass_variants
+
+    wanted = [v for v in sass_variants() if v.name in ("ordinal logistic uniform", "ordinal logistic linear groups")]
+    shaped = []
+    for shape in TILE_CANDIDATES + SPILLING_TILES:
+        block_m, block_n, num_warps = (int(part) for part in shape.split("x"))
+        shaped += [dataclasses.replace(
+            v, name=f"{v.name} {shape}", num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps),
+            constexprs=dict(v.constexprs, BLOCK_M=block_m, BLOCK_N=block_n)) for v in wanted]
+    return shaped
 
 
 CPU_SECTION_TITLES = {
@@ -319,7 +339,8 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
     ``"mlloss"`` is mlloss with ``backend="auto"``, ``"mlloss-<backend>"`` mlloss with that backend
     (``"mlloss-torch"``, ``"mlloss-triton"``, ``"mlloss-exact"``), and with ``-f64`` appended the same
     loss of float64 copies of the scores (section 6's reference); ``"mlloss-layout"`` is the Triton
-    tier with its dense small-batch kernels off (``kernels/dense.py``), the layout kernels at every N.
+    tier with its dense small-batch kernels off (``kernels/dense.py``), the layout kernels at every N,
+    and ``"mlloss-layout@64x64x8"`` the same with those tiles (section 7; ``kernel_settings``).
     ``"naive-compile"`` is
     ``naive_broadcast_loss`` under ``torch.compile(backend=compile_backend, dynamic=False)``,
     compiled afresh (``torch._dynamo.reset()``: no recompile limit, no reuse across rows; its

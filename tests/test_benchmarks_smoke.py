@@ -146,6 +146,27 @@ def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_th
     assert (dict(pairwise.TILES), dense.MAX_ITEMS) == before
 
 
+def test_tile_candidates_are_the_shapes_that_compile_without_spills(cases):
+    """Section 7 times only shapes whose sm_90 compile keeps every accumulator in registers:
+    ``tile_sass_variants`` builds each candidate (and the spilling shapes) from the library's
+    variants, and the committed results/kernel-sass-tiles.json (kernel_sass.py on those) shows no
+    spill for a candidate and a spill for each shape left out."""
+    variants = cases.tile_sass_variants()
+    shapes = cases.TILE_CANDIDATES + cases.SPILLING_TILES
+    assert len(variants) == 2 * len(shapes)
+    for variant in variants:
+        shape = variant.name.rsplit(" ", 1)[1]
+        block_m, block_n, num_warps = (int(part) for part in shape.split("x"))
+        assert (variant.constexprs["BLOCK_M"], variant.constexprs["BLOCK_N"], variant.num_warps) == (
+            block_m, block_n, num_warps)
+        assert variant.pairs_per_iteration == block_m * block_n / (32 * num_warps)
+    measured = json.loads((BENCHMARKS / "results" / "kernel-sass-tiles.json").read_text())["variants"]
+    spills = {v["name"]: v["spills"]["store_bytes"] for v in measured}
+    assert set(spills) == {v.name for v in variants}
+    for name, spilled in spills.items():
+        assert (spilled > 0) == (name.rsplit(" ", 1)[1] in cases.SPILLING_TILES), name
+
+
 def torch_device(name: str):
     import torch
 
