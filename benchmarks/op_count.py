@@ -50,6 +50,10 @@ def is_syncing(func, args, kwargs) -> bool:
     return False
 
 
+# Tensors made from Python data (``torch.tensor``, ``torch.as_tensor`` of a list or number): on a
+# CUDA device each is a copy from pageable host memory, which a CUDA graph capture rejects.
+HOST_DATA_OPS = {"lift_fresh", "lift_fresh_copy"}
+
 # Ops that allocate or mark the profiler and run no kernel (views are told apart by their schema).
 NO_KERNEL_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
                  "_record_function_enter_new", "_record_function_exit"}

@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import host_path  # noqa: E402
+from op_count import HOST_DATA_OPS  # noqa: E402
 
 pytestmark = pytest.mark.triton
 MAX_OPS = 30
@@ -60,6 +61,10 @@ def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool, 
     assert checked.sync_names == ["_local_scalar_dense"], checked.sync_names
     assert unchecked.syncs == 0, unchecked.sync_names
     assert unchecked.ops < checked.ops
+    # No tensor from Python data per call (a host-to-device copy on CUDA, which a graph capture
+    # rejects): constants live in buffers or are Python scalars of the ops.
+    for call in (checked, unchecked):
+        assert not HOST_DATA_OPS & set(call.op_names), call.op_names
 
 
 def test_the_counter_sees_syncs_and_library_internals() -> None:
@@ -74,3 +79,6 @@ def test_the_counter_sees_syncs_and_library_internals() -> None:
         torch.ones(2).sum().item()
     assert "_local_scalar_dense" in counter.syncs and len(counter.syncs) > 2
     assert "sort" in counter.ops  # seen inside the library's op
+    with counter:
+        torch.tensor([0.5, 2.0]) * scores[:2]
+    assert HOST_DATA_OPS & set(counter.ops)
