@@ -137,7 +137,8 @@ CAPTURED_LOSSES = {
     "LoALoss(balanced)": lambda **kw: mlloss.LoALoss("balanced", num_labels=2, **kw),
     "PDAOMLoss": lambda **kw: mlloss.PDAOMLoss(**kw),
     "bce+pdaom": lambda **kw: mlloss.build_loss("bce+pdaom", **kw),
-    "AUCLoss(exponential)": lambda **kw: mlloss.AUCLoss(surrogate="exponential", **kw),
+    # "auto" takes the closed form above 2,048 items, which reads sizes on the host: the kernels.
+    "AUCLoss(exponential)": lambda **kw: mlloss.AUCLoss(surrogate="exponential", backend="triton", **kw),
 }
 
 
