@@ -76,6 +76,7 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     "LoALoss": lambda validate: mlloss.LoALoss(backend="triton", validate_args=validate),
     "LoALoss(balanced)": lambda validate: mlloss.LoALoss("balanced", backend="triton", validate_args=validate),
     "PDAOMLoss": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
+    "LaALoss(hardest)": lambda validate: mlloss.LaALoss(pairs="hardest", backend="triton", validate_args=validate),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
 # On the dense kernels up to 2,048 items (LaA: its 2 binary columns make 3 levels).

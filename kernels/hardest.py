@@ -1,4 +1,5 @@
-"""Max-violation pairs of binary problems (DAOM, PDAOM: Sun et al. Eq. 5-6) as segmented kernels.
+"""Max-violation pairs (DAOM, PDAOM: Sun et al. Eq. 5-6) as segmented kernels: of binary problems,
+and of LaA's aggregated levels.
 
 Input: a ``mlloss.ops.layout.PairLayout`` built with ``tie_scores``: every problem sorted by
 (group, label), and the items of each (group, label) cell by score, ascending. A group's
@@ -19,8 +20,11 @@ temperature to every item by its softmax weight.
 ``_hardest_kernel`` (grid (position blocks, B)) writes the gradient in the caller's item order
 and per-block sums [loss, groups with both labels, level pairs], the same outputs as the
 all-pairs finalize step, so ``reduce.combine`` reduces them (mean or sum over groups, mixing
-over problems). Everything is float64: the work is O(N) and the exponential surrogate of raw
-scores overflows float32 soon. No atomics; deterministic.
+over problems). ``_hardest_levels_kernel`` does the same for one problem of a few levels (LaA's
+aggregated label, hard pairs only): every level pair of a group, min of the upper cell against
+max of the lower, sum_{a > b} c_ab phi(min_a - max_b) / sum_{a > b} c_ab (see its docstring).
+Everything is float64: the work is O(N) and the exponential surrogate of raw scores overflows
+float32 soon. No atomics; deterministic.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ __all__ = ["hardest_loss_and_grad"]
 
 # Binary searches run a fixed number of halvings (enough for any N < 2^31).
 _SEARCH_STEPS: tl.constexpr = tl.constexpr(31)
+# Positions per program of the several-level kernel: its walk keeps a dozen float64 values per
+# position live, so on CUDA one position per thread (1,024 per program spilled 2 KB per thread).
+LEVELS_BLOCK = {"cuda": 128, "interpreter": 1024}
 
 
 @triton.jit
@@ -172,6 +179,96 @@ def _hardest_kernel(
     tl.store(sums + 2 * num_blocks, tl.sum(counted.to(tl.float64)))
 
 
+@triton.jit
+def _hardest_levels_kernel(
+    scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
+    grad_ptr, block_sums_ptr, N, num_blocks,
+    MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr,
+    LEVELS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Grid (position blocks,): one problem of LEVELS > 2 levels (LaA's aggregated label, ranks
+    into the ascending ``values``), hard max-violation pairs. Per group u and present levels
+    a > b: loss_u = sum c_ab phi(min_a - max_b) / Z_u, Z_u = sum c_ab (c_ab = v_a - v_b, or 1).
+
+    Each position walks its group's cells in level order (at most LEVELS; a cell's min and max
+    sit at its ends, the layout being score-ordered within cells) and meets every level pair
+    its own cell is in: as the upper cell a (its min's gradient, and the pair's loss term, kept by
+    the cell's first position) and as the lower cell (its max's gradient). Z_u comes from the same
+    walk in closed form: P(P - 1) / 2 for P present levels, or sum_k v_k (2 k - (P - 1)) over them
+    in ascending order. Gradient to the tied extremes in equal shares; block sums as
+    ``_hardest_kernel``'s, with the group's present level pairs as its valid pairs."""
+    block = tl.program_id(0)
+    positions = block * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < N
+    item = tl.load(order_ptr + positions, mask=mask, other=0)
+    level = tl.load(rank_ptr + item, mask=mask, other=0)
+    cell_start = tl.load(cell_start_ptr + positions, mask=mask, other=0)
+    cell_end = tl.load(cell_end_ptr + positions, mask=mask, other=1)
+    if HAS_GROUPS:
+        group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
+        group_end = tl.load(group_end_ptr + positions, mask=mask, other=0)
+    else:
+        group_start = tl.zeros_like(cell_start)
+        group_end = tl.zeros_like(cell_start) + N
+    own_min = _score_at(scores_ptr, order_ptr, cell_start, mask)
+    own_max = _score_at(scores_ptr, order_ptr, cell_end - 1, mask)
+    own_value = tl.load(values_ptr + level, mask=mask, other=0.0)
+
+    min_pull = tl.zeros([BLOCK], dtype=tl.float64)  # sum over lower cells b of c_ab phi'; as upper
+    max_pull = tl.zeros([BLOCK], dtype=tl.float64)  # sum over upper cells of c phi'; as lower
+    terms = tl.zeros([BLOCK], dtype=tl.float64)  # sum over lower cells b of c_ab phi(min_a - max_b)
+    present = tl.zeros([BLOCK], dtype=tl.int32)
+    value_sum = tl.zeros([BLOCK], dtype=tl.float64)
+    weighted_sum = tl.zeros([BLOCK], dtype=tl.float64)  # sum_k k v_k over present levels
+    start = group_start
+    for _ in range(LEVELS):  # a loop, not unrolled: registers stay flat in the number of levels
+        here = mask & (start < group_end)
+        other_level = tl.load(rank_ptr + tl.load(order_ptr + start, mask=here, other=0), mask=here, other=0)
+        end = tl.load(cell_end_ptr + start, mask=here, other=0)
+        other_value = tl.load(values_ptr + other_level, mask=here, other=0.0)
+        if COST_LINEAR:
+            cost = tl.abs(own_value - other_value)
+        else:
+            cost = tl.full([BLOCK], 1.0, dtype=tl.float64)
+        below = here & (other_level < level)
+        above = here & (other_level > level)
+        # reverse margins x = s_lower - s_upper of the pair (own cell, this cell)
+        lower_max = _score_at(scores_ptr, order_ptr, end - 1, below)
+        upper_min = _score_at(scores_ptr, order_ptr, start, above)
+        x = tl.where(below, lower_max - own_min, tl.where(above, own_max - upper_min, 0.0))
+        value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, False)
+        min_pull += tl.where(below, cost * pull, 0.0)
+        max_pull += tl.where(above, cost * pull, 0.0)
+        terms += tl.where(below, cost * value, 0.0)
+        weighted_sum += tl.where(here, present.to(tl.float64) * other_value, 0.0)
+        value_sum += tl.where(here, other_value, 0.0)
+        present += here.to(tl.int32)
+        start = tl.where(here, end, start)
+    count = present.to(tl.float64)
+    if COST_LINEAR:
+        normaliser = 2.0 * weighted_sum - (count - 1.0) * value_sum
+    else:
+        normaliser = count * (count - 1.0) * 0.5
+    has_pair = mask & (present > 1)
+    inverse = tl.where(has_pair, 1.0 / tl.where(has_pair, normaliser, 1.0), 0.0)
+
+    score = _score_at(scores_ptr, order_ptr, positions, mask)
+    min_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_min, True, has_pair)
+    max_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_max, False, has_pair)
+    min_share = tl.where(score == own_min, 1.0 / tl.maximum(min_ties, 1).to(tl.float64), 0.0)
+    max_share = tl.where(score == own_max, 1.0 / tl.maximum(max_ties, 1).to(tl.float64), 0.0)
+    # d phi(min_a - max_b) / d min_a = -pull, / d max_b = +pull
+    grad = (max_pull * max_share - min_pull * min_share) * inverse
+    tl.store(grad_ptr + item, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+
+    first_of_cell = has_pair & (positions == cell_start)
+    first_of_group = has_pair & (positions == group_start)
+    sums = block_sums_ptr + block
+    tl.store(sums, tl.sum(tl.where(first_of_cell, terms * inverse, 0.0)))
+    tl.store(sums + num_blocks, tl.sum(first_of_group.to(tl.float64)))
+    tl.store(sums + 2 * num_blocks, tl.sum(tl.where(first_of_group, count * (count - 1.0) * 0.5, 0.0)))
+
+
 def hardest_loss_and_grad(
     scores: torch.Tensor,
     levels,
@@ -183,11 +280,13 @@ def hardest_loss_and_grad(
     temperature: float | None,
     reduction: str,
     status: torch.Tensor | None,
+    cost: str = "uniform",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every binary problem's max-violation loss over a score-ordered ``PairLayout``, mixed.
+    """Every problem's max-violation loss over a score-ordered ``PairLayout``, mixed.
 
-    Same contract as ``pairwise.pair_loss_and_grad`` (``levels.rank`` must be the 0/1 labels and
-    the layout built with ``tie_scores=scores``).
+    Same contract as ``pairwise.pair_loss_and_grad``, the layout built with ``tie_scores=scores``:
+    binary problems (``levels.rank`` the 0/1 labels), hard or soft; or one problem of several
+    levels (``levels.values``: LaA's aggregated label), hard, with pair cost ``cost``.
     """
     validate_device(scores, levels.rank, layout.order)
     num_problems, n = layout.order.shape
@@ -201,6 +300,21 @@ def hardest_loss_and_grad(
     )
     soft = temperature is not None
     loss_dtype = accumulation_dtype(scores)
+    if levels.values is not None:
+        if soft or num_problems != 1:
+            raise ValueError(f"the several-level kernel takes one problem and no temperature; got {num_problems} "
+                             f"problems, temperature={temperature}")
+        grad = torch.empty(n, dtype=loss_dtype, device=scores.device)
+        walk_block = LEVELS_BLOCK[launch_target(scores.device)]
+        walk_blocks = triton.cdiv(n, walk_block)
+        block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
+        _hardest_levels_kernel[(walk_blocks,)](
+            scores, levels.rank, levels.values, layout.order, *spans, grad, block_sums, n, walk_blocks,
+            MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups,
+            COST_LINEAR=cost == "linear", LEVELS=levels.num_ranks, BLOCK=walk_block, num_warps=4,
+        )
+        return combine(grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=loss_dtype,
+                       status=status, block=block, grad=grad)
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
         (num_problems, n), dtype=torch.float64, device=scores.device

@@ -36,6 +36,7 @@ LOSSES = {
     "bce+pdaom": lambda: mlloss.build_loss("bce+pdaom"),
     "AUCLoss(triton)": lambda: mlloss.AUCLoss(backend="triton"),
     "LoALoss(triton, hardest)": lambda: mlloss.LoALoss(pairs="hardest", backend="triton"),
+    "LaALoss(triton, hardest)": lambda: mlloss.LaALoss(pairs="hardest", backend="triton"),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss", "AUCLoss(exponential closed form)", "bce+pdaom", "AUCLoss(triton)"}
 

@@ -133,6 +133,7 @@ def test_a_step_with_the_triton_backend_is_captured_by_torch_compile_fullgraph()
 CAPTURED_LOSSES = {
     "AUCLoss": lambda **kw: mlloss.AUCLoss(**kw),
     "LaALoss": lambda **kw: mlloss.LaALoss(**kw),
+    "LaALoss(hardest)": lambda **kw: mlloss.LaALoss(pairs="hardest", **kw),
     "LoALoss": lambda **kw: mlloss.LoALoss([1.0, 0.5], **kw),
     "LoALoss(balanced)": lambda **kw: mlloss.LoALoss("balanced", num_labels=2, **kw),
     "PDAOMLoss": lambda **kw: mlloss.PDAOMLoss(**kw),

@@ -181,6 +181,48 @@ def test_hardest_pairs_match_brute_force_with_ties(temperature, surrogate: str) 
     assert stats[2].item() == both_labels == stats[1].item()  # groups with both labels = level pairs
 
 
+@pytest.mark.parametrize("cost", ["uniform", "linear"])
+@pytest.mark.parametrize("surrogate", SURROGATES)
+def test_hardest_pairs_of_several_levels_match_brute_force_with_ties(cost: str, surrogate: str) -> None:
+    """LaA's max-violation pairs: per group every pair of present levels, the min of the upper
+    cell against the max of the lower one, tied extremes sharing the gradient; groups missing
+    levels, a group at one level and a one-item group; the statistics count the groups with a
+    level pair and their present level pairs."""
+    scores, _, groups = ordinal_case([1, 40, 3, 33, 2, 25], 2, seed=8, integer_scores=True)
+    gen = torch.Generator().manual_seed(8)
+    labels = torch.randint(0, 2, (len(scores), 3), generator=gen).to(torch.float64)
+    # Group -4 holds one item; group -1 (40 items) is put at one level. Three labels with these
+    # weights make 8 levels, so the small groups miss some.
+    labels[groups == -1] = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
+    weights = [1.0, 0.5, 2.0]
+    levels_ = problem_levels(labels.to(DEVICE), weights)
+    layout = pair_layout(levels_, groups.to(DEVICE), tie_scores=scores.to(DEVICE))
+    loss, stats, grad = hardest_loss_and_grad(
+        scores.to(DEVICE), levels_, layout, mixing=None, surrogate=surrogate, margin=0.5, temperature=None,
+        reduction="mean", status=None, cost=cost,
+    )
+    x = scores.clone().requires_grad_(True)
+    expected = hardest_loss(x, labels @ torch.tensor(weights, dtype=torch.float64), groups, cost=cost,
+                            surrogate=surrogate, margin=0.5, reduction="mean")
+    expected.backward()
+    assert_close(loss, grad, expected.detach(), x.grad, rtol=1e-12)
+    aggregated = labels @ torch.tensor(weights, dtype=torch.float64)
+    present = [len(torch.unique(aggregated[groups == g])) for g in torch.unique(groups)]
+    assert stats[2].item() == sum(p > 1 for p in present)  # groups with a level pair
+    assert stats[1].item() == sum(p * (p - 1) // 2 for p in present)  # their present level pairs
+    assert sorted(present)[:2] == [1, 1] and 2 in present  # the edge groups are there
+
+
+def test_several_level_hardest_pairs_refuse_a_temperature_and_several_problems() -> None:
+    scores, _, groups = ordinal_case([30], 2, seed=9)
+    labels = torch.randint(0, 2, (30, 2), generator=torch.Generator().manual_seed(9)).to(torch.float64).to(DEVICE)
+    levels_ = problem_levels(labels, [1.0, 1.0])
+    layout = pair_layout(levels_, None, tie_scores=scores.to(DEVICE))
+    with pytest.raises(ValueError, match="one problem and no temperature"):
+        hardest_loss_and_grad(scores.to(DEVICE), levels_, layout, mixing=None, surrogate="logistic", margin=1.0,
+                              temperature=0.5, reduction="mean", status=None)
+
+
 # --------------------------------------------------------------------------- #
 # Tier against tier (generative-recommenders style): random shapes, dtypes,   #
 # groups and a random incoming gradient, Triton against the PyTorch tier.     #
