@@ -53,10 +53,9 @@ def _score_at(scores_ptr, order_row, position, mask):
 
 
 @triton.jit
-def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-                  row, positions, mask, N, HAS_GROUPS: tl.constexpr):
-    """(positive: the item is a positive, group start, the label boundary c, group end)."""
-    positive = tl.load(rank_row + tl.load(order_row + positions, mask=mask, other=0), mask=mask, other=0) > 0
+def _spans(cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N,
+           HAS_GROUPS: tl.constexpr):
+    """(cell start, cell end, group start, group end) of the positions; one group without groups."""
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
     cell_end = tl.load(cell_end_ptr + row + positions, mask=mask, other=0)
     if HAS_GROUPS:
@@ -65,6 +64,17 @@ def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start
     else:
         group_start = tl.zeros_like(cell_start)
         group_end = tl.zeros_like(cell_start) + N
+    return cell_start, cell_end, group_start, group_end
+
+
+@triton.jit
+def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
+                  row, positions, mask, N, HAS_GROUPS: tl.constexpr):
+    """(positive: the item is a positive, group start, the label boundary c, group end)."""
+    positive = tl.load(rank_row + tl.load(order_row + positions, mask=mask, other=0), mask=mask, other=0) > 0
+    cell_start, cell_end, group_start, group_end = _spans(
+        cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
+    )
     boundary = tl.where(positive, cell_start, cell_end)
     return positive, group_start, boundary, group_end
 
@@ -202,14 +212,9 @@ def _hardest_levels_kernel(
     mask = positions < N
     item = tl.load(order_ptr + positions, mask=mask, other=0)
     level = tl.load(rank_ptr + item, mask=mask, other=0)
-    cell_start = tl.load(cell_start_ptr + positions, mask=mask, other=0)
-    cell_end = tl.load(cell_end_ptr + positions, mask=mask, other=1)
-    if HAS_GROUPS:
-        group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
-        group_end = tl.load(group_end_ptr + positions, mask=mask, other=0)
-    else:
-        group_start = tl.zeros_like(cell_start)
-        group_end = tl.zeros_like(cell_start) + N
+    cell_start, cell_end, group_start, group_end = _spans(
+        cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, 0, positions, mask, N, HAS_GROUPS
+    )
     own_min = _score_at(scores_ptr, order_ptr, cell_start, mask)
     own_max = _score_at(scores_ptr, order_ptr, cell_end - 1, mask)
     own_value = tl.load(values_ptr + level, mask=mask, other=0.0)
