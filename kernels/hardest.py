@@ -305,11 +305,14 @@ def hardest_loss_and_grad(
     )
     soft = temperature is not None
     loss_dtype = accumulation_dtype(scores)
+    # One problem: its gradient goes straight to the output, which combine scales in place.
+    grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
+        (num_problems, n), dtype=torch.float64, device=scores.device
+    )
     if levels.values is not None:
         if soft or num_problems != 1:
             raise ValueError(f"the several-level kernel takes one problem and no temperature; got {num_problems} "
                              f"problems, temperature={temperature}")
-        grad = torch.empty(n, dtype=loss_dtype, device=scores.device)
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
         walk_blocks = triton.cdiv(n, walk_block)
         block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
@@ -318,26 +321,21 @@ def hardest_loss_and_grad(
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups,
             COST_LINEAR=cost == "linear", LEVELS=levels.num_ranks, BLOCK=walk_block, num_warps=4,
         )
-        return combine(grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=loss_dtype,
-                       status=status, block=block, grad=grad)
-    # One problem: its gradient goes straight to the output, which combine scales in place.
-    grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
-        (num_problems, n), dtype=torch.float64, device=scores.device
-    )
-    prefix = grad  # not read without a temperature
-    if soft:
-        terms = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device)
-        _soft_terms_kernel[(num_blocks, num_problems)](
-            scores, levels.rank, layout.order, *spans, terms, n, 1.0 / temperature,
-            HAS_GROUPS=has_groups, BLOCK=block,
+    else:
+        prefix = grad  # not read without a temperature
+        if soft:
+            terms = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device)
+            _soft_terms_kernel[(num_blocks, num_problems)](
+                scores, levels.rank, layout.order, *spans, terms, n, 1.0 / temperature,
+                HAS_GROUPS=has_groups, BLOCK=block,
+            )
+            prefix = torch.cumsum(terms, dim=1)
+        block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
+        _hardest_kernel[(num_blocks, num_problems)](
+            scores, levels.rank, layout.order, *spans, prefix, grad, block_sums, n, num_blocks,
+            float(temperature or 1.0),
+            MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
         )
-        prefix = torch.cumsum(terms, dim=1)
-    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
-    _hardest_kernel[(num_blocks, num_problems)](
-        scores, levels.rank, layout.order, *spans, prefix, grad, block_sums, n, num_blocks,
-        float(temperature or 1.0),
-        MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
-    )
     return combine(
         grad, 0, n, block_sums, mixing, mean=reduction == "mean",
         loss_dtype=loss_dtype, status=status, block=block, grad=grad if num_problems == 1 else None,

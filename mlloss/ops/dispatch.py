@@ -203,6 +203,9 @@ def _pair_loss_op(
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
+    # LaA's levels when its binary columns are ranked through the pattern tables (0: an ordinal
+    # column, whose levels only the data tell): what the dense and the hardest kernels take.
+    pattern_levels = _pattern_levels(labels, label_weights) if on_kernels and aggregated else 0
     # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
     # label patterns: every pair in registers, no layout, and the mask read by the kernels; the
     # other paths get the masked items set apart.
@@ -211,7 +214,7 @@ def _pair_loss_op(
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
         dense = scores.shape[0] <= dense_kernels.MAX_ITEMS and (
-            not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
+            not aggregated or 2 < pattern_levels <= dense_kernels.MAX_LEVELS
         )
     if mask is not None and not dense:
         scores, labels, groups = without_masked(scores, labels, groups, mask)
@@ -240,7 +243,7 @@ def _pair_loss_op(
             scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
             surrogate=surrogate, margin=margin, reduction=reduction, status=status,
         )
-    elif on_kernels and (not aggregated or (temperature is None and levels.num_ranks <= HARDEST_MAX_LEVELS)):
+    elif on_kernels and (not aggregated or (temperature is None and 0 < pattern_levels <= HARDEST_MAX_LEVELS)):
         # max-violation pairs: of binary problems, hard or soft; of LaA's few levels, hard
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
@@ -310,9 +313,9 @@ def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
 
 # LaA with up to this many binary columns ranks its 2^K label patterns through host tables.
 MAX_PATTERN_COLUMNS = 12
-# LaA's hard max-violation pairs run on the kernels up to this many distinct levels (the kernel
-# walks a group's cells in one unrolled step per level); more, or an ordinal column (a rank per
-# item), take the tables.
+# LaA's hard max-violation pairs run on the kernels up to this many pattern levels (the kernel
+# walks a group's cells, one loop step per level); more, or an ordinal column (a rank per item),
+# take the tables.
 HARDEST_MAX_LEVELS = 16
 
 
