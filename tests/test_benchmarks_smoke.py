@@ -123,6 +123,8 @@ def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_th
     (a BLOCK_N other than the interpreter's 128 sums in another order, so the gradient's bits
     differ from the reference's; the float32 loss may round to the same value), the values agree within float32 summation error, the library's
     tiles are restored afterwards (also after an error), and the report names the fastest."""
+    import torch
+
     from mlloss.kernels import dense, pairwise
 
     before = dict(pairwise.TILES), dense.MAX_ITEMS
@@ -140,7 +142,7 @@ def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_th
         assert rows[case, "mlloss-layout@32x128x4"]["value_rel_diff"] < 1e-6
     assert sum("(no target): fastest" in line for line in report["acceptance"]) == 2
 
-    with pytest.raises(RuntimeError), cases.kernel_settings(torch_device("cpu"), layout_only=True, tiles="16x16x1"):
+    with pytest.raises(RuntimeError), cases.kernel_settings(torch.device("cpu"), layout_only=True, tiles="16x16x1"):
         assert pairwise.TILES["interpreter"] == (16, 16, 1) and dense.MAX_ITEMS == 0
         raise RuntimeError
     assert (dict(pairwise.TILES), dense.MAX_ITEMS) == before
@@ -165,12 +167,6 @@ def test_tile_candidates_are_the_shapes_that_compile_without_spills(cases):
     assert set(spills) == {v.name for v in variants}
     for name, spilled in spills.items():
         assert (spilled > 0) == (name.rsplit(" ", 1)[1] in cases.SPILLING_TILES), name
-
-
-def torch_device(name: str):
-    import torch
-
-    return torch.device(name)
 
 
 def test_merge_recomputes_acceptance_from_both_files(bench_gpu, cases, tmp_path):
