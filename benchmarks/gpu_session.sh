@@ -23,15 +23,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
+# Once per command: a composite stage's children inherit the environment set up here.
+if [ -z "${GPU_SESSION_READY:-}" ]; then
+    python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
 print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee -i "$out/device.txt"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    if compgen -G ".whl/*.whl" > /dev/null; then
+        python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    # mlloss.kernels is the folder kernels/ (pyproject's package-dir); without an install, link it.
+    python -c "import mlloss.kernels" 2>/dev/null || ln -sfn ../kernels mlloss/kernels
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" GPU_SESSION_READY=1
 fi
-# mlloss.kernels is the folder kernels/ (pyproject's package-dir); without an install, link it.
-python -c "import mlloss.kernels" 2>/dev/null || ln -sfn ../kernels mlloss/kernels
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step|kernels|training}" in
 tests)
