@@ -77,6 +77,9 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     "LoALoss(balanced)": lambda validate: mlloss.LoALoss("balanced", backend="triton", validate_args=validate),
     "PDAOMLoss": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
     "LaALoss(hardest)": lambda validate: mlloss.LaALoss(pairs="hardest", backend="triton", validate_args=validate),
+    "LaALoss(soft hardest)": lambda validate: mlloss.LaALoss(
+        pairs="hardest", temperature=0.5, backend="triton", validate_args=validate
+    ),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
 # On the dense kernels up to 2,048 items (LaA: its 2 binary columns make 3 levels).

@@ -12,8 +12,9 @@ positive at c. Per group with both labels (loss spec, "Max-violation variants"):
 or, with a temperature tau, the min and max replaced by log-mean-exp,
 softmin = -tau log(mean exp(-s / tau)), softmax = tau log(mean exp(s / tau)), whose cell sums
 come from a float64 prefix sum of exp(-(s - min) / tau) (positives) and exp((s - max) / tau)
-(negatives): every term is in (0, 1] and a cell holds its extreme's term 1, so the prefix
-differences keep full relative precision. The gradient goes to the items attaining the min and
+(negatives; with several levels a cell is both, and both rows are summed): every term is in
+(0, 1] and a cell holds its extreme's term 1, so a cell's sum is >= 1 and the prefix
+differences lose at most ~N ulp of 1. The gradient goes to the items attaining the min and
 max, split equally among ties (a binary search in the sorted cell counts them), or with a
 temperature to every item by its softmax weight.
 
@@ -21,7 +22,7 @@ temperature to every item by its softmax weight.
 and per-block sums [loss, groups with both labels, level pairs], the same outputs as the
 all-pairs finalize step, so ``reduce.combine`` reduces them (mean or sum over groups, mixing
 over problems). ``_hardest_levels_kernel`` does the same for one problem of a few levels (LaA's
-aggregated label, hard pairs only): every level pair of a group, min of the upper cell against
+aggregated label, hard or soft): every level pair of a group, min of the upper cell against
 max of the lower, sum_{a > b} c_ab phi(min_a - max_b) / sum_{a > b} c_ab (see its docstring).
 Everything is float64: the work is O(N) and the exponential surrogate of raw scores overflows
 float32 soon. No atomics; deterministic.
@@ -83,23 +84,46 @@ def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start
 def _soft_terms_kernel(
     scores_ptr, rank_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     terms_ptr, N, inverse_temperature,
-    HAS_GROUPS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_GROUPS: tl.constexpr, BOTH: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Grid (position blocks, B): terms[b, p] = exp(-(s_p - min) / tau) for a positive at p,
-    exp((s_p - max) / tau) for a negative (min, max: its cell's, at the cell's ends)."""
+    """Grid (position blocks, B): each position's upper term exp(-(s_p - min) / tau) and lower term
+    exp((s_p - max) / tau) (min, max: its cell's, at the cell's ends). Binary problems
+    (not BOTH): terms[b, p], a positive's upper term or a negative's lower term; one problem of
+    several levels (BOTH), whose cells are upper and lower cells at once: terms[0, p] the upper
+    term and terms[1, p] the lower term."""
     problem = tl.program_id(1).to(tl.int64)
     row = problem * N
     positions = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
     order_row = order_ptr + row
-    positive, group_start, boundary, group_end = _group_bounds(
-        rank_ptr + row, order_row, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-        row, positions, mask, N, HAS_GROUPS,
+    cell_start, cell_end, _, _ = _spans(
+        cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
     )
     score = _score_at(scores_ptr, order_row, positions, mask)
-    extreme = _score_at(scores_ptr, order_row, tl.where(positive, boundary, boundary - 1), mask)
-    exponent = tl.where(positive, extreme - score, score - extreme) * inverse_temperature
-    tl.store(terms_ptr + row + positions, tl.exp(exponent), mask=mask)
+    upper = tl.exp((_score_at(scores_ptr, order_row, cell_start, mask) - score) * inverse_temperature)
+    lower = tl.exp((score - _score_at(scores_ptr, order_row, cell_end - 1, mask)) * inverse_temperature)
+    if BOTH:
+        tl.store(terms_ptr + positions, upper, mask=mask)
+        tl.store(terms_ptr + N + positions, lower, mask=mask)
+    else:
+        positive = tl.load(rank_ptr + row + tl.load(order_row + positions, mask=mask, other=0), mask=mask, other=0) > 0
+        tl.store(terms_ptr + row + positions, tl.where(positive, upper, lower), mask=mask)
+
+
+@triton.jit
+def _range_sum(prefix_row, start, end, mask):
+    """sum of the terms at positions [start, end) from their inclusive prefix sums (end > start)."""
+    before = tl.load(prefix_row + start - 1, mask=mask & (start > 0), other=0.0)
+    return tl.load(prefix_row + end - 1, mask=mask, other=1.0) - before
+
+
+@triton.jit
+def _soft_extreme(prefix_row, extreme, start, end, signed_temperature, mask):
+    """(log-mean-exp extreme of the cell [start, end), its term sum): extreme + t log(sum / size)
+    with t = -tau for the softmin (upper terms) and +tau for the softmax (lower terms)."""
+    total = _range_sum(prefix_row, start, end, mask)
+    size = tl.where(mask, end - start, 1).to(tl.float64)
+    return extreme + signed_temperature * tl.log(total / size), total
 
 
 @triton.jit
@@ -148,15 +172,8 @@ def _hardest_kernel(
     highest_negative = _score_at(scores_ptr, order_row, boundary - 1, has_pair)
     if SOFT:
         prefix = prefix_ptr + row
-        before_group = tl.load(prefix + group_start - 1, mask=has_pair & (group_start > 0), other=0.0)
-        negatives_sum = tl.load(prefix + boundary - 1, mask=has_pair, other=1.0) - before_group
-        positives_sum = tl.load(prefix + group_end - 1, mask=has_pair, other=1.0) - tl.load(
-            prefix + boundary - 1, mask=has_pair, other=0.0
-        )
-        negatives = (boundary - group_start).to(tl.float64)
-        positives = (group_end - boundary).to(tl.float64)
-        soft_min = lowest_positive - temperature * tl.log(positives_sum / tl.where(has_pair, positives, 1.0))
-        soft_max = highest_negative + temperature * tl.log(negatives_sum / tl.where(has_pair, negatives, 1.0))
+        soft_min, positives_sum = _soft_extreme(prefix, lowest_positive, boundary, group_end, -temperature, has_pair)
+        soft_max, negatives_sum = _soft_extreme(prefix, highest_negative, group_start, boundary, temperature, has_pair)
         margin = soft_min - soft_max
     else:
         margin = lowest_positive - highest_negative
@@ -165,10 +182,7 @@ def _hardest_kernel(
 
     score = _score_at(scores_ptr, order_row, positions, mask)
     if SOFT:
-        term = tl.load(prefix_ptr + row + positions, mask=mask, other=0.0) - tl.load(
-            prefix_ptr + row + positions - 1, mask=mask & (positions > 0), other=0.0
-        )
-        share = term / tl.where(positive, positives_sum, negatives_sum)
+        share = _range_sum(prefix, positions, positions + 1, mask) / tl.where(positive, positives_sum, negatives_sum)
     else:
         # A tied extreme gets 1 / ties of the gradient: min at the start of the positives' run,
         # max at the end of the negatives'.
@@ -192,13 +206,13 @@ def _hardest_kernel(
 @triton.jit
 def _hardest_levels_kernel(
     scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    grad_ptr, block_sums_ptr, N, num_blocks,
+    prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature,
     MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr,
-    LEVELS: tl.constexpr, BLOCK: tl.constexpr,
+    SOFT: tl.constexpr, LEVELS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Grid (position blocks,): one problem of LEVELS > 2 levels (LaA's aggregated label, ranks
-    into the ascending ``values``), hard max-violation pairs. Per group u and present levels
-    a > b: loss_u = sum c_ab phi(min_a - max_b) / Z_u, Z_u = sum c_ab (c_ab = v_a - v_b, or 1).
+    into the ascending ``values``), max-violation pairs. Per group u and present levels a > b:
+    loss_u = sum c_ab phi(min_a - max_b) / Z_u, Z_u = sum c_ab (c_ab = v_a - v_b, or 1).
 
     Each position walks its group's cells in level order (at most LEVELS; a cell's min and max
     sit at its ends, the layout being score-ordered within cells) and meets every level pair
@@ -206,7 +220,11 @@ def _hardest_levels_kernel(
     the cell's first position) and as the lower cell (its max's gradient). Z_u comes from the same
     walk in closed form: P(P - 1) / 2 for P present levels, or sum_k v_k (2 k - (P - 1)) over them
     in ascending order. Gradient to the tied extremes in equal shares; block sums as
-    ``_hardest_kernel``'s, with the group's present level pairs as its valid pairs."""
+    ``_hardest_kernel``'s, with the group's present level pairs as its valid pairs.
+
+    SOFT: min and max are a cell's log-mean-exp at ``temperature``, from ``prefix`` (2, N), the
+    inclusive prefix sums of ``_soft_terms_kernel``'s upper and lower terms (row 0, row 1), and
+    every item of a cell shares its gradient by its softmin (softmax) weight."""
     block = tl.program_id(0)
     positions = block * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
@@ -217,6 +235,9 @@ def _hardest_levels_kernel(
     )
     own_min = _score_at(scores_ptr, order_ptr, cell_start, mask)
     own_max = _score_at(scores_ptr, order_ptr, cell_end - 1, mask)
+    if SOFT:
+        own_min, own_upper_sum = _soft_extreme(prefix_ptr, own_min, cell_start, cell_end, -temperature, mask)
+        own_max, own_lower_sum = _soft_extreme(prefix_ptr + N, own_max, cell_start, cell_end, temperature, mask)
     own_value = tl.load(values_ptr + level, mask=mask, other=0.0)
 
     min_pull = tl.zeros([BLOCK], dtype=tl.float64)  # sum over lower cells b of c_ab phi'; as upper
@@ -240,6 +261,9 @@ def _hardest_levels_kernel(
         # reverse margins x = s_lower - s_upper of the pair (own cell, this cell)
         lower_max = _score_at(scores_ptr, order_ptr, end - 1, below)
         upper_min = _score_at(scores_ptr, order_ptr, start, above)
+        if SOFT:
+            lower_max, _ = _soft_extreme(prefix_ptr + N, lower_max, start, end, temperature, below)
+            upper_min, _ = _soft_extreme(prefix_ptr, upper_min, start, end, -temperature, above)
         x = tl.where(below, lower_max - own_min, tl.where(above, own_max - upper_min, 0.0))
         value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, False)
         min_pull += tl.where(below, cost * pull, 0.0)
@@ -257,11 +281,15 @@ def _hardest_levels_kernel(
     has_pair = mask & (present > 1)
     inverse = tl.where(has_pair, 1.0 / tl.where(has_pair, normaliser, 1.0), 0.0)
 
-    score = _score_at(scores_ptr, order_ptr, positions, mask)
-    min_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_min, True, has_pair)
-    max_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_max, False, has_pair)
-    min_share = tl.where(score == own_min, 1.0 / tl.maximum(min_ties, 1).to(tl.float64), 0.0)
-    max_share = tl.where(score == own_max, 1.0 / tl.maximum(max_ties, 1).to(tl.float64), 0.0)
+    if SOFT:
+        min_share = _range_sum(prefix_ptr, positions, positions + 1, mask) / own_upper_sum
+        max_share = _range_sum(prefix_ptr + N, positions, positions + 1, mask) / own_lower_sum
+    else:
+        score = _score_at(scores_ptr, order_ptr, positions, mask)
+        min_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_min, True, has_pair)
+        max_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_max, False, has_pair)
+        min_share = tl.where(score == own_min, 1.0 / tl.maximum(min_ties, 1).to(tl.float64), 0.0)
+        max_share = tl.where(score == own_max, 1.0 / tl.maximum(max_ties, 1).to(tl.float64), 0.0)
     # d phi(min_a - max_b) / d min_a = -pull, / d max_b = +pull
     grad = (max_pull * max_share - min_pull * min_share) * inverse
     tl.store(grad_ptr + item, grad.to(grad_ptr.dtype.element_ty), mask=mask)
@@ -290,11 +318,14 @@ def hardest_loss_and_grad(
     """Every problem's max-violation loss over a score-ordered ``PairLayout``, mixed.
 
     Same contract as ``pairwise.pair_loss_and_grad``, the layout built with ``tie_scores=scores``:
-    binary problems (``levels.rank`` the 0/1 labels), hard or soft; or one problem of several
-    levels (``levels.values``: LaA's aggregated label), hard, with pair cost ``cost``.
+    binary problems (``levels.rank`` the 0/1 labels) or one problem of several levels
+    (``levels.values``: LaA's aggregated label, with pair cost ``cost``), hard or soft.
     """
     validate_device(scores, levels.rank, layout.order)
     num_problems, n = layout.order.shape
+    several = levels.values is not None
+    if several and num_problems != 1:
+        raise ValueError(f"the several-level kernel takes one problem; got {num_problems} problems")
     block = FINALIZE_BLOCK[launch_target(scores.device)]
     num_blocks = triton.cdiv(n, block)
     has_groups = layout.group_start is not None
@@ -309,27 +340,26 @@ def hardest_loss_and_grad(
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
         (num_problems, n), dtype=torch.float64, device=scores.device
     )
-    if levels.values is not None:
-        if soft or num_problems != 1:
-            raise ValueError(f"the several-level kernel takes one problem and no temperature; got {num_problems} "
-                             f"problems, temperature={temperature}")
+    terms = None
+    if soft:  # the cells' exp terms, then their prefix sums (one row per problem, or upper and lower rows)
+        terms = torch.empty((2 if several else num_problems, n), dtype=torch.float64, device=scores.device)
+        _soft_terms_kernel[(num_blocks, 1 if several else num_problems)](
+            scores, levels.rank, layout.order, *spans, terms, n, 1.0 / temperature,
+            HAS_GROUPS=has_groups, BOTH=several, BLOCK=block,
+        )
+        terms = torch.cumsum(terms, dim=1)
+    prefix = grad if terms is None else terms  # not read without a temperature
+    if several:
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
         walk_blocks = triton.cdiv(n, walk_block)
         block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
         _hardest_levels_kernel[(walk_blocks,)](
-            scores, levels.rank, levels.values, layout.order, *spans, grad, block_sums, n, walk_blocks,
-            MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups,
-            COST_LINEAR=cost == "linear", LEVELS=levels.num_ranks, BLOCK=walk_block, num_warps=4,
+            scores, levels.rank, levels.values, layout.order, *spans, prefix, grad, block_sums, n, walk_blocks,
+            float(temperature or 1.0), MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
+            HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft, LEVELS=levels.num_ranks,
+            BLOCK=walk_block, num_warps=4,
         )
     else:
-        prefix = grad  # not read without a temperature
-        if soft:
-            terms = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device)
-            _soft_terms_kernel[(num_blocks, num_problems)](
-                scores, levels.rank, layout.order, *spans, terms, n, 1.0 / temperature,
-                HAS_GROUPS=has_groups, BLOCK=block,
-            )
-            prefix = torch.cumsum(terms, dim=1)
         block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
         _hardest_kernel[(num_blocks, num_problems)](
             scores, levels.rank, layout.order, *spans, prefix, grad, block_sums, n, num_blocks,

@@ -156,10 +156,9 @@ class AUCLoss(_PairwiseLoss):
             On the Triton kernels the check is fused into their launches and read once per call:
             the call's only host synchronisation. ``False`` removes it (e.g. to capture a step in
             a ``torch.cuda.CUDAGraph``). The closed forms (``"exact"``, which ``"auto"`` picks
-            for the exponential, squared and hinge surrogates above 2,048 items) and LaA's soft
-            hardest pairs (a temperature) read sizes on the host whatever this says: for a
-            captured step, give a closed-form surrogate ``backend="triton"``. Shapes, dtypes and
-            arguments are always checked.
+            for the exponential, squared and hinge surrogates above 2,048 items) read sizes on
+            the host whatever this says: for a captured step, give a closed-form surrogate
+            ``backend="triton"``. Shapes, dtypes and arguments are always checked.
 
     ``forward(scores, labels, groups=None, mask=None)``: scores (N,) or (N, 1); labels (N,) binary;
     groups (N,) integer ids (e.g. user ids, any order); mask (N,) bool, True for the items that

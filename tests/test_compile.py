@@ -37,6 +37,7 @@ LOSSES = {
     "AUCLoss(triton)": lambda: mlloss.AUCLoss(backend="triton"),
     "LoALoss(triton, hardest)": lambda: mlloss.LoALoss(pairs="hardest", backend="triton"),
     "LaALoss(triton, hardest)": lambda: mlloss.LaALoss(pairs="hardest", backend="triton"),
+    "LaALoss(triton, soft hardest)": lambda: mlloss.LaALoss(pairs="hardest", temperature=0.5, backend="triton"),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss", "AUCLoss(exponential closed form)", "bce+pdaom", "AUCLoss(triton)"}
 

@@ -134,6 +134,7 @@ CAPTURED_LOSSES = {
     "AUCLoss": lambda **kw: mlloss.AUCLoss(**kw),
     "LaALoss": lambda **kw: mlloss.LaALoss(**kw),
     "LaALoss(hardest)": lambda **kw: mlloss.LaALoss(pairs="hardest", **kw),
+    "LaALoss(soft hardest)": lambda **kw: mlloss.LaALoss(pairs="hardest", temperature=0.5, **kw),
     "LoALoss": lambda **kw: mlloss.LoALoss([1.0, 0.5], **kw),
     "LoALoss(balanced)": lambda **kw: mlloss.LoALoss("balanced", num_labels=2, **kw),
     "PDAOMLoss": lambda **kw: mlloss.PDAOMLoss(**kw),

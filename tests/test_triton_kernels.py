@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
 from mlloss.kernels.pairwise import STATUS_OVERFLOW, pair_loss_and_grad  # noqa: E402
-from mlloss.ops.layout import pair_layout  # noqa: E402
+from mlloss.ops.layout import Levels, pair_layout  # noqa: E402
 from mlloss.ops.dispatch import pair_loss, problem_levels  # noqa: E402
 from reference import hardest_loss, pair_loss as brute_force  # noqa: E402
 
@@ -181,13 +181,15 @@ def test_hardest_pairs_match_brute_force_with_ties(temperature, surrogate: str) 
     assert stats[2].item() == both_labels == stats[1].item()  # groups with both labels = level pairs
 
 
+@pytest.mark.parametrize("temperature", [None, 0.5])
 @pytest.mark.parametrize("cost", ["uniform", "linear"])
 @pytest.mark.parametrize("surrogate", SURROGATES)
-def test_hardest_pairs_of_several_levels_match_brute_force_with_ties(cost: str, surrogate: str) -> None:
+def test_hardest_pairs_of_several_levels_match_brute_force_with_ties(cost: str, surrogate: str, temperature) -> None:
     """LaA's max-violation pairs: per group every pair of present levels, the min of the upper
-    cell against the max of the lower one, tied extremes sharing the gradient; groups missing
-    levels, a group at one level and a one-item group; the statistics count the groups with a
-    level pair and their present level pairs."""
+    cell against the max of the lower one (hard: tied extremes sharing the gradient; soft: the
+    cells' log-mean-exp, every item by its weight); groups missing levels, a group at one level
+    and a one-item group; the statistics count the groups with a level pair and their present
+    level pairs."""
     scores, _, groups = ordinal_case([1, 40, 3, 33, 2, 25], 2, seed=8, integer_scores=True)
     gen = torch.Generator().manual_seed(8)
     labels = torch.randint(0, 2, (len(scores), 3), generator=gen).to(torch.float64)
@@ -198,12 +200,12 @@ def test_hardest_pairs_of_several_levels_match_brute_force_with_ties(cost: str, 
     levels_ = problem_levels(labels.to(DEVICE), weights)
     layout = pair_layout(levels_, groups.to(DEVICE), tie_scores=scores.to(DEVICE))
     loss, stats, grad = hardest_loss_and_grad(
-        scores.to(DEVICE), levels_, layout, mixing=None, surrogate=surrogate, margin=0.5, temperature=None,
+        scores.to(DEVICE), levels_, layout, mixing=None, surrogate=surrogate, margin=0.5, temperature=temperature,
         reduction="mean", status=None, cost=cost,
     )
     x = scores.clone().requires_grad_(True)
     expected = hardest_loss(x, labels @ torch.tensor(weights, dtype=torch.float64), groups, cost=cost,
-                            surrogate=surrogate, margin=0.5, reduction="mean")
+                            surrogate=surrogate, margin=0.5, reduction="mean", temperature=temperature)
     expected.backward()
     assert_close(loss, grad, expected.detach(), x.grad, rtol=1e-12)
     aggregated = labels @ torch.tensor(weights, dtype=torch.float64)
@@ -213,13 +215,14 @@ def test_hardest_pairs_of_several_levels_match_brute_force_with_ties(cost: str, 
     assert sorted(present)[:2] == [1, 1] and 2 in present  # the edge groups are there
 
 
-def test_several_level_hardest_pairs_refuse_a_temperature_and_several_problems() -> None:
+def test_several_level_hardest_pairs_refuse_several_problems() -> None:
     scores, _, groups = ordinal_case([30], 2, seed=9)
     labels = torch.randint(0, 2, (30, 2), generator=torch.Generator().manual_seed(9)).to(torch.float64).to(DEVICE)
-    levels_ = problem_levels(labels, [1.0, 1.0])
-    layout = pair_layout(levels_, None, tie_scores=scores.to(DEVICE))
-    with pytest.raises(ValueError, match="one problem and no temperature"):
-        hardest_loss_and_grad(scores.to(DEVICE), levels_, layout, mixing=None, surrogate="logistic", margin=1.0,
+    one = problem_levels(labels, [1.0, 1.0])
+    two = Levels(one.rank.expand(2, -1), one.num_ranks, one.values.expand(2, -1))
+    layout = pair_layout(two, None, tie_scores=scores.to(DEVICE))
+    with pytest.raises(ValueError, match="takes one problem; got 2 problems"):
+        hardest_loss_and_grad(scores.to(DEVICE), two, layout, mixing=None, surrogate="logistic", margin=1.0,
                               temperature=0.5, reduction="mean", status=None)
 
 
@@ -234,6 +237,7 @@ TIER_CASES = [
     (12, 2200, 31, 3, torch.float64, "loa"),
     (13, 1800, None, 2, torch.bfloat16, "laa-uniform"),
     (14, 2600, 400, 1, torch.float32, "hardest"),
+    (15, 2400, 60, 3, torch.float32, "laa-soft-hardest"),
 ]
 
 
@@ -254,6 +258,8 @@ def test_triton_tier_matches_the_pytorch_tier(case) -> None:
         options["mixing"] = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
     if name == "hardest":
         options.update(pairs="hardest", surrogate="exponential", reduction="sum")
+    if name == "laa-soft-hardest":  # LaA's soft max-violation pairs: 8 levels, on the kernels
+        options.update(label_weights=[1.0, 0.5, 2.0], pairs="hardest", temperature=0.3)
     upstream = torch.randn((), generator=gen)
     results = []
     for backend, device in (("triton", DEVICE), ("torch", "cpu")):

@@ -243,8 +243,8 @@ def _pair_loss_op(
             scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
             surrogate=surrogate, margin=margin, reduction=reduction, status=status,
         )
-    elif on_kernels and (not aggregated or (temperature is None and 0 < pattern_levels <= HARDEST_MAX_LEVELS)):
-        # max-violation pairs: of binary problems, hard or soft; of LaA's few levels, hard
+    elif on_kernels and (not aggregated or 0 < pattern_levels <= HARDEST_MAX_LEVELS):
+        # max-violation pairs, hard or soft: of binary problems, and of LaA's few levels
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
 
@@ -253,7 +253,7 @@ def _pair_loss_op(
             surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
             cost=cost,
         )
-    else:  # the tables (LaA's soft max-violation pairs, and those of an ordinal column, included)
+    else:  # the tables (the max-violation pairs of an ordinal column included)
         owned = (rank, world_size) if world_size > 1 and groups is not None and tier == "torch" else None
         result = torch_tier.pair_loss_and_grad(
             scores, levels, groups, mixing=mixing, options=options, exact=tier == "exact", owned=owned
@@ -313,9 +313,9 @@ def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
 
 # LaA with up to this many binary columns ranks its 2^K label patterns through host tables.
 MAX_PATTERN_COLUMNS = 12
-# LaA's hard max-violation pairs run on the kernels up to this many pattern levels (the kernel
-# walks a group's cells, one loop step per level); more, or an ordinal column (a rank per item),
-# take the tables.
+# LaA's max-violation pairs, hard or soft, run on the kernels up to this many pattern levels (the
+# kernel walks a group's cells, one loop step per level); more, or an ordinal column (a rank per
+# item), take the tables.
 HARDEST_MAX_LEVELS = 16
 
 
