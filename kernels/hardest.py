@@ -340,15 +340,14 @@ def hardest_loss_and_grad(
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
         (num_problems, n), dtype=torch.float64, device=scores.device
     )
-    terms = None
+    prefix = grad  # not read without a temperature
     if soft:  # the cells' exp terms, then their prefix sums (one row per problem, or upper and lower rows)
         terms = torch.empty((2 if several else num_problems, n), dtype=torch.float64, device=scores.device)
         _soft_terms_kernel[(num_blocks, 1 if several else num_problems)](
             scores, levels.rank, layout.order, *spans, terms, n, 1.0 / temperature,
             HAS_GROUPS=has_groups, BOTH=several, BLOCK=block,
         )
-        terms = torch.cumsum(terms, dim=1)
-    prefix = grad if terms is None else terms  # not read without a temperature
+        prefix = torch.cumsum(terms, dim=1)
     if several:
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
         walk_blocks = triton.cdiv(n, walk_block)
