@@ -20,9 +20,10 @@ Method:
    ``kernel_sass.compile_sass``. A kernel that fails to compile is reported with its error, and
    the tool exits with status 1.
 
-Parameter types are those Triton's launcher gives (``triton.runtime.jit.mangle_type``): a tensor
-is a pointer to its dtype (``*u1`` for bool), a Python int ``i32`` (``i64`` past 32 bits), a float
-``fp32``. The launcher also marks 16-byte aligned pointers and integers divisible by 16; those
+Parameter types are those Triton's launcher gives (``launcher_signature``): a parameter's
+annotated type if it has one (the temperature's ``tl.float64``), else its argument's
+(``triton.runtime.jit.mangle_type``): a tensor is a pointer to its dtype (``*u1`` for bool), a
+Python int ``i32`` (``i64`` past 32 bits), a float ``fp32``. The launcher also marks 16-byte aligned pointers and integers divisible by 16; those
 hints are left out here, so registers may differ slightly from a real launch's.
 
 Usage::
@@ -147,13 +148,30 @@ def _constexpr_json(value):
     raise TypeError(f"unsupported constexpr {value!r}")
 
 
+def launcher_signature(fn: Callable, bound: dict) -> dict[str, str]:
+    """Parameter name -> the type Triton's launcher gives it on CUDA: "constexpr", the annotated
+    type of a parameter annotated with one (``t: tl.float64`` -> "fp64"), else the argument's own
+    (``mangle_type``: a tensor ``*fp32``, an int ``i32``, a Python float ``fp32``)."""
+    import inspect
+
+    from triton.runtime.jit import KernelParam, mangle_type
+
+    signature = {}
+    for index, parameter in enumerate(inspect.signature(fn).parameters.values()):
+        param = KernelParam(index, parameter, False, False)
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+        else:
+            signature[param.name] = param.annotation_type or mangle_type(bound[param.name])
+    return signature
+
+
 @contextlib.contextmanager
 def recording_cuda_launches() -> Iterator[list[dict]]:
     """Inside: the kernels get the CUDA launch choices and each launch appends its specialization
     (module, kernel, signature, constexprs, num_warps) to the yielded list; the interpreter runs
     it (see the module docstring)."""
     from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import mangle_type  # the parameter types Triton's launcher gives
 
     from mlloss.kernels import _common, pairwise
 
@@ -164,14 +182,13 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
 
     def recorded_run(self, *args, grid, warmup, **kwargs):
         names = self.arg_names
-        # "tl.constexpr" (annotations are strings under ``from __future__ import annotations``) or the class
-        constexprs = {name for name, annotation in self.fn.__annotations__.items() if "constexpr" in str(annotation)}
         bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
+        signature = launcher_signature(self.fn, bound)
         launches.append({
             "module": self.fn.__module__,
             "kernel": self.fn.__name__,
-            "signature": {name: "constexpr" if name in constexprs else mangle_type(bound[name]) for name in names},
-            "constexprs": {name: _constexpr_json(bound[name]) for name in names if name in constexprs},
+            "signature": signature,
+            "constexprs": {name: _constexpr_json(bound[name]) for name, kind in signature.items() if kind == "constexpr"},
             "num_warps": int(kwargs.get("num_warps", 4)),
         })
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)

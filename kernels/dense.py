@@ -97,9 +97,9 @@ def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
 
 @triton.jit
 def _dense_rows_kernel(
-    scores_ptr, labels_ptr, groups_ptr, keep_ptr, values_ptr, grad_ptr, block_sums_ptr, N, num_blocks, margin,
+    scores_ptr, labels_ptr, groups_ptr, keep_ptr, values_ptr, grad_ptr, block_sums_ptr, N, num_blocks,
     GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr,
-    SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    SURROGATE: tl.constexpr, MARGIN: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -152,14 +152,14 @@ def _dense_rows_kernel(
             # Reverse margin x = s_lower - s_upper of the pair the two items form, if any.
             keep = same & (up_m[:, None] != up_n[None, :])
             x = tl.where(up_m[:, None], s_n[None, :] - s_m[:, None], s_m[:, None] - s_n[None, :])
-            value, pull = reverse_margin_terms(x, margin, SURROGATE, True, FAST)
+            value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, FAST)
             acc_value = tl.where(keep & up_m[:, None], acc_value + value, acc_value)
             acc_pull = tl.where(keep, acc_pull + pull, acc_pull)
         else:  # the row is the pair's upper item or its lower one, pair by pair
             upper = r_m[:, None] > r_n[None, :]
             keep = same & (r_m[:, None] != r_n[None, :])
             x = tl.where(upper, s_n[None, :] - s_m[:, None], s_m[:, None] - s_n[None, :])
-            value, pull = reverse_margin_terms(x, margin, SURROGATE, True, FAST)
+            value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, FAST)
             if LINEAR:
                 cost = tl.abs(v_m[:, None] - tl.load(values_ptr + r_n).to(ACC)[None, :])
                 value *= cost
@@ -203,7 +203,7 @@ def _dense_rows_kernel(
             low_ties += (same & up_n[None, :] & (s_n[None, :] == low[:, None])).to(tl.int32)
             high_ties += (same & ~up_n[None, :] & (s_n[None, :] == high[:, None])).to(tl.int32)
         x = tl.where(has_pair, high.to(tl.float64) - low.to(tl.float64), 0.0)
-        value, pull = reverse_margin_terms(x, margin, SURROGATE, True, False)
+        value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, False)
         attains = tl.where(up_m, s_m == low, s_m == high)
         ties = tl.maximum(tl.where(up_m, tl.sum(low_ties, axis=1), tl.sum(high_ties, axis=1)), 1).to(tl.float64)
         share = tl.where(attains, 1.0 / ties, 0.0)
@@ -275,9 +275,9 @@ def dense_loss_and_grad(
     if n:
         _dense_rows_kernel[(num_blocks, num_problems)](
             scores, labels, groups if groups is not None else labels, mask if mask is not None else labels,
-            values if values is not None else scores, grad, block_sums, n, num_blocks, float(margin),
+            values if values is not None else scores, grad, block_sums, n, num_blocks,
             GROUPED=groups is not None, MASKED=mask is not None, HARDEST=hardest, LEVELS=num_levels,
-            LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), FAST=fast,
+            LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), MARGIN=float(margin), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
             ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
         )

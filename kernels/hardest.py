@@ -25,7 +25,9 @@ over problems). ``_hardest_levels_kernel`` does the same for one problem of a fe
 aggregated label, hard or soft): every level pair of a group, min of the upper cell against
 max of the lower, sum_{a > b} c_ab phi(min_a - max_b) / sum_{a > b} c_ab (see its docstring).
 Everything is float64: the work is O(N) and the exponential surrogate of raw scores overflows
-float32 soon. No atomics; deterministic.
+float32 soon. The temperature too: its parameters are annotated ``tl.float64``, since Triton's
+launcher types a plain Python float as fp32 on CUDA (tau = 0.3 would lose ~1e-8 relative there;
+the interpreter keeps the Python float). No atomics; deterministic.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start
 @triton.jit
 def _soft_terms_kernel(
     scores_ptr, rank_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    terms_ptr, N, inverse_temperature,
+    terms_ptr, N, inverse_temperature: tl.float64,
     HAS_GROUPS: tl.constexpr, BOTH: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Grid (position blocks, B): each position's upper term exp(-(s_p - min) / tau) and lower term
@@ -99,9 +101,11 @@ def _soft_terms_kernel(
     cell_start, cell_end, _, _ = _spans(
         cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
     )
-    score = _score_at(scores_ptr, order_row, positions, mask)
-    upper = tl.exp((_score_at(scores_ptr, order_row, cell_start, mask) - score) * inverse_temperature)
-    lower = tl.exp((score - _score_at(scores_ptr, order_row, cell_end - 1, mask)) * inverse_temperature)
+    score = _score_at(scores_ptr, order_row, positions, mask).to(tl.float64)
+    lowest = _score_at(scores_ptr, order_row, cell_start, mask).to(tl.float64)
+    highest = _score_at(scores_ptr, order_row, cell_end - 1, mask).to(tl.float64)
+    upper = tl.exp((lowest - score) * inverse_temperature)
+    lower = tl.exp((score - highest) * inverse_temperature)
     if BOTH:
         tl.store(terms_ptr + positions, upper, mask=mask)
         tl.store(terms_ptr + N + positions, lower, mask=mask)
@@ -151,7 +155,7 @@ def _tie_count(scores_ptr, order_row, lo, hi, value, FROM_START: tl.constexpr, m
 @triton.jit
 def _hardest_kernel(
     scores_ptr, rank_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature,
+    prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
     MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, SOFT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -206,7 +210,7 @@ def _hardest_kernel(
 @triton.jit
 def _hardest_levels_kernel(
     scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature,
+    prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
     MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr,
     SOFT: tl.constexpr, LEVELS: tl.constexpr, BLOCK: tl.constexpr,
 ):

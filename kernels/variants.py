@@ -85,7 +85,7 @@ def dense_variants() -> list[SassVariant]:
     block_m, block_n, num_warps = dense.TILES["cuda"]
     signature = {"scores_ptr": "*fp32", "labels_ptr": "*i32", "groups_ptr": "*i64", "keep_ptr": "*i8",
                  "values_ptr": "*fp64", "grad_ptr": "*fp32", "block_sums_ptr": "*fp64", "N": "i32",
-                 "num_blocks": "i32", "margin": "fp32"}
+                 "num_blocks": "i32"}
     pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
     # (surrogate, groups, mask, levels, hardest)
     cases = [(surrogate, grouped, False, 2, False) for surrogate in SURROGATES for grouped in (False, True)]
@@ -94,7 +94,7 @@ def dense_variants() -> list[SassVariant]:
     for surrogate, grouped, masked, levels, hardest in cases:
         constexprs = dict(
             GROUPED=grouped, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
-            SURROGATE=SURROGATES[surrogate], FAST=not hardest,
+            SURROGATE=SURROGATES[surrogate], MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, FAST=not hardest,
             SCORE_SCALE=score_scale(surrogate, not hardest), VALUE_SCALE=value_scale(surrogate, not hardest),
             ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n,
         )

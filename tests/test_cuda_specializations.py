@@ -92,6 +92,21 @@ def test_recording_leaves_the_results_unchanged(tool, name):
         assert constexprs["FAST"] is (case.dtype == "float32")
 
 
+@pytest.mark.parametrize("name", ["PDAOM soft layout groups", "LaA soft hardest layout", "AUC hinge dense groups"])
+def test_no_float_argument_reaches_a_cuda_kernel_as_float32(tool, name):
+    """Triton's launcher types a plain Python float as fp32 on CUDA, so a float64 loss with
+    tau = 0.3 or margin = 0.3 would lose ~1e-8 relative there (the interpreter keeps the Python
+    float, so no CPU value shows it). Every float reaches a kernel as a constexpr (the margin) or
+    through a parameter annotated ``tl.float64`` (the temperature)."""
+    launches = tool.record([_case(tool, name)])[name]
+    float32_scalars = [(x["kernel"], p) for x in launches for p, kind in x["signature"].items() if kind == "fp32"]
+    assert not float32_scalars
+    temperatures = {kind for x in launches for p, kind in x["signature"].items() if "temperature" in p}
+    assert temperatures == (set() if "soft" not in name else {"fp64"})
+    margins = [x["constexprs"] for x in launches if x["kernel"] in ("_dense_rows_kernel", "_pair_partials_kernel")]
+    assert all(c["MARGIN"] == 1.0 for c in margins) and (margins or "soft" in name)
+
+
 def test_distinct_merges_equal_launches_and_keeps_their_cases(tool):
     launch = {"module": "m", "kernel": "k", "signature": {"x": "*fp32"}, "constexprs": {}, "num_warps": 4}
     other = dict(launch, num_warps=8)

@@ -69,7 +69,7 @@ def assert_close(result, expected, rtol):
 @pytest.mark.parametrize("surrogate", SURROGATES)
 def test_all_pairs_match_the_brute_force(surrogate, users, reduction) -> None:
     scores, labels, groups = case(150, seed=len(surrogate) + (users or 0))
-    margin = 0.5 if surrogate in ("hinge", "squared") else 1.0
+    margin = 0.3 if surrogate in ("hinge", "squared") else 1.0  # 0.3: not a float32 value
     result = run_dense(scores, labels, groups, surrogate=surrogate, margin=margin, reduction=reduction)
     expected = reference(scores, labels, groups, surrogate=surrogate, margin=margin, reduction=reduction)
     assert_close(result, expected, rtol=1e-10 if DEVICE == "cpu" else 1e-4)
