@@ -96,12 +96,14 @@ def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | N
     # 8 MB, and the sorts' outputs are the call's memory peak.
     if tie_scores is None:
         sorted_key, order = torch.sort(key, dim=1, stable=True)
+        del key
     else:  # a stable sort by key of the items in score order
-        by_score = torch.sort(tie_scores).indices
-        sorted_key, within = torch.sort(key[:, by_score], dim=1, stable=True)
+        by_score = torch.sort(tie_scores).indices.to(torch.int32)
+        key = key[:, by_score]
+        sorted_key, within = torch.sort(key, dim=1, stable=True)
+        del key
         order = by_score[within]
         del by_score, within
-    del key
     order = order.to(torch.int32)  # half the int64 indices' memory for the rest of the call (N < 2^31)
     cell_start = torch.searchsorted(sorted_key, sorted_key, out_int32=True)
     cell_end = torch.searchsorted(sorted_key, sorted_key, right=True, out_int32=True)
