@@ -23,8 +23,8 @@ Method:
 Parameter types are those Triton's launcher gives (``launcher_signature``): a parameter's
 annotated type if it has one (the temperature's ``tl.float64``), else its argument's
 (``triton.runtime.jit.mangle_type``): a tensor is a pointer to its dtype (``*u1`` for bool), a
-Python int ``i32`` (``i64`` past 32 bits), a float ``fp32``. The launcher also marks 16-byte aligned pointers and integers divisible by 16; those
-hints are left out here, so registers may differ slightly from a real launch's.
+Python int ``i32`` (``i64`` past 32 bits), a float ``fp32``. The launcher also marks 16-byte
+aligned pointers and integers divisible by 16; those hints are left out here, so registers may differ slightly from a real launch's.
 
 Usage::
 
@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import datetime
 import importlib
+import inspect
 import json
 import multiprocessing
 import os
@@ -152,8 +153,6 @@ def launcher_signature(fn: Callable, bound: dict) -> dict[str, str]:
     """Parameter name -> the type Triton's launcher gives it on CUDA: "constexpr", the annotated
     type of a parameter annotated with one (``t: tl.float64`` -> "fp64"), else the argument's own
     (``mangle_type``: a tensor ``*fp32``, an int ``i32``, a Python float ``fp32``)."""
-    import inspect
-
     from triton.runtime.jit import KernelParam, mangle_type
 
     signature = {}

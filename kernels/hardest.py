@@ -339,6 +339,7 @@ def hardest_loss_and_grad(
         layout.group_end if has_groups else layout.cell_end,
     )
     soft = temperature is not None
+    tau = float(temperature) if soft else 1.0  # a float64 kernel argument, not read without a temperature
     loss_dtype = accumulation_dtype(scores)
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
@@ -348,7 +349,7 @@ def hardest_loss_and_grad(
     if soft:  # the cells' exp terms, then their prefix sums (one row per problem, or upper and lower rows)
         terms = torch.empty((2 if several else num_problems, n), dtype=torch.float64, device=scores.device)
         _soft_terms_kernel[(num_blocks, 1 if several else num_problems)](
-            scores, levels.rank, layout.order, *spans, terms, n, 1.0 / temperature,
+            scores, levels.rank, layout.order, *spans, terms, n, 1.0 / tau,
             HAS_GROUPS=has_groups, BOTH=several, BLOCK=block,
         )
         prefix = torch.cumsum(terms, dim=1)
@@ -357,16 +358,15 @@ def hardest_loss_and_grad(
         walk_blocks = triton.cdiv(n, walk_block)
         block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
         _hardest_levels_kernel[(walk_blocks,)](
-            scores, levels.rank, levels.values, layout.order, *spans, prefix, grad, block_sums, n, walk_blocks,
-            float(temperature or 1.0), MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
+            scores, levels.rank, levels.values, layout.order, *spans, prefix, grad, block_sums, n, walk_blocks, tau,
+            MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
             HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft, LEVELS=levels.num_ranks,
             BLOCK=walk_block, num_warps=4,
         )
     else:
         block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
         _hardest_kernel[(num_blocks, num_problems)](
-            scores, levels.rank, layout.order, *spans, prefix, grad, block_sums, n, num_blocks,
-            float(temperature or 1.0),
+            scores, levels.rank, layout.order, *spans, prefix, grad, block_sums, n, num_blocks, tau,
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
         )
     return combine(

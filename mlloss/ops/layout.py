@@ -97,14 +97,14 @@ def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | N
     if tie_scores is None:
         sorted_key, order = torch.sort(key, dim=1, stable=True)
         del key
+        order = order.to(torch.int32)  # half the int64 indices' memory for the rest of the call (N < 2^31)
     else:  # a stable sort by key of the items in score order
-        by_score = torch.sort(tie_scores).indices.to(torch.int32)
+        by_score = torch.sort(tie_scores).indices.to(torch.int32)  # int32, and so the order gathered from it
         key = key[:, by_score]
         sorted_key, within = torch.sort(key, dim=1, stable=True)
         del key
         order = by_score[within]
         del by_score, within
-    order = order.to(torch.int32)  # half the int64 indices' memory for the rest of the call (N < 2^31)
     cell_start = torch.searchsorted(sorted_key, sorted_key, out_int32=True)
     cell_end = torch.searchsorted(sorted_key, sorted_key, right=True, out_int32=True)
     return PairLayout(order, cell_start, cell_end, group_start, group_end)
