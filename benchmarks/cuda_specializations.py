@@ -139,12 +139,12 @@ def _inputs(case: Case):
 # Recording (under the interpreter)                                           #
 # --------------------------------------------------------------------------- #
 def _constexpr_json(value):
-    """JSON form of a constexpr: numbers, bools and None as they are, Triton dtypes by name."""
+    """JSON form of a constexpr: numbers, bools, strings and None as they are, Triton dtypes by name."""
     import triton.language as tl
 
     if isinstance(value, tl.dtype):  # by its name in triton.language: {"tl": "float32"}
         return {"tl": next(name for name in _TL_DTYPES if getattr(tl, name) == value)}
-    if value is None or isinstance(value, (bool, int, float)):
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"unsupported constexpr {value!r}")
 

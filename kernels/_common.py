@@ -44,6 +44,7 @@ __all__ = [
     "SURROGATES",
     "fast_math",
     "launch_target",
+    "next_cell",
     "reverse_margin_terms",
     "score_scale",
     "surrogate_id",
@@ -190,3 +191,17 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
             pull = tl.exp(x)
         value = pull
     return value, pull
+
+
+@triton.jit
+def next_cell(order_row, rank_row, cell_end_row, start, group_end, mask):
+    """One step of a walk over a group's cells in level order (a ``PairLayout``'s positions
+    sorted by level within each group): (here, end, level) of the cell that starts at position
+    ``start``: ``here`` while the walk is inside the group (and ``mask``), the cell's end
+    position and its level's rank. The next step starts at ``where(here, end, start)``. A loop
+    of one step per level visits every cell of the group, so walks serve problems of a few
+    levels (``mlloss.ops.layout.MAX_WALK_LEVELS``)."""
+    here = mask & (start < group_end)
+    level = tl.load(rank_row + tl.load(order_row + start, mask=here, other=0), mask=here, other=0)
+    end = tl.load(cell_end_row + start, mask=here, other=0)
+    return here, end, level

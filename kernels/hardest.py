@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
-from ._common import launch_target, reverse_margin_terms, surrogate_id, validate_device
+from ._common import launch_target, next_cell, reverse_margin_terms, surrogate_id, validate_device
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
@@ -252,9 +252,7 @@ def _hardest_levels_kernel(
     weighted_sum = tl.zeros([BLOCK], dtype=tl.float64)  # sum_k k v_k over present levels
     start = group_start
     for _ in range(LEVELS):  # a loop, not unrolled: registers stay flat in the number of levels
-        here = mask & (start < group_end)
-        other_level = tl.load(rank_ptr + tl.load(order_ptr + start, mask=here, other=0), mask=here, other=0)
-        end = tl.load(cell_end_ptr + start, mask=here, other=0)
+        here, end, other_level = next_cell(order_ptr, rank_ptr, cell_end_ptr, start, group_end, mask)
         other_value = tl.load(values_ptr + other_level, mask=here, other=0.0)
         if COST_LINEAR:
             cost = tl.abs(own_value - other_value)

@@ -23,10 +23,11 @@ Liger-Kernel's fused losses):
    the others run a second, masked loop. The partner range of a row block is split into
    ``num_chunks`` chunks (more programs when N is small, so that the GPU fills up); each
    (block, chunk, pass) writes its own slice of a partial buffer.
-2. ``_finalize_kernel`` (in ``reduce``), grid (position blocks, B): sums the chunks of each position in a
-   fixed order, divides by its group's Z_u (from a prefix sum of per-position contributions),
-   writes the gradient to the caller's item order, and per-block sums of the loss, the groups
-   with a valid pair and the valid pairs.
+2. ``_finalize_kernel`` (in ``reduce``), grid (position blocks, B): sums the chunks of each
+   position in a fixed order, divides by its group's Z_u (in closed form for binary problems,
+   from a walk over the group's cells for a few levels, from a prefix sum of per-position
+   shares that kernel 1 writes for an ordinal column), writes the gradient to the caller's item
+   order, and per-block sums of the loss, the groups with a valid pair and the valid pairs.
 3. ``_combine_kernel`` (in ``reduce``), grid (position blocks,): every program sums the block sums in the same
    fixed order, so all agree on the totals without a host round trip, and writes
    ``grad = sum_b mixing_b / G_b * grad_b`` (G_b the groups with pairs, for the mean) and,
@@ -53,7 +54,7 @@ import triton.language as tl
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
 from ._common import launch_target, reverse_margin_terms, tl_dtype
 from .check import check_batch
-from .reduce import combine, finalize
+from .reduce import combine, finalize, normaliser_source
 
 __all__ = [
     "STATUS_BAD_LABEL",
@@ -227,9 +228,9 @@ def _pair_partials_kernel(
 ):
     """Grid (row blocks * num_chunks, 2, B). ``partials`` (B, 3, num_chunks, N) gets, per chunk,
     the row loss of the upper pass, the upper side and the lower side of the gradient. With
-    WRITE_SHARES (problems of more than two levels), chunk 0 of the upper pass writes each
-    position's share of its group's Z_u to ``shares`` (B, N) float64 (binary problems have Z_u in
-    closed form). MARGIN is a constexpr so that the float64 path sees it unrounded (a float
+    WRITE_SHARES (an ordinal column: ``reduce.normaliser_source`` is "prefix"), chunk 0 of the
+    upper pass writes each position's share of its group's Z_u to ``shares`` (B, N) float64
+    (the finalize step finds the other problems' Z_u itself). MARGIN is a constexpr so that the float64 path sees it unrounded (a float
     argument is typed fp32)."""
     row_block = tl.program_id(0) // num_chunks
     chunk = tl.program_id(0) % num_chunks
@@ -289,20 +290,21 @@ def pair_partials(
     num_chunks: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch kernel 1; returns (partials (B, 3, num_chunks, N), the shares of Z_u (B, N) float64
-    or None for binary problems)."""
+    where ``reduce.normaliser_source(levels)`` is "prefix", else None)."""
     num_problems, n = layout.order.shape
     block_m, block_n, num_warps = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
     binary = levels.values is None
-    shares = None if binary else torch.empty((num_problems, n), dtype=torch.float64, device=scores.device)
+    write_shares = normaliser_source(levels) == "prefix"
+    shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
     has_groups = layout.group_start is not None
     _pair_partials_kernel[(triton.cdiv(n, block_m) * num_chunks, 2, num_problems)](
         scores, levels.rank, scores if binary else levels.values, layout.order, layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_end,
-        partials, partials if binary else shares, n, levels.num_ranks, num_chunks,
+        partials, shares if write_shares else partials, n, levels.num_ranks, num_chunks,
         MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
-        SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=not binary,
+        SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=write_shares,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
     return partials, shares
@@ -395,7 +397,7 @@ def pair_loss_and_grad(
     num_problems, n = layout.order.shape
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty(n if num_problems == 1 else (num_problems, n), dtype=accumulation, device=scores.device)
-    block_sums = finalize(partials, shares, layout, grad, block=finalize_block)
+    block_sums = finalize(partials, shares, levels, layout, grad, cost_linear=cost == "linear", block=finalize_block)
     return combine(
         grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=accumulation, status=status,
         block=finalize_block, grad=grad if num_problems == 1 else None,

@@ -1,9 +1,10 @@
 """Kernels 2 and 3 of the all-pairs losses: finalize and combine (see ``pairwise``'s docstring).
 
 ``finalize`` sums each position's chunks of kernel 1 in a fixed order, normalises them by the
-group's Z_u and writes the gradient in the caller's item order with per-block sums; ``combine``
-sums the block sums (every program in the same order, so all agree without a host round trip),
-reduces over groups and mixes over problems. ``hardest`` writes the same block sums and reuses
+group's Z_u (``normaliser_source``: in closed form, by a walk over the group's cells, or from
+prefix sums of kernel 1's per-position shares) and writes the gradient in the caller's item
+order with per-block sums; ``combine`` sums the block sums (every program in the same order, so
+all agree without a host round trip), reduces over groups and mixes over problems. ``hardest`` writes the same block sums and reuses
 ``combine``. No float atomics; the only atomic sets the overflow bit.
 """
 
@@ -14,9 +15,10 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_OVERFLOW
-from ._common import tl_dtype
+from ..ops.layout import MAX_WALK_LEVELS
+from ._common import next_cell, tl_dtype
 
-__all__ = ["combine", "finalize"]
+__all__ = ["combine", "finalize", "normaliser_source"]
 
 _OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
 
@@ -25,15 +27,55 @@ _OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
 # 2. Finalize: chunks summed, normalised per group, written in the caller's order #
 # --------------------------------------------------------------------------- #
 @triton.jit
-def _finalize_kernel(
-    partials_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, cost_prefix_ptr,
-    grad_ptr, grad_stride, block_sums_ptr, N, num_chunks, num_blocks,
-    HAS_GROUPS: tl.constexpr, BINARY: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+def _group_normaliser(
+    order_row, rank_row, values_row, cell_end_row, cost_prefix_row, positions, mask,
+    cell_start, group_start, group_end, num_levels, NORMALISER: tl.constexpr, COST_LINEAR: tl.constexpr,
 ):
-    """Grid (position blocks, B). Z_u: for a binary problem the negatives times the positives
-    of the group, from the spans; otherwise ``cost_prefix`` (B, N) float64, the inclusive prefix
-    sums over positions of the shares of Z_u, gives Z_u = prefix[group_end - 1] -
-    prefix[group_start - 1]. Writes the gradient in the caller's item order, not yet divided by
+    """Z_u of each position's group, float64, by ``NORMALISER`` (see ``normaliser_source``):
+
+    * ``"binary"``: the negatives [group_start, c) times the positives [c, group_end); c is the
+      item's cell start if a cell lies before it, else its cell end (a negative, or alone);
+    * ``"walk"``: the group's cells in level order, at most ``num_levels`` steps: each cell of n
+      items at value v adds n * (number below) (uniform cost), or n * (v * number below - sum of
+      the values below) (linear cost);
+    * ``"prefix"``: ``cost_prefix``, the inclusive prefix sums over positions of the shares of
+      Z_u that kernel 1 wrote, gives Z_u = prefix[group_end - 1] - prefix[group_start - 1]."""
+    if NORMALISER == "binary":
+        cell_end = tl.load(cell_end_row + positions, mask=mask, other=0)
+        boundary = tl.where(cell_start > group_start, cell_start, cell_end)
+        normaliser = (boundary - group_start).to(tl.float64) * (group_end - boundary).to(tl.float64)
+    elif NORMALISER == "walk":
+        normaliser = tl.zeros(positions.shape, dtype=tl.float64)
+        count_below = tl.zeros(positions.shape, dtype=tl.float64)
+        value_below = tl.zeros(positions.shape, dtype=tl.float64)
+        start = group_start
+        for _ in range(num_levels):  # a loop, not unrolled
+            here, end, level = next_cell(order_row, rank_row, cell_end_row, start, group_end, mask)
+            count = tl.where(here, end - start, 0).to(tl.float64)
+            if COST_LINEAR:
+                value = tl.load(values_row + level, mask=here, other=0.0)
+                normaliser += count * (value * count_below - value_below)
+                value_below += count * value
+            else:
+                normaliser += count * count_below
+            count_below += count
+            start = tl.where(here, end, start)
+    else:
+        normaliser = tl.load(cost_prefix_row + group_end - 1, mask=mask, other=0.0) - tl.load(
+            cost_prefix_row + group_start - 1, mask=mask & (group_start > 0), other=0.0
+        )
+    return normaliser
+
+
+@triton.jit
+def _finalize_kernel(
+    partials_ptr, order_ptr, rank_ptr, values_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
+    cost_prefix_ptr, grad_ptr, grad_stride, block_sums_ptr, N, num_ranks, num_chunks, num_blocks,
+    HAS_GROUPS: tl.constexpr, NORMALISER: tl.constexpr, COST_LINEAR: tl.constexpr, ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Grid (position blocks, B). Sums each position's chunks, divides by its group's Z_u
+    (``_group_normaliser``), writes the gradient in the caller's item order, not yet divided by
     the number of groups, to ``grad + b * grad_stride``, and block_sums (B, 3, num_blocks):
     [sum of row loss / Z_u, groups with a valid pair (counted at their first position), valid
     pairs (each counted at its upper item)]."""
@@ -56,17 +98,11 @@ def _finalize_kernel(
         group_start = tl.zeros([BLOCK], dtype=tl.int32)
         group_end = tl.zeros([BLOCK], dtype=tl.int32) + N
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
-    if BINARY:
-        # Negatives [group_start, c), positives [c, group_end): c is the item's cell start if
-        # a cell lies before it, else its cell end (then the item is a negative, or alone).
-        cell_end = tl.load(cell_end_ptr + row + positions, mask=mask, other=0)
-        boundary = tl.where(cell_start > group_start, cell_start, cell_end)
-        cost = (boundary - group_start).to(tl.float64) * (group_end - boundary).to(tl.float64)
-    else:
-        prefix = cost_prefix_ptr + row
-        cost = tl.load(prefix + group_end - 1, mask=mask, other=0.0) - tl.load(
-            prefix + group_start - 1, mask=mask & (group_start > 0), other=0.0
-        )
+    cost = _group_normaliser(
+        order_ptr + row, rank_ptr + row, values_ptr + problem * num_ranks, cell_end_ptr + row,
+        cost_prefix_ptr + row, positions, mask, cell_start, group_start, group_end, num_ranks,
+        NORMALISER, COST_LINEAR,
+    )
     has_pairs = cost > 0
     coefficient = tl.where(has_pairs, 1.0 / tl.where(has_pairs, cost, 1.0), 0.0)
     item = tl.load(order_ptr + row + positions, mask=mask, other=0)
@@ -77,23 +113,39 @@ def _finalize_kernel(
     tl.store(sums + 2 * num_blocks, tl.sum((cell_start - group_start).to(tl.float64)))
 
 
+def normaliser_source(levels) -> str:
+    """How the finalize step finds Z_u for ``levels`` (a ``mlloss.ops.layout.Levels``):
+    ``"binary"`` (0/1 labels: in closed form from the item's spans), ``"walk"`` (at most
+    ``MAX_WALK_LEVELS`` levels, LaA of a few binary labels: a walk over the group's cells) or
+    ``"prefix"`` (an ordinal column: kernel 1 writes each position's share of Z_u, (B, N)
+    float64, and the finalize step reads their prefix sums)."""
+    if levels.values is None:
+        return "binary"
+    return "walk" if levels.num_ranks <= MAX_WALK_LEVELS else "prefix"
+
+
 def finalize(
-    partials: torch.Tensor, shares: torch.Tensor | None, layout, grad: torch.Tensor, *, block: int
+    partials: torch.Tensor, shares: torch.Tensor | None, levels, layout, grad: torch.Tensor, *,
+    cost_linear: bool, block: int,
 ) -> torch.Tensor:
     """Launch kernel 2: writes every problem's gradient to ``grad`` ((B, N), or (N,) for one
-    problem) and returns the block sums (B, 3, blocks)."""
+    problem) and returns the block sums (B, 3, blocks). ``shares``: kernel 1's shares of Z_u
+    when ``normaliser_source(levels)`` is ``"prefix"``, else None."""
     num_problems, _, num_chunks, n = partials.shape
     num_blocks = triton.cdiv(n, block)
-    if shares is not None:
+    source = normaliser_source(levels)
+    if source == "prefix":
         shares.cumsum_(dim=1)  # in place: the prefix sums of the shares
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=partials.device)
     has_groups = layout.group_start is not None
     _finalize_kernel[(num_blocks, num_problems)](
-        partials, layout.order, layout.cell_start, layout.cell_end,
+        partials, layout.order, levels.rank, partials if levels.values is None else levels.values,
+        layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_start,
-        partials if shares is None else shares, grad, n, block_sums, n, num_chunks, num_blocks,
-        HAS_GROUPS=has_groups, BINARY=shares is None, ACC=tl_dtype(partials.dtype), BLOCK=block,
+        partials if shares is None else shares, grad, n, block_sums, n, levels.num_ranks, num_chunks, num_blocks,
+        HAS_GROUPS=has_groups, NORMALISER=source, COST_LINEAR=cost_linear, ACC=tl_dtype(partials.dtype),
+        BLOCK=block,
     )
     return block_sums
 

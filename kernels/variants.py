@@ -4,10 +4,11 @@
 instructions, special-function ops and shuffles per pair of its loops. The variants are the
 CUDA configurations the library launches: float32 scores, the fast special functions, the tile
 shape of ``pairwise.TILES["cuda"]``, every surrogate, both costs, with and without groups. The
-uniform-cost variants are AUC's and LoA's (binary levels: Z_u in closed form), the linear-cost
-ones LaA's (several levels: the kernel writes the shares of Z_u). Then the dense kernel of small
-binary batches (``dense``), whose tile loop meets every pair twice (once from each item's row):
-its per-pair counts add both visits, as the ordinal kernel's add its two passes.
+uniform-cost variants are AUC's and LoA's (binary levels), the linear-cost ones LaA's of a few
+binary labels (several levels); neither writes shares of Z_u, which only an ordinal column
+needs. Then the dense kernel of small binary batches (``dense``), whose tile loop meets every
+pair twice (once from each item's row): its per-pair counts add both visits, as the ordinal
+kernel's add its two passes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _POINTERS = {
     "scores_ptr": "*fp32",
     "rank_ptr": "*i32",
     "values_ptr": "*fp64",
-    "order_ptr": "*i64",
+    "order_ptr": "*i32",
     "cell_start_ptr": "*i32",
     "cell_end_ptr": "*i32",
     "group_start_ptr": "*i32",
@@ -67,7 +68,7 @@ def sass_variants() -> list[SassVariant]:
                     MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, HAS_GROUPS=grouped,
                     COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True,
                     SCORE_SCALE=score_scale(surrogate, True), VALUE_SCALE=value_scale(surrogate, True),
-                    ACC=tl.float32, WRITE_SHARES=cost == "linear", BLOCK_M=block_m, BLOCK_N=block_n,
+                    ACC=tl.float32, WRITE_SHARES=False, BLOCK_M=block_m, BLOCK_N=block_n,
                 )
                 signature = dict(_POINTERS, **{name: "constexpr" for name in constexprs})
                 variants.append(SassVariant(

@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
 from mlloss.kernels.pairwise import STATUS_OVERFLOW, pair_loss_and_grad  # noqa: E402
+from mlloss.kernels.reduce import normaliser_source  # noqa: E402
 from mlloss.ops.layout import Levels, pair_layout  # noqa: E402
 from mlloss.ops.dispatch import pair_loss, problem_levels  # noqa: E402
 from reference import hardest_loss, pair_loss as brute_force  # noqa: E402
@@ -82,6 +83,35 @@ def test_ordinal_levels_match_brute_force(config, surrogate: str, cost: str) -> 
     assert_close(loss, grad, *reference(scores, levels, groups, cost=cost, surrogate=surrogate, margin=0.7), rtol=1e-9)
     same_group = groups[:, None] == groups[None, :]
     assert stats[1].item() == (same_group & (levels[:, None] > levels[None, :])).sum().item()  # valid pairs
+
+
+# LaA of binary label columns ranks the label patterns: up to MAX_WALK_LEVELS levels the finalize
+# step walks each group's cells for Z_u, beyond it (and for an ordinal column, above) kernel 1
+# writes per-position shares whose prefix sums give Z_u.
+PATTERN_CASES = {  # label weights, their levels, how the finalize step finds Z_u
+    "3 levels walk": ([1.0, 1.0], 3, "walk"),
+    "16 levels walk": ([1.0, 0.5, 2.0, 0.25], 16, "walk"),
+    "32 levels prefix": ([1.0, 0.5, 2.0, 0.25, 4.0], 32, "prefix"),
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=["16x16", "16x32-chunks3"])
+@pytest.mark.parametrize("grouped", [True, False], ids=["groups", "no-groups"])
+@pytest.mark.parametrize("cost", ["uniform", "linear"])
+@pytest.mark.parametrize("case", PATTERN_CASES.values(), ids=PATTERN_CASES.keys())
+def test_label_patterns_match_brute_force(config, grouped: bool, cost: str, case) -> None:
+    weights, num_levels, source = case
+    scores, _, groups = ordinal_case([1, 70, 3, 1, 45, 30, 6], 2, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    bits = (torch.rand(len(scores), len(weights), generator=gen) < 0.4).to(torch.float64)
+    levels = problem_levels(bits, weights)
+    assert levels.num_ranks == num_levels and normaliser_source(levels) == source
+    groups = groups if grouped else None
+    loss, stats, grad = kernel_loss(scores, bits, groups, label_weights=weights, cost=cost, config=config)
+    values = bits @ torch.tensor(weights, dtype=torch.float64)
+    assert_close(loss, grad, *reference(scores, values, groups, cost=cost), rtol=1e-9)
+    same_group = torch.ones(len(scores), len(scores), dtype=torch.bool) if groups is None else groups[:, None] == groups[None, :]
+    assert stats[1].item() == (same_group & (values[:, None] > values[None, :])).sum().item()  # valid pairs
 
 
 @pytest.mark.parametrize("config", CONFIGS[:2], ids=["16x16", "16x32-chunks3"])

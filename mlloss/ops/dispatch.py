@@ -53,7 +53,7 @@ from .._extras import needs_extra
 from . import torch_tier
 from .closed_form import CLOSED_FORMS as _CLOSED_FORM_TABLE
 from .fused import accumulation_dtype, fused_loss_op
-from .layout import Levels, pair_layout
+from .layout import MAX_WALK_LEVELS, Levels, pair_layout
 from .torch_tier import PairOptions
 
 CLOSED_FORMS = tuple(_CLOSED_FORM_TABLE)  # the surrogates with an all-pairs closed form
@@ -243,7 +243,7 @@ def _pair_loss_op(
             scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
             surrogate=surrogate, margin=margin, reduction=reduction, status=status,
         )
-    elif on_kernels and (not aggregated or 0 < pattern_levels <= HARDEST_MAX_LEVELS):
+    elif on_kernels and (not aggregated or 0 < pattern_levels <= MAX_WALK_LEVELS):
         # max-violation pairs, hard or soft: of binary problems, and of LaA's few levels
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
@@ -313,10 +313,6 @@ def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
 
 # LaA with up to this many binary columns ranks its 2^K label patterns through host tables.
 MAX_PATTERN_COLUMNS = 12
-# LaA's max-violation pairs, hard or soft, run on the kernels up to this many pattern levels (the
-# kernel walks a group's cells, one loop step per level); more, or an ordinal column (a rank per
-# item), take the tables.
-HARDEST_MAX_LEVELS = 16
 
 
 def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:

@@ -36,6 +36,10 @@ from torch import Tensor
 # Dense (group, level) tables hold G * L entries; beyond this ``dense_tables`` refuses rather than
 # allocating gigabytes (a label with thousands of distinct values is not an ordinal label).
 MAX_GROUP_LEVEL_CELLS = 1 << 27
+# Kernels that walk a group's cells in level order, one loop step per level (LaA's max-violation
+# pairs, and Z_u of the all-pairs losses), do so for problems of at most this many levels: LaA of
+# a few binary labels. An ordinal column (a rank per item) takes the per-position paths.
+MAX_WALK_LEVELS = 16
 
 
 @dataclass(frozen=True)
