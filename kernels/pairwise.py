@@ -230,8 +230,8 @@ def _pair_partials_kernel(
     the row loss of the upper pass, the upper side and the lower side of the gradient. With
     WRITE_SHARES (an ordinal column: ``reduce.normaliser_source`` is "prefix"), chunk 0 of the
     upper pass writes each position's share of its group's Z_u to ``shares`` (B, N) float64
-    (the finalize step finds the other problems' Z_u itself). MARGIN is a constexpr so that the float64 path sees it unrounded (a float
-    argument is typed fp32)."""
+    (the finalize step finds the other problems' Z_u itself). MARGIN is a constexpr so that the
+    float64 path sees it unrounded (a float argument is typed fp32)."""
     row_block = tl.program_id(0) // num_chunks
     chunk = tl.program_id(0) % num_chunks
     problem = tl.program_id(2).to(tl.int64)

@@ -244,7 +244,8 @@ def _pair_loss_op(
             surrogate=surrogate, margin=margin, reduction=reduction, status=status,
         )
     elif on_kernels and (not aggregated or 0 < pattern_levels <= MAX_WALK_LEVELS):
-        # max-violation pairs, hard or soft: of binary problems, and of LaA's few levels
+        # max-violation pairs, hard or soft: of binary problems, and of LaA's few levels (more, or
+        # an ordinal column, take the tables)
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
 

@@ -38,7 +38,8 @@ from torch import Tensor
 MAX_GROUP_LEVEL_CELLS = 1 << 27
 # Kernels that walk a group's cells in level order, one loop step per level (LaA's max-violation
 # pairs, and Z_u of the all-pairs losses), do so for problems of at most this many levels: LaA of
-# a few binary labels. An ordinal column (a rank per item) takes the per-position paths.
+# a few binary labels. More levels, or an ordinal column (a rank per item), take other paths: the
+# tables for the max-violation pairs, per-position shares of Z_u for all pairs.
 MAX_WALK_LEVELS = 16
 
 
