@@ -16,7 +16,10 @@ ops) and counts
 
 ``--memory N`` also measures the peak of the bytes a call allocates at N items (the scores'
 gradient included), with ``torch.profiler``'s memory events on the CPU and every kernel launch
-skipped: the same tensors a CUDA call allocates, except the scratch space of CUDA's sorts.
+skipped: the same tensors a CUDA call allocates, except the scratch space of CUDA's sorts. So it
+also gives the peak while a sort runs (its outputs and what is live beside them), to which a
+CUDA sort adds its scratch (for N keys: an int64 iota and CUB's alternate key and index
+buffers, about 20 bytes per key).
 
 Usage::
 
@@ -128,8 +131,11 @@ def host_time_us(name: str, *, masked: bool = False, layout: bool = False, num_i
     return 1e6 * statistics.median(times)
 
 
-def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000) -> int:
-    """Peak bytes allocated above the inputs during one forward + backward (kernels skipped)."""
+def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000) -> tuple[int, int]:
+    """(peak bytes allocated above the inputs during one forward + backward, the largest of what
+    is live while a sort runs: its outputs and the tensors live beside them) with the kernels
+    skipped. On CUDA a sort adds scratch space on top of the second (an int64 iota and CUB's
+    buffers)."""
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(num_items, generator=generator).requires_grad_(True)
     labels = torch.randint(0, 2, (num_items, 2), generator=generator).to(torch.float32)
@@ -141,15 +147,31 @@ def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000
     )
     with _kernels_skipped(), profiler:
         loss(scores, labels, groups).backward()
-    # The profiler's memory timeline (what export_memory_timeline draws): CREATE / DESTROY per allocation.
+    # The profiler's memory timeline (what export_memory_timeline draws): CREATE / DESTROY per
+    # allocation, in ns since the epoch; the ops' time ranges are in us since the trace started.
+    start_ns = profiler.profiler.kineto_results.trace_start_ns()
+    sorts = [(start_ns + 1000 * e.time_range.start, start_ns + 1000 * e.time_range.end)
+             for e in profiler.events() if e.name == "aten::sort"]
+    timeline = sorted(profiler._memory_profile().timeline, key=lambda event: event[0])
     live = peak = 0
-    for _, action, _, size in profiler._memory_profile().timeline:
+    live_at = []  # (time, live bytes after the event)
+    for time_ns, action, _, size in timeline:
         if action.name == "CREATE":
             live += size
         elif action.name == "DESTROY":
             live -= size
         peak = max(peak, live)
-    return peak
+        live_at.append((time_ns, live))
+    # At a sort: what is live when it starts, plus its outputs (the allocations it makes that
+    # outlive it; a CPU sort's own temporaries are left out, CUDA's differ).
+    peak_in_sorts = 0
+    for begin, end in sorts:
+        before = next((bytes_ for time_ns, bytes_ in reversed(live_at) if time_ns < begin), 0)
+        made = {key: size for time_ns, action, key, size in timeline
+                if begin <= time_ns <= end and action.name == "CREATE"}
+        freed = {key for time_ns, action, key, _ in timeline if begin <= time_ns <= end and action.name == "DESTROY"}
+        peak_in_sorts = max(peak_in_sorts, before + sum(size for key, size in made.items() if key not in freed))
+    return peak, peak_in_sorts
 
 
 @contextlib.contextmanager
@@ -237,9 +259,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\npeak bytes allocated by one forward + backward at N = {options.memory:,} (kernels skipped)")
         for name in ("AUCLoss", "LaALoss", "PDAOMLoss"):
             for grouped in (False, True):
-                peak = peak_memory(name, grouped=grouped, num_items=options.memory)
-                memory.append({"loss": name, "grouped": grouped, "num_items": options.memory, "peak_bytes": peak})
-                print(f"{name:<20} {'groups' if grouped else 'no groups':>9} {peak / 2**20:8.1f} MB")
+                peak, in_sorts = peak_memory(name, grouped=grouped, num_items=options.memory)
+                memory.append({"loss": name, "grouped": grouped, "num_items": options.memory, "peak_bytes": peak,
+                               "peak_bytes_in_sorts": in_sorts})
+                print(f"{name:<20} {'groups' if grouped else 'no groups':>9} {peak / 2**20:8.1f} MB"
+                      f"   in its sorts {in_sorts / 2**20:5.1f} MB + CUDA's sort scratch")
     host_times = []
     if options.host_time:
         torch.set_num_threads(1)

@@ -82,3 +82,21 @@ def test_the_counter_sees_syncs_and_library_internals() -> None:
     with counter:
         torch.tensor([0.5, 2.0]) * scores[:2]
     assert HOST_DATA_OPS & set(counter.ops)
+
+
+# Bytes per item one call allocates at most (the scores' gradient included; results/host-path.json
+# at N = 2^20): the layout's int32 spans, order and ranks, kernel 1's partials, the gradient.
+# Issue 10's line is 48 MB at N = 2^20, i.e. 48 bytes per item, with CUDA's sort scratch on top.
+MAX_BYTES_PER_ITEM = {False: 32, True: 40}  # without / with groups
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["no-groups", "groups"])
+@pytest.mark.parametrize("loss", ["AUCLoss", "LaALoss", "PDAOMLoss"])
+def test_one_call_allocates_at_most_its_bytes_per_item(loss: str, grouped: bool) -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("skips the interpreter's launches: needs TRITON_INTERPRET=1 before triton is imported")
+    n = 1 << 14
+    peak, in_sorts = host_path.peak_memory(loss, grouped=grouped, num_items=n, users=n // 50)
+    assert peak <= MAX_BYTES_PER_ITEM[grouped] * n + (1 << 14), f"{loss}: {peak / n:.2f} bytes per item"
+    # A sort of N keys returns N int64 indices and N keys: at least 12 bytes per item, live.
+    assert 12 * n <= in_sorts <= peak
