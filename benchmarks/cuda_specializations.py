@@ -24,7 +24,8 @@ Parameter types are those Triton's launcher gives (``launcher_signature``): a pa
 annotated type if it has one (the temperature's ``tl.float64``), else its argument's
 (``triton.runtime.jit.mangle_type``): a tensor is a pointer to its dtype (``*u1`` for bool), a
 Python int ``i32`` (``i64`` past 32 bits), a float ``fp32``. The launcher also marks 16-byte
-aligned pointers and integers divisible by 16; those hints are left out here, so registers may differ slightly from a real launch's.
+aligned pointers and integers divisible by 16; those hints are left out here, so registers may
+differ slightly from a real launch's.
 
 Usage::
 

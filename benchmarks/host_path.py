@@ -167,10 +167,13 @@ def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000
     peak_in_sorts = 0
     for begin, end in sorts:
         before = next((bytes_ for time_ns, bytes_ in reversed(live_at) if time_ns < begin), 0)
-        made = {key: size for time_ns, action, key, size in timeline
-                if begin <= time_ns <= end and action.name == "CREATE"}
-        freed = {key for time_ns, action, key, _ in timeline if begin <= time_ns <= end and action.name == "DESTROY"}
-        peak_in_sorts = max(peak_in_sorts, before + sum(size for key, size in made.items() if key not in freed))
+        outputs = {}  # allocation -> bytes, of those the sort makes and does not free
+        for time_ns, action, key, size in timeline:
+            if begin <= time_ns <= end and action.name == "CREATE":
+                outputs[key] = size
+            elif begin <= time_ns <= end and action.name == "DESTROY":
+                outputs.pop(key, None)
+        peak_in_sorts = max(peak_in_sorts, before + sum(outputs.values()))
     return peak, peak_in_sorts
 
 

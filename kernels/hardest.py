@@ -101,9 +101,9 @@ def _soft_terms_kernel(
     cell_start, cell_end, _, _ = _spans(
         cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
     )
-    score = _score_at(scores_ptr, order_row, positions, mask).to(tl.float64)
-    lowest = _score_at(scores_ptr, order_row, cell_start, mask).to(tl.float64)
-    highest = _score_at(scores_ptr, order_row, cell_end - 1, mask).to(tl.float64)
+    score = _score_at(scores_ptr, order_row, positions, mask)
+    lowest = _score_at(scores_ptr, order_row, cell_start, mask)
+    highest = _score_at(scores_ptr, order_row, cell_end - 1, mask)
     upper = tl.exp((lowest - score) * inverse_temperature)
     lower = tl.exp((score - highest) * inverse_temperature)
     if BOTH:

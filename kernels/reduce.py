@@ -4,8 +4,9 @@
 group's Z_u (``normaliser_source``: in closed form, by a walk over the group's cells, or from
 prefix sums of kernel 1's per-position shares) and writes the gradient in the caller's item
 order with per-block sums; ``combine`` sums the block sums (every program in the same order, so
-all agree without a host round trip), reduces over groups and mixes over problems. ``hardest`` writes the same block sums and reuses
-``combine``. No float atomics; the only atomic sets the overflow bit.
+all agree without a host round trip), reduces over groups and mixes over problems. ``hardest``
+writes the same block sums and reuses ``combine``. No float atomics; the only atomic sets the
+overflow bit.
 """
 
 from __future__ import annotations
