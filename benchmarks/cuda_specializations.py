@@ -113,6 +113,11 @@ def cases() -> list[Case]:
             Case(f"LaA hardest {size} groups", lambda: mlloss.LaALoss(pairs="hardest", backend="triton"), "two", layout),
             Case(f"LaA soft hardest {size}", lambda: mlloss.LaALoss(pairs="hardest", temperature=0.5, backend="triton"),
                  "two", layout, grouped=False),
+            Case(f"LaA ordinal hardest {size} groups", lambda: mlloss.LaALoss(pairs="hardest", backend="triton"),
+                 "ordinal", layout),
+            Case(f"LaA ordinal soft hardest {size}",
+                 lambda: mlloss.LaALoss(pairs="hardest", temperature=0.5, backend="triton"), "ordinal", layout,
+                 grouped=False),
             Case(f"bce+pdaom {size} groups", lambda: mlloss.build_loss("bce+pdaom", backend="triton"), "two", layout,
                  tasks=2),
         ]

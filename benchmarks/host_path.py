@@ -83,10 +83,22 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     "LaALoss(soft hardest)": lambda validate: mlloss.LaALoss(
         pairs="hardest", temperature=0.5, backend="triton", validate_args=validate
     ),
+    # LaA of one ordinal column (graded relevance 0-2): its levels known only from the data
+    "LaALoss(graded)": lambda validate: mlloss.LaALoss(backend="triton", validate_args=validate),
+    "LaALoss(graded hardest)": lambda validate: mlloss.LaALoss(pairs="hardest", backend="triton", validate_args=validate),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
+GRADED = {"LaALoss(graded)", "LaALoss(graded hardest)"}
 # On the dense kernels up to 2,048 items (LaA: its 2 binary columns make 3 levels).
 DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss")
+
+
+def loss_labels(name: str, labels: torch.Tensor) -> torch.Tensor:
+    """What loss ``name`` takes of a batch's two binary label columns: the first (AUC, PDAOM),
+    their sum as one graded column, or both."""
+    if name in SINGLE_LABEL:
+        return labels[:, 0]
+    return labels.sum(dim=1, keepdim=True) if name in GRADED else labels
 
 
 def batch(num_items: int = 64, seed: int = 0):
@@ -116,8 +128,7 @@ def host_time_us(name: str, *, masked: bool = False, layout: bool = False, num_i
     (checks off) with the kernel launches skipped (see the module docstring); the thread's CPU
     time, not the wall clock, so that other work on the machine does not count."""
     scores, labels, groups = batch(num_items)
-    if name in SINGLE_LABEL:
-        labels = labels[:, 0]
+    labels = loss_labels(name, labels)
     loss = LOSSES[name](False)
     options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
     times = []
@@ -214,8 +225,7 @@ def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False
     ``masked`` every fourth item left out by ``mask=``; ``layout``: with the dense small-batch
     kernels off, as a batch of more than ``kernels.dense.MAX_ITEMS`` items runs."""
     scores, labels, groups = batch(num_items)
-    if name in SINGLE_LABEL:
-        labels = labels[:, 0]
+    labels = loss_labels(name, labels)
     loss = LOSSES[name](validate)
     groups = groups if grouped else None
     options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
@@ -250,10 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-time", action="store_true", help="also the host microseconds of a call at N = 1,024")
     options = parser.parse_args(argv)
     counts = all_counts()
-    print(f"{'loss':<20} {'kernels':>7} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
+    print(f"{'loss':<24} {'kernels':>7} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
     for row in counts:
         kernels = "layout" if row.layout or row.loss not in DENSE_LOSSES else "dense"
-        print(f"{row.loss:<20} {kernels:>7} {str(row.grouped):>6} {str(row.masked):>6} {str(row.validate):>6} "
+        print(f"{row.loss:<24} {kernels:>7} {str(row.grouped):>6} {str(row.masked):>6} {str(row.validate):>6} "
               f"{row.ops:>9} {row.syncs:>6}")
         if options.verbose:
             print("    ", row.op_names, row.sync_names)
@@ -276,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, masked, layout in runs:
             micros = host_time_us(name, masked=masked, layout=layout)
             host_times.append({"loss": name, "masked": masked, "layout": layout, "num_items": 1024, "host_us": micros})
-            print(f"{name:<20} {'mask' if masked else '':>4} {'layout' if layout else '':>6} {micros:8.0f} us")
+            print(f"{name:<24} {'mask' if masked else '':>4} {'layout' if layout else '':>6} {micros:8.0f} us")
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as handle:
         json.dump(

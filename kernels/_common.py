@@ -198,9 +198,9 @@ def next_cell(order_row, rank_row, cell_end_row, start, group_end, mask):
     """One step of a walk over a group's cells in level order (a ``PairLayout``'s positions
     sorted by level within each group): (here, end, level) of the cell that starts at position
     ``start``: ``here`` while the walk is inside the group (and ``mask``), the cell's end
-    position and its level's rank. The next step starts at ``where(here, end, start)``. A loop
-    of one step per level visits every cell of the group, so walks serve problems of a few
-    levels (``mlloss.ops.layout.MAX_WALK_LEVELS``)."""
+    position and its level's rank. The next step starts at ``where(here, end, start)``. One step
+    per level present visits every cell of the group: a loop of a fixed count for problems of a
+    few levels (``mlloss.ops.layout.MAX_WALK_LEVELS``), or until no walk of a block is ``here``."""
     here = mask & (start < group_end)
     level = tl.load(rank_row + tl.load(order_row + start, mask=here, other=0), mask=here, other=0)
     end = tl.load(cell_end_row + start, mask=here, other=0)

@@ -21,9 +21,10 @@ temperature to every item by its softmax weight.
 ``_hardest_kernel`` (grid (position blocks, B)) writes the gradient in the caller's item order
 and per-block sums [loss, groups with both labels, level pairs], the same outputs as the
 all-pairs finalize step, so ``reduce.combine`` reduces them (mean or sum over groups, mixing
-over problems). ``_hardest_levels_kernel`` does the same for one problem of a few levels (LaA's
-aggregated label, hard or soft): every level pair of a group, min of the upper cell against
-max of the lower, sum_{a > b} c_ab phi(min_a - max_b) / sum_{a > b} c_ab (see its docstring).
+over problems). ``_hardest_levels_kernel`` does the same for one problem of several levels
+(LaA's aggregated label, of binary columns or of one ordinal column; hard or soft): every level
+pair of a group, min of the upper cell against max of the lower,
+sum_{a > b} c_ab phi(min_a - max_b) / sum_{a > b} c_ab (see its docstring).
 Everything is float64: the work is O(N) and the exponential surrogate of raw scores overflows
 float32 soon. The temperature too: its parameters are annotated ``tl.float64``, since Triton's
 launcher types a plain Python float as fp32 on CUDA (tau = 0.3 would lose ~1e-8 relative there;
@@ -212,15 +213,17 @@ def _hardest_levels_kernel(
     scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
     MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr,
-    SOFT: tl.constexpr, LEVELS: tl.constexpr, BLOCK: tl.constexpr,
+    SOFT: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Grid (position blocks,): one problem of LEVELS > 2 levels (LaA's aggregated label, ranks
-    into the ascending ``values``), max-violation pairs. Per group u and present levels a > b:
+    """Grid (position blocks,): one problem of several levels (LaA's aggregated label: ranks into
+    the ascending ``values``, of its label patterns or of an ordinal column), max-violation pairs.
+    Per group u and present levels a > b:
     loss_u = sum c_ab phi(min_a - max_b) / Z_u, Z_u = sum c_ab (c_ab = v_a - v_b, or 1).
 
-    Each position walks its group's cells in level order (at most LEVELS; a cell's min and max
-    sit at its ends, the layout being score-ordered within cells) and meets every level pair
-    its own cell is in: as the upper cell a (its min's gradient, and the pair's loss term, kept by
+    Each position walks its group's cells in level order (a cell's min and max sit at its ends,
+    the layout being score-ordered within cells), one step per level present in the group, until
+    every position of the block has left its group: O(n_u L_u) steps for a group of n_u items at
+    L_u levels, whatever the label's range. On its way it meets every level pair its own cell is in: as the upper cell a (its min's gradient, and the pair's loss term, kept by
     the cell's first position) and as the lower cell (its max's gradient). Z_u comes from the same
     walk in closed form: P(P - 1) / 2 for P present levels, or sum_k v_k (2 k - (P - 1)) over them
     in ascending order. Gradient to the tied extremes in equal shares; block sums as
@@ -251,8 +254,8 @@ def _hardest_levels_kernel(
     value_sum = tl.zeros([BLOCK], dtype=tl.float64)
     weighted_sum = tl.zeros([BLOCK], dtype=tl.float64)  # sum_k k v_k over present levels
     start = group_start
-    for _ in range(LEVELS):  # a loop, not unrolled: registers stay flat in the number of levels
-        here, end, other_level = next_cell(order_ptr, rank_ptr, cell_end_ptr, start, group_end, mask)
+    here, end, other_level = next_cell(order_ptr, rank_ptr, cell_end_ptr, start, group_end, mask)
+    while tl.max(here.to(tl.int32), axis=0) > 0:  # until the block's walks have all left their groups
         other_value = tl.load(values_ptr + other_level, mask=here, other=0.0)
         if COST_LINEAR:
             cost = tl.abs(own_value - other_value)
@@ -275,6 +278,7 @@ def _hardest_levels_kernel(
         value_sum += tl.where(here, other_value, 0.0)
         present += here.to(tl.int32)
         start = tl.where(here, end, start)
+        here, end, other_level = next_cell(order_ptr, rank_ptr, cell_end_ptr, start, group_end, mask)
     count = present.to(tl.float64)
     if COST_LINEAR:
         normaliser = 2.0 * weighted_sum - (count - 1.0) * value_sum
@@ -358,7 +362,7 @@ def hardest_loss_and_grad(
         _hardest_levels_kernel[(walk_blocks,)](
             scores, levels.rank, levels.values, layout.order, *spans, prefix, grad, block_sums, n, walk_blocks, tau,
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
-            HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft, LEVELS=levels.num_ranks,
+            HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft,
             BLOCK=walk_block, num_warps=4,
         )
     else:

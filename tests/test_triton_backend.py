@@ -135,6 +135,7 @@ CAPTURED_LOSSES = {
     "LaALoss": lambda **kw: mlloss.LaALoss(**kw),
     "LaALoss(hardest)": lambda **kw: mlloss.LaALoss(pairs="hardest", **kw),
     "LaALoss(soft hardest)": lambda **kw: mlloss.LaALoss(pairs="hardest", temperature=0.5, **kw),
+    "LaALoss(graded hardest)": lambda **kw: mlloss.LaALoss(pairs="hardest", **kw),  # one ordinal column
     "LoALoss": lambda **kw: mlloss.LoALoss([1.0, 0.5], **kw),
     "LoALoss(balanced)": lambda **kw: mlloss.LoALoss("balanced", num_labels=2, **kw),
     "PDAOMLoss": lambda **kw: mlloss.PDAOMLoss(**kw),
@@ -159,6 +160,8 @@ def test_a_step_without_data_checks_is_captured_in_a_cuda_graph(loss_name: str, 
         features = torch.randn(num_items, 4, generator=gen)
         labels = torch.randint(0, 2, (num_items, max(tasks, num_labels)), generator=gen).float()
         labels = labels[:, 0] if num_labels == 1 and tasks == 1 else labels
+        if "graded" in loss_name:  # one ordinal column, 0-2: its levels known only from the data
+            labels = labels.sum(dim=1, keepdim=True)
         groups = torch.randint(0, 20 + 10 * seed, (num_items,), generator=gen) * 7
         return features.to(DEVICE), labels.to(DEVICE), groups.to(DEVICE)
 

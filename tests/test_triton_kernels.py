@@ -245,6 +245,33 @@ def test_hardest_pairs_of_several_levels_match_brute_force_with_ties(cost: str, 
     assert sorted(present)[:2] == [1, 1] and 2 in present  # the edge groups are there
 
 
+@pytest.mark.parametrize("temperature", [None, 0.3])
+@pytest.mark.parametrize("cost", ["uniform", "linear"])
+@pytest.mark.parametrize("grouped", [True, False], ids=["groups", "no-groups"])
+@pytest.mark.parametrize("num_levels", [5, 48], ids=["graded", "many-levels"])
+def test_hardest_pairs_of_an_ordinal_column_match_brute_force(num_levels: int, grouped: bool, cost: str,
+                                                              temperature) -> None:
+    """LaA's max-violation pairs of one ordinal column (ranks from the data, not from label
+    patterns): graded relevance of a few values, and real values with more distinct levels in a
+    group than any few binary columns make (each walk takes one step per level of its group)."""
+    scores, levels, groups = ordinal_case([1, 40, 3, 33, 2, 90], num_levels, seed=10, integer_scores=True)
+    groups = groups if grouped else None
+    levels_ = problem_levels(levels[:, None].to(DEVICE), [1.0])
+    layout = pair_layout(levels_, None if groups is None else groups.to(DEVICE), tie_scores=scores.to(DEVICE))
+    loss, stats, grad = hardest_loss_and_grad(
+        scores.to(DEVICE), levels_, layout, mixing=None, surrogate="logistic", margin=0.5, temperature=temperature,
+        reduction="mean", status=None, cost=cost,
+    )
+    x = scores.clone().requires_grad_(True)
+    expected = hardest_loss(x, levels, groups, cost=cost, margin=0.5, reduction="mean", temperature=temperature)
+    expected.backward()
+    assert_close(loss, grad, expected.detach(), x.grad, rtol=1e-12)
+    ids = torch.zeros_like(levels) if groups is None else groups
+    present = [len(torch.unique(levels[ids == g])) for g in torch.unique(ids)]
+    assert stats[1].item() == sum(p * (p - 1) // 2 for p in present)  # present level pairs
+    assert max(present) > (30 if num_levels > 5 else 4)  # the walks of the big group are long
+
+
 def test_several_level_hardest_pairs_refuse_several_problems() -> None:
     scores, _, groups = ordinal_case([30], 2, seed=9)
     labels = torch.randint(0, 2, (30, 2), generator=torch.Generator().manual_seed(9)).to(torch.float64).to(DEVICE)
@@ -268,6 +295,7 @@ TIER_CASES = [
     (13, 1800, None, 2, torch.bfloat16, "laa-uniform"),
     (14, 2600, 400, 1, torch.float32, "hardest"),
     (15, 2400, 60, 3, torch.float32, "laa-soft-hardest"),
+    (16, 2400, 60, 3, torch.float32, "laa-graded-hardest"),
 ]
 
 
@@ -290,6 +318,9 @@ def test_triton_tier_matches_the_pytorch_tier(case) -> None:
         options.update(pairs="hardest", surrogate="exponential", reduction="sum")
     if name == "laa-soft-hardest":  # LaA's soft max-violation pairs: 8 levels, on the kernels
         options.update(label_weights=[1.0, 0.5, 2.0], pairs="hardest", temperature=0.3)
+    if name == "laa-graded-hardest":  # one ordinal column (graded 0-3): its ranks come from the data
+        labels = labels.sum(dim=1, keepdim=True)
+        options.update(label_weights=[1.0], pairs="hardest")
     upstream = torch.randn((), generator=gen)
     results = []
     for backend, device in (("triton", DEVICE), ("torch", "cpu")):

@@ -53,7 +53,7 @@ from .._extras import needs_extra
 from . import torch_tier
 from .closed_form import CLOSED_FORMS as _CLOSED_FORM_TABLE
 from .fused import accumulation_dtype, fused_loss_op
-from .layout import MAX_WALK_LEVELS, Levels, pair_layout
+from .layout import Levels, pair_layout
 from .torch_tier import PairOptions
 
 CLOSED_FORMS = tuple(_CLOSED_FORM_TABLE)  # the surrogates with an all-pairs closed form
@@ -203,18 +203,15 @@ def _pair_loss_op(
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
-    # LaA's levels when its binary columns are ranked through the pattern tables (0: an ordinal
-    # column, whose levels only the data tell): what the dense and the hardest kernels take.
-    pattern_levels = _pattern_levels(labels, label_weights) if on_kernels and aggregated else 0
     # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
-    # label patterns: every pair in registers, no layout, and the mask read by the kernels; the
-    # other paths get the masked items set apart.
+    # label patterns (an ordinal column's levels only the data tell): every pair in registers, no
+    # layout, and the mask read by the kernels; the other paths get the masked items set apart.
     dense = on_kernels and (pairs == "all" or (temperature is None and not aggregated))
     if dense:
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
         dense = scores.shape[0] <= dense_kernels.MAX_ITEMS and (
-            not aggregated or 2 < pattern_levels <= dense_kernels.MAX_LEVELS
+            not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
         )
     if mask is not None and not dense:
         scores, labels, groups = without_masked(scores, labels, groups, mask)
@@ -243,9 +240,9 @@ def _pair_loss_op(
             scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
             surrogate=surrogate, margin=margin, reduction=reduction, status=status,
         )
-    elif on_kernels and (not aggregated or 0 < pattern_levels <= MAX_WALK_LEVELS):
-        # max-violation pairs, hard or soft: of binary problems, and of LaA's few levels (more, or
-        # an ordinal column, take the tables)
+    elif on_kernels:
+        # max-violation pairs, hard or soft: of binary problems, and of LaA's levels (its label
+        # patterns or an ordinal column) by a walk over each group's cells
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
 
@@ -254,7 +251,7 @@ def _pair_loss_op(
             surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
             cost=cost,
         )
-    else:  # the tables (the max-violation pairs of an ordinal column included)
+    else:  # the PyTorch tiers: closed forms, or the blocked all-pairs sums and their tables
         owned = (rank, world_size) if world_size > 1 and groups is not None and tier == "torch" else None
         result = torch_tier.pair_loss_and_grad(
             scores, levels, groups, mixing=mixing, options=options, exact=tier == "exact", owned=owned

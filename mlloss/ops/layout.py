@@ -36,10 +36,10 @@ from torch import Tensor
 # Dense (group, level) tables hold G * L entries; beyond this ``dense_tables`` refuses rather than
 # allocating gigabytes (a label with thousands of distinct values is not an ordinal label).
 MAX_GROUP_LEVEL_CELLS = 1 << 27
-# Kernels that walk a group's cells in level order, one loop step per level (LaA's max-violation
-# pairs, and Z_u of the all-pairs losses), do so for problems of at most this many levels: LaA of
-# a few binary labels. More levels, or an ordinal column (a rank per item), take other paths: the
-# tables for the max-violation pairs, per-position shares of Z_u for all pairs.
+# The all-pairs kernels' finalize step finds Z_u by a walk over each group's cells in level order,
+# one loop step per level, for problems of at most this many levels (LaA of a few binary labels);
+# more levels, or an ordinal column (a rank per item), take per-position shares of Z_u. (The
+# max-violation kernel's walk stops when it leaves the group: its steps are the group's levels.)
 MAX_WALK_LEVELS = 16
 
 
