@@ -223,8 +223,9 @@ def _hardest_levels_kernel(
     Each position walks its group's cells in level order (a cell's min and max sit at its ends,
     the layout being score-ordered within cells), one step per level present in the group, until
     every position of the block has left its group: O(n_u L_u) steps for a group of n_u items at
-    L_u levels, whatever the label's range. On its way it meets every level pair its own cell is in: as the upper cell a (its min's gradient, and the pair's loss term, kept by
-    the cell's first position) and as the lower cell (its max's gradient). Z_u comes from the same
+    L_u levels, whatever the label's range. On its way it meets every level pair its own cell is
+    in: as the upper cell a (its min's gradient, and the pair's loss term, kept by the cell's
+    first position) and as the lower cell (its max's gradient). Z_u comes from the same
     walk in closed form: P(P - 1) / 2 for P present levels, or sum_k v_k (2 k - (P - 1)) over them
     in ascending order. Gradient to the tied extremes in equal shares; block sums as
     ``_hardest_kernel``'s, with the group's present level pairs as its valid pairs.
