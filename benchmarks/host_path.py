@@ -149,8 +149,7 @@ def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000
     buffers)."""
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(num_items, generator=generator).requires_grad_(True)
-    labels = torch.randint(0, 2, (num_items, 2), generator=generator).to(torch.float32)
-    labels = labels[:, :1].contiguous() if name in SINGLE_LABEL else labels
+    labels = loss_labels(name, torch.randint(0, 2, (num_items, 2), generator=generator).to(torch.float32)).contiguous()
     groups = torch.randint(0, users, (num_items,), generator=generator) if grouped else None
     loss = LOSSES[name](False)
     profiler = torch.profiler.profile(

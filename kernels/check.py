@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
+from ._common import validate_device
 
 __all__ = ["check_batch"]
 
@@ -57,6 +58,7 @@ def check_batch(
     """OR the data-check bits of (scores (N,), labels (N, K)) into ``status`` (one int32), over
     the items of the optional (N,) bool ``mask``; ``label_rule``: see
     ``mlloss._validation.LABEL_RULES``."""
+    validate_device(scores, labels, status, *(() if mask is None else (mask,)))  # the call's first launch
     n, k = labels.shape
     block = 1024
     _check_batch_kernel[(max(triton.cdiv(n, block), 1),)](

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
+import textwrap
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
@@ -128,6 +131,30 @@ def test_a_step_with_the_triton_backend_is_captured_by_torch_compile_fullgraph()
         results.append((value.detach(), layer.weight.grad.clone()))
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
+
+
+def test_cpu_tensors_without_the_interpreter_get_the_libraries_error_before_any_launch():
+    # Without TRITON_INTERPRET, Triton has no CPU driver: its own error ("0 active drivers")
+    # helps nobody. Every kernel entry (the data check, the dense, layout and max-violation
+    # kernels) names the fix first, with the checks on or off.
+    script = textwrap.dedent("""
+        import torch, mlloss
+        gen = torch.Generator().manual_seed(0)
+        for n, make in [(64, lambda: mlloss.AUCLoss(backend="triton")),
+                        (64, lambda: mlloss.AUCLoss(backend="triton", validate_args=False)),
+                        (3000, lambda: mlloss.LaALoss(backend="triton", validate_args=False)),
+                        (64, lambda: mlloss.PDAOMLoss(backend="triton", validate_args=False))]:
+            scores = torch.randn(n, generator=gen)
+            labels = torch.randint(0, 2, (n,), generator=gen)
+            try:
+                make()(scores, labels, torch.randint(0, 4, (n,), generator=gen))
+            except RuntimeError as error:
+                print(str(error).split(";")[0])
+    """)
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.splitlines() == ["the Triton kernels need CUDA tensors"] * 4, result.stdout
 
 
 CAPTURED_LOSSES = {
