@@ -32,21 +32,43 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
 SINGLE_LABEL = {"auc", "pdaom"}
 
 
-def register_loss(name: str, factory: Callable[..., nn.Module], *, single_label: bool = False) -> None:
-    """Make ``build_loss(name, ...)`` call ``factory(...)``."""
-    if not isinstance(name, str) or not name or "+" in name:
+def register_loss(
+    name: str, factory: Callable[..., nn.Module], *, single_label: bool = False, replace: bool = False
+) -> None:
+    """Make ``build_loss(name, ...)`` call ``factory(...)``.
+
+    Names match as ``build_loss`` reads them: stripped and in lower case. ``single_label=True``
+    (one binary label, like ``"auc"``) also makes ``"bce+<name>"``. A name that is taken, a
+    built-in one too, raises unless ``replace=True``."""
+    key = _key(name)
+    if not key or "+" in key:
         raise ValueError(f"a loss name must be a non-empty string without '+'; got {name!r}")
-    LOSSES[name] = factory
+    if not callable(factory) or isinstance(factory, nn.Module):
+        raise TypeError(f"factory must build the loss (a loss class, or a function that returns one); got {factory!r}")
+    for option, value in (("single_label", single_label), ("replace", replace)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{option} must be a bool; got {value!r}")
+    if key in LOSSES and not replace:
+        taken = getattr(LOSSES[key], "__name__", None) or repr(LOSSES[key])
+        raise ValueError(f"the loss name {key!r} is taken (by {taken}); pass replace=True to replace it")
+    LOSSES[key] = factory
     if single_label:
-        SINGLE_LABEL.add(name)
+        SINGLE_LABEL.add(key)
+    else:
+        SINGLE_LABEL.discard(key)
+
+
+def _key(name: object) -> str:
+    """A loss name as the registry holds it."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string; got {type(name).__name__}")
+    return name.strip().lower()
 
 
 def build_loss(name: str, **kwargs) -> nn.Module:
     """The loss called ``name`` built with ``kwargs``; ``"bce+<name>"`` also takes ``lam``,
     ``ranking_input`` and ``inputs`` (see ``BCEPlusRanking``), the rest go to the pairwise loss."""
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a string; got {type(name).__name__}")
-    key = name.strip().lower()
+    key = _key(name)
     if key.startswith("bce+"):
         ranking_name = key[len("bce+"):]
         if ranking_name not in SINGLE_LABEL:

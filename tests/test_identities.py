@@ -162,7 +162,17 @@ def test_property_logistic_auc_loss_bounds_the_auc(values, data):
     assert value / torch.log(torch.tensor(2.0, dtype=torch.float64)) >= misordered - 1e-12
 
 
-def test_build_loss_by_name_and_bce_plus_pdaom_is_eq7():
+@pytest.fixture
+def registry(monkeypatch):
+    """``mlloss.registry`` with its tables restored after the test."""
+    from mlloss import registry
+
+    monkeypatch.setattr(registry, "LOSSES", dict(registry.LOSSES))
+    monkeypatch.setattr(registry, "SINGLE_LABEL", set(registry.SINGLE_LABEL))
+    return registry
+
+
+def test_build_loss_by_name_and_bce_plus_pdaom_is_eq7(registry):
     scores, labels, groups = batch(6)
     label = labels[:, 0]
     assert isinstance(mlloss.build_loss("laa"), mlloss.LaALoss)
@@ -182,3 +192,30 @@ def test_build_loss_by_name_and_bce_plus_pdaom_is_eq7():
         mlloss.build_loss("bce+laa")
     mlloss.register_loss("hinge-auc", lambda **kw: mlloss.AUCLoss(surrogate="hinge", **kw), single_label=True)
     assert mlloss.build_loss("bce+hinge-auc").ranking.surrogate == "hinge"
+
+
+def test_register_loss_matches_names_as_build_loss_reads_them_and_keeps_taken_ones(registry):
+    hinge = lambda **kw: mlloss.AUCLoss(surrogate="hinge", **kw)  # noqa: E731
+    mlloss.register_loss(" Hinge-AUC ", hinge, single_label=True)
+    assert mlloss.build_loss("hinge-auc").surrogate == "hinge"
+    assert mlloss.build_loss("BCE+Hinge-AUC").ranking.surrogate == "hinge"
+    # A taken name, a built-in one too, needs replace=True; the error names its holder.
+    with pytest.raises(ValueError, match="'auc' is taken \\(by AUCLoss\\); pass replace=True"):
+        mlloss.register_loss("AUC", hinge)
+    assert isinstance(mlloss.build_loss("auc"), mlloss.AUCLoss) and mlloss.build_loss("auc").surrogate == "logistic"
+    with pytest.raises(ValueError, match="'hinge-auc' is taken"):
+        mlloss.register_loss("hinge-auc", hinge)
+    # Replaced without single_label, the name no longer combines with BCE.
+    mlloss.register_loss("hinge-auc", lambda **kw: mlloss.LaALoss(**kw), replace=True)
+    assert isinstance(mlloss.build_loss("hinge-auc"), mlloss.LaALoss)
+    with pytest.raises(ValueError, match="single-label"):
+        mlloss.build_loss("bce+hinge-auc")
+    for name, error, match in [("", ValueError, "non-empty"), ("bce+x", ValueError, "without '\\+'"),
+                               (3, TypeError, "name must be a string")]:
+        with pytest.raises(error, match=match):
+            mlloss.register_loss(name, hinge)
+    for factory in (mlloss.AUCLoss(), "auc"):  # a built loss, a name
+        with pytest.raises(TypeError, match="factory must build the loss"):
+            mlloss.register_loss("x", factory)
+    with pytest.raises(TypeError, match="replace must be a bool"):
+        mlloss.register_loss("x", hinge, replace="yes")
