@@ -176,11 +176,13 @@ def test_empty_input(world):
         ({"pad": "zeros"}, "pad must be one of .*got 'zeros'"),
         ({"groups": torch.zeros(2, 3, dtype=torch.long)}, r"groups must be 1-D .*got shape \(2, 3\)"),
         ({"groups": torch.tensor([0.5, 1.0])}, "groups must hold integer ids; got dtype torch.float32"),
+        ({"groups": torch.tensor([True, False])}, "groups must hold integer ids; got dtype torch.bool"),
     ],
 )
 def test_errors_name_the_argument_and_value(kwargs, message):
     arguments = {"groups": torch.tensor([0, 1]), "batch_size": 2, **kwargs}
-    with pytest.raises(ValueError, match=message):
+    error = TypeError if "dtype" in message else ValueError  # a wrong dtype is a TypeError, as in the losses
+    with pytest.raises(error, match=message):
         GroupBatchSampler(**arguments)
 
 

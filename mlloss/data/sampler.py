@@ -35,6 +35,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from mlloss._validation import require_integer_ids
+
 __all__ = ["GroupBatchSampler"]
 
 PADS = ("repeat", "empty")
@@ -151,14 +153,14 @@ class GroupBatchSampler(Sampler[list[int]]):
 
 
 def _group_ids(groups: Tensor | Sequence[int]) -> Tensor:
-    """``groups`` as a 1-D integer tensor, or a ValueError naming what is wrong with it."""
+    """``groups`` as a 1-D integer tensor, or an error naming what is wrong with it (the losses'
+    dtype rule: integer ids, not float or bool)."""
     ids = torch.as_tensor(groups)
     if ids.dim() != 1:
         raise ValueError(f"groups must be 1-D (one id per item); got shape {tuple(ids.shape)}")
     if ids.numel() == 0:
         return ids.long()
-    if ids.is_floating_point() or ids.is_complex():
-        raise ValueError(f"groups must hold integer ids; got dtype {ids.dtype}")
+    require_integer_ids(ids, "groups")
     return ids
 
 
