@@ -85,6 +85,13 @@ def check_finite_number(name: str, value: object, *, above: float | None = None,
     return float(value)
 
 
+def check_bool(name: str, value: object) -> bool:
+    """``value``, which must be a bool (not 0 / 1, not a string)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+    return value
+
+
 def check_margin(margin: object) -> float:
     return check_finite_number("margin", margin)
 

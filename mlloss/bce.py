@@ -38,10 +38,8 @@ class BCELoss(nn.Module):
 
     def __init__(self, *, inputs: str = "logits", validate_args: bool = True) -> None:
         super().__init__()
-        if not isinstance(validate_args, bool):
-            raise TypeError(f"validate_args must be a bool; got {validate_args!r}")
         self.inputs = check.check_choice("inputs", inputs, INPUTS)
-        self.validate_args = validate_args
+        self.validate_args = check.check_bool("validate_args", validate_args)
         self.parts = LossParts()
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:

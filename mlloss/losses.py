@@ -51,12 +51,8 @@ class _PairwiseLoss(nn.Module):
                 f"backend='exact' needs a surrogate with a closed form ({', '.join(map(repr, CLOSED_FORMS))}); "
                 f"the {self.surrogate} all-pairs sum has none: use backend='auto' or 'torch'"
             )
-        if not isinstance(cross_device, bool):
-            raise TypeError(f"cross_device must be a bool; got {cross_device!r}")
-        if not isinstance(validate_args, bool):
-            raise TypeError(f"validate_args must be a bool; got {validate_args!r}")
-        self.cross_device = cross_device
-        self.validate_args = validate_args
+        self.cross_device = check.check_bool("cross_device", cross_device)
+        self.validate_args = check.check_bool("validate_args", validate_args)
         self.parts = LossParts()  # batch facts of the last call, for logging (mlloss.parts)
         self._counted: int | Tensor = 0  # the last batch's item count, or its (gathered) mask
 
@@ -404,9 +400,7 @@ class LaALoss(_PairwiseLoss):
         self.weights = check.check_weights("weights", weights, strictly_positive=True)
         self._weight_values = None if self.weights is None else self.weights.tolist()
         self.cost = check.check_choice("cost", cost, check.COSTS)
-        if not isinstance(real_levels, bool):
-            raise TypeError(f"real_levels must be a bool; got {real_levels!r}")
-        self.real_levels = real_levels
+        self.real_levels = check.check_bool("real_levels", real_levels)
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)

@@ -14,6 +14,7 @@ from functools import partial
 
 from torch import nn
 
+from ._validation import check_bool
 from .bce import BCELoss, BCEPlusRanking
 from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
 
@@ -45,9 +46,8 @@ def register_loss(
         raise ValueError(f"a loss name must be a non-empty string without '+'; got {name!r}")
     if not callable(factory) or isinstance(factory, nn.Module):
         raise TypeError(f"factory must build the loss (a loss class, or a function that returns one); got {factory!r}")
-    for option, value in (("single_label", single_label), ("replace", replace)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{option} must be a bool; got {value!r}")
+    check_bool("single_label", single_label)
+    check_bool("replace", replace)
     if key in LOSSES and not replace:
         taken = getattr(LOSSES[key], "__name__", None) or repr(LOSSES[key])
         raise ValueError(f"the loss name {key!r} is taken (by {taken}); pass replace=True to replace it")

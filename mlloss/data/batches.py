@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from mlloss._validation import check_bool
 from mlloss.data.sampler import GroupBatchSampler
 
 __all__ = ["TensorBatches"]
@@ -80,8 +81,7 @@ class TensorBatches:
         fixed_size: bool = False,
         mask_key: str = "mask",
     ) -> None:
-        if not isinstance(fixed_size, bool):
-            raise TypeError(f"fixed_size must be a bool; got {fixed_size!r}")
+        check_bool("fixed_size", fixed_size)
         if not columns:
             raise ValueError("columns must hold at least one tensor")
         lengths = {name: value.shape[0] if value.dim() else None for name, value in columns.items()}

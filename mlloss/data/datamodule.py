@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from mlloss._extras import needs_extra
+from mlloss._validation import check_bool
 from mlloss.data.batches import TensorBatches
 
 with needs_extra("lightning", "mlloss.data.GroupDataModule"):
@@ -70,9 +71,7 @@ class GroupDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.group_key = group_key
         self.seed = seed
-        if not isinstance(fixed_size, bool):
-            raise TypeError(f"fixed_size must be a bool; got {fixed_size!r}")
-        self.fixed_size = fixed_size
+        self.fixed_size = check_bool("fixed_size", fixed_size)
         self._batches: dict[str, TensorBatches] = {}
 
     def batches(self, split: str) -> TensorBatches:
