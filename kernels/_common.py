@@ -96,10 +96,10 @@ def value_scale(surrogate: str, fast: bool) -> float:
     return LN2 if fast and surrogate == "logistic" else 1.0
 
 
-def validate_device(*tensors: torch.Tensor) -> None:
-    """All inputs on one device, and one that Triton runs on: CUDA, or the CPU under the
-    interpreter (``TRITON_INTERPRET=1`` set before triton was imported)."""
-    device = check_one_device(*tensors)
+def validate_device(*tensors: torch.Tensor | None) -> None:
+    """All inputs (None for an absent optional one) on one device, and one that Triton runs on:
+    CUDA, or the CPU under the interpreter (``TRITON_INTERPRET=1`` set before triton was imported)."""
+    device = check_one_device(*(tensor for tensor in tensors if tensor is not None))
     if device.type == "cpu" and not INTERPRET:
         raise RuntimeError(
             "the Triton kernels need CUDA tensors; to run them on the CPU set TRITON_INTERPRET=1 "

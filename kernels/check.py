@@ -58,7 +58,7 @@ def check_batch(
     """OR the data-check bits of (scores (N,), labels (N, K)) into ``status`` (one int32), over
     the items of the optional (N,) bool ``mask``; ``label_rule``: see
     ``mlloss._validation.LABEL_RULES``."""
-    validate_device(scores, labels, status, *(() if mask is None else (mask,)))  # the call's first launch
+    validate_device(scores, labels, status, mask)  # the call's first launch
     n, k = labels.shape
     block = 1024
     _check_batch_kernel[(max(triton.cdiv(n, block), 1),)](

@@ -255,7 +255,7 @@ def dense_loss_and_grad(
     ranks into these ascending level values (LaA's aggregated label, ``dispatch.problem_levels``),
     all pairs, pair cost the values' difference (``linear``) or 1. The loss and gradient come
     back in the scores' accumulation dtype."""
-    validate_device(scores, labels, *(tensor for tensor in (groups, mask, values) if tensor is not None))
+    validate_device(scores, labels, groups, mask, values)
     num_problems, n = labels.shape
     if n > MAX_ITEMS:
         raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
