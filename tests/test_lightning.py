@@ -149,8 +149,12 @@ def test_callback_rejects_outputs_that_break_the_contract():
         feed(callback, {"scores": scores, "labels": labels[:, :1]})
     with pytest.raises(ValueError, match="binary"):
         feed(callback, {"scores": scores, "labels": labels * 2})
-    with pytest.raises(ValueError, match="integer ids"):
+    with pytest.raises(TypeError, match=r"outputs\['groups'\] must hold integer ids; got dtype torch.float32"):
         feed(callback, {"scores": scores, "labels": labels, "groups": groups.float()})
+    with pytest.raises(TypeError, match="got dtype torch.bool"):
+        feed(callback, {"scores": scores, "labels": labels, "groups": groups > 1})
+    with pytest.raises(ValueError, match=r"one id per item \(4\); got 3"):
+        feed(callback, {"scores": scores, "labels": labels, "groups": groups[:3]})
     with pytest.raises(ValueError, match="shape"):
         RankingMetrics(script.LABEL_NAMES, score_key="logits").on_validation_batch_end(
             None, None, {"logits": torch.randn(4, 3), "labels": labels}, None, 0

@@ -38,6 +38,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
+from .._validation import require_integer_ids
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
 
@@ -288,11 +289,10 @@ class RankingMetrics(pl.Callback):
         groups = outputs.get(groups_key)
         if groups is not None:
             groups = torch.as_tensor(groups).detach().reshape(-1)
-            if groups.shape[0] != num_items or groups.dtype.is_floating_point or groups.dtype == torch.bool:
-                raise ValueError(
-                    f"outputs[{groups_key!r}] must hold {num_items} integer ids; got {groups.dtype} "
-                    f"of shape {tuple(groups.shape)}"
-                )
+            require_integer_ids(groups, f"outputs[{groups_key!r}]")
+            if groups.shape[0] != num_items:
+                raise ValueError(f"outputs[{groups_key!r}] must hold one id per item ({num_items}); "
+                                 f"got {groups.shape[0]}")
             groups = groups.long()
         # float64 holds bf16/fp16/fp32 scores exactly, so the metrics see the model's own order.
         return scores.to(torch.float64), labels.to(torch.uint8), groups
