@@ -425,12 +425,13 @@ def metric_binary(labels: object, name: str, num_items: int, *, matrix: bool) ->
 
 
 def metric_groups(groups: object, num_items: int) -> Tensor:
-    """Integer group ids of shape (N,) or (N, 1), as (N,)."""
+    """Integer group ids of shape (N,) or (N, 1), as an int64 vector (N,) (as the losses take
+    them: unsigned ids, e.g. hashed user ids, too; a uint64 id over 2^63 wraps to a distinct one)."""
     require_tensor(groups, "groups")
     require_integer_ids(groups, "groups")
     groups = as_vector(groups, "groups")
     metric_length(groups, "groups", num_items)
-    return groups
+    return groups.to(torch.int64)
 
 
 def metric_finite(values: Tensor, name: str) -> None:

@@ -131,6 +131,26 @@ def test_group_auc_matches_bruteforce(seed: int, weighting: str) -> None:
 
 
 @IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_group_metrics_take_unsigned_ids(seed: int, dtype: type) -> None:
+    # Hashed user ids often come as unsigned numpy arrays; uint64 ids above 2^63 included.
+    scores, labels, groups = random_case(seed)
+    rank = np.unique(groups, return_inverse=True)[1].astype(np.uint64)  # < 60: fits uint8
+    ids = torch.from_numpy((np.uint64(2**64 - 1) - rank) if dtype is np.uint64 else rank.astype(dtype))
+    levels = random_levels(seed, len(scores))
+    streamed, streamed_levels = GroupAUC(), MultipartiteAUC(grouped=True)
+    streamed.update(t(scores), t(labels[:, 0]), ids)
+    streamed_levels.update(t(scores), t(levels), ids)
+    expected = ref_group_mean(ref_auc, scores, labels[:, 0], groups, "uniform")
+    expected_levels = ref_group_mean(lambda s, y: ref_multipartite(s, y, "linear"), scores, levels, groups, "uniform")
+    assert_close(group_auc(t(scores), t(labels[:, 0]), ids), expected)
+    assert_close(streamed.compute(), expected)
+    assert_close(multipartite_auc(t(scores), t(levels), ids), expected_levels)
+    assert_close(streamed_levels.compute(), expected_levels)
+
+
+@IGNORE_UNDEFINED
 @pytest.mark.parametrize("seed", SEEDS)
 def test_multilabel_auc_matches_bruteforce(seed: int) -> None:
     for k in range(1, 6):

@@ -142,7 +142,7 @@ class GroupAUC(_PairMetric):
         """Validate a batch and keep it."""
         scores = check.metric_scores(scores)
         labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
-        self.groups.append(check.metric_groups(groups, scores.numel()).long())
+        self.groups.append(check.metric_groups(groups, scores.numel()))
         self.scores.append(scores.detach())
         self.labels.append(labels.to(torch.uint8))
 
@@ -257,7 +257,7 @@ class MultipartiteAUC(_PairMetric):
         levels = aggregate_levels(levels, self.label_weights)
         check.metric_length(levels, "levels", scores.numel())
         if groups is not None:
-            self.groups.append(check.metric_groups(groups, scores.numel()).long())
+            self.groups.append(check.metric_groups(groups, scores.numel()))
         self.scores.append(scores.detach())
         self.levels.append(levels)
 
