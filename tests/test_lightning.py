@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import lightning_ddp_script as script
-from mlloss import AUCLoss, DictatorshipReport, LaALoss, label_dictatorship
+from mlloss import AUCLoss, DictatorshipReport, LaALoss, PDAOMLoss, build_loss, label_dictatorship
 from mlloss.integrations.lightning import RankingMetrics
 from mlloss.metrics import binary_auc, group_auc, multipartite_auc
 
@@ -235,25 +235,29 @@ def test_callback_reports_the_valid_pairs_the_training_loss_saw():
     dataset = torch.utils.data.TensorDataset(features, labels, users)
 
     class Ranker(pl.LightningModule):
-        def __init__(self):
+        def __init__(self, loss, masked=False):
             super().__init__()
             self.net = torch.nn.Linear(4, 1)
-            self.loss = AUCLoss()
+            self.loss, self.masked = loss, masked
 
         def training_step(self, batch, batch_idx):
             x, y, g = batch
+            if self.masked:  # a fixed-size batch: 8 filler rows that count for nothing
+                x, y, g = torch.cat([x, x[:8]]), torch.cat([y, y[:8]]), torch.cat([g, g[:8]])
+                mask = torch.arange(len(y)) < len(y) - 8
+                return self.loss(self.net(x), y, g, mask=mask)
             return self.loss(self.net(x), y, g)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    def fit(loader):
+    def fit(loader, loss=None, masked=False):
         trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False,
                              callbacks=[RankingMetrics(label_names=("click",))])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer.fit(Ranker(), loader)
+            trainer.fit(Ranker(AUCLoss() if loss is None else loss, masked), loader)
         starved = any("valid pairs per item" in str(w.message) for w in caught)
         return float(trainer.callback_metrics["train/valid_pairs_per_item"]), starved
 
@@ -265,3 +269,28 @@ def test_callback_reports_the_valid_pairs_the_training_loss_saw():
     # Per item, a user of 5 items with both labels gives about 6 / 5 pairs whole and almost none split.
     assert grouped_pairs > 0.8 and shuffled_pairs < 0.1 * grouped_pairs
     assert shuffled_warned and not grouped_warned
+    # The mask's fillers are not items: the same pairs per item as without them.
+    assert fit(grouped, masked=True) == pytest.approx((grouped_pairs, False), rel=1e-12)
+    # A max-violation loss counts one pair per user with both labels, under one per item however
+    # the batches are made: logged, never blamed on split users.
+    for loss in (PDAOMLoss(surrogate="logistic"), build_loss("bce+pdaom")):  # logits: a bounded surrogate
+        hardest_pairs, hardest_warned = fit(grouped, loss)
+        assert 0 < hardest_pairs <= 0.2 and not hardest_warned
+
+
+def test_callback_reads_no_device_value_per_training_step():
+    # A masked call's item count is a device tensor: the callback adds it up without reading it.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from op_count import OpCounter
+
+    callback, module = RankingMetrics(label_names=("click",)), torch.nn.Module()
+    module.loss = AUCLoss(validate_args=False)
+    scores, labels, users = torch.randn(12), torch.arange(12) % 2, torch.arange(12) // 4
+    callback.on_train_epoch_start(None, module)
+    counter = OpCounter()
+    for step in range(3):
+        module.loss(scores, labels, users, mask=torch.arange(12) < 8 + step)
+        with counter:
+            callback.on_train_batch_end(None, module, None, None, step)
+    assert counter.ops and not counter.syncs, counter.syncs
+    assert callback._items_seen.item() == 8 + 9 + 10

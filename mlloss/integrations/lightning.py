@@ -124,8 +124,10 @@ class RankingMetrics(pl.Callback):
             has ``parts["valid_pairs"]`` (every mlloss loss), the callback adds them up over each
             training epoch (on the device: no host synchronisation per step) and logs
             ``train/valid_pairs_per_item`` and ``train/valid_pairs_per_batch`` at the epoch's end,
-            warning once when a grouped loss saw fewer valid pairs than items: its batches split
-            the users (``mlloss.data.GroupBatchSampler`` keeps them together).
+            warning once when a loss over all valid pairs saw fewer of them than items: its
+            batches split the users (``mlloss.data.GroupBatchSampler`` keeps them together). A
+            max-violation loss (``pairs="hardest"``: PDAOM, ``"bce+pdaom"``) counts one pair per
+            group and level pair, fewer than its items however it is batched: it gets no warning.
 
     Attributes:
         report: the :class:`mlloss.DictatorshipReport` of the last evaluation epoch (or ``None``).
@@ -165,8 +167,9 @@ class RankingMetrics(pl.Callback):
         self._predictions = _Predictions()
         self.loss_attribute = loss_attribute
         self._pairs_seen: Optional[Tensor] = None  # valid pairs of the training epoch, on the device
-        self._items_seen = 0
+        self._items_seen: int | Tensor = 0
         self._batches_seen = 0
+        self._all_pairs = True  # whether the training loss sums over every valid pair (not the hardest)
         self._warned_starved = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -186,19 +189,25 @@ class RankingMetrics(pl.Callback):
             return
         pairs = parts["valid_pairs"].to(torch.float64)
         self._pairs_seen = pairs if self._pairs_seen is None else self._pairs_seen + pairs
-        self._items_seen += int(getattr(loss, "num_items", 0))
+        # an int, or with a mask a 0-dim tensor on the device: added as it is, no read per step
+        self._items_seen = self._items_seen + getattr(loss, "num_items", 0)
         self._batches_seen += 1
+        self._all_pairs = _sums_all_pairs(loss)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pairs_seen is None:
             return
-        per_item = self._pairs_seen / max(self._items_seen, 1)
+        items = torch.as_tensor(self._items_seen, dtype=torch.float64, device=self._pairs_seen.device)
+        per_item = self._pairs_seen / items.clamp(min=1)
         pl_module.log("train/valid_pairs_per_item", per_item, sync_dist=True)
         pl_module.log("train/valid_pairs_per_batch", self._pairs_seen / self._batches_seen, sync_dist=True)
-        if not self._warned_starved and self._items_seen and float(per_item) < 1.0:  # one read per epoch
+        if self._warned_starved or not self._all_pairs:
+            return
+        per_item_value, items_value = torch.stack([per_item, items]).tolist()  # one read per epoch
+        if items_value and per_item_value < 1.0:
             self._warned_starved = True
             rank_zero_warn(
-                f"the training loss saw {float(per_item):.2f} valid pairs per item this epoch: per-user pairs "
+                f"the training loss saw {per_item_value:.2f} valid pairs per item this epoch: per-user pairs "
                 f"need each user's items in one batch; mlloss.data.GroupBatchSampler keeps users together"
             )
 
@@ -296,3 +305,9 @@ class RankingMetrics(pl.Callback):
             groups = groups.long()
         # float64 holds bf16/fp16/fp32 scores exactly, so the metrics see the model's own order.
         return scores.to(torch.float64), labels.to(torch.uint8), groups
+
+
+def _sums_all_pairs(loss: Any) -> bool:
+    """Whether a training loss averages over every valid pair, so that fewer valid pairs than
+    items mean split users; ``bce+<name>`` holds its pairwise term as ``ranking``."""
+    return getattr(getattr(loss, "ranking", loss), "pairs", "all") != "hardest"
