@@ -319,10 +319,14 @@ class LoALoss(_PairwiseLoss):
             return self.weights.to(labels.device)  # no copy once the module is on that device
         if self.priors is not None:
             priors = self.priors.to(labels.device)
+        # Label means over at least one item: a batch (or a first training batch) whose mask keeps
+        # nothing has prior 0, a_k = 0, and no valid pair: the loss is 0, not 0/0 = NaN.
         elif self.training:
-            priors = (self.seen_positives / self.seen_items).to(labels.device)  # includes this batch
+            priors = (self.seen_positives / self.seen_items.clamp(min=1)).to(labels.device)  # includes this batch
         else:  # evaluation: the running means once training has seen a batch, else this batch's
-            batch = labels.to(torch.float64).sum(0) / (labels.shape[0] if num_items is None else num_items)
+            counted = labels.shape[0] if num_items is None else num_items
+            counted = counted.clamp(min=1) if isinstance(counted, Tensor) else max(counted, 1)
+            batch = labels.to(torch.float64).sum(0) / counted
             if self.seen_positives.numel() == 0:
                 priors = batch
             else:

@@ -158,11 +158,17 @@ def test_balanced_priors_count_only_the_kept_items() -> None:
                                plain(scores[mask], labels[mask], groups[mask]), rtol=1e-12, atol=1e-12)
 
 
-def test_a_mask_that_keeps_nothing_gives_zero() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_mask_that_keeps_nothing_gives_zero(backend: str) -> None:
     scores, labels, groups, *_ = batch(6)
     nothing = torch.zeros(NUM_ITEMS, dtype=torch.bool)
-    for loss in (mlloss.AUCLoss(), mlloss.LaALoss(), mlloss.build_loss("bce+pdaom")):
-        column = labels if isinstance(loss, mlloss.LaALoss) else labels[:, 0]
+    # balanced LoA's priors over no item: 0, not 0 / 0 (a NaN mixing weight made the loss NaN),
+    # as its first training batch and in evaluation
+    losses = [mlloss.AUCLoss(backend=backend), mlloss.LaALoss(backend=backend), mlloss.LoALoss(backend=backend),
+              mlloss.LoALoss("balanced", backend=backend), mlloss.LoALoss("balanced", backend=backend).eval(),
+              mlloss.build_loss("bce+pdaom", backend=backend)]
+    for loss in losses:
+        column = labels if isinstance(loss, (mlloss.LaALoss, mlloss.LoALoss)) else labels[:, 0]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # the zeros that stand for left-out logits do not look like probabilities
             value, grad = masked_call(loss, scores, column, groups, nothing)
