@@ -203,9 +203,10 @@ def _combine_kernel(
             tl.store(stats_ptr + 2 * num_problems + problem, groups_total)
     tl.store(grad_ptr + items, grad.to(grad_ptr.dtype.element_ty), mask=mask)
     if block == 0:
-        tl.store(loss_ptr, loss.to(loss_ptr.dtype.element_ty))
-        if CHECK:
-            finite = (loss == loss) & (tl.abs(loss) < float("inf"))
+        stored = loss.to(loss_ptr.dtype.element_ty)
+        tl.store(loss_ptr, stored)
+        if CHECK:  # the loss as the caller gets it: a float64 sum may be finite and its float32 cast not
+            finite = (stored == stored) & (tl.abs(stored) < float("inf"))
             tl.atomic_or(status_ptr, tl.where(finite, 0, _OVERFLOW))
 
 

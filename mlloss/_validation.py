@@ -279,7 +279,7 @@ def group_vector(groups: object, num_items: int) -> Tensor | None:
         raise ValueError(f"groups must have shape (N,); got {tuple(groups.shape)}")
     if groups.shape[0] != num_items:
         raise ValueError(f"groups have {groups.shape[0]} entries but scores have {num_items} items")
-    return groups.to(torch.int64)
+    return groups.to(torch.int64).contiguous()  # a strided view (an expanded id) is copied once here
 
 
 def mask_vector(mask: object, scores: Tensor) -> Tensor | None:
@@ -332,9 +332,10 @@ def raise_for_status(status: int, scores: Tensor, labels: Tensor, label_rule: st
         raise_for_bad_batch(scores, labels, label_rule)
     if status & STATUS_OVERFLOW:
         raise OverflowError(
-            "the pairwise loss is not finite: with the exponential surrogate some valid pair has "
-            "s_j - s_i above about 88 (float32) or 709 (float64), whose exp overflows. Use float64 "
-            "scores, a bounded surrogate ('logistic', 'hinge'), or scale the scores down."
+            "the pairwise loss is not finite in the scores' dtype: with the exponential surrogate some "
+            "valid pair has s_j - s_i above about 88 (float32) or 709 (float64), whose exp overflows (the "
+            "squared surrogate overflows past |s_j - s_i| of about 1e19 in float32). Use float64 scores, a "
+            "surrogate of linear growth ('logistic', 'hinge'), or scale the scores down."
         )
 
 

@@ -96,6 +96,68 @@ def test_masked_items_change_nothing_on_the_triton_backend(grouped):
     assert torch.equal(x.grad.cpu()[~keep], torch.zeros(int((~keep).sum()), dtype=x.grad.dtype))
 
 
+# Every kernel family: dense (<= MAX_ITEMS), layout all pairs, hardest walk; binary, LoA, LaA patterns, an ordinal column.
+STRIDED_LOSSES = {
+    "auc": (lambda: mlloss.AUCLoss(backend="triton"), 1),
+    "pdaom": (lambda: mlloss.PDAOMLoss(surrogate="logistic", backend="triton"), 1),
+    "soft hardest": (lambda: mlloss.AUCLoss(pairs="hardest", temperature=0.5, backend="triton"), 1),
+    "loa": (lambda: mlloss.LoALoss([1.0, 0.5], backend="triton"), 2),
+    "laa": (lambda: mlloss.LaALoss(backend="triton"), 2),
+    "laa graded hardest": (lambda: mlloss.LaALoss(pairs="hardest", backend="triton"), 1),
+}
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
+@pytest.mark.parametrize("name", list(STRIDED_LOSSES))
+def test_strided_inputs_give_the_contiguous_result(name, layout, monkeypatch):
+    # A task's column of (N, K) scores, an expanded group id, a strided mask: the kernels index
+    # flat memory, so the op hands them contiguous copies (they read neighbours' values before).
+    from mlloss.kernels import dense
+
+    if layout:
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    make, num_labels = STRIDED_LOSSES[name]
+    gen = torch.Generator().manual_seed(len(name))
+    wide = torch.randn(60, 3, generator=gen, dtype=torch.float64).to(DEVICE)
+    labels = torch.randint(0, 3 if name.endswith("graded hardest") else 2, (60, num_labels), generator=gen)
+    labels = labels.to(torch.float64).to(DEVICE)
+    wide_groups = (torch.randint(0, 6, (60, 2), generator=gen) * 5 + 3).to(DEVICE)
+    wide_mask = (torch.rand(60, 2, generator=gen) < 0.8).to(DEVICE)
+    cases = [(None, None), (wide_groups[:, 1], None), (torch.full((1,), 7, device=DEVICE).expand(60), None),
+             (wide_groups[:, 0], wide_mask[:, 1])]
+    for groups, mask in cases:
+        results = []
+        for copy in (False, True):
+            leaf = wide.clone().requires_grad_(True)
+            scores = leaf[:, 1].contiguous() if copy else leaf[:, 1]
+            arguments = [a.contiguous() if copy and a is not None else a for a in (groups, mask)]
+            value = make()(scores, labels, arguments[0], mask=arguments[1])
+            value.backward()
+            results.append((value.detach(), leaf.grad))
+        assert not results[0][1][:, 1].eq(0).all()
+        torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
+@pytest.mark.parametrize("make", [
+    lambda: mlloss.PDAOMLoss(backend="triton"),
+    lambda: mlloss.AUCLoss(pairs="hardest", temperature=1.0, surrogate="exponential", backend="triton"),
+    lambda: mlloss.LaALoss(pairs="hardest", surrogate="exponential", backend="triton"),
+    lambda: mlloss.AUCLoss(surrogate="exponential", backend="triton"),
+], ids=["pdaom", "soft-hardest", "laa-graded-hardest", "all-pairs"])
+def test_a_float32_loss_that_overflows_raises_on_the_triton_backend(make, layout, monkeypatch):
+    # The max-violation terms are summed in float64: finite there, inf once cast to float32. The
+    # check reads the loss as returned (it read the float64 sum and let inf through).
+    from mlloss.kernels import dense
+
+    if layout:
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    scores = torch.tensor([-50.0, 50.0, 0.0, 1.0], device=DEVICE)
+    labels = torch.tensor([1.0, 0.0, 0.0, 1.0], device=DEVICE)
+    with pytest.raises(OverflowError, match="not finite in the scores' dtype"):
+        make()(scores, labels)
+
+
 def test_triton_backend_in_bf16_accumulates_in_fp32():
     scores, labels, groups = batch(9)
     rounded = scores.to(torch.bfloat16)

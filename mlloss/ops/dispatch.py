@@ -203,6 +203,9 @@ def _pair_loss_op(
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
+    if on_kernels:  # the kernels index flat memory: a strided view (a task's column of (N, K) scores,
+        # an expanded group id) is copied; a contiguous tensor is passed as it is (no op)
+        scores, groups, mask, mixing = (None if t is None else t.contiguous() for t in (scores, groups, mask, mixing))
     # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
     # label patterns (an ordinal column's levels only the data tell): every pair in registers, no
     # layout, and the mask read by the kernels; the other paths get the masked items set apart.
