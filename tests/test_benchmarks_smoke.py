@@ -214,3 +214,19 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     assert data["tensor_batches_impressions_per_s"] > 0 and data["per_row_dataloader_impressions_per_s"] > 0
     assert json.loads(out.read_text())["training"][0]["loss"] == "bce"
     assert "| laa | 256 |" in out.with_suffix(".md").read_text()
+
+
+def test_level_tiles_benchmark_forces_each_path_and_restores_the_library_choice():
+    """benchmarks/bench_level_tiles.py: both forced paths give the same loss on one group, and the
+    library's RECTANGLE_PAIRS is back afterwards."""
+    import importlib.util
+
+    from mlloss.ops import allpairs
+
+    spec = importlib.util.spec_from_file_location("bench_level_tiles", BENCHMARKS / "bench_level_tiles.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    chosen = allpairs.RECTANGLE_PAIRS
+    (_, rectangles), (_, tiles) = (bench.time_call(300, 6, path) for path in bench.PATHS)
+    assert allpairs.RECTANGLE_PAIRS == chosen
+    assert rectangles == pytest.approx(tiles, rel=1e-6) and rectangles > 0

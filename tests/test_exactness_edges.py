@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import mlloss
+from reference import pair_loss
 
 try:
     import triton  # noqa: F401
@@ -103,3 +104,64 @@ def test_a_label_without_a_valid_pair_reports_plus_zero(backend, surrogate, pair
     loss(scores, labels, torch.tensor([0, 0, 0, 1, 1, 1]))
     term = loss.parts["label_loss/1"]
     assert term.item() == 0.0 and not torch.signbit(term)
+
+
+def _one_level_pairs_far_apart(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 N(0, 1) scores at levels of two items each, but the top level's three items score
+    50, 150, 50: exp(150 - 50) is inf in float32, yet every valid pair's term is finite (top items
+    against the rest: about exp(-50)), whichever way a level's items are ordered."""
+    gen = torch.Generator().manual_seed(n)
+    levels = (torch.arange(n) // 2).to(torch.float64)
+    levels[:3] = n
+    scores = torch.randn(n, generator=gen)
+    scores[:3] = torch.tensor([50.0, 150.0, 50.0])
+    return scores, levels
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("grouped", [True, False], ids=["padded-small-groups", "one-large-group"])
+def test_pairs_of_one_level_never_reach_the_surrogate(backend, grouped):
+    # Two items of one level form no valid pair; computed under a zero weight, their exponential
+    # term was 0 * inf = NaN on the PyTorch tier: a false OverflowError (NaN without the checks).
+    scores, levels = _one_level_pairs_far_apart(300)
+    groups = torch.arange(300) // 4 if grouped else None  # 2 levels a group, or 150 levels in one
+    leaf = scores.clone().requires_grad_(True)
+    value = mlloss.LaALoss(surrogate="exponential", backend=backend)(leaf, levels[:, None], groups)
+    value.backward()
+    double = scores.double().requires_grad_(True)
+    expected = pair_loss(double, levels, groups, cost="linear", surrogate="exponential")
+    expected.backward()
+    torch.testing.assert_close(value.double(), expected, rtol=1e-5, atol=0)
+    assert torch.isfinite(leaf.grad).all()
+    torch.testing.assert_close(leaf.grad.double(), double.grad, rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("surrogate", ["logistic", "hinge", "squared", "exponential"])
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+def test_large_groups_with_many_levels_are_exact_on_the_torch_tier(surrogate, cost, monkeypatch):
+    # A real-valued label (a level per item) in a group of 300: masked tiles of its level-sorted
+    # items, in several row blocks here (small tiles); beside it a group of 300 at 4 levels
+    # (rectangles) and groups of 10 (padded blocks). Both large-group paths must run.
+    from mlloss.ops import allpairs
+
+    monkeypatch.setattr(allpairs, "TILE_ELEMENTS", 1 << 14)  # masked tiles of 64 x 64
+    used = {"tiles": 0, "rectangles": 0}
+    for name, key in (("_level_tiles", "tiles"), ("_level_rectangles", "rectangles")):
+        def spy(*args, _real=getattr(allpairs, name), _key=key, **kwargs):
+            used[_key] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(allpairs, name, spy)
+    gen = torch.Generator().manual_seed(len(surrogate) + len(cost))
+    scores = torch.randn(700, generator=gen, dtype=torch.float64)
+    levels = torch.rand(700, generator=gen, dtype=torch.float64)
+    levels[300:600] = torch.round(levels[300:600] * 3)
+    groups = torch.cat([torch.full((300,), 5), torch.full((300,), 9), 20 + torch.arange(100) // 10])
+    leaf = scores.clone().requires_grad_(True)
+    value = mlloss.LaALoss(cost=cost, surrogate=surrogate, real_levels=True, backend="torch")(leaf, levels, groups)
+    value.backward()
+    double = scores.clone().requires_grad_(True)
+    expected = pair_loss(double, levels, groups, cost=cost, surrogate=surrogate)
+    expected.backward()
+    assert used == {"tiles": 1, "rectangles": 1}
+    torch.testing.assert_close(value, expected, rtol=1e-10, atol=0)
+    torch.testing.assert_close(leaf.grad, double.grad, rtol=1e-10, atol=1e-14)

@@ -15,6 +15,9 @@ The work follows the valid pairs, not N^2:
   form one run per level; every valid pair lies in a *rectangle* (run of level a) x (run of a
   lower level b), all of whose pairs are valid with the same cost c_ab. Rectangles are cut into
   tiles and computed without masks: exactly the valid pairs, each once;
+* a large group with many levels for its size (a real-valued label, a level per item), which
+  would make a rectangle per pair of levels, is cut into square tiles of the triangle of its
+  level-sorted items instead, masked to the pairs of distinct levels (``RECTANGLE_PAIRS``);
 * groups of at most ``MAX_BUCKETED_GROUP`` items (users with tens of impressions) are padded to
   the next power of two and processed as batches of dense (m x m) blocks per size bucket, so that
   20,000 users cost a handful of tensor operations, not a Python loop over users.
@@ -25,6 +28,8 @@ one assignment or by sequential slice updates, so results are bitwise reproducib
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -33,6 +38,13 @@ from .layout import OrdinalLayout
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
+# A large group is cut into masked tiles instead of rectangles when its level pairs times this
+# exceed n^2: a rectangle's few tensor operations cost about as much as 2^11-2^12 pairs of a masked
+# tile, whose pairs cost several times a rectangle's (benchmarks/bench_level_tiles.py: the two
+# cross at level pairs of about 1.7 n^2 / 2^12 for 1,024 items and 0.6 n^2 / 2^12 for 4,096). A
+# real-valued label, a level per item, made a rectangle per level pair: 29 s for 1,100 items on
+# the CPU, 0.04 s in tiles.
+RECTANGLE_PAIRS = 1 << 12
 
 
 def all_pairs_loss_and_grad(
@@ -68,9 +80,18 @@ def all_pairs_loss_and_grad(
 
     large = active & (sizes > MAX_BUCKETED_GROUP)
     if bool(large.any()):
-        partial_sums.extend(
-            _level_rectangles(scores, layout, large, cost_matrix, group_coefficients, surrogate, margin, grad)
-        )
+        cells = torch.bincount(layout.cell_group, minlength=layout.num_groups)
+        tiled = large & (cells * (cells - 1) // 2 * RECTANGLE_PAIRS > sizes * sizes)
+        if bool((large & ~tiled).any()):
+            partial_sums.extend(_level_rectangles(
+                scores, layout, large & ~tiled, cost_matrix, group_coefficients, surrogate, margin, grad
+            ))
+        for group in torch.nonzero(tiled).flatten().tolist():
+            start, end = int(offsets[group]), int(offsets[group] + sizes[group])
+            partial_sums.extend(_level_tiles(
+                scores, level_values[layout.level], start, end, group_coefficients[group].to(scores.dtype),
+                linear_cost, surrogate, margin, grad,
+            ))
 
     loss = torch.stack(partial_sums).sum() if partial_sums else scores.new_zeros(())
     return loss, grad
@@ -99,16 +120,67 @@ def _padded_groups(
     index = torch.where(real, offsets[:, None] + slots[None, :], 0)
     block_scores = scores[index]
     levels = item_level_values[index]
-    gap = levels[:, :, None] - levels[:, None, :]
-    valid = (gap > 0) & real[:, :, None] & real[:, None, :]
-    weight = torch.where(valid, gap if linear_cost else torch.ones_like(gap), 0) * coefficients[:, None, None]
-    value, pull = surrogate_value_and_pull(
-        block_scores[:, None, :] - block_scores[:, :, None], surrogate, margin
+    weighted_value, weighted_pull = _weighted_pairs(
+        block_scores[:, :, None], block_scores[:, None, :], levels[:, :, None], levels[:, None, :],
+        real[:, :, None] & real[:, None, :], coefficients[:, None, None], linear_cost, surrogate, margin,
     )
-    weighted_pull = weight * pull
     item_grad = weighted_pull.sum(1) - weighted_pull.sum(2)  # lower side minus upper side
     grad[index[real]] = item_grad[real]
-    return (weight * value).sum()
+    return weighted_value.sum()
+
+
+def _level_tiles(
+    scores: Tensor,
+    item_level_values: Tensor,
+    start: int,
+    end: int,
+    coefficient: Tensor,
+    linear_cost: bool,
+    surrogate: str,
+    margin: float,
+    grad: Tensor,
+) -> list[Tensor]:
+    """Pairs of one group (positions ``start:end``, levels descending) in square tiles of the
+    triangle i < j, where every valid pair has its upper item first; the tiles are masked to the
+    pairs of distinct levels. For groups with a level per few items, which make too many
+    rectangles. A tile holds a quarter of ``TILE_ELEMENTS`` pairs: its masked arithmetic keeps
+    several temporaries of its size alive (about 32 MB in float32)."""
+    side = math.isqrt(TILE_ELEMENTS // 4)
+    partial_sums = []
+    for row_start in range(start, end, side):
+        upper = slice(row_start, min(row_start + side, end))
+        for col_start in range(row_start, end, side):
+            lower = slice(col_start, min(col_start + side, end))
+            weighted_value, weighted_pull = _weighted_pairs(
+                scores[upper, None], scores[None, lower], item_level_values[upper, None],
+                item_level_values[None, lower], None, coefficient, linear_cost, surrogate, margin,
+            )
+            partial_sums.append(weighted_value.sum())
+            grad[upper] -= weighted_pull.sum(1)
+            grad[lower] += weighted_pull.sum(0)
+    return partial_sums
+
+
+def _weighted_pairs(
+    upper_scores: Tensor,
+    lower_scores: Tensor,
+    upper_levels: Tensor,
+    lower_levels: Tensor,
+    real: Tensor | None,
+    coefficient: Tensor,
+    linear_cost: bool,
+    surrogate: str,
+    margin: float,
+) -> tuple[Tensor, Tensor]:
+    """(w phi, w pull) of a block of candidate pairs (upper item i, lower item j, broadcast), with
+    w = c_ij * coefficient for the valid pairs (level_i > level_j, both ``real``) and 0 for the
+    others, whose surrogate is evaluated at 0 instead of their scores: an exponential that
+    overflows there would make 0 * inf = NaN."""
+    gap = upper_levels - lower_levels
+    valid = gap > 0 if real is None else (gap > 0) & real
+    weight = torch.where(valid, gap if linear_cost else torch.ones_like(gap), 0) * coefficient
+    value, pull = surrogate_value_and_pull((lower_scores - upper_scores).masked_fill_(~valid, 0), surrogate, margin)
+    return weight * value, weight * pull
 
 
 def _level_rectangles(
