@@ -64,7 +64,7 @@ def all_pairs_loss_and_grad(
 
     bucketed = active & (sizes <= MAX_BUCKETED_GROUP)
     bucket_sides = _next_power_of_two(sizes.clamp(min=2))
-    level_values = layout.level_values.to(scores.dtype)
+    item_level_values = layout.level_values.to(scores.dtype)[layout.level]
     linear_cost = bool((cost_matrix[cost_matrix > 0] != 1).any())
     for side in torch.unique(bucket_sides[bucketed]).tolist():
         group_ids = torch.nonzero(bucketed & (bucket_sides == side)).flatten()
@@ -73,7 +73,7 @@ def all_pairs_loss_and_grad(
             ids = group_ids[start : start + chunk]
             partial_sums.append(
                 _padded_groups(
-                    scores, level_values[layout.level], offsets[ids], sizes[ids], side,
+                    scores, item_level_values, offsets[ids], sizes[ids], side,
                     group_coefficients[ids].to(scores.dtype), linear_cost, surrogate, margin, grad,
                 )
             )
@@ -89,7 +89,7 @@ def all_pairs_loss_and_grad(
         for group in torch.nonzero(tiled).flatten().tolist():
             start, end = int(offsets[group]), int(offsets[group] + sizes[group])
             partial_sums.extend(_level_tiles(
-                scores, level_values[layout.level], start, end, group_coefficients[group].to(scores.dtype),
+                scores, item_level_values, start, end, group_coefficients[group].to(scores.dtype),
                 linear_cost, surrogate, margin, grad,
             ))
 
