@@ -142,8 +142,10 @@ class AUCLoss(_PairwiseLoss):
         backend: ``"auto"`` (closed form when one exists, else the Triton kernel on CUDA and the
             blocked all-pairs path on the CPU; on CUDA batches of at most 2,048 items always
             take the Triton kernels, which never wait for the device), ``"exact"`` (closed forms
-            only), ``"torch"`` (blocked all-pairs, any device), ``"triton"`` (fused kernel; CUDA, or the CPU under
-            ``TRITON_INTERPRET=1``).
+            only; with a level per few items, e.g. a real-valued ``LaALoss`` label, the hinge and
+            exponential forms, whose work grows with the levels, give way to the blocked sum,
+            which is as exact and then cheaper), ``"torch"`` (blocked all-pairs, any device),
+            ``"triton"`` (fused kernel; CUDA, or the CPU under ``TRITON_INTERPRET=1``).
         cross_device: take pairs across the processes of a distributed job: the loss (and, after
             DDP's gradient averaging, the parameter gradients) equal the single-process ones on
             the concatenation of the ranks' batches. Every rank must call the loss.

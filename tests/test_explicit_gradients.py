@@ -18,10 +18,9 @@ from torch import Tensor
 
 from mlloss.ops import closed_form, hardest
 from mlloss.ops.layout import (
+    LevelCosts,
     OrdinalLayout,
     dense_tables,
-    group_pair_cost,
-    pair_cost_matrix,
     pair_layout,
     reduction_coefficients,
 )
@@ -68,7 +67,7 @@ class Prepared:
     """A case as the PyTorch tier hands it to the fused forms: sorted scores and the tables."""
 
     tables: OrdinalLayout
-    cost_matrix: Tensor
+    costs: LevelCosts
     coefficients: Tensor
     sorted_scores: Tensor
 
@@ -129,9 +128,9 @@ def prepare(case: Case) -> Prepared:
     """The tables and normalisers exactly as ``ranking._tables_tier`` and ``_problem_on_tables`` build them."""
     levels = problem_levels(case.labels, case.label_weights)
     tables = dense_tables(pair_layout(levels, case.groups), levels, case.problem)
-    cost_matrix = pair_cost_matrix(tables.level_values, case.cost)
-    coefficients = reduction_coefficients(group_pair_cost(tables.counts, cost_matrix), case.reduction)
-    return Prepared(tables, cost_matrix, coefficients, case.scores.to(torch.float64)[tables.order])
+    costs = LevelCosts.of(tables.level_values, case.cost)
+    coefficients = reduction_coefficients(costs.group_cost(tables.counts), case.reduction)
+    return Prepared(tables, costs, coefficients, case.scores.to(torch.float64)[tables.order])
 
 
 def reference_levels(case: Case) -> Tensor:
@@ -203,7 +202,7 @@ def assert_close(
 
 def fused_all_pairs(surrogate: str, case: Case, prepared: Prepared) -> tuple[Tensor, Tensor]:
     extra = () if surrogate == "exponential" else (case.margin,)
-    return ALL_PAIRS[surrogate](prepared.sorted_scores, prepared.tables, prepared.cost_matrix, prepared.coefficients, *extra)
+    return ALL_PAIRS[surrogate](prepared.sorted_scores, prepared.tables, prepared.costs, prepared.coefficients, *extra)
 
 
 def check_all_pairs(surrogate: str, case: Case) -> None:
@@ -326,7 +325,7 @@ def test_exponential_fused_form_stays_finite_for_extreme_scores(spread, grouped)
 
 def fused_hardest(case: Case, prepared: Prepared, surrogate: str, temperature: float | None):
     return hardest.hardest_pair_loss_and_grad(
-        prepared.sorted_scores, prepared.tables, prepared.cost_matrix, surrogate, case.margin,
+        prepared.sorted_scores, prepared.tables, prepared.costs, surrogate, case.margin,
         case.reduction, temperature,
     )
 
@@ -449,3 +448,70 @@ def test_fused_forms_record_no_graph():
     outputs = [fused_all_pairs(surrogate, case, prepared) for surrogate in ALL_PAIRS]
     outputs += [fused_hardest(case, prepared, surrogate, t) for surrogate in SURROGATES for t in (None, 1.0)]
     assert not any(tensor.requires_grad for output in outputs for tensor in output)
+
+
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+@pytest.mark.parametrize("num_levels", [1, 2, 7, 40])
+def test_level_costs_sum_over_level_pairs_as_the_cost_table_does(cost, num_levels):
+    # LevelCosts sums by prefix sums along the levels; the reference forms the (L, L) table
+    # c_ab = v_a - v_b (linear) or 1 for v_a > v_b and contracts it.
+    gen = torch.Generator().manual_seed(num_levels)
+    values = torch.sort(torch.randn(num_levels, generator=gen, dtype=torch.float64) * 5 + 1000).values
+    table = torch.rand(6, num_levels, generator=gen, dtype=torch.float64) * 3
+    other = torch.randint(0, 4, (6, num_levels), generator=gen)
+    gap = values[:, None] - values[None, :]
+    matrix = torch.where(gap > 0, gap if cost == "linear" else torch.ones_like(gap), 0.0)
+    costs = LevelCosts.of(values, cost)
+    torch.testing.assert_close(costs.matrix(), matrix, rtol=0, atol=0)
+    torch.testing.assert_close(costs.below(table), table @ matrix.T, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(costs.above(table), table @ matrix, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(costs.pair_sums(table, other), torch.einsum("ga,ab,gb->g", table, matrix, other.double()),
+                               rtol=1e-12, atol=1e-9)
+    counts = (gap > 0).double()
+    torch.testing.assert_close(costs.counting().group_cost(other), torch.einsum("ga,ab,gb->g", other.double(), counts,
+                                                                                 other.double()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("surrogate,backend", [("logistic", "torch"), ("hinge", "exact"), ("squared", "exact"),
+                                               ("hinge", "torch")])
+def test_a_level_per_item_builds_no_level_pair_table(surrogate, backend, monkeypatch):
+    # A real-valued label has a level per item: an (L, L) table would be quadratic in the batch
+    # (2 GB at 16,384 items). Only the exponential closed form and the max-violation pairs,
+    # which work on level pairs, may build it.
+    import mlloss
+
+    def refuse(self):
+        raise AssertionError("an (L, L) cost table was built")
+
+    monkeypatch.setattr(LevelCosts, "matrix", refuse)
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(400, generator=gen, dtype=torch.float64)
+    levels = torch.rand(400, generator=gen, dtype=torch.float64)
+    groups = torch.arange(400) // 100
+    for grouped in (None, groups):
+        value = mlloss.LaALoss(surrogate=surrogate, real_levels=True, backend=backend)(scores, levels, grouped)
+        torch.testing.assert_close(value, laa_loss(scores, levels[:, None], grouped, cost="linear", surrogate=surrogate),
+                                   rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("surrogate", ["hinge", "exponential"])
+def test_closed_forms_give_way_to_the_blocked_sum_when_the_levels_make_them_dearer(surrogate, monkeypatch):
+    # The hinge form's work grows as L N log N, the exponential one's as G L^2: with a level per
+    # item (in 20 groups of 30) the blocked sum over the pairs is cheaper, and as exact. With two
+    # levels the closed form runs.
+    import mlloss
+    from mlloss.ops import torch_tier
+
+    calls = []
+    closed = torch_tier.CLOSED_FORMS[surrogate]
+    monkeypatch.setitem(torch_tier.CLOSED_FORMS, surrogate, lambda *a: calls.append(1) or closed(*a))
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(600, generator=gen, dtype=torch.float64)
+    groups = torch.arange(600) % 20
+    for levels, expect_closed in ((torch.rand(600, generator=gen, dtype=torch.float64), False),
+                                  (torch.randint(0, 2, (600,), generator=gen).double(), True)):
+        calls.clear()
+        value = mlloss.LaALoss(surrogate=surrogate, real_levels=True, backend="exact")(scores, levels, groups)
+        assert bool(calls) == expect_closed
+        torch.testing.assert_close(value, laa_loss(scores, levels[:, None], groups, cost="linear", surrogate=surrogate),
+                                   rtol=1e-10, atol=0)

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull, tile_sum_and_pull
-from .layout import OrdinalLayout
+from .layout import LevelCosts, OrdinalLayout
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
@@ -50,7 +50,7 @@ RECTANGLE_PAIRS = 1 << 12
 def all_pairs_loss_and_grad(
     scores: Tensor,
     layout: OrdinalLayout,
-    cost_matrix: Tensor,
+    costs: LevelCosts,
     group_coefficients: Tensor,
     surrogate: str,
     margin: float,
@@ -65,7 +65,7 @@ def all_pairs_loss_and_grad(
     bucketed = active & (sizes <= MAX_BUCKETED_GROUP)
     bucket_sides = _next_power_of_two(sizes.clamp(min=2))
     item_level_values = layout.level_values.to(scores.dtype)[layout.level]
-    linear_cost = bool((cost_matrix[cost_matrix > 0] != 1).any())
+    linear_cost = costs.linear
     for side in torch.unique(bucket_sides[bucketed]).tolist():
         group_ids = torch.nonzero(bucketed & (bucket_sides == side)).flatten()
         chunk = max(1, TILE_ELEMENTS // (side * side))
@@ -84,7 +84,7 @@ def all_pairs_loss_and_grad(
         tiled = large & (cells * (cells - 1) // 2 * RECTANGLE_PAIRS > sizes * sizes)
         if bool((large & ~tiled).any()):
             partial_sums.extend(_level_rectangles(
-                scores, layout, large & ~tiled, cost_matrix, group_coefficients, surrogate, margin, grad
+                scores, layout, large & ~tiled, costs, group_coefficients, surrogate, margin, grad
             ))
         for group in torch.nonzero(tiled).flatten().tolist():
             start, end = int(offsets[group]), int(offsets[group] + sizes[group])
@@ -187,7 +187,7 @@ def _level_rectangles(
     scores: Tensor,
     layout: OrdinalLayout,
     groups: Tensor,
-    cost_matrix: Tensor,
+    costs: LevelCosts,
     group_coefficients: Tensor,
     surrogate: str,
     margin: float,
@@ -205,7 +205,7 @@ def _level_rectangles(
             cell_ends[selected].tolist(),
         )
     )
-    costs = cost_matrix.tolist()
+    values = costs.level_values.tolist()
     coefficients = group_coefficients.tolist()
     partial_sums = []
     # Cells of one group are consecutive, levels descending: every later cell of the group is lower.
@@ -213,7 +213,8 @@ def _level_rectangles(
         for lower_group, lower_level, lower_start, lower_end in cells[index + 1 :]:
             if lower_group != group:
                 break
-            weight = costs[upper_level][lower_level] * coefficients[group]
+            cost = values[upper_level] - values[lower_level] if costs.linear else 1.0
+            weight = cost * coefficients[group]
             partial_sums.extend(
                 _rectangle(scores, upper_start, upper_end, lower_start, lower_end, weight, surrogate, margin, grad)
             )

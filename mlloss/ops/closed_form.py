@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layout import OrdinalLayout, dense_cells, level_pair_sums, segment_logsumexp
+from .layout import LevelCosts, OrdinalLayout, dense_cells, segment_logsumexp
 
 # The (G, L, L) term table of the exponential form is built in chunks of groups of this many entries.
 TERM_TABLE_ELEMENTS = 1 << 24
@@ -30,7 +30,7 @@ TERM_TABLE_ELEMENTS = 1 << 24
 
 @torch.no_grad()
 def exponential_all_pairs_loss_and_grad(
-    scores: Tensor, layout: OrdinalLayout, cost_matrix: Tensor, group_coefficients: Tensor
+    scores: Tensor, layout: OrdinalLayout, costs: LevelCosts, group_coefficients: Tensor
 ) -> tuple[Tensor, Tensor]:
     """(loss, gradient) of the exponential closed form, every sum in the log domain.
 
@@ -41,7 +41,7 @@ def exponential_all_pairs_loss_and_grad(
     lengths = layout.cell_lengths
     log_upper = dense_cells(layout, segment_logsumexp(-scores, lengths), float("-inf"))  # log A
     log_lower = dense_cells(layout, segment_logsumexp(scores, lengths), float("-inf"))  # log B
-    log_cost = torch.log(cost_matrix)  # -inf where a <= b
+    log_cost = torch.log(costs.matrix())  # -inf where a <= b
     log_coefficients = torch.log(group_coefficients)  # -inf for groups without a valid pair
     # Groups without a valid pair keep -inf: a zero gradient, and no (G, L, L) work.
     log_push_down = torch.full_like(log_upper, float("-inf"))  # log Q
@@ -68,7 +68,7 @@ def exponential_all_pairs_loss_and_grad(
 def squared_all_pairs_loss_and_grad(
     scores: Tensor,
     layout: OrdinalLayout,
-    cost_matrix: Tensor,
+    costs: LevelCosts,
     group_coefficients: Tensor,
     margin: float,
 ) -> tuple[Tensor, Tensor]:
@@ -85,8 +85,7 @@ def squared_all_pairs_loss_and_grad(
     first = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=lengths), 0.0)
     second = dense_cells(layout, torch.segment_reduce(centred.square(), "sum", lengths=lengths), 0.0)
 
-    def pairs(upper: Tensor, lower: Tensor) -> Tensor:
-        return level_pair_sums(upper, cost_matrix, lower)
+    pairs = costs.pair_sums
 
     # sum over pairs of (m - x_i + x_j)^2 = m^2 + x_i^2 + x_j^2 - 2m x_i + 2m x_j - 2 x_i x_j
     per_group = (
@@ -100,10 +99,10 @@ def squared_all_pairs_loss_and_grad(
     loss = (group_coefficients * per_group).sum()
 
     weight = 2 * group_coefficients[:, None]
-    below_count = weight * (count @ cost_matrix.T)  # 2 coef_u n^-_ua
-    below_sum = weight * (first @ cost_matrix.T)  # 2 coef_u S^-_ua
-    above_count = weight * (count @ cost_matrix)  # 2 coef_u n^+_ua
-    above_sum = weight * (first @ cost_matrix)  # 2 coef_u S^+_ua
+    below_count = weight * costs.below(count)  # 2 coef_u n^-_ua
+    below_sum = weight * costs.below(first)  # 2 coef_u S^-_ua
+    above_count = weight * costs.above(count)  # 2 coef_u n^+_ua
+    above_sum = weight * costs.above(first)  # 2 coef_u S^+_ua
     cell = (layout.group, layout.level)
     grad = (
         (centred - margin) * below_count[cell] - below_sum[cell]
@@ -116,7 +115,7 @@ def squared_all_pairs_loss_and_grad(
 def hinge_all_pairs_loss_and_grad(
     scores: Tensor,
     layout: OrdinalLayout,
-    cost_matrix: Tensor,
+    costs: LevelCosts,
     group_coefficients: Tensor,
     margin: float,
 ) -> tuple[Tensor, Tensor]:
@@ -131,7 +130,7 @@ def hinge_all_pairs_loss_and_grad(
     total = scores.new_zeros(())
     grad = torch.zeros_like(scores)
     for lower_level in range(layout.num_levels - 1):
-        pair_weight = cost_matrix[layout.level, lower_level] * group_coefficients[layout.group]
+        pair_weight = costs.between(layout.level, lower_level) * group_coefficients[layout.group]
         total = total + _hinge_against_level_and_grad(
             scores, centred, layout, lower_level, pair_weight, cell_sums[:, lower_level], margin, grad
         )
@@ -221,11 +220,11 @@ def _within_group_cumsum(values: Tensor, group_first: Tensor) -> Tensor:
     return running - (running - values)[group_first]
 
 
-def _exponential_with_margin(scores, layout, cost_matrix, group_coefficients, margin):
-    return exponential_all_pairs_loss_and_grad(scores, layout, cost_matrix, group_coefficients)
+def _exponential_with_margin(scores, layout, costs, group_coefficients, margin):
+    return exponential_all_pairs_loss_and_grad(scores, layout, costs, group_coefficients)
 
 
-#: Surrogate name -> (sorted scores, tables, cost matrix, group coefficients, margin) -> (loss, grad):
+#: Surrogate name -> (sorted scores, tables, level costs, group coefficients, margin) -> (loss, grad):
 #: the surrogates whose all-pairs sum has a closed form (``backend="exact"``, and ``"auto"``'s choice).
 CLOSED_FORMS = {
     "exponential": _exponential_with_margin,

@@ -19,14 +19,14 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull
-from .layout import OrdinalLayout, dense_cells
+from .layout import LevelCosts, OrdinalLayout, dense_cells
 
 
 @torch.no_grad()
 def hardest_pair_loss_and_grad(
     scores: Tensor,
     layout: OrdinalLayout,
-    cost_matrix: Tensor,
+    costs: LevelCosts,
     surrogate: str,
     margin: float,
     reduction: str,
@@ -44,7 +44,7 @@ def hardest_pair_loss_and_grad(
     cell_min = dense_cells(layout, lowest, 0.0)
     cell_max = dense_cells(layout, highest, 0.0)
     present = layout.counts > 0
-    pair_cost = torch.where(present[:, :, None] & present[:, None, :], cost_matrix, 0.0)
+    pair_cost = torch.where(present[:, :, None] & present[:, None, :], costs.matrix(), 0.0)
     valid = pair_cost > 0
     # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
     margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)

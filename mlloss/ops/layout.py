@@ -16,8 +16,8 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
 * ``dense_tables`` turns one problem of a ``PairLayout`` into an ``OrdinalLayout``: the items
   by (group ascending, level descending) with their (group, level) count tables, which the
   PyTorch tier's closed forms, max-violation pairs and blocked all-pairs path work on. The
-  helpers after it build on those tables: the level-pair cost matrix, the per-group normalisers
-  and reduction coefficients, per-cell log-sum-exp and the scatter of per-cell values.
+  helpers after it build on those tables: the level-pair costs and their sums (``LevelCosts``),
+  the reduction coefficients, per-cell log-sum-exp and the scatter of per-cell values.
 
 ``pair_layout`` is sync-free and shape-static: a few sorts and binary searches on the device,
 no ``unique``/``nonzero``/``.item()``, so a CUDA step does not wait for the host and
@@ -199,25 +199,77 @@ def dense_tables(layout: PairLayout, levels: Levels, problem: int) -> OrdinalLay
     )
 
 
-def pair_cost_matrix(level_values: Tensor, cost: str) -> Tensor:
-    """C[a, b] = c(level a, level b) for a > b, else 0 (float64, (L, L)).
+@dataclass(frozen=True)
+class LevelCosts:
+    """The pair costs of one problem's levels: c_ab = v_a - v_b (``linear``, Lukasik et al.
+    Prop. 5.4) or 1 (uniform, Prop. 5.3) for levels a > b, else 0, over the ascending level
+    values v (L,) float64 of the dense tables.
 
-    ``cost="linear"``: c = v_a - v_b (Lukasik et al. Prop. 5.4); ``"uniform"``: c = 1 (Prop. 5.3).
+    The sums over level pairs the PyTorch tier needs (normalisers Z_u, each level's partners)
+    are prefix sums along the levels: O(G L) for (G, L) tables, with no (L, L) cost table, which
+    a real-valued label (a level per item) would make quadratic in the batch. ``matrix`` builds
+    that table for the two paths that work on level pairs (the exponential closed form and the
+    max-violation pairs).
     """
-    upper = level_values[:, None] > level_values[None, :]
-    if cost == "linear":
-        return torch.where(upper, level_values[:, None] - level_values[None, :], 0.0)
-    return upper.to(torch.float64)
+
+    level_values: Tensor  # (L,) float64, ascending
+    linear: bool
+
+    @classmethod
+    def of(cls, level_values: Tensor, cost: str) -> LevelCosts:
+        return cls(level_values, cost == "linear")
+
+    def counting(self) -> LevelCosts:
+        """Every pair of distinct levels at cost 1: its sums count the valid pairs."""
+        return LevelCosts(self.level_values, False)
+
+    def matrix(self) -> Tensor:
+        """C (L, L) float64, C[a, b] = c_ab."""
+        values = self.level_values
+        return self.between(torch.arange(values.numel(), device=values.device)[:, None],
+                            torch.arange(values.numel(), device=values.device)[None, :])
+
+    def between(self, upper: Tensor, lower: Tensor | int) -> Tensor:
+        """c of the level indices ``upper`` and ``lower`` (broadcast): 0 unless upper is above."""
+        gap = self.level_values[upper] - self.level_values[lower]
+        return torch.where(gap > 0, gap if self.linear else torch.ones_like(gap), 0.0)
+
+    def below(self, table: Tensor) -> Tensor:
+        """(G, L): sum_b c_ab table[:, b] for each level a, over its lower partners b < a."""
+        table = table.to(torch.float64)
+        lower = _exclusive_cumsum(table)
+        if not self.linear:
+            return lower
+        values = self._centred_values()
+        return values * lower - _exclusive_cumsum(table * values)
+
+    def above(self, table: Tensor) -> Tensor:
+        """(G, L): sum_a c_ab table[:, a] for each level b, over its upper partners a > b."""
+        table = table.to(torch.float64)
+        upper = _exclusive_cumsum(table.flip(1)).flip(1)
+        if not self.linear:
+            return upper
+        values = self._centred_values()
+        return _exclusive_cumsum((table * values).flip(1)).flip(1) - values * upper
+
+    def pair_sums(self, upper: Tensor, lower: Tensor) -> Tensor:
+        """Per group u: sum_{a > b} c_ab * upper_ua * lower_ub over (G, L) tables (float64, (G,))."""
+        return (upper.to(torch.float64) * self.below(lower)).sum(1)
+
+    def group_cost(self, counts: Tensor) -> Tensor:
+        """Z_u = sum over valid pairs in group u of c_ij = sum_{a > b} n_ua c_ab n_ub (float64, (G,))."""
+        return self.pair_sums(counts, counts)
+
+    def _centred_values(self) -> Tensor:
+        # Differences are what the costs are made of: measured from the lowest level, the prefix
+        # sums of v * table stay small and v_a * (lower count) - (lower sum of v) cancels less.
+        return self.level_values - self.level_values[0]
 
 
-def level_pair_sums(upper: Tensor, cost_matrix: Tensor, lower: Tensor) -> Tensor:
-    """Per group u: sum_{a > b} C_ab * upper_ua * lower_ub over (G, L) tables (float64, (G,))."""
-    return torch.einsum("ga,ab,gb->g", upper.to(torch.float64), cost_matrix, lower.to(torch.float64))
-
-
-def group_pair_cost(counts: Tensor, cost_matrix: Tensor) -> Tensor:
-    """Z_u = sum over valid pairs in group u of c_ij = sum_{a,b} n_ua C_ab n_ub (float64, (G,))."""
-    return level_pair_sums(counts, cost_matrix, counts)
+def _exclusive_cumsum(table: Tensor) -> Tensor:
+    """Sums of the entries before each one along dim 1 (the first is 0), each computed as its own
+    prefix (not cumsum - entry, which would round)."""
+    return torch.nn.functional.pad(torch.cumsum(table[:, :-1], 1), (1, 0))
 
 
 def reduction_coefficients(group_cost: Tensor, reduction: str) -> Tensor:
