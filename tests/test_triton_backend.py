@@ -139,6 +139,27 @@ def test_strided_inputs_give_the_contiguous_result(name, layout, monkeypatch):
 
 
 @pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
+@pytest.mark.parametrize("name", ["auc", "pdaom", "loa"])
+def test_every_label_dtype_gives_the_float_labels_result(name, layout, monkeypatch):
+    # Labels become (K, N) int32 rows for the kernels: int32 labels, which need no conversion,
+    # were handed over as the transposed view and read as flat memory.
+    from mlloss.kernels import dense
+
+    if layout:
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    make, num_labels = STRIDED_LOSSES[name]
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(50, generator=gen, dtype=torch.float64).to(DEVICE)
+    wide = torch.randint(0, 2, (50, 3), generator=gen).to(DEVICE)
+    groups = (torch.arange(50) % 4).to(DEVICE)
+    expected = make()(scores, wide[:, 1:1 + num_labels].double().contiguous(), groups)
+    for dtype in (torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32):
+        labels = wide.to(dtype)  # then a strided view of that dtype, as a column of a label table is
+        labels = labels[:, 1] if num_labels == 1 else labels[:, 1:]
+        torch.testing.assert_close(make()(scores, labels, groups), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("make", [
     lambda: mlloss.PDAOMLoss(backend="triton"),
     lambda: mlloss.AUCLoss(pairs="hardest", temperature=1.0, surrogate="exponential", backend="triton"),

@@ -325,8 +325,9 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
     * one aggregated column (an ordinal label): its rank is the number of smaller values.
     """
     if label_weights is None:
-        # (K, N) contiguous: the kernels index problems by rows.
-        return Levels(labels.t().to(torch.int32, memory_format=torch.contiguous_format), 2, None)
+        # (K, N) contiguous: the kernels index problems by rows. (``to`` returns int32 labels as
+        # they are, a transposed view: ``contiguous`` copies them then, and is a no-op otherwise.)
+        return Levels(labels.t().to(torch.int32, memory_format=torch.contiguous_format).contiguous(), 2, None)
     num_labels = labels.shape[1]
     if 1 < num_labels <= MAX_PATTERN_COLUMNS:
         powers, rank_table, values = _pattern_tables(tuple(label_weights), labels.device)
