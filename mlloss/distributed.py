@@ -79,12 +79,17 @@ def sum_partials(partial: Tensor) -> Tensor:
     return _SumPartials.apply(partial)
 
 
+def sum_over_ranks(values: Tensor) -> Tensor:
+    """The sum over ranks of ``values``, detached (every rank gets it)."""
+    total = values.detach().clone()
+    dist.all_reduce(total)
+    return total
+
+
 class _SumPartials(torch.autograd.Function):
     @staticmethod
     def forward(ctx, partial: Tensor) -> Tensor:
-        total = partial.detach().clone()
-        dist.all_reduce(total)
-        return total
+        return sum_over_ranks(partial)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _validation as check
-from .distributed import gather_batch, partition, sum_partials
+from .distributed import gather_batch, partition, sum_over_ranks, sum_partials
 from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss
 from .parts import LossParts, pair_parts
 from .surrogates import USES_MARGIN
@@ -85,7 +85,12 @@ class _PairwiseLoss(nn.Module):
             real_levels=real_levels,
             partition=partition() if self.cross_device else None,
         )
-        return replace(result, loss=sum_partials(result.loss), partial=False) if result.partial else result
+        if not result.partial:
+            return result
+        # The problems' losses (LoA's parts) are this rank's shares too; the valid pairs and the
+        # groups with pairs are counted on the whole gathered batch already.
+        stats = torch.cat([sum_over_ranks(result.problem_losses), result.stats[result.num_problems :]])
+        return replace(result, loss=sum_partials(result.loss), stats=stats, partial=False)
 
     def _checked_batch(
         self, scores: object, labels: object, groups: object, mask: object = None

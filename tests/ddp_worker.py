@@ -54,6 +54,13 @@ def loss_and_grads(model, name, features, labels, groups, mask=None, **options):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
+def loa_label_losses(model, features, labels, groups, **options) -> torch.Tensor:
+    """LoA's per-label terms L_k (``parts["label_loss/k"]``) of one call."""
+    loss = LOSSES["loa"](**options)
+    loss(model(features)[:, 0], labels, groups)
+    return torch.stack([loss.parts[f"label_loss/{k}"] for k in range(labels.shape[1])])
+
+
 def bce_pdaom_loss_and_grads(model, features, labels, groups, **options):
     loss = mlloss.build_loss("bce+pdaom", lam=3.0, **options)(model(features)[:, 0], labels[:, 0], groups)
     loss.backward()
@@ -75,11 +82,16 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
             results[split, name] = loss_and_grads(
                 ddp, name, features[local], labels[local], groups[local], cross_device=True
             )
-        for name in MASKED:  # each rank's own mask, gathered with the batch
-            ddp = DistributedDataParallel(make_model())
-            results[split, name, "masked"] = loss_and_grads(
-                ddp, name, features[local], labels[local], groups[local], global_mask()[local], cross_device=True
-            )
+        for name in MASKED:  # each rank's own mask, gathered with the batch; with and without groups
+            for grouped in (True, False):
+                ddp = DistributedDataParallel(make_model())
+                results[split, name, "masked", grouped] = loss_and_grads(
+                    ddp, name, features[local], labels[local], groups[local] if grouped else None,
+                    global_mask()[local], cross_device=True,
+                )
+        results[split, "loa-parts"] = loa_label_losses(
+            make_model(), features[local], labels[local], groups[local], cross_device=True
+        )
     # BCE + PDAOM (Eq. 7 over N): the BCE is a per-rank mean, so ranks hold equal halves.
     half = features.shape[0] // world
     local = slice(rank * half, (rank + 1) * half)

@@ -44,20 +44,32 @@ def test_cross_device_loss_and_gradients_equal_single_process(rank_results, spli
             torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-10)
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["groups", "no-groups"])
 @pytest.mark.parametrize("split", ddp_worker.SPLITS)
 @pytest.mark.parametrize("name", ddp_worker.MASKED)
-def test_cross_device_masked_loss_equals_single_process_on_the_kept_items(rank_results, split, name):
+def test_cross_device_masked_loss_equals_single_process_on_the_kept_items(rank_results, split, name, grouped):
+    # Without groups the mask's fillers get a group of their own inside the op: the ranks must
+    # still compute the whole batch (there are no user groups to split), not a share each.
     features, labels, groups = ddp_worker.global_batch()
     keep = ddp_worker.global_mask()
     expected_loss, expected_grads = ddp_worker.loss_and_grads(
-        ddp_worker.make_model(), name, features[keep], labels[keep], groups[keep]
+        ddp_worker.make_model(), name, features[keep], labels[keep], groups[keep] if grouped else None
     )
     assert expected_loss > 0
     for results in rank_results:
-        loss, grads = results[split, name, "masked"]
+        loss, grads = results[split, name, "masked", grouped]
         torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-12)
         for grad, expected in zip(grads, expected_grads):
             torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.parametrize("split", ddp_worker.SPLITS)
+def test_cross_device_loa_reports_each_labels_whole_term(rank_results, split):
+    # The ranks compute shares of the groups' pairs: each label's term L_k in parts is their sum.
+    features, labels, groups = ddp_worker.global_batch()
+    expected = ddp_worker.loa_label_losses(ddp_worker.make_model(), features, labels, groups)
+    for results in rank_results:
+        torch.testing.assert_close(results[split, "loa-parts"], expected, rtol=1e-10, atol=0)
 
 
 def test_cross_device_is_a_no_op_in_a_single_process():

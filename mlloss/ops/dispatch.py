@@ -158,7 +158,7 @@ def pair_loss(
              int(validate), int(real_levels), rank, world_size]
     values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
     loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
-    partial = tier == "torch" and pairs == "all" and groups is not None and world_size > 1
+    partial = _splits_pair_work(tier, pairs, groups, world_size)
     return PairLossResult(loss, stats, partial)
 
 
@@ -200,6 +200,8 @@ def _pair_loss_op(
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
     options, tier, validate, real_levels, rank, world_size = _decoded(tuple(flags), tuple(values))
     cost, surrogate, margin, pairs, temperature, reduction = options
+    # decided on the caller's groups (a mask gives ungrouped items a group of their own below)
+    owned = (rank, world_size) if _splits_pair_work(tier, pairs, groups, world_size) else None
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
@@ -255,7 +257,6 @@ def _pair_loss_op(
             cost=cost,
         )
     else:  # the PyTorch tiers: closed forms, or the blocked all-pairs sums and their tables
-        owned = (rank, world_size) if world_size > 1 and groups is not None and tier == "torch" else None
         result = torch_tier.pair_loss_and_grad(
             scores, levels, groups, mixing=mixing, options=options, exact=tier == "exact", owned=owned
         )
@@ -287,6 +288,12 @@ def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: 
     else:
         groups = torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, scores.shape[0])
     return scores.masked_fill(dropped, 0), labels.masked_fill(dropped[:, None], 0), groups
+
+
+def _splits_pair_work(tier: str, pairs: str, groups: Tensor | None, world_size: int) -> bool:
+    """Whether each rank computes only its share of a gathered batch's groups (``pair_loss``'s
+    ``partition``): the PyTorch tier's blocked sums over all pairs, with groups to split."""
+    return tier == "torch" and pairs == "all" and groups is not None and world_size > 1
 
 
 def _pair_loss_fake(scores, labels, groups, mask, mixing, label_weights, *args):
