@@ -359,11 +359,24 @@ class LoALoss(_PairwiseLoss):
         self.seen_items += num_items.to(self.seen_items.device) if isinstance(num_items, Tensor) else num_items
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # The running priors have K entries, unknown until the first batch: take the saved size.
+        # The running priors have K entries, unknown until the first batch: take the saved size
+        # (on this module's device, in float64, whatever the checkpoint's map_location).
         key = prefix + "seen_positives"
         if key in state_dict:
-            self.seen_positives = torch.zeros_like(state_dict[key])
+            self.seen_positives = self.seen_items.new_zeros(state_dict[key].shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        # The buffers (weights, priors, running counts) follow the module to a device but stay
+        # float64: .half() or a bf16 precision plugin would round the weights and make the item
+        # count inf after 65,504 items (float16), the priors 0 and the loss silently 0.
+        kept = {name: buffer for name, buffer in self._buffers.items() if buffer is not None}
+        super()._apply(fn, recurse)
+        for name, original in kept.items():
+            moved = self._buffers[name]
+            if moved.dtype != original.dtype:
+                self._buffers[name] = original.to(moved.device)
+        return self
 
 
 class LaALoss(_PairwiseLoss):

@@ -88,6 +88,28 @@ def test_balanced_loa_running_priors_match_the_data_and_reset_with_state_dict():
     assert restored.seen_items.item() == 200
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_loa_buffers_stay_float64_when_the_module_is_cast(dtype):
+    # A half-precision model (.half(), a "16-true" / "bf16-true" Lightning precision) casts its
+    # buffers: float16 counts overflowed after 65,504 items, the priors became 0 and the loss 0.
+    weighted = mlloss.LoALoss([0.3, 1.7]).to(dtype)
+    assert weighted.weights.dtype == torch.float64
+    torch.testing.assert_close(weighted.mixing_weights(LABELS[:4]), torch.tensor([0.3, 1.7], dtype=torch.float64),
+                               rtol=0, atol=0)
+    balanced = mlloss.LoALoss("balanced", num_labels=2, priors=None).to(dtype)
+    for _ in range(700):
+        value = balanced(torch.randn(100, dtype=dtype), LABELS[:100])
+    assert balanced.seen_items.dtype == torch.float64 and balanced.seen_items.item() == 70_000
+    torch.testing.assert_close(balanced.seen_positives / balanced.seen_items,
+                               LABELS[:100].double().mean(0), rtol=0, atol=0)
+    assert value.item() > 0
+    # a checkpoint in another dtype (or from another device) loads into the module's buffers
+    restored = mlloss.LoALoss("balanced").float()
+    restored.load_state_dict({name: t.float() for name, t in balanced.state_dict().items()})
+    assert restored.seen_positives.dtype == restored.seen_items.dtype == torch.float64
+    assert restored.seen_items.item() == 70_000
+
+
 def test_label_dictatorship_report_names_the_dominant_label():
     report = mlloss.label_dictatorship(LABELS, label_names=["click", "purchase"])
     torch.testing.assert_close(torch.tensor(report.priors, dtype=torch.float64), torch.tensor([0.5, 0.05], dtype=torch.float64))
