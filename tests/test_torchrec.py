@@ -139,6 +139,38 @@ def test_sharded_model_equals_the_unsharded_one(sharded_results, sharding):
             assert not torch.equal(after, before)
 
 
+@pytest.mark.distributed
+def test_shard_model_uses_the_process_group_it_is_given_and_refuses_a_subset(tmp_path):
+    # A group of one rank each: refused by name (DMP took the job's group and ignored it, and
+    # TorchRec places shards by global rank). A group of every rank: the tables are split
+    # table-wise over it, and the scores are the unsharded model's.
+    mp.spawn(torchrec_worker.run_in_own_group, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    model = torchrec_worker.make_model()
+    ids, _ = torchrec_worker.global_batch()
+    rows = {}
+    for rank in range(2):
+        result = torch.load(tmp_path / f"own-group-rank{rank}.pt", weights_only=False)
+        assert "process_group must hold every rank of the job (2); got a group of 1" in result["refusal"]
+        local = slice(rank * torchrec_worker.BATCH, (rank + 1) * torchrec_worker.BATCH)
+        torch.testing.assert_close(result["scores"], model(ids[local]).detach(), rtol=1e-6, atol=1e-7)
+        for name, count in result["rows"].items():
+            rows[name] = rows.get(name, 0) + count
+    assert rows == {f"embedding.ebc.embedding_bags.t_{key}.weight": c
+                    for key, c in zip(torchrec_worker.FIELDS, torchrec_worker.CARDINALITIES)}
+
+
+def test_an_empty_batch_embeds_to_zero_rows_that_reach_the_tables():
+    # The short rank's empty batch under DDP: TorchRec's collection cannot take zero rows.
+    cardinalities = (5, 6, 7)
+    module = TorchRecEmbedding(cardinalities, 4)
+    out = module(torch.zeros(0, 3, dtype=torch.long))
+    assert out.shape == (0, 12) and out.shape == _twin_field_embedding(module, cardinalities)(
+        torch.zeros(0, 3, dtype=torch.long)).shape
+    out.sum().backward()
+    for key in module.keys:  # the tables take part in the graph, with a zero gradient
+        assert torch.equal(module.ebc.embedding_bags[f"t_{key}"].weight.grad, torch.zeros(cardinalities[module.keys.index(key)], 4))
+
+
 def test_recipe_runs_with_torchrec_embeddings_in_one_process(tmp_path):
     """No process group: the EmbeddingBagCollection model trains like the plain one."""
     recipe = load_recipe("ctr_cvr")

@@ -80,3 +80,30 @@ def run(rank: int, world_size: int, port: int, out_dir: str, sharding: str) -> N
         )
     finally:
         dist.destroy_process_group()
+
+
+def run_in_own_group(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Each rank asks for table-wise shards over a group of its own (``process_group``), then
+    over a group of every rank; records the refusal and the second model's scores and rows."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        own = [dist.new_group([member]) for member in range(world_size)]  # every rank creates every group
+        everyone = dist.new_group(list(range(world_size)))
+        try:
+            shard_model(make_model(), "table_wise", sparse_optimizer="sgd", process_group=own[rank])
+            refusal = None
+        except ValueError as error:
+            refusal = str(error)
+        model = shard_model(make_model(), "table_wise", sparse_optimizer="sgd", sparse_lr=SPARSE_LR,
+                            process_group=everyone)
+        ids, _ = global_batch()
+        local = slice(rank * BATCH, (rank + 1) * BATCH)
+        rows = {name: sum(shard.tensor.shape[0] for shard in value.local_shards())
+                for name, value in model.state_dict().items() if hasattr(value, "local_shards")}
+        torch.save({"refusal": refusal, "scores": model(ids[local]).detach(), "rows": rows},
+                   os.path.join(out_dir, f"own-group-rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()

@@ -124,6 +124,12 @@ class TorchRecEmbedding(nn.Module):
         self.output_dim = dim * len(keys)
 
     def forward(self, sparse) -> Tensor:
+        if isinstance(sparse, Tensor) and sparse.dim() == 2 and sparse.shape[0] == 0:
+            # A KeyedJaggedTensor of zero rows breaks TorchRec's unsharded collection (the short
+            # rank's empty batch under DDP): embed one row of id 0 and keep none of it. The
+            # (0, F * dim) output still depends on the tables, with a zero gradient, as
+            # FieldEmbedding's does, so DDP sees every parameter used on every rank.
+            return self.forward(sparse.new_zeros(1, sparse.shape[1]))[:0]
         kjt = ids_to_kjt(sparse, self.keys) if isinstance(sparse, Tensor) else sparse
         pooled = self.ebc(kjt)
         if hasattr(pooled, "wait"):  # a sharded collection returns an awaitable
@@ -166,7 +172,9 @@ def shard_model(
     the backward pass. ``"data_parallel"`` tables are replicated, all-reduced by DDP and
     trained by the dense optimizer (``sparse_optimizer`` does not apply to them). Column-wise
     shards are ``dim / world_size`` columns wide (at least 4). Needs an initialised process
-    group.
+    group; ``process_group`` (default the job's) is the group the shards and DDP's replicas use:
+    a group of every rank (e.g. one with another backend), since TorchRec places shards by
+    global rank.
     """
     import_torchrec()
     import torch.distributed as dist
@@ -175,6 +183,7 @@ def shard_model(
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     check_choice("sharding", sharding, SHARDING_TYPES)
@@ -194,6 +203,12 @@ def shard_model(
 
     group = process_group or dist.group.WORLD
     world_size = dist.get_world_size(group)
+    if world_size != dist.get_world_size():
+        raise ValueError(
+            f"process_group must hold every rank of the job ({dist.get_world_size()}); got a group of "
+            f"{world_size}: TorchRec places the shards by global rank, so tables cannot be sharded over a "
+            f"subset of the ranks"
+        )
     if sharding == "data_parallel":
         kernel = EmbeddingComputeKernel.DENSE
     else:
@@ -208,11 +223,13 @@ def shard_model(
         for ebc in collections
         for config in ebc.embedding_bag_configs()
     }
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    local_world_size = min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size)
     topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=local_world_size)
     sharders = [EmbeddingBagCollectionSharder()]
     plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).collective_plan(module, sharders, group)
-    model = DistributedModelParallel(module, device=device, plan=plan, sharders=sharders)
+    # The shards and DDP's replicas use ``group`` (DMP would take the default group otherwise).
+    env = None if process_group is None else ShardingEnv.from_process_group(process_group)
+    model = DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=sharders)
     _copy_into_shards(model, full_weights)
     return model
 
