@@ -43,7 +43,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own mod
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
                              load_data, parse_args)
-from ctr_cvr_resume import (check_resume, checkpoint_layout, layout_options,  # noqa: E402
+from ctr_cvr_resume import (OptimizerOptions, check_resume, checkpoint_layout, layout_options,  # noqa: E402
                             replace_other_kind_of_checkpoint, resume_path)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
                             scorer_results, write_report)
@@ -119,15 +119,15 @@ class CtrCvrModule(pl.LightningModule):
 
     def configure_model(self) -> None:
         """Shard the embedding tables under ``TorchRecStrategy``; with ``--compile``, compile the
-        model (evaluation) and the training step's model and objective as one graph, whose batch
-        size may vary unless the batches are padded to one (``--fixed-batches``: a static graph);
-        once: fit and test both call this. Evaluation batches come in many sizes: no CUDA graphs
-        for them (one would be recorded per size)."""
+        model (evaluation; in place: checkpoints keep their keys with or without --compile) and
+        the training step's model and objective as one graph, whose batch size may vary unless
+        the batches are padded to one (``--fixed-batches``: a static graph); once: fit and test
+        both call this. Evaluation batches come in many sizes: no CUDA graphs for them."""
         strategy = self.trainer.strategy
         if isinstance(strategy, TorchRecStrategy) and strategy.sharded_model is None:
             self.model = strategy.shard(self.model)
-        if self.compile and not hasattr(self.model, "_orig_mod"):
-            self.model = torch.compile(self.model, dynamic=True, mode=None if self.compile == "reduce-overhead" else self.compile)
+        if self.compile and getattr(self.model, "_compiled_call_impl", None) is None:
+            self.model.compile(dynamic=True, mode=None if self.compile == "reduce-overhead" else self.compile)
             fixed = getattr(self.trainer.datamodule, "fixed_size", False)
             self.batch_loss = torch.compile(self.batch_loss, dynamic=not fixed, mode=self.compile)
 
@@ -255,7 +255,8 @@ def run(args: argparse.Namespace) -> dict:
         accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
         max_epochs=args.epochs,
         use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,  # see GroupDataModule
-        num_sanity_val_steps=0, logger=False, callbacks=[*callbacks, *fault_test_callbacks()],
+        num_sanity_val_steps=0, logger=False,
+        callbacks=[*callbacks, OptimizerOptions(args.lr, args.weight_decay), *fault_test_callbacks()],
         plugins=[AtomicCheckpointIO()],  # write to a temporary file, fsync, rename (docs/checkpoints.md)
         enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar,
         enable_model_summary=False,

@@ -3,7 +3,8 @@ written with this run's sharding, strategy and number of processes (docs/checkpo
 
 The checkpoints themselves (temporary names, atomic publication, the newest complete one) are
 ``mlloss.checkpointing``; this module reads the recipe's options (``resume``, ``checkpoint_dir``,
-``no_checkpoint``, ``sharding``, ``strategy``, ``devices``, ``num_nodes``).
+``no_checkpoint``, ``sharding``, ``strategy``, ``devices``, ``num_nodes``), and
+``OptimizerOptions`` applies the command line's ``--lr`` and ``--weight-decay`` to a resumed run.
 """
 
 from __future__ import annotations
@@ -157,3 +158,18 @@ def replace_other_kind_of_checkpoint(args: argparse.Namespace, trainer: pl.Train
         shutil.rmtree(last)
         print(f"removed {last}, the sharded checkpoint of an earlier run: this run (--sharding none) writes its own "
               "there")
+
+
+class OptimizerOptions(pl.Callback):
+    """This run's ``--lr`` and ``--weight-decay`` on the dense optimizer once training starts: a
+    resumed run's optimizer comes back with the values of the run that wrote the checkpoint
+    (Lightning restores its param groups), which would otherwise silently win over the command
+    line. The same values change nothing, so a resume with the same options stays bit-identical."""
+
+    def __init__(self, lr: float, weight_decay: float) -> None:
+        self.lr, self.weight_decay = lr, weight_decay
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"], group["weight_decay"] = self.lr, self.weight_decay

@@ -5,6 +5,8 @@ tests/test_sampler.py)."""
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -213,6 +215,32 @@ def test_resume_from_a_checkpoint_continues_identically(recipe, tmp_path):
     assert final_a.keys() == final_b.keys()
     assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
     assert not all(torch.equal(final_a[k], first_epoch[k]) for k in final_a), "the second epoch must train"
+
+
+def test_a_resumed_run_takes_the_command_lines_learning_rate(recipe, tmp_path):
+    """Lightning restores the optimizer with the checkpoint's lr and weight decay: --lr 0.05 on
+    --resume must train the second epoch with 0.05 (it silently kept 0.002 while results.json
+    said 0.05)."""
+    args = [*SMALL, "--loss", "bce"]
+    recipe.main([*args, "--epochs", "1", "--output-dir", str(tmp_path / "a")])
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    same = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "a"), "--resume", "last"])
+    faster = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume", "last",
+                          "--lr", "0.05"])
+    assert faster["config"]["lr"] == 0.05
+    assert without_timing(faster["history"])[0] == without_timing(same["history"])[0]
+    assert faster["history"][1]["train_loss"] != same["history"][1]["train_loss"]
+
+
+def test_a_checkpoint_resumes_with_or_without_compile(recipe, tmp_path):
+    """--compile compiles the model in place: its checkpoints keep the plain keys (they were
+    saved under model._orig_mod.* and loaded only with --compile again)."""
+    args = [*SMALL, "--loss", "bce"]
+    recipe.main([*args, "--epochs", "1", "--compile", "--output-dir", str(tmp_path)])
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert not any("_orig_mod" in key for key in state)
+    resumed = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path), "--resume", "last"])
+    assert len(resumed["history"]) == 2 and math.isfinite(resumed["history"][1]["train_loss"])
 
 
 def test_resume_errors_name_the_missing_checkpoint(recipe, tmp_path):
