@@ -71,14 +71,16 @@ def build_parser() -> OptionParser:
     p.add_argument("--config", default=None, metavar="NAME|PATH",
                    help="options from a YAML or JSON file keyed by long option name (loss: laa, batch-size: 512, "
                         f"expert-hidden: [64, 32], esmm: true), or a named config of recipes/configs/ "
-                        f"({', '.join(named_configs())}); options on the command line override it")
+                        f"({', '.join(named_configs())}); options on the command line override it (--no-X "
+                        "turns a flag off; a config's --lambda and --cross-device go with its loss when the "
+                        "command line's --loss has no use for them)")
     p.add_argument("--model", choices=MODELS, default="mmoe", help="multi-task tower")
     p.add_argument("--loss", choices=PER_TASK_LOSSES + RANKING_SCORE_LOSSES, default="bce",
                    help="objective name passed to mlloss.build_loss")
     p.add_argument("--lambda", dest="lam", type=float, default=None, metavar="LAMBDA",
                    help="weight of the ranking term: 'lam' of bce+X losses (library default if unset), "
                         "or the ranking-head weight of laa/loa/balanced-loa (1 if unset)")
-    p.add_argument("--esmm", action="store_true", help="purchase head = pCTR * pCVR (ESMM)")
+    p.add_argument("--esmm", action=argparse.BooleanOptionalAction, default=False, help="purchase head = pCTR * pCVR (ESMM)")
     p.add_argument("--epochs", type=int, default=5, help="passes over the training split")
     p.add_argument("--batch-size", type=int, default=1024, help="most impressions per batch (per device); users are kept whole")
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
@@ -87,7 +89,7 @@ def build_parser() -> OptionParser:
     p.add_argument("--steps-per-call", type=int, default=8,
                    help="optimizer steps (batches) per call of the training step: Lightning's per-call work is paid "
                         "once for all of them; callbacks' on_train_batch_* hooks run once per call")
-    p.add_argument("--cross-device", action="store_true",
+    p.add_argument("--cross-device", action=argparse.BooleanOptionalAction, default=False,
                    help="under DDP, take the ranking loss's pairs across all ranks (cross_device=True)")
     g = p.add_argument_group("data")
     g.add_argument("--data", choices=DATA_SOURCES, default="synthetic",
@@ -141,7 +143,7 @@ def build_parser() -> OptionParser:
                    help="torch.compile the training step's model and loss as one graph (mlloss losses are "
                         "torch.library ops), and the model for evaluation; MODE is torch.compile's: "
                         "reduce-overhead replays CUDA graphs on a GPU (default: %(const)s)")
-    g.add_argument("--fixed-batches", action="store_true",
+    g.add_argument("--fixed-batches", action=argparse.BooleanOptionalAction, default=False,
                    help="pad every training batch to --batch-size rows (filler rows left out of the losses by "
                         "their mask=): one shape for every step, so that --compile reduce-overhead records one "
                         "CUDA graph instead of one per batch size (~8%% more rows computed at batch 1,024)")
@@ -156,14 +158,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     config = p.parse_known_args(argv)[0].config
     args = p.parse_args(config_argv(config, p) + argv if config is not None else argv)
+    typed = typed_options(argv)
+    moot = {"lam": not (args.loss.startswith("bce+") or args.loss in RANKING_SCORE_LOSSES),  # no ranking term
+            "cross_device": args.loss == "bce"}  # no pairs
+    for name, unset in (("lam", None), ("cross_device", False)):
+        # A config's ranking options belong to its loss, which the command line replaced by one
+        # without them (--config laa --loss bce): they go with it. Typed ones are errors below.
+        if moot[name] and name not in typed:
+            setattr(args, name, unset)
     args.devices = args.devices if args.devices == "auto" else int(args.devices)
     for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes",
                  "steps_per_call"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    if args.lam is not None and not (args.loss.startswith("bce+") or args.loss in RANKING_SCORE_LOSSES):
+    if args.lam is not None and moot["lam"]:
         p.error(f"--lambda weighs a ranking term, which --loss {args.loss} does not have")
-    if args.cross_device and args.loss == "bce":
+    if args.cross_device and moot["cross_device"]:
         p.error("--cross-device applies to a ranking loss, which --loss bce does not have")
     if args.sharding != "none":
         if args.strategy not in ("auto", "ddp"):
@@ -180,6 +190,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.resume is not None and args.no_checkpoint:
         p.error("--resume continues a checkpointed run; drop --no-checkpoint")
     return args
+
+
+def typed_options(argv: Sequence[str]) -> set[str]:
+    """The destinations of the options ``argv`` itself gives (not a config's, not defaults)."""
+    parser = build_parser()
+    for action in parser.options.values():
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_known_args(argv)[0]))
 
 
 def named_configs() -> list[str]:

@@ -303,6 +303,18 @@ def test_config_file_sets_options_and_the_command_line_overrides_it(recipe, tmp_
     (tmp_path / "unknown.yaml").write_text("learning-rate: 0.1\n")
     with pytest.raises(SystemExit):
         recipe.parse_args(["--config", str(tmp_path / "unknown.yaml")])
+    # a config's flags can be turned off, and its ranking options go with its loss when the command
+    # line picks one without them (they stopped the run with an error about options nobody typed)
+    args = recipe.parse_args(["--config", str(config), "--no-esmm"])
+    assert args.esmm is False
+    for name, loss in (("laa", "bce"), ("multi-gpu", "bce")):
+        args = recipe.parse_args(["--config", name, "--loss", loss])
+        assert (args.loss, args.lam, args.cross_device) == (loss, None, False)
+    args = recipe.parse_args(["--config", "multi-gpu", "--loss", "auc"])  # AUC takes pairs across ranks
+    assert args.cross_device is True and recipe.parse_args(["--config", "multi-gpu", "--no-cross-device"]).cross_device is False
+    for typed in (["--lambda", "2"], ["--cross-device"]):  # typed, they are still errors
+        with pytest.raises(SystemExit):
+            recipe.parse_args(["--config", "laa", "--loss", "bce", *typed])
 
 
 @pytest.mark.parametrize("name", ["bce", "laa", "bce+pdaom", "sharded", "multi-gpu"])
