@@ -8,6 +8,7 @@ that they run both as scripts and when loaded by path from the tests.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import inspect
 import json
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -48,6 +50,15 @@ def pyplot() -> ModuleType | None:
     except ImportError:
         return None
     return plt
+
+
+def parse_with_quick(parser: argparse.ArgumentParser, argv: Sequence[str] | None, **quick: Any) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv[1:]``); with ``--quick`` the ``quick`` values are the
+    defaults instead, so that options given on the command line still win (``--quick --epochs 3``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if parser.parse_known_args(argv)[0].quick:
+        parser.set_defaults(**quick)
+    return parser.parse_args(argv)
 
 
 def available_cores() -> int:

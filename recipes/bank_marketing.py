@@ -55,7 +55,8 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Provenance, available_cores, config_dict, pyplot, run_cells, summarize, write_outputs  # noqa: E402
+from _common import (Provenance, available_cores, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
+                     summarize, write_outputs)
 
 NUMERIC_FEATURES = ("age", "balance", "day", "duration", "campaign", "pdays", "previous")
 LABELS = ("housing", "loan")  # housing is the paper's "mortgage"
@@ -296,10 +297,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="processes the independent cells are spread over (default: the available cores; 1 with --quick)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every worker")
     p.add_argument("--output-dir", type=Path, default=Path("runs/bank_marketing"))
-    args = p.parse_args(argv)
-    if args.quick:
-        args.trials, args.rows, args.epochs, args.batch_size = 3, 2000, 4, 256
-        args.sweep_rates, args.sweep_trials = [0.5], 2
+    args = parse_with_quick(p, argv, trials=3, rows=2000, epochs=4, batch_size=256, sweep_rates=[0.5], sweep_trials=2)
     if args.workers is None:
         args.workers = 1 if args.quick else available_cores()
     for name in ("trials", "rows", "epochs", "batch_size", "sweep_trials", "threads", "workers"):

@@ -53,7 +53,8 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Provenance, available_cores, config_dict, pyplot, run_cells, summarize, write_outputs  # noqa: E402
+from _common import (Provenance, available_cores, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
+                     summarize, write_outputs)
 
 W1 = (1 / math.sqrt(2), 1 / math.sqrt(2))
 W2 = (0.0, 1.0)
@@ -447,11 +448,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--batch-size", type=int, default=512)
     g.add_argument("--hidden", type=int, default=256)
     g.add_argument("--lr", type=float, default=1e-3)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.samples, args.taus, args.priors = 20_000, [5.0, 100.0, math.inf], [0.5, 0.4, 0.3, 0.2, 0.05]
-        args.train_priors, args.seeds, args.train_size, args.test_size = [0.5, 0.9], [0, 1], 1000, 1000
-        args.epochs, args.hidden = 5, 32
+    args = parse_with_quick(p, argv, samples=20_000, taus=[5.0, 100.0, math.inf], priors=[0.5, 0.4, 0.3, 0.2, 0.05],
+                            train_priors=[0.5, 0.9], seeds=[0, 1], train_size=1000, test_size=1000, epochs=5, hidden=32)
     if args.workers is None:
         args.workers = 1 if args.quick else available_cores()
     for name in ("samples", "train_size", "test_size", "epochs", "batch_size", "hidden", "threads", "workers"):

@@ -60,7 +60,7 @@ from mlloss.models import DotInteraction, FieldEmbedding, MultiTaskModel, Shared
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Provenance, config_dict, pyplot, sample_std, write_outputs  # noqa: E402
+from _common import Provenance, config_dict, parse_with_quick, pyplot, sample_std, write_outputs  # noqa: E402
 
 TASKS = ("click", "purchase")
 OBJECTIVES = ("bce", "bce+pel", "bce+daom", "bce+pdaom")
@@ -249,10 +249,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--tower-hidden", type=int, nargs="+", default=[16])
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--output-dir", type=Path, default=Path("runs/pdaom_ablation"))
-    args = p.parse_args(argv)
-    if args.quick:
-        args.users, args.items, args.mean_impressions, args.epochs, args.seeds = 300, 200, 30.0, 1, [0]
-        args.sweep_lams, args.sweep_batch_sizes = [10.0], [128]
+    args = parse_with_quick(p, argv, users=300, items=200, mean_impressions=30.0, epochs=1, seeds=[0],
+                            sweep_lams=[10.0], sweep_batch_sizes=[128])
     for name in ("users", "items", "epochs", "batch_size", "embedding_dim", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")

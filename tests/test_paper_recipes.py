@@ -230,3 +230,14 @@ def test_pdaom_quick_run_trains_and_reports_auc_and_gauc(pdaom, tmp_path):
 def test_pdaom_objectives_use_groups_only_for_pdaom(pdaom):
     grouped = {name: pdaom.build_objective(name, 1.0, 384)[1] for name in pdaom.OBJECTIVES}
     assert grouped == {"bce": False, "bce+pel": False, "bce+daom": False, "bce+pdaom": True}
+
+
+def test_quick_sets_defaults_that_the_command_line_still_overrides(dictatorship, bank, pdaom):
+    # --quick's small sizes are defaults: options typed beside it win (they were overwritten).
+    args = pdaom.parse_args(["--quick", "--epochs", "3", "--seeds", "0", "1", "2", "--users", "1000"])
+    assert (args.epochs, args.seeds, args.users, args.items) == (3, [0, 1, 2], 1000, 200)
+    args = dictatorship.parse_args(["--quick", "--epochs", "3", "--hidden", "64"])
+    assert (args.epochs, args.hidden, args.samples) == (3, 64, 20_000)
+    args = bank.parse_args(["--quick", "--trials", "10", "--batch-size", "64"])
+    assert (args.trials, args.batch_size, args.rows) == (10, 64, 2000)
+    assert pdaom.parse_args([]).epochs != 1 and bank.parse_args([]).trials != 3  # and no --quick, no quick values
