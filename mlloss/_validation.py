@@ -44,6 +44,14 @@ def check_sizes(**sizes: int) -> None:
             raise ValueError(f"{name} must be >= 1; got {value}")
 
 
+def check_widths(name: str, widths: Sequence[int], *, allow_empty: bool = False) -> None:
+    """The hidden-layer widths ``name`` of a model part: each >= 1, and at least one unless
+    ``allow_empty`` (a task tower may be a single linear layer)."""
+    if (not widths and not allow_empty) or any(w < 1 for w in widths):
+        what = "widths >= 1" if allow_empty else "one or more widths >= 1"
+        raise ValueError(f"{name} must be {what}; got {list(widths)}")
+
+
 def check_cardinalities(cardinalities: Sequence[int]) -> None:
     """The numbers of ids of an embedding's fields: at least one field, each >= 1."""
     if not cardinalities or any(c < 1 for c in cardinalities):

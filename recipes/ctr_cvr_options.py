@@ -171,6 +171,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  "steps_per_call"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    for name in ("expert_hidden", "tower_hidden"):  # checked before the data are made
+        if any(width < 1 for width in getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} widths must be >= 1; got {getattr(args, name)}")
     if args.lam is not None and moot["lam"]:
         p.error(f"--lambda weighs a ranking term, which --loss {args.loss} does not have")
     if args.cross_device and moot["cross_device"]:

@@ -134,6 +134,20 @@ def test_stacked_linear_copies_are_nn_linear_layers():
         StackedLinear(0, 5, 4)
 
 
+@pytest.mark.parametrize("make,words", [
+    (lambda: MMoE(8, 2, 3, (16, 0), (4,)), r"expert_hidden must be one or more widths >= 1; got \[16, 0\]"),
+    (lambda: MMoE(8, 2, 3, (), (4,)), r"expert_hidden must be one or more widths >= 1; got \[\]"),
+    (lambda: PLE(8, 2, expert_hidden=(0,)), r"expert_hidden must be one or more widths >= 1; got \[0\]"),
+    (lambda: CGC(8, 2, tower_hidden=(0,)), r"tower_hidden must be widths >= 1; got \[0\]"),
+    (lambda: SharedBottom(8, 2, bottom_hidden=(32, -1)), r"bottom_hidden must be one or more widths >= 1; got \[32, -1\]"),
+])
+def test_towers_name_a_bad_width(make, words):
+    # (mlp's message showed the tower's widths with the output's 1 appended, and named no argument)
+    with pytest.raises(ValueError, match=words):
+        make()
+    assert MMoE(8, 2, 3, (16,), ())(torch.randn(5, 8)).shape == (5, 2)  # a tower may be one linear layer
+
+
 def test_field_embedding_reads_each_fields_table():
     torch.manual_seed(0)
     cardinalities = [4, 7, 2]

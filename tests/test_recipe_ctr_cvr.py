@@ -334,3 +334,10 @@ def test_named_configs_parse_and_say_what_they_set(recipe, name):
     assert args.epochs == 1
     with pytest.raises(SystemExit):
         recipe.parse_args(["--config", "no-such-config"])
+
+
+def test_bad_layer_widths_are_named_before_the_data_are_made(recipe, capsys):
+    for option, widths in (("--tower-hidden", ["0"]), ("--expert-hidden", ["16", "0"])):
+        with pytest.raises(SystemExit):
+            recipe.parse_args([option, *widths])
+        assert f"{option} widths must be >= 1; got {[int(w) for w in widths]}" in capsys.readouterr().err

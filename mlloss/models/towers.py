@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validation import check_sizes
+from .._validation import check_sizes, check_widths
 
 __all__ = [
     "mlp",
@@ -116,6 +116,7 @@ class StackedLinear(nn.Module):
 
 def _task_towers(input_dim: int, num_tasks: int, tower_hidden: Sequence[int], dropout: float) -> nn.Sequential:
     """One MLP per task ending in a single logit, stacked: (T, B, input_dim) -> (T, B, 1)."""
+    check_widths("tower_hidden", tower_hidden, allow_empty=True)
     return mlp(input_dim, [*tower_hidden, 1], dropout, last_activation=False, copies=num_tasks)
 
 
@@ -137,6 +138,7 @@ class SharedBottom(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes(num_tasks=num_tasks)
+        check_widths("bottom_hidden", bottom_hidden)
         self.num_tasks = num_tasks
         self.bottom = mlp(input_dim, bottom_hidden, dropout)
         self.towers = _task_towers(bottom_hidden[-1], num_tasks, tower_hidden, dropout)
@@ -173,6 +175,7 @@ class ExtractionLevel(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes(num_tasks=num_tasks, num_shared_experts=num_shared_experts)
+        check_widths("expert_hidden", expert_hidden)
         if num_task_experts < 0:
             raise ValueError(f"num_task_experts must be >= 0; got {num_task_experts}")
         self.num_tasks, self.num_task_experts, self.num_shared_experts = num_tasks, num_task_experts, num_shared_experts
@@ -225,6 +228,7 @@ class PLE(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes(num_levels=num_levels)
+        check_widths("expert_hidden", expert_hidden)
         self.num_tasks = num_tasks
         dims = [input_dim] + [expert_hidden[-1]] * (num_levels - 1)
         self.levels = nn.ModuleList(
