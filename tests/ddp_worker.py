@@ -101,3 +101,24 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
     )
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def metrics_run(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The streaming metrics when rank 1 saw no batch at all: every rank computes them on rank 0's."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from mlloss.metrics import AUC, GroupAUC, MultiLabelAUC, MultipartiteAUC
+
+    features, labels, groups = global_batch()
+    scores = features[:, 0].float()
+    metrics = {"auc": (AUC(), (scores, labels[:, 0])), "gauc": (GroupAUC(), (scores, labels[:, 0], groups)),
+               "multilabel": (MultiLabelAUC(2), (scores, labels)),
+               "multipartite": (MultipartiteAUC(grouped=True), (scores, labels, groups))}
+    results = {}
+    for name, (metric, batch) in metrics.items():
+        if rank == 0:
+            metric.update(*batch)
+        results[name] = metric.compute()
+    torch.save(results, os.path.join(out_dir, f"metrics-rank{rank}.pt"))
+    dist.destroy_process_group()

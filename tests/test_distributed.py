@@ -72,6 +72,21 @@ def test_cross_device_loa_reports_each_labels_whole_term(rank_results, split):
         torch.testing.assert_close(results[split, "loa-parts"], expected, rtol=1e-10, atol=0)
 
 
+def test_streaming_metrics_sync_when_a_process_saw_no_batch(tmp_path):
+    # Its empty states were gathered as float32 vectors beside uint8 labels, int64 groups and
+    # (N, K) labels: gloo aborted the job. Every rank now gets the metrics of rank 0's data.
+    from mlloss.metrics import AUC, GroupAUC, MultiLabelAUC, MultipartiteAUC
+
+    mp.spawn(ddp_worker.metrics_run, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    features, labels, groups = ddp_worker.global_batch()
+    scores = features[:, 0].float()
+    expected = {"auc": AUC()(scores, labels[:, 0]), "gauc": GroupAUC()(scores, labels[:, 0], groups),
+                "multilabel": MultiLabelAUC(2)(scores, labels),
+                "multipartite": MultipartiteAUC(grouped=True)(scores, labels, groups)}
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(tmp_path / f"metrics-rank{rank}.pt"), expected, rtol=0, atol=0)
+
+
 def test_cross_device_is_a_no_op_in_a_single_process():
     features, labels, groups = ddp_worker.global_batch()
     model = ddp_worker.make_model()

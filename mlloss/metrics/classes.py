@@ -46,6 +46,27 @@ class _PairMetric(Metric):
     def _add_cat_states(self, *names: str) -> None:
         for name in names:
             self.add_state(name, default=[], dist_reduce_fx="cat")
+        self._cat_states = (*getattr(self, "_cat_states", ()), *names)
+
+    def _sync_dist(self, dist_sync_fn: Any = None, process_group: Optional[Any] = None) -> None:
+        # A process that saw no batch holds empty lists, which torchmetrics gathers as a 1-D float32
+        # tensor: beside uint8 labels, int64 groups or (N, K) labels of the other processes the
+        # all-gather fails (gloo aborts the job). Such a process takes empty tensors of the dtype
+        # and trailing shape the others hold (one gather of those descriptions first).
+        group = process_group or self.process_group
+        layouts = {name: (str(batches[0].dtype), tuple(batches[0].shape[1:])) if batches else None
+                   for name in self._cat_states if isinstance(batches := getattr(self, name), list)}
+        gathered: list[Any] = [None] * torch.distributed.get_world_size(group)
+        torch.distributed.all_gather_object(gathered, layouts, group=group)
+        for name, layout in layouts.items():
+            found = next((other[name] for other in gathered if other.get(name) is not None), None)
+            if layout is None and found is not None:
+                dtype = getattr(torch, found[0].removeprefix("torch."))
+                getattr(self, name).append(torch.empty((0, *found[1]), dtype=dtype, device=self.device))
+        if dist_sync_fn is None:
+            super()._sync_dist(process_group=process_group)
+        else:
+            super()._sync_dist(dist_sync_fn, process_group)
 
     def _has_no_samples(self) -> bool:
         """Whether no item has been seen: no update since construction or ``reset()``, or empty batches only.
