@@ -292,19 +292,23 @@ class LoALoss(_PairwiseLoss):
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
-        num_items = self.num_items if self.balanced else None  # the balanced priors' denominator
-        counted = labels
-        if num_items is not None:
-            if mask is not None:  # the priors count the mask's items: the others' labels become 0
-                counted = labels.masked_fill(~mask[:, None], 0)
-            self._update_running_priors(counted, num_items)
-        mixing = self._mixing(counted, num_items)
-        result = self._pair_loss(scores, labels, groups, mask, mixing=mixing)
         if self.label_names is not None and len(self.label_names) != labels.shape[1]:
             raise ValueError(
                 f"label_names has {len(self.label_names)} names but labels have {labels.shape[1]} columns; "
                 f"got label_names={self.label_names}"
             )
+        num_items = self.num_items if self.balanced else None  # the balanced priors' denominator
+        counted, before = labels, (self.seen_positives, self.seen_items)
+        if num_items is not None:
+            if mask is not None:  # the priors count the mask's items: the others' labels become 0
+                counted = labels.masked_fill(~mask[:, None], 0)
+            self._update_running_priors(counted, num_items)
+        mixing = self._mixing(counted, num_items)
+        try:
+            result = self._pair_loss(scores, labels, groups, mask, mixing=mixing)
+        except Exception:  # a batch the data check refuses is not counted in the priors
+            self.seen_positives, self.seen_items = before
+            raise
         names = self.label_names or tuple(str(k) for k in range(labels.shape[1]))
         self.parts = pair_parts(result, label_names=names, mixing=mixing)
         return result.loss
@@ -355,8 +359,9 @@ class LoALoss(_PairwiseLoss):
                 f"labels have {positives.numel()} columns but the running priors were estimated "
                 f"for {self.seen_positives.numel()}"
             )
-        self.seen_positives += positives
-        self.seen_items += num_items.to(self.seen_items.device) if isinstance(num_items, Tensor) else num_items
+        # New tensors, not in-place sums: the caller restores the previous ones if the call fails.
+        self.seen_positives = self.seen_positives + positives
+        self.seen_items = self.seen_items + (num_items.to(self.seen_items.device) if isinstance(num_items, Tensor) else num_items)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The running priors have K entries, unknown until the first batch: take the saved size

@@ -110,6 +110,23 @@ def test_loa_buffers_stay_float64_when_the_module_is_cast(dtype):
     assert restored.seen_items.item() == 70_000
 
 
+def test_a_refused_batch_leaves_the_running_priors_as_they_were():
+    # The priors were updated before the checks ran: a batch refused for NaN scores or for the
+    # wrong number of label names was counted all the same.
+    loss = mlloss.LoALoss("balanced")
+    loss(torch.zeros(100, dtype=torch.float64), LABELS[:100])
+    seen = (loss.seen_positives.clone(), loss.seen_items.clone())
+    bad_scores = torch.zeros(100, dtype=torch.float64)
+    bad_scores[3] = float("nan")
+    with pytest.raises(ValueError, match="scores must be finite"):
+        loss(bad_scores, LABELS[100:200])
+    assert torch.equal(loss.seen_positives, seen[0]) and torch.equal(loss.seen_items, seen[1])
+    named = mlloss.LoALoss("balanced", label_names=["a", "b", "c"])
+    with pytest.raises(ValueError, match="label_names has 3 names but labels have 2 columns"):
+        named(torch.zeros(100, dtype=torch.float64), LABELS[:100])
+    assert named.seen_positives.numel() == 0 and named.seen_items.item() == 0
+
+
 def test_label_dictatorship_report_names_the_dominant_label():
     report = mlloss.label_dictatorship(LABELS, label_names=["click", "purchase"])
     torch.testing.assert_close(torch.tensor(report.priors, dtype=torch.float64), torch.tensor([0.5, 0.05], dtype=torch.float64))
