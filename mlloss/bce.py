@@ -81,8 +81,9 @@ class BCEPlusRanking(nn.Module):
             in a sigmoid, torch-rechub's): see ``BCELoss``.
 
     ``parts`` (``mlloss.parts``): ``bce``, ``ranking`` (the term before ``lam``, already divided
-    by N for ``reduction="sum"``), ``valid_pairs`` and ``groups_with_pairs``; with K tasks also
-    ``bce/k``, ``ranking/k`` and ``valid_pairs/k``.
+    by N for ``reduction="sum"``), ``valid_pairs`` and ``groups_with_pairs`` (when the ranking loss
+    reports them, as every mlloss loss does); with K tasks also ``bce/k``, ``ranking/k`` and
+    ``valid_pairs/k``.
     """
 
     def __init__(
@@ -122,19 +123,18 @@ class BCEPlusRanking(nn.Module):
             term = self.ranking(self._ranking_scores(scores[:, task]), labels[:, task], groups, **ranking_args)
             if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
                 if items is None:  # the same items for every task: counted once
-                    items = _at_least_one(getattr(self.ranking, "num_items", scores.shape[0]))
+                    counted = scores.shape[0] if mask is None else mask.sum()  # a loss without num_items
+                    items = _at_least_one(getattr(self.ranking, "num_items", counted))
                 term = term / items
             terms.append(term)
             task_parts.append(getattr(self.ranking, "parts", {}))
         ranking = sum(terms[1:], terms[0])
-        self.parts = LossParts(_task_entries(
-            {"bce": bce, "ranking": ranking,
-             "valid_pairs": lambda: sum(p["valid_pairs"] for p in task_parts),
-             "groups_with_pairs": lambda: sum(p["groups_with_pairs"] for p in task_parts)},
-            {"bce": self.bce.parts, "ranking": terms,
-             "valid_pairs": [lambda p=p: p["valid_pairs"] for p in task_parts]}
-            if num_tasks > 1 else {},
-        ))
+        totals, per_task = {"bce": bce, "ranking": ranking}, {"bce": self.bce.parts, "ranking": terms}
+        if all("valid_pairs" in p and "groups_with_pairs" in p for p in task_parts):  # a user's loss may count none
+            totals["valid_pairs"] = lambda: sum(p["valid_pairs"] for p in task_parts)
+            totals["groups_with_pairs"] = lambda: sum(p["groups_with_pairs"] for p in task_parts)
+            per_task["valid_pairs"] = [lambda p=p: p["valid_pairs"] for p in task_parts]
+        self.parts = LossParts(_task_entries(totals, per_task if num_tasks > 1 else {}))
         return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
 
     def _ranking_scores(self, column: Tensor) -> Tensor:

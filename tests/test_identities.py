@@ -194,6 +194,32 @@ def test_build_loss_by_name_and_bce_plus_pdaom_is_eq7(registry):
     assert mlloss.build_loss("bce+hinge-auc").ranking.surrogate == "hinge"
 
 
+def test_bce_plus_a_users_ranking_loss_without_parts_or_item_count(registry):
+    # A registered loss that reports no parts and no num_items: parts lists only what exists (it
+    # listed valid_pairs and raised KeyError on reading it), and a summed term is divided by the
+    # items of the mask (it was divided by all N).
+    class SummedPairs(torch.nn.Module):
+        reduction = "sum"
+
+        def forward(self, scores, labels, groups=None, mask=None):
+            keep = torch.ones_like(labels, dtype=torch.bool) if mask is None else mask
+            positive, negative = scores[keep & (labels == 1)], scores[keep & (labels == 0)]
+            return torch.exp(negative[None, :] - positive[:, None]).sum()
+
+    mlloss.register_loss("summed-pairs", SummedPairs, single_label=True)
+    loss = mlloss.build_loss("bce+summed-pairs", lam=2.0)
+    scores = torch.tensor([0.3, -0.2, 1.5, 0.1, -1.0, 0.7, 2.0, -0.4, 0.0, 0.9], dtype=torch.float64)
+    labels = torch.tensor([1, 0, 1, 0, 0, 1, 1, 0, 1, 0])
+    mask = torch.arange(10) < 6
+    value = loss(scores, labels, mask=mask)
+    assert dict(loss.parts).keys() == {"bce", "ranking"}
+    kept, kept_labels = scores[mask], labels[mask].double()
+    probabilities = torch.sigmoid(kept)
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(kept, kept_labels) + 2.0 * SummedPairs()(
+        probabilities, labels[mask]) / 6
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
+
+
 def test_register_loss_matches_names_as_build_loss_reads_them_and_keeps_taken_ones(registry):
     hinge = lambda **kw: mlloss.AUCLoss(surrogate="hinge", **kw)  # noqa: E731
     mlloss.register_loss(" Hinge-AUC ", hinge, single_label=True)
