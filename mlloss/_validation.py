@@ -117,9 +117,9 @@ def check_temperature(temperature: object, pairs: str) -> float | None:
 
 def check_lam(lam: object) -> float | tuple[float, ...]:
     values = lam if isinstance(lam, (list, tuple)) else [lam]
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"lam must be a number >= 0 or a sequence of them; got {lam!r}")
+    for value in values or [None]:  # an empty sequence weighs no task
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ValueError(f"lam must be a finite number >= 0 or a non-empty sequence of them; got {lam!r}")
     return tuple(float(v) for v in values) if isinstance(lam, (list, tuple)) else float(lam)
 
 

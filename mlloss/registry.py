@@ -10,8 +10,6 @@ Names: ``"auc"``, ``"loa"``, ``"balanced-loa"``, ``"laa"``, ``"pdaom"``, ``"bce"
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
-
 from torch import nn
 
 from ._validation import check_bool
@@ -21,11 +19,21 @@ from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
 __all__ = ["LOSSES", "SINGLE_LABEL", "build_loss", "register_loss"]
 
 
+def _balanced_loa(**options) -> LoALoss:
+    """``LoALoss(weights="balanced")``; a ``weights`` option would silently make it a plain LoA."""
+    if "weights" in options:
+        raise ValueError(
+            f"'balanced-loa' sets weights='balanced'; got weights={options['weights']!r}: "
+            "use build_loss('loa', weights=...) for fixed mixing weights"
+        )
+    return LoALoss(weights="balanced", **options)
+
+
 LOSSES: dict[str, Callable[..., nn.Module]] = {
     "auc": AUCLoss,
     "pdaom": PDAOMLoss,
     "loa": LoALoss,
-    "balanced-loa": partial(LoALoss, weights="balanced"),
+    "balanced-loa": _balanced_loa,
     "laa": LaALoss,
     "bce": BCELoss,
 }

@@ -177,6 +177,9 @@ def test_build_loss_by_name_and_bce_plus_pdaom_is_eq7(registry):
     label = labels[:, 0]
     assert isinstance(mlloss.build_loss("laa"), mlloss.LaALoss)
     assert mlloss.build_loss("balanced-loa").balanced
+    with pytest.raises(ValueError, match=r"'balanced-loa' sets weights='balanced'; got weights=\[1, 2\]"):
+        mlloss.build_loss("balanced-loa", weights=[1, 2])  # (it built a plain LoA with those weights)
+    assert mlloss.build_loss("balanced-loa", priors=[0.2, 0.5]).priors.tolist() == [0.2, 0.5]
     combined = mlloss.build_loss("bce+pdaom", lam=10.0)
     value = combined(scores, label, groups)
     bce = torch.nn.functional.binary_cross_entropy_with_logits(scores.float(), label.float())
