@@ -17,7 +17,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from mlloss._validation import check_choice
 from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc, multilabel_auc, multipartite_auc
+from mlloss.metrics.functional import WEIGHTINGS
 
 __all__ = ["ranking_metrics"]
 
@@ -50,6 +52,7 @@ def ranking_metrics(
         ``{"auc/<label>", "gauc/<label>", "diff_auc", "min_auc"[, "multipartite_auc"]: float64 scalar}``;
         DiffAUC and MinAUC are max - min and min of the per-label AUCs (NaN if one is NaN).
     """
+    check_choice("group_weighting", group_weighting, WEIGHTINGS)  # also without groups: a typo is not ignored
     names = tuple(str(name) for name in label_names)
     labels = labels.reshape(labels.shape[0], -1)
     if labels.shape[1] != len(names):
@@ -60,6 +63,9 @@ def ranking_metrics(
     if per_task and scores.shape != labels.shape:
         raise ValueError(f"scores must be (N,) or (N, K) = {tuple(labels.shape)} (one column per label); "
                          f"got {tuple(scores.shape)}")
+    if per_task and label_weights is not None:
+        raise ValueError(f"label_weights weigh the labels of one score's multipartite AUC; got label_weights="
+                         f"{list(label_weights)} with one score per label (scores {tuple(scores.shape)})")
     out: dict[str, Tensor] = {}
     with warnings.catch_warnings():
         if quiet:

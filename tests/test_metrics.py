@@ -714,3 +714,20 @@ def test_cuda_matches_cpu_in_deterministic_mode(seed: int) -> None:
             assert torch.equal(call(*(x.cuda() for x in cpu)).isnan(), on_gpu.isnan())
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+def test_ranking_metrics_refuse_options_they_would_ignore():
+    # group_weighting was checked only when groups came; label_weights were dropped for (N, K) scores.
+    from mlloss.evaluation import ranking_metrics
+
+    gen = torch.Generator().manual_seed(0)
+    scores, labels = torch.randn(30, 2, generator=gen), (torch.rand(30, 2, generator=gen) < 0.5).long()
+    with pytest.raises(ValueError, match="group_weighting must be one of 'uniform', 'size'; got 'bogus'"):
+        ranking_metrics(scores[:, 0], labels, label_names=["a", "b"], group_weighting="bogus")
+    with pytest.raises(ValueError, match=r"label_weights weigh the labels of one score's multipartite AUC; got "
+                                         r"label_weights=\[1, 3\]"):
+        ranking_metrics(scores, labels, label_names=["a", "b"], label_weights=[1, 3])
+    one_score = ranking_metrics(scores[:, 0], labels, label_names=["a", "b"], label_weights=[1, 3])
+    assert one_score["multipartite_auc"] == multipartite_auc(scores[:, 0], labels, label_weights=[1, 3])
+    for k, name in enumerate("ab"):
+        assert one_score[f"auc/{name}"] == binary_auc(scores[:, 0], labels[:, k])
