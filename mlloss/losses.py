@@ -286,6 +286,8 @@ class LoALoss(_PairwiseLoss):
         if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1):
             raise ValueError(f"num_labels must be a positive int or None; got {num_labels!r}")
         self.label_names = None if label_names is None else tuple(str(name) for name in label_names)
+        if self.label_names is not None and len(set(self.label_names)) != len(self.label_names):
+            raise ValueError(f"label_names must be distinct (they name the parts' entries); got {list(self.label_names)}")
         # Running prior estimate for weights="balanced": positives per label and items seen.
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))

@@ -64,6 +64,8 @@ def pair_parts(
     }
     for k, name in enumerate(label_names or ()):
         makers[f"label_loss/{name}"] = lambda k=k: result.problem_losses[k]
-        makers[f"mixing_weight/{name}"] = lambda k=k: torch.ones((), dtype=torch.float64) if mixing is None else mixing[k]
+        makers[f"mixing_weight/{name}"] = lambda k=k: (
+            torch.ones((), dtype=torch.float64, device=result.stats.device) if mixing is None else mixing[k]
+        )  # on the device of the other entries
         makers[f"valid_pairs/{name}"] = lambda k=k: result.valid_pairs[k]
     return LossParts(makers)

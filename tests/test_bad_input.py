@@ -26,6 +26,7 @@ LABELS = torch.tensor([1.0, 0.0, 1.0, 0.0])
         (lambda: mlloss.AUCLoss(cross_device="yes"), TypeError, "cross_device must be a bool; got 'yes'"),
         (lambda: mlloss.LoALoss([1.0, -0.5]), ValueError, r"weights must all be >= 0; got \[1.0, -0.5\]"),
         (lambda: mlloss.LoALoss([0.0, 0.0]), ValueError, "weights must not all be zero"),
+        (lambda: mlloss.LoALoss(label_names=["x", "x"]), ValueError, r"label_names must be distinct .*; got \['x', 'x'\]"),
         (lambda: mlloss.LoALoss("balance"), ValueError, "got 'balance'"),
         (lambda: mlloss.LoALoss([1.0], priors=[0.5]), ValueError, "priors are only used with weights='balanced'"),
         (lambda: mlloss.LoALoss("balanced", priors=[0.5, 1.0]), ValueError, r"priors must lie in \(0, 1\)"),
