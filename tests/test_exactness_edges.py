@@ -165,3 +165,24 @@ def test_large_groups_with_many_levels_are_exact_on_the_torch_tier(surrogate, co
     assert used == {"tiles": 1, "rectangles": 1}
     torch.testing.assert_close(value, expected, rtol=1e-10, atol=0)
     torch.testing.assert_close(leaf.grad, double.grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_real_levels_far_from_zero_keep_their_differences(backend, dtype, masked):
+    # Levels 1e8 + 0.01 k: the pair costs are their differences. The kernels cast the values to
+    # float32 (every cost 0: a zero loss) and summed them in the normalisers' prefix sums (2.7e-6
+    # off in float64); the values are now measured from the median level, which a mask's fillers
+    # (labelled 0) are not while they are fewer than the kept items.
+    from reference import laa_loss
+
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(120, generator=gen, dtype=torch.float64).to(dtype)
+    levels = 1e8 + torch.randint(0, 5, (120,), generator=gen).double() * 0.01
+    mask = torch.rand(120, generator=gen) < 0.7 if masked else None
+    surrogate = "exponential" if backend == "exact" else "logistic"
+    value = mlloss.LaALoss(real_levels=True, surrogate=surrogate, backend=backend)(scores, levels[:, None], mask=mask)
+    kept = torch.ones(120, dtype=torch.bool) if mask is None else mask
+    expected = laa_loss(scores.double()[kept], levels[kept, None], surrogate=surrogate)
+    torch.testing.assert_close(value.double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)

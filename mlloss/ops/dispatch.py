@@ -346,7 +346,13 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
     else:
         level = _rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
     ordered = torch.sort(level).values
-    return Levels(torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None], level.numel(), ordered[None])
+    rank = torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None]
+    # Values measured from the median level: the costs are differences, and levels far from 0
+    # (1e8 + 0.01 k) keep them in the kernels' float32 and in the normalisers' prefix sums. (The
+    # median, not the lowest: a mask's fillers sit at level 0, and while they are fewer than the
+    # kept items the median is a real level; a filler's own value forms no pair.)
+    middle = level.numel() // 2
+    return Levels(rank, level.numel(), (ordered - ordered[middle : middle + 1])[None])
 
 
 def _pattern_levels(labels: Tensor, label_weights: list[float]) -> int:

@@ -261,9 +261,11 @@ class LevelCosts:
         return self.pair_sums(counts, counts)
 
     def _centred_values(self) -> Tensor:
-        # Differences are what the costs are made of: measured from the lowest level, the prefix
-        # sums of v * table stay small and v_a * (lower count) - (lower sum of v) cancels less.
-        return self.level_values - self.level_values[0]
+        # Differences are what the costs are made of: measured from the middle level, the prefix
+        # sums of v * table stay small and v_a * (lower count) - (lower sum of v) cancels less
+        # (the middle, not the lowest: a mask's fillers add one level, 0, far from labels near 1e8).
+        middle = self.level_values.numel() // 2
+        return self.level_values - self.level_values[middle]
 
 
 def _exclusive_cumsum(table: Tensor) -> Tensor:
