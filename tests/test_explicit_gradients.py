@@ -472,12 +472,13 @@ def test_level_costs_sum_over_level_pairs_as_the_cost_table_does(cost, num_level
                                                                                  other.double()), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("surrogate,backend", [("logistic", "torch"), ("hinge", "exact"), ("squared", "exact"),
-                                               ("hinge", "torch")])
-def test_a_level_per_item_builds_no_level_pair_table(surrogate, backend, monkeypatch):
+@pytest.mark.parametrize("surrogate,backend,pairs", [("logistic", "torch", "all"), ("hinge", "exact", "all"),
+                                                     ("squared", "exact", "all"), ("hinge", "torch", "all"),
+                                                     ("logistic", "torch", "hardest")])
+def test_a_level_per_item_builds_no_level_pair_table(surrogate, backend, pairs, monkeypatch):
     # A real-valued label has a level per item: an (L, L) table would be quadratic in the batch
-    # (2 GB at 16,384 items). Only the exponential closed form and the max-violation pairs,
-    # which work on level pairs, may build it.
+    # (2 GB at 16,384 items; the max-violation pairs' (G, L, L) tables took 10 GB at 2,048 items in
+    # 40 groups). Only the exponential closed form, which works on level pairs, may build it.
     import mlloss
 
     def refuse(self):
@@ -489,9 +490,10 @@ def test_a_level_per_item_builds_no_level_pair_table(surrogate, backend, monkeyp
     levels = torch.rand(400, generator=gen, dtype=torch.float64)
     groups = torch.arange(400) // 100
     for grouped in (None, groups):
-        value = mlloss.LaALoss(surrogate=surrogate, real_levels=True, backend=backend)(scores, levels, grouped)
-        torch.testing.assert_close(value, laa_loss(scores, levels[:, None], grouped, cost="linear", surrogate=surrogate),
-                                   rtol=1e-10, atol=0)
+        value = mlloss.LaALoss(surrogate=surrogate, real_levels=True, backend=backend, pairs=pairs)(scores, levels, grouped)
+        expected = (laa_loss(scores, levels[:, None], grouped, cost="linear", surrogate=surrogate) if pairs == "all"
+                    else hardest_loss(scores, levels, grouped, cost="linear", surrogate=surrogate))
+        torch.testing.assert_close(value, expected, rtol=1e-10, atol=0)
 
 
 @pytest.mark.parametrize("surrogate", ["hinge", "exponential"])
@@ -515,3 +517,24 @@ def test_closed_forms_give_way_to_the_blocked_sum_when_the_levels_make_them_dear
         assert bool(calls) == expect_closed
         torch.testing.assert_close(value, laa_loss(scores, levels[:, None], groups, cost="linear", surrogate=surrogate),
                                    rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("temperature", [None, 0.5])
+def test_max_violation_pairs_in_blocks_of_groups_match_the_brute_force(temperature, monkeypatch):
+    # Groups of 2-40 cells in buckets of padded widths, cut into blocks of a few groups each.
+    import mlloss
+
+    monkeypatch.setattr(hardest, "BLOCK_ELEMENTS", 64)
+    gen = torch.Generator().manual_seed(3)
+    sizes = torch.randint(1, 41, (25,), generator=gen)
+    groups = torch.repeat_interleave(torch.arange(25) * 3 - 7, sizes)
+    scores = torch.randn(groups.numel(), generator=gen, dtype=torch.float64)
+    levels = torch.round(torch.rand(groups.numel(), generator=gen, dtype=torch.float64) * 30) / 4  # ties and many levels
+    leaf = scores.clone().requires_grad_(True)
+    value = mlloss.LaALoss(pairs="hardest", temperature=temperature, real_levels=True, backend="torch")(leaf, levels, groups)
+    value.backward()
+    reference = scores.clone().requires_grad_(True)
+    expected = hardest_loss(reference, levels, groups, cost="linear", temperature=temperature)
+    expected.backward()
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-10, atol=1e-14)

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull, tile_sum_and_pull
-from .layout import LevelCosts, OrdinalLayout
+from .layout import LevelCosts, OrdinalLayout, next_power_of_two
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
@@ -63,7 +63,7 @@ def all_pairs_loss_and_grad(
     partial_sums: list[Tensor] = []
 
     bucketed = active & (sizes <= MAX_BUCKETED_GROUP)
-    bucket_sides = _next_power_of_two(sizes.clamp(min=2))
+    bucket_sides = next_power_of_two(sizes.clamp(min=2))
     item_level_values = layout.level_values.to(scores.dtype)[layout.level]
     linear_cost = costs.linear
     for side in torch.unique(bucket_sides[bucketed]).tolist():
@@ -95,10 +95,6 @@ def all_pairs_loss_and_grad(
 
     loss = torch.stack(partial_sums).sum() if partial_sums else scores.new_zeros(())
     return loss, grad
-
-
-def _next_power_of_two(values: Tensor) -> Tensor:
-    return torch.pow(2, torch.ceil(torch.log2(values.to(torch.float64)))).to(torch.int64)
 
 
 def _padded_groups(

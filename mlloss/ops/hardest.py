@@ -19,7 +19,10 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull
-from .layout import LevelCosts, OrdinalLayout, dense_cells
+from .layout import LevelCosts, OrdinalLayout, next_power_of_two
+
+# Level pairs per block of groups (float64 temporaries of 32 MB).
+BLOCK_ELEMENTS = 1 << 22
 
 
 @torch.no_grad()
@@ -41,30 +44,49 @@ def hardest_pair_loss_and_grad(
     """
     lengths = layout.cell_lengths
     lowest, lowest_slope, highest, highest_slope = _cell_extremes_and_slopes(scores, lengths, temperature)
-    cell_min = dense_cells(layout, lowest, 0.0)
-    cell_max = dense_cells(layout, highest, 0.0)
-    present = layout.counts > 0
-    pair_cost = torch.where(present[:, :, None] & present[:, None, :], costs.matrix(), 0.0)
-    valid = pair_cost > 0
-    # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
-    margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
-    value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
-    slope = -pull  # dphi/dt
-    per_pair = torch.where(valid, value, 0.0)
-    normaliser = pair_cost.sum((1, 2))
-    has_pairs = normaliser > 0
-    divisor = torch.where(has_pairs, normaliser, 1.0)
-    per_group = (pair_cost * per_pair).sum((1, 2)) / divisor
-    num_groups = has_pairs.sum()
+    num_groups = layout.num_groups
+    # Each group's cells sit in slots 0..c_u - 1 of a row: the level pairs of a bucket of groups
+    # with at most `width` cells are (groups, width, width) blocks, not (G, L, L) tables over every
+    # level of the batch (a real-valued label has a level per item: 10 GB at 2,048 items in 40 groups).
+    cells_per_group = torch.bincount(layout.cell_group, minlength=num_groups)
+    first_cell = torch.cumsum(cells_per_group, 0) - cells_per_group
+    slot = torch.arange(lengths.numel(), device=lengths.device) - first_cell[layout.cell_group]
+    widths = next_power_of_two(cells_per_group.clamp(min=1))
+    min_grad, max_grad = torch.zeros_like(lowest), torch.zeros_like(highest)  # d loss / d cell min, max
+    per_group = scores.new_zeros(num_groups)
+    normaliser = scores.new_zeros(num_groups)
+    for width in torch.unique(widths[cells_per_group > 1]).tolist():  # a group of one cell has no pair
+        bucket = torch.nonzero((widths == width) & (cells_per_group > 1)).flatten()
+        for start in range(0, bucket.numel(), max(1, BLOCK_ELEMENTS // (width * width))):
+            groups = bucket[start : start + max(1, BLOCK_ELEMENTS // (width * width))]
+            cells = torch.nonzero(torch.isin(layout.cell_group, groups)).flatten()
+            row = torch.searchsorted(groups, layout.cell_group[cells])
+            at = (row, slot[cells])
+            shape = (groups.numel(), width)
+            present = torch.zeros(shape, dtype=torch.bool, device=scores.device).index_put(at, torch.tensor(True))
+            level = torch.zeros(shape, dtype=torch.int64, device=scores.device).index_put(at, layout.cell_level[cells])
+            cell_min = scores.new_zeros(shape).index_put(at, lowest[cells])
+            cell_max = scores.new_zeros(shape).index_put(at, highest[cells])
+            pair_cost = torch.where(present[:, :, None] & present[:, None, :],
+                                    costs.between(level[:, :, None], level[:, None, :]), 0.0)
+            valid = pair_cost > 0
+            # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
+            margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
+            value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
+            block_normaliser = pair_cost.sum((1, 2))
+            divisor = torch.where(block_normaliser > 0, block_normaliser, 1.0)
+            normaliser[groups] = block_normaliser
+            per_group[groups] = (pair_cost * torch.where(valid, value, 0.0)).sum((1, 2)) / divisor
+            margin_grad = pair_cost * torch.where(valid, -pull, 0.0) / divisor[:, None, None]  # d loss / d t_uab
+            min_grad[cells] = margin_grad.sum(2)[at]
+            max_grad[cells] = -margin_grad.sum(1)[at]
+    num_groups_with_pairs = (normaliser > 0).sum()
     loss = per_group.sum()
-    margin_grad = pair_cost * torch.where(valid, slope, 0.0) / divisor[:, None, None]  # d loss / d t_uab
     if reduction == "mean":
-        loss = loss / num_groups.clamp(min=1)
-        margin_grad = margin_grad / num_groups.clamp(min=1)
-    cells = (layout.cell_group, layout.cell_level)
-    min_grad = margin_grad.sum(2)[cells].repeat_interleave(lengths)
-    max_grad = -margin_grad.sum(1)[cells].repeat_interleave(lengths)
-    return loss, num_groups, min_grad * lowest_slope + max_grad * highest_slope
+        loss = loss / num_groups_with_pairs.clamp(min=1)
+        min_grad, max_grad = min_grad / num_groups_with_pairs.clamp(min=1), max_grad / num_groups_with_pairs.clamp(min=1)
+    grad = min_grad.repeat_interleave(lengths) * lowest_slope + max_grad.repeat_interleave(lengths) * highest_slope
+    return loss, num_groups_with_pairs, grad
 
 
 def _cell_extremes_and_slopes(

@@ -208,8 +208,8 @@ class LevelCosts:
     The sums over level pairs the PyTorch tier needs (normalisers Z_u, each level's partners)
     are prefix sums along the levels: O(G L) for (G, L) tables, with no (L, L) cost table, which
     a real-valued label (a level per item) would make quadratic in the batch. ``matrix`` builds
-    that table for the two paths that work on level pairs (the exponential closed form and the
-    max-violation pairs).
+    that table for the exponential closed form, which works on level pairs (the max-violation
+    pairs take ``between`` on each group's own levels).
     """
 
     level_values: Tensor  # (L,) float64, ascending
@@ -272,6 +272,11 @@ def _exclusive_cumsum(table: Tensor) -> Tensor:
     """Sums of the entries before each one along dim 1 (the first is 0), each computed as its own
     prefix (not cumsum - entry, which would round)."""
     return torch.nn.functional.pad(torch.cumsum(table[:, :-1], 1), (1, 0))
+
+
+def next_power_of_two(values: Tensor) -> Tensor:
+    """The smallest power of two >= each of ``values`` (>= 1), int64: bucket sizes of padded blocks."""
+    return torch.pow(2, torch.ceil(torch.log2(values.to(torch.float64)))).to(torch.int64)
 
 
 def reduction_coefficients(group_cost: Tensor, reduction: str) -> Tensor:
