@@ -74,15 +74,28 @@ def test_split_by_time_partitions_the_log(data):
     assert 0.15 < len(test) / len(data) < 0.25
     with pytest.raises(ValueError, match="val_fraction"):
         split_by_time(data, val_fraction=0.6, test_fraction=0.5)
+    for fractions in ({"val_fraction": float("nan")}, {"test_fraction": float("nan")}):  # lost rows silently
+        with pytest.raises(ValueError, match="must be >= 0 and sum to less than 1"):
+            split_by_time(data, **fractions)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"num_users": 0}, "num_users"), ({"purchase_rate": 0.2}, "purchase_rate"), ({"click_rate": 1.5}, "click_rate")],
+    [({"num_users": 0}, "num_users"), ({"purchase_rate": 0.2}, "purchase_rate"), ({"click_rate": 1.5}, "click_rate"),
+     ({"num_users": 2.5}, "num_users must be an int"), ({"mean_impressions": float("nan")}, "mean_impressions"),
+     ({"factor_noise": float("nan")}, "factor_noise"), ({"zipf_exponent": float("nan")}, "zipf_exponent"),
+     ({"interaction_scale": float("inf")}, "interaction_scale must be finite")],
 )
 def test_config_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SyntheticConfig(**kwargs)
+
+
+def test_a_log_of_one_item_or_one_impression_is_generated():
+    # one value has no sample std (NaN), which reached torch.bernoulli
+    for config in (SyntheticConfig(num_users=40, num_items=1), SyntheticConfig(num_users=1, mean_impressions=1)):
+        data = generate_impressions(config)
+        assert len(data) >= 1 and torch.isfinite(data.dense).all() and torch.isfinite(data.p_click).all()
 
 
 # --------------------------------------------------------------------------- towers

@@ -273,6 +273,35 @@ def test_tensor_batches_errors_name_the_argument():
         TensorBatches({"a": torch.zeros(3)}, 2)
     with pytest.raises(ValueError, match="batch_size"):
         TensorBatches({"groups": torch.zeros(3, dtype=torch.long)}, 0)
+    for groups in (torch.arange(2), torch.arange(5)):  # a short one dropped rows silently
+        with pytest.raises(ValueError, match=r"groups must be a \(N,\) tensor with one id per row of columns \(N = 3\)"):
+            TensorBatches({"a": torch.zeros(3)}, 2, groups=groups)
+
+
+def test_group_data_module_without_a_validation_split_runs_no_validation():
+    import pytorch_lightning as pl
+
+    from mlloss.data import GroupDataModule
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.validated = torch.nn.Linear(4, 1), 0
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch["x"]).sum()
+
+        def validation_step(self, batch, batch_idx):
+            self.validated += 1
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    module = Module()
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu")
+    trainer.fit(module, GroupDataModule(columns_of(200, 20, seed=4), batch_size=32, group_key="user"))
+    assert trainer.global_step > 0 and module.validated == 0
 
 
 def test_group_data_module_serves_every_row_once_for_evaluation_and_shuffles_training():

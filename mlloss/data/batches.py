@@ -91,6 +91,9 @@ class TensorBatches:
             if group_key not in columns:
                 raise ValueError(f"groups is None and columns has no {group_key!r} column; got {sorted(columns)}")
             groups = columns[group_key]
+        elif not isinstance(groups, torch.Tensor) or groups.dim() != 1 or groups.shape[0] != next(iter(lengths.values())):
+            raise ValueError(f"groups must be a (N,) tensor with one id per row of columns (N = "
+                             f"{next(iter(lengths.values()))}); got {tuple(groups.shape) if isinstance(groups, torch.Tensor) else type(groups).__name__}")
         if fixed_size and mask_key in columns:
             raise ValueError(f"mask_key {mask_key!r} is the name of one of the columns; pass another mask_key "
                              f"(columns: {sorted(columns)})")

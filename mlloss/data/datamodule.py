@@ -96,8 +96,10 @@ class GroupDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> TensorBatches:
         return self.batches("train")
 
-    def val_dataloader(self) -> TensorBatches:
-        return self.batches("val")
+    def val_dataloader(self) -> TensorBatches | list:
+        # Without a validation split: no batches, so Lightning runs no validation loop (a module
+        # with a validation_step would otherwise stop fit on the missing split).
+        return [] if self.splits["val"] is None else self.batches("val")
 
     def test_dataloader(self) -> TensorBatches:
         return self.batches("test")

@@ -23,6 +23,7 @@ real-data loaders of ``tabular.py`` return too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -67,16 +68,18 @@ class SyntheticConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_users", "num_items", "num_categories", "num_segments", "num_slots", "latent_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SyntheticConfig.{name} must be >= 1; got {getattr(self, name)}")
-        if self.mean_impressions < 1:
-            raise ValueError(f"SyntheticConfig.mean_impressions must be >= 1; got {self.mean_impressions}")
-        if self.factor_noise < 0:
-            raise ValueError(f"SyntheticConfig.factor_noise must be >= 0; got {self.factor_noise}")
+        for name in ("num_users", "num_items", "num_categories", "num_segments", "num_slots", "latent_dim", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "seed" else 1):
+                raise ValueError(f"SyntheticConfig.{name} must be an int >= {0 if name == 'seed' else 1}; got {value!r}")
+        # the comparisons below are written so that NaN fails them; inf is refused as well
+        if not 1 <= self.mean_impressions < math.inf:
+            raise ValueError(f"SyntheticConfig.mean_impressions must be finite and >= 1; got {self.mean_impressions}")
+        if not 0 <= self.factor_noise < math.inf:
+            raise ValueError(f"SyntheticConfig.factor_noise must be finite and >= 0; got {self.factor_noise}")
         for name in ("activity_sigma", "zipf_exponent", "interaction_scale"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SyntheticConfig.{name} must be > 0; got {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"SyntheticConfig.{name} must be finite and > 0; got {getattr(self, name)}")
         if not 0 < self.click_rate < 1:
             raise ValueError(f"SyntheticConfig.click_rate must be in (0, 1); got {self.click_rate}")
         if not 0 < self.purchase_rate < self.click_rate:
@@ -196,7 +199,7 @@ def split_by_time(
 ) -> tuple[ImpressionData, ImpressionData, ImpressionData]:
     """Split into (train, val, test) by timestamp: the last ``test_fraction`` of the time
     range is test, the ``val_fraction`` before it validation, the rest training."""
-    if val_fraction < 0 or test_fraction < 0 or val_fraction + test_fraction >= 1:
+    if not (0 <= val_fraction and 0 <= test_fraction and val_fraction + test_fraction < 1):  # NaN fails too
         raise ValueError(
             f"val_fraction={val_fraction} and test_fraction={test_fraction} must be >= 0 "
             "and sum to less than 1"
@@ -212,7 +215,8 @@ def split_by_time(
 
 
 def _standardize(x: Tensor) -> Tensor:
-    return (x - x.mean()) / x.std().clamp_min(1e-6)
+    # one value (one item, or one impression) is centred to 0: its sample std would be NaN
+    return (x - x.mean()) / (x.std() if x.numel() > 1 else x.new_ones(())).clamp_min(1e-6)
 
 
 def _calibrate_intercept(logits: Tensor, target: float, weights: Tensor | None = None) -> float:
