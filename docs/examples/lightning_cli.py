@@ -1,8 +1,9 @@
 """A LightningCLI whose YAML picks the loss by ``class_path`` (docs/examples/lightning_cli.yaml).
 
-``Ranker``'s ``loss`` argument is typed ``torch.nn.Module``, so any mlloss loss (or any other
-module called as ``loss(scores, labels, groups=...)``) can be chosen in the config or on the
-command line, with its ``init_args``. Run::
+``Ranker``'s ``loss`` argument is typed ``torch.nn.Module``, so any loss of the two labels
+(click, purchase) that is called as ``loss(scores, labels, groups=...)`` can be chosen in the
+config or on the command line, with its ``init_args``: ``LaALoss``, ``LoALoss`` (a single-label
+loss such as ``AUCLoss`` needs one label column: ``labels[:, :1]``). Run::
 
     python docs/examples/lightning_cli.py fit --config docs/examples/lightning_cli.yaml
     python docs/examples/lightning_cli.py fit --config docs/examples/lightning_cli.yaml \\

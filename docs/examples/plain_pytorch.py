@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from mlloss import build_loss
+from mlloss.registry import SINGLE_LABEL
 from mlloss.data import GroupBatchSampler, SyntheticConfig, generate_impressions
 
 
@@ -34,8 +35,10 @@ def main(steps=30, loss_name="bce+auc", seed=0):
     log = generate_impressions(SyntheticConfig(num_users=300, num_items=500, mean_impressions=20, click_rate=0.2, purchase_rate=0.05, seed=seed))
     labels = torch.stack([log.click, log.purchase], dim=1)  # (N, 2): click, purchase
 
-    loss_fn = build_loss(loss_name)  # e.g. "bce+auc", "bce+pdaom" (lam=...), "laa", "loa"
+    loss_fn = build_loss(loss_name)  # e.g. "bce+auc", "bce+pdaom" (lam=...), "laa", "loa", "auc"
     num_scores = 2 if loss_name.startswith("bce") else 1  # bce+...: one logit per task; else one score
+    if loss_name in SINGLE_LABEL:  # "auc", "pdaom": one binary label, the click
+        labels = labels[:, :1]
     model = ScoreNet(log.cardinalities, log.dense.shape[1], num_scores)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
 
