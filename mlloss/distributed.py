@@ -41,11 +41,17 @@ def gather_batch(
     or None) in rank order."""
     if world_size() == 1:
         return scores, labels, groups, mask
+    if labels.dtype in _WIDENED:  # the backends gather no int16 / int8 / wide unsigned labels
+        labels = labels.to(torch.int64)
     shapes = _gather_shapes(scores, labels, groups, mask)
-    sizes = [int(size) for size, _, _, _ in shapes]
-    num_labels = {int(k) for _, k, _, _ in shapes}
-    grouped = {bool(g) for _, _, g, _ in shapes}
-    masked = {bool(m) for _, _, _, m in shapes}
+    sizes = [int(size) for size, _, _, _, _, _ in shapes]
+    num_labels = {int(k) for _, k, _, _, _, _ in shapes}
+    grouped = {bool(g) for _, _, g, _, _, _ in shapes}
+    masked = {bool(m) for _, _, _, m, _, _ in shapes}
+    for name, column in (("scores", 4), ("labels", 5)):  # a mismatch would abort the gather itself
+        dtypes = {_DTYPES[int(shape[column])] if shape[column] >= 0 else "another dtype" for shape in shapes}
+        if len(dtypes) > 1:
+            raise ValueError(f"cross_device=True: ranks pass {name} of different dtypes: {sorted(map(str, dtypes))}")
     if len(num_labels) > 1:
         raise ValueError(f"cross_device=True: ranks disagree on the number of label columns: {sorted(num_labels)}")
     if len(grouped) > 1:
@@ -113,9 +119,18 @@ class _GatherWithGrad(torch.autograd.Function):
         return total[start : start + ctx.sizes[ctx.rank]], None, None
 
 
+# Dtypes the gathered batch's description names (an index each; -1 for any other).
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool, torch.uint8, torch.int32,
+           torch.int64)
+_WIDENED = (torch.int8, torch.int16, torch.uint16, torch.uint32, torch.uint64)
+
+
 def _gather_shapes(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None) -> list[Tensor]:
+    """Every rank's (rows, label columns, grouped, masked, scores' dtype, labels' dtype)."""
+    codes = [_DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1 for t in (scores, labels)]
     local = torch.tensor(
-        [scores.shape[0], labels.shape[1], groups is not None, mask is not None], dtype=torch.int64, device=scores.device
+        [scores.shape[0], labels.shape[1], groups is not None, mask is not None, *codes], dtype=torch.int64,
+        device=scores.device,
     )
     shapes = [torch.empty_like(local) for _ in range(world_size())]
     dist.all_gather(shapes, local)

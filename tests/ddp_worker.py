@@ -122,3 +122,23 @@ def metrics_run(rank: int, world: int, port: int, out_dir: str) -> None:
         results[name] = metric.compute()
     torch.save(results, os.path.join(out_dir, f"metrics-rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def dtype_run(rank: int, world: int, port: int, out_dir: str) -> None:
+    """int16 labels across ranks (the backends gather none: they are widened), and ranks whose
+    labels differ in dtype (refused by name before the gather)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    features, labels, groups = global_batch()
+    local = slice(0, 37) if rank == 0 else slice(37, 60)
+    scores = features[local, 0]
+    results = {"int16": mlloss.AUCLoss(cross_device=True)(scores, labels[local, 0].to(torch.int16), groups[local])}
+    mixed = labels[local, 0].bool() if rank == 0 else labels[local, 0]
+    try:
+        mlloss.AUCLoss(cross_device=True)(scores, mixed, groups[local])
+        results["mixed"] = None
+    except ValueError as error:
+        results["mixed"] = str(error)
+    torch.save(results, os.path.join(out_dir, f"dtype-rank{rank}.pt"))
+    dist.destroy_process_group()

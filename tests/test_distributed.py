@@ -87,6 +87,16 @@ def test_streaming_metrics_sync_when_a_process_saw_no_batch(tmp_path):
         torch.testing.assert_close(torch.load(tmp_path / f"metrics-rank{rank}.pt"), expected, rtol=0, atol=0)
 
 
+def test_cross_device_widens_int16_labels_and_names_ranks_with_other_dtypes(tmp_path):
+    mp.spawn(ddp_worker.dtype_run, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    features, labels, groups = ddp_worker.global_batch()
+    expected = mlloss.AUCLoss()(features[:, 0], labels[:, 0].long(), groups)
+    for rank in range(2):
+        results = torch.load(tmp_path / f"dtype-rank{rank}.pt")
+        torch.testing.assert_close(results["int16"], expected, rtol=1e-12, atol=0)
+        assert "ranks pass labels of different dtypes: ['torch.bool', 'torch.float64']" in results["mixed"]
+
+
 def test_cross_device_is_a_no_op_in_a_single_process():
     features, labels, groups = ddp_worker.global_batch()
     model = ddp_worker.make_model()
