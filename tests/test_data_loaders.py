@@ -276,3 +276,22 @@ def test_impression_data_rejects_an_unknown_item_field():
     assert data.p_click is None and data.item_field is None and len(data.subset(torch.tensor([1]))) == 1
     with pytest.raises(ValueError, match=r"item_field='item' is not one of field_names \('user',\)"):
         ImpressionData(**{**data.__dict__, "item_field": "item"})
+
+
+def test_impression_data_checks_every_column_against_the_rows():
+    # Only sparse was checked: a short click column made len() 3 for 4 rows, and stacking the
+    # labels, batching or splitting failed later with torch's messages.
+    import torch
+
+    from mlloss.data import ImpressionData
+
+    columns = dict(sparse=torch.zeros(4, 1, dtype=torch.long), dense=torch.zeros(4, 2), click=torch.zeros(4),
+                   purchase=torch.zeros(4), user=torch.zeros(4, dtype=torch.long), timestamp=torch.rand(4),
+                   field_names=("user",), cardinalities=(1,), dense_names=("a", "b"))
+    assert len(ImpressionData(**columns)) == 4
+    for bad, words in ((dict(click=torch.zeros(3)), r"click must have shape \(4,\)"),
+                       (dict(timestamp=torch.rand(2)), r"timestamp must have shape \(4,\)"),
+                       (dict(dense=torch.zeros(4, 5)), r"dense must have shape \(4, 2\) for dense_names"),
+                       (dict(user=-torch.ones(4, dtype=torch.long)), "user must hold non-negative ids; got -1")):
+        with pytest.raises(ValueError, match=words):
+            ImpressionData(**{**columns, **bad})

@@ -67,6 +67,17 @@ class ImpressionData:
         if self.sparse.dim() != 2 or self.sparse.shape[1] != len(self.cardinalities):
             raise ValueError(f"ImpressionData.sparse must have shape (N, {len(self.cardinalities)}); "
                              f"got {tuple(self.sparse.shape)}")
+        num_rows = self.sparse.shape[0]
+        for name in ("click", "purchase", "user", "timestamp", "p_click", "p_purchase"):
+            value = getattr(self, name)
+            if value is not None and (value.dim() != 1 or value.shape[0] != num_rows):
+                raise ValueError(f"ImpressionData.{name} must have shape ({num_rows},), one entry per row of "
+                                 f"sparse; got {tuple(value.shape)}")
+        if self.dense.dim() != 2 or self.dense.shape != (num_rows, len(self.dense_names)):
+            raise ValueError(f"ImpressionData.dense must have shape ({num_rows}, {len(self.dense_names)}) for "
+                             f"dense_names {self.dense_names}; got {tuple(self.dense.shape)}")
+        if num_rows and int(self.user.min()) < 0:
+            raise ValueError(f"ImpressionData.user must hold non-negative ids; got {int(self.user.min())}")
         # Checked once here, so that the models need not check every batch.
         check_field_ids(self.sparse, self.cardinalities, "ImpressionData.sparse", self.field_names)
         if self.item_field is not None and self.item_field not in self.field_names:
