@@ -90,7 +90,9 @@ class SyntheticConfig:
 
 
 def generate_impressions(config: SyntheticConfig | None = None) -> ImpressionData:
-    """Draw an impression log; the same config (seed included) gives the same tensors."""
+    """Draw an impression log; the same config (seed included) gives the same tensors with the
+    same number of torch threads (the float32 means and standard deviations of the features are
+    parallel reductions: other thread counts move them by a few ULPs)."""
     cfg = config or SyntheticConfig()
     gen = torch.Generator().manual_seed(cfg.seed)
     users = _draw_users(cfg, gen)
