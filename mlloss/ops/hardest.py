@@ -63,7 +63,7 @@ def hardest_pair_loss_and_grad(
             row = torch.searchsorted(groups, layout.cell_group[cells])
             at = (row, slot[cells])
             shape = (groups.numel(), width)
-            present = torch.zeros(shape, dtype=torch.bool, device=scores.device).index_put(at, torch.tensor(True))
+            present = torch.zeros(shape, dtype=torch.bool, device=scores.device).index_put(at, torch.ones_like(row, dtype=torch.bool))
             level = torch.zeros(shape, dtype=torch.int64, device=scores.device).index_put(at, layout.cell_level[cells])
             cell_min = scores.new_zeros(shape).index_put(at, lowest[cells])
             cell_max = scores.new_zeros(shape).index_put(at, highest[cells])
