@@ -44,6 +44,12 @@ def check_sizes(**sizes: int) -> None:
             raise ValueError(f"{name} must be >= 1; got {value}")
 
 
+def at_least_one(count: int | Tensor) -> int | Tensor:
+    """max(count, 1) of an item count, a host int or (with a mask) a device tensor, without a sync:
+    the denominator of a mean over the items that count."""
+    return count.clamp(min=1) if isinstance(count, Tensor) else max(count, 1)
+
+
 def check_widths(name: str, widths: Sequence[int], *, allow_empty: bool = False) -> None:
     """The hidden-layer widths ``name`` of a model part: each >= 1, and at least one unless
     ``allow_empty`` (a task tower may be a single linear layer)."""

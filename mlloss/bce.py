@@ -124,7 +124,7 @@ class BCEPlusRanking(nn.Module):
             if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
                 if items is None:  # the same items for every task: counted once
                     counted = scores.shape[0] if mask is None else mask.sum()  # a loss without num_items
-                    items = _at_least_one(getattr(self.ranking, "num_items", counted))
+                    items = check.at_least_one(getattr(self.ranking, "num_items", counted))
                 term = term / items
             terms.append(term)
             task_parts.append(getattr(self.ranking, "parts", {}))
@@ -148,11 +148,6 @@ class BCEPlusRanking(nn.Module):
 
 
 INPUTS = ("logits", "probabilities")
-
-
-def _at_least_one(count: int | Tensor) -> int | Tensor:
-    """max(count, 1) of an item count, a host int or (with a mask) a device tensor, without a sync."""
-    return count.clamp(min=1) if isinstance(count, Tensor) else max(count, 1)
 
 
 def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:

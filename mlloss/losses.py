@@ -337,9 +337,7 @@ class LoALoss(_PairwiseLoss):
         elif self.training:
             priors = (self.seen_positives / self.seen_items.clamp(min=1)).to(labels.device)  # includes this batch
         else:  # evaluation: the running means once training has seen a batch, else this batch's
-            counted = labels.shape[0] if num_items is None else num_items
-            counted = counted.clamp(min=1) if isinstance(counted, Tensor) else max(counted, 1)
-            batch = labels.to(torch.float64).sum(0) / counted
+            batch = labels.to(torch.float64).sum(0) / check.at_least_one(labels.shape[0] if num_items is None else num_items)
             if self.seen_positives.numel() == 0:
                 priors = batch
             else:

@@ -10,6 +10,7 @@ Names: ``"auc"``, ``"loa"``, ``"balanced-loa"``, ``"laa"``, ``"pdaom"``, ``"bce"
 from __future__ import annotations
 
 from collections.abc import Callable
+
 from torch import nn
 
 from ._validation import check_bool

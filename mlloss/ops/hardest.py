@@ -57,8 +57,9 @@ def hardest_pair_loss_and_grad(
     normaliser = scores.new_zeros(num_groups)
     for width in torch.unique(widths[cells_per_group > 1]).tolist():  # a group of one cell has no pair
         bucket = torch.nonzero((widths == width) & (cells_per_group > 1)).flatten()
-        for start in range(0, bucket.numel(), max(1, BLOCK_ELEMENTS // (width * width))):
-            groups = bucket[start : start + max(1, BLOCK_ELEMENTS // (width * width))]
+        chunk = max(1, BLOCK_ELEMENTS // (width * width))
+        for start in range(0, bucket.numel(), chunk):
+            groups = bucket[start : start + chunk]
             cells = torch.nonzero(torch.isin(layout.cell_group, groups)).flatten()
             row = torch.searchsorted(groups, layout.cell_group[cells])
             at = (row, slot[cells])
@@ -83,8 +84,8 @@ def hardest_pair_loss_and_grad(
     num_groups_with_pairs = (normaliser > 0).sum()
     loss = per_group.sum()
     if reduction == "mean":
-        loss = loss / num_groups_with_pairs.clamp(min=1)
-        min_grad, max_grad = min_grad / num_groups_with_pairs.clamp(min=1), max_grad / num_groups_with_pairs.clamp(min=1)
+        groups_counted = num_groups_with_pairs.clamp(min=1)
+        loss, min_grad, max_grad = loss / groups_counted, min_grad / groups_counted, max_grad / groups_counted
     grad = min_grad.repeat_interleave(lengths) * lowest_slope + max_grad.repeat_interleave(lengths) * highest_slope
     return loss, num_groups_with_pairs, grad
 
