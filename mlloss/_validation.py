@@ -406,11 +406,16 @@ def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:
 
 
 def metric_scores(scores: object) -> Tensor:
-    """Scores of shape (N,) or (N, 1), real and free of NaN, as (N,)."""
+    """Scores of shape (N,) or (N, 1), real and free of NaN, as (N,); unsigned integers wider than
+    a byte as int64 in the same order (torch sorts them but cannot search them)."""
     require_tensor(scores, "scores")
     if scores.dtype.is_complex:
         raise TypeError(f"scores must be real; got dtype {scores.dtype}")
     scores = as_vector(scores, "scores")
+    if scores.dtype in (torch.uint16, torch.uint32):
+        scores = scores.to(torch.int64)
+    elif scores.dtype == torch.uint64:  # flipping the top bit maps 0 .. 2^64 - 1 onto -2^63 .. 2^63 - 1
+        scores = scores.view(torch.int64) ^ torch.iinfo(torch.int64).min
     nan = torch.isnan(scores)
     if nan.any():
         raise ValueError(f"scores must not contain NaN; {_first_entry('scores', scores, nan)}")

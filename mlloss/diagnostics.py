@@ -22,7 +22,8 @@ from torch import Tensor
 
 from . import _validation as check
 
-# Default threshold: a label dictates when its effective weight is at least this many times the next one.
+# Default threshold: a label dictates when its effective weight is at least this many times the next one
+# (and more than all the others together).
 DICTATORSHIP_RATIO = 2.0
 # Below this ratio no label dominates; from it up to the threshold the top label tilts the ranking.
 TILT_RATIO = 1.25
@@ -50,7 +51,8 @@ class DictatorshipReport:
             effective weight (0 for a label without both classes).
         dominance_ratio_se: the standard error of ``dominance_ratio`` from the sampling error of the priors
             (delta method, see :func:`label_dictatorship`); NaN when fewer than two labels take part.
-        threshold: the ratio from which the dominant label is said to dictate the ranking.
+        threshold: the ratio from which the dominant label is said to dictate the ranking (if its share is
+            also above 1/2).
     """
 
     label_names: tuple[str, ...]
@@ -76,8 +78,17 @@ class DictatorshipReport:
 
     @property
     def is_dictatorship(self) -> bool:
-        """Whether the dominant label's effective weight is at least ``threshold`` times the next one."""
-        return self.dominance_ratio >= self.threshold
+        """Whether the dominant label's effective weight is at least ``threshold`` times the next one and
+        more than all the others' together (a share above 1/2; with two labels the ratio implies it)."""
+        return self.dominance_ratio >= self.threshold and self._dominant_share() > 0.5
+
+    def _dominant_share(self) -> float:
+        return max(self.shares, default=0.0)
+
+    def _asked_ratio(self) -> float:
+        """The mixing weights' own ratio a_top / a_next for the dominant label and the next one."""
+        ranked = sorted(range(len(self.effective_weights)), key=lambda k: -self.effective_weights[k])
+        return self.mixing_weights[ranked[0]] / self.mixing_weights[ranked[1]]
 
     def as_dict(self) -> dict[str, object]:
         """Flat values for a logger: ``dominant`` (left out when it is ``None``), ``dominance_ratio``,
@@ -107,9 +118,14 @@ class DictatorshipReport:
             return f"only '{self.dominant}' takes part in the LoA ranking ({_TAKING_PART}): no label dictates"
         ratio = f"ratio {self.dominance_ratio:.2f} ± {self.dominance_ratio_se:.2f}"
         if self.is_dictatorship:
+            verdict = f"'{self.dominant}' dictates the LoA ranking ({ratio} to the next label; threshold {self.threshold:g})"
+            if self.dominance_ratio <= self._asked_ratio() * (1 + 1e-9):
+                return f"{verdict}, as its mixing weights a_k ask: its prior adds nothing to it"
+            return f"{verdict}; LaALoss or LoALoss(weights='balanced') weigh labels as asked"
+        if self.dominance_ratio >= self.threshold:
             return (
-                f"'{self.dominant}' dictates the LoA ranking ({ratio} to the next label; threshold {self.threshold:g}); "
-                f"LaALoss or LoALoss(weights='balanced') weigh labels as asked"
+                f"'{self.dominant}' tilts the LoA ranking ({ratio} to the next label, but a share of "
+                f"{self._dominant_share():.0%}: it does not outweigh the others together)"
             )
         if self.dominance_ratio >= TILT_RATIO:
             return f"'{self.dominant}' tilts the LoA ranking ({ratio} to the next label; dictates from {self.threshold:g})"
@@ -128,11 +144,15 @@ def label_dictatorship(
     The dominance ratio is the largest effective weight over the next one, among the labels that take
     part (both classes and a_k > 0): how many times more a unit of the top label's class probability
     counts than one of the next label's in the Bayes-optimal LoA score :math:`\sum_k \alpha_k \eta_k(x)`
-    (Prop. 5.2). With deterministic labels any ratio above 1 lets the top label decide every pair on which
-    the two labels disagree (Prop. 6.1); with noisy labels the larger the ratio, the closer the LoA ranking
-    is to ranking by the top label alone. ``threshold`` is therefore a convention, not a test: the default 2
-    says a label dictates when it counts at least twice as much as any other. The report says "tilts" from
-    ``TILT_RATIO`` (1.25) up to the threshold, and "no label dominates" below.
+    (Prop. 5.2). With two deterministic labels any ratio above 1 lets the top label decide every pair on
+    which they disagree (Prop. 6.1); with more labels the top label decides every pair it separates when
+    its effective weight exceeds the others' together (its share is above 1/2), whatever the ratio. With
+    noisy labels the larger the ratio, the closer the LoA ranking is to ranking by the top label alone.
+    ``threshold`` is therefore a convention, not a test: the default 2 says a label dictates when it counts
+    at least twice as much as any other and more than all the others together. The report says "tilts"
+    from ``TILT_RATIO`` (1.25) up to the threshold (or above it, for a label that does not outweigh the
+    others together), and "no label dominates" below. A dictating label is either asked for (its ratio is
+    no more than the mixing weights' own a_top / a_next) or made by the priors, and the verdict says which.
 
     The priors are estimated from the N items, so the ratio is uncertain. ``dominance_ratio_se`` is its
     first-order (delta-method) standard error: with :math:`g_k = (1 - 2\pi_k) / (\pi_k (1 - \pi_k))`, the

@@ -225,6 +225,28 @@ def test_the_verdict_is_graded_and_the_threshold_is_the_users():
     assert str(level).splitlines()[-1].startswith("no label dominates (largest/next: ratio 1.04 ± ")
 
 
+def test_with_more_labels_a_dictator_must_outweigh_the_others_together():
+    """Four balanced labels (pi = 1/2) and a = (2, 1, 1, 1): effective weights (8, 4, 4, 4), ratio 2 but a share of
+    40%. With deterministic labels the LoA Bayes score ranks (0, 1, 1, 1) (12) above (1, 0, 0, 0) (8): label_0
+    does not decide the pairs it separates, so the report does not say it dictates."""
+    labels = torch.cartesian_prod(*[torch.tensor([0, 1])] * 4)  # every pattern once: priors 1/2, no correlation
+    report = mlloss.label_dictatorship(labels, [2.0, 1.0, 1.0, 1.0])
+    assert report.effective_weights == (8.0, 4.0, 4.0, 4.0) and report.dominance_ratio == 2.0
+    assert not report.is_dictatorship
+    assert str(report).splitlines()[-1] == (
+        "'label_0' tilts the LoA ranking (ratio 2.00 ± 0.00 to the next label, but a share of 40%: it does not "
+        "outweigh the others together)"
+    )
+    # With a = (4, 1, 1, 1) its weight 16 beats the others' 12: it dictates, as asked (the priors are equal).
+    asked = mlloss.label_dictatorship(labels, [4.0, 1.0, 1.0, 1.0])
+    assert asked.is_dictatorship
+    assert str(asked).splitlines()[-1].endswith("as its mixing weights a_k ask: its prior adds nothing to it")
+    # Skewed priors that make the dictator get the advice to aggregate labels instead.
+    assert str(mlloss.label_dictatorship(LABELS)).splitlines()[-1].endswith(
+        "LaALoss or LoALoss(weights='balanced') weigh labels as asked"
+    )
+
+
 @pytest.mark.parametrize("threshold", [1.0, 0.5, -3, math.inf, math.nan, True, "2", None])
 def test_label_dictatorship_rejects_a_bad_threshold(threshold):
     with pytest.raises(ValueError, match=f"threshold must be a finite number > 1; got {re.escape(repr(threshold))}"):

@@ -161,6 +161,15 @@ def test_callback_rejects_outputs_that_break_the_contract():
         )
     with pytest.raises(ValueError, match="distinct"):
         RankingMetrics(["click", "click"])
+    # The weights are checked at construction, not after the first validation epoch.
+    with pytest.raises(ValueError, match=r"loa_weights must have one entry per label name \(2\); got loa_weights=\[1.0\]"):
+        RankingMetrics(["click", "purchase"], loa_weights=[1.0])
+    with pytest.raises(ValueError, match=r"label_weights must have one entry per label name \(2\)"):
+        RankingMetrics(["click", "purchase"], label_weights=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"label_weights must all be > 0; got \[1.0, 0.0\]"):
+        RankingMetrics(["click", "purchase"], label_weights=[1.0, 0.0])
+    with pytest.raises(ValueError, match=r"loa_weights must all be >= 0; got \[1.0, -1.0\]"):
+        RankingMetrics(["click", "purchase"], loa_weights=[1.0, -1.0])
     feed(callback, {"scores": scores, "labels": labels, "groups": groups}, {"scores": scores, "labels": labels})
     with pytest.raises(ValueError, match="every validation batch"):
         callback.compute()

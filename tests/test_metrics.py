@@ -208,6 +208,84 @@ def test_aggregate_levels() -> None:
 
 
 @IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+def test_weighted_levels_equal_in_exact_arithmetic_are_one_level(seed: int, cost: str) -> None:
+    """With weights 0.1, 0.2, 0.3 the float sums 0.1 + 0.2 and 0.3 differ in the last bit: they are one level,
+    as in LaALoss. The AUCs are those of the integer weights 1, 2, 3 (the metric is scale-free)."""
+    scores, labels, groups = random_case(seed, k=3)
+    expected = ref_multipartite(scores, labels @ np.array([1, 2, 3]), cost)
+    assert_close(multipartite_auc(t(scores), t(labels), cost=cost, label_weights=[0.1, 0.2, 0.3]), expected)
+    grouped = ref_group_mean(lambda s, y: ref_multipartite(s, y @ np.array([1, 2, 3]), cost), scores, labels, groups, "uniform")
+    g = t(groups, torch.long)
+    assert_close(multipartite_auc(t(scores), t(labels), g, cost=cost, label_weights=[0.1, 0.2, 0.3]), grouped)
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.parametrize("seed", range(4))
+def test_linear_multipartite_auc_is_exact_for_levels_far_from_zero(seed: int) -> None:
+    """The linear cost's rank sums are measured from each group's median level: an offset of 1e15 (a
+    different one per group) changes nothing, where it cancelled to values outside [0, 1] before."""
+    scores, _, groups = random_case(seed)
+    levels = random_levels(1, scores.size)  # small integers
+    s, g = t(scores), t(groups, torch.long)
+    offsets = 1e15 + 1e14 * (t(groups) % 7)
+    assert_close(multipartite_auc(s, t(levels) + 1e15), ref_multipartite(scores, levels))
+    expected = ref_group_mean(ref_multipartite, scores, levels, groups, "uniform")
+    assert_close(multipartite_auc(s, t(levels) + offsets, g), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_integer_scores(dtype: torch.dtype) -> None:
+    rng = np.random.default_rng(5)
+    step = {torch.uint8: 2**6, torch.uint16: 2**14, torch.uint32: 2**30, torch.uint64: 2**62}[dtype]
+    scores = rng.integers(0, 4, size=50)  # ties; as uint64, values at and above 2^63
+    labels = rng.integers(0, 2, size=50)
+    s = torch.tensor([int(v) * step + 1 for v in scores], dtype=dtype)
+    assert_close(binary_auc(s, t(labels, torch.long)), ref_auc(scores, labels))
+    assert_close(group_auc(s, t(labels, torch.long), t(labels * 0, torch.long)), ref_auc(scores, labels))
+
+
+@IGNORE_UNDEFINED
+def test_a_one_column_level_is_an_ordinal_label_like_laa_takes_it() -> None:
+    scores, _, _ = random_case(3)
+    levels = random_levels(1, scores.size)
+    expected = ref_multipartite(scores, levels)
+    assert_close(multipartite_auc(t(scores), t(levels)[:, None]), expected)
+    assert_close(multipartite_auc(t(scores), t(levels)[:, None], label_weights=[2.5]), expected)
+    metric = MultipartiteAUC()
+    metric.update(t(scores), t(levels)[:, None])
+    assert_close(metric.compute(), expected)
+
+
+def test_multipartite_metric_keeps_the_label_layout_across_batches() -> None:
+    metric = MultipartiteAUC()
+    metric.update(S3, torch.stack([Y3, Y3], 1))
+    with pytest.raises(ValueError, match=r"levels must keep their layout across batches: 2 column\(s\) before, got shape \(3, 3\)"):
+        metric.update(S3, torch.stack([Y3, Y3, Y3], 1))
+    with pytest.raises(ValueError, match="2 column"):
+        metric.update(S3, Y3.double())
+    metric.reset()
+    metric.update(S3, Y3.double())  # a new layout after reset()
+    assert_close(metric.compute(), ref_multipartite(S3.numpy(), Y3.numpy()))
+
+
+def test_a_refused_batch_leaves_the_state_as_it_was() -> None:
+    for metric, good, bad in [
+        (AUC(), (S3, Y3), (S3, torch.tensor([0, 2, 1]))),
+        (GroupAUC(), (S3, Y3, G3), (S3, torch.tensor([0, 2, 1]), G3)),
+        (MultiLabelAUC(1), (S3, Y3), (S3, torch.tensor([0, 2, 1]))),
+        (MultipartiteAUC(), (S3, Y3), (S3, torch.tensor([0.0, math.nan, 1.0]))),
+    ]:
+        metric.update(*good)
+        with pytest.raises(ValueError):
+            metric.update(*bad)
+        result = metric.compute()
+        value = result["min_auc"] if isinstance(result, dict) else result
+        assert_close(value, ref_auc(S3.numpy(), Y3.numpy()))
+
+
+@IGNORE_UNDEFINED
 @pytest.mark.parametrize("seed", range(10))
 def test_binary_levels_reduce_to_auc(seed: int) -> None:
     scores, labels, groups = random_case(seed)
@@ -418,13 +496,20 @@ G3 = torch.tensor([1, 1, 2])
         (
             lambda: multipartite_auc(S3, Y3[:, None], label_weights=[1.0, 2.0]),
             ValueError,
-            r"label_weights must have shape \(1,\); got \(2,\)",
+            r"label_weights has 2 entries but labels have 1 columns; got label_weights=\[1.0, 2.0\]",
         ),
         (
             lambda: multipartite_auc(S3, Y3[:, None], label_weights=[math.inf]),
             ValueError,
-            r"label_weights must be finite; label_weights\[0\] = inf",
+            r"label_weights must be finite; got \[inf\]",
         ),
+        (
+            lambda: multipartite_auc(S3, torch.stack([Y3, Y3], 1), label_weights=[1.0, -1.0]),
+            ValueError,
+            r"label_weights must all be > 0; got \[1.0, -1.0\]",
+        ),
+        (lambda: multipartite_auc(S3, torch.stack([Y3, Y3], 1), label_weights="ab"), ValueError, "label_weights must be a sequence of numbers"),
+        (lambda: MultipartiteAUC(label_weights=[0.0, 1.0]), ValueError, r"label_weights must all be > 0; got \[0.0, 1.0\]"),
         (lambda: multipartite_auc(S3, Y3.to(torch.complex64)), TypeError, "levels must be real; got dtype torch.complex64"),
         (lambda: multipartite_auc(S3, Y3, G3.double()), TypeError, "groups must hold integer ids; got dtype torch.float64"),
         (lambda: MultiLabelAUC(num_labels=0), ValueError, "num_labels must be a positive integer; got 0"),

@@ -38,7 +38,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
-from .._validation import require_integer_ids
+from .._validation import check_weights, require_integer_ids
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
 
@@ -155,6 +155,11 @@ class RankingMetrics(pl.Callback):
         if group_weighting not in ("uniform", "size"):
             raise ValueError(f"group_weighting must be 'uniform' or 'size'; got {group_weighting!r}")
         self.label_names = tuple(str(name) for name in label_names)
+        for name, weights, positive in (("label_weights", label_weights, True), ("loa_weights", loa_weights, False)):
+            checked = check_weights(name, weights, strictly_positive=positive)
+            if checked is not None and checked.numel() != len(self.label_names):
+                raise ValueError(f"{name} must have one entry per label name ({len(self.label_names)}); "
+                                 f"got {name}={checked.tolist()}")
         self.label_weights = label_weights
         self.loa_weights = loa_weights
         self.prefix = prefix

@@ -123,8 +123,9 @@ class AUC(_PairMetric):
     def update(self, scores: Tensor, labels: Tensor) -> None:
         """Validate a batch and keep it."""
         scores = check.metric_scores(scores)
+        labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
         self.scores.append(scores.detach())
-        self.labels.append(check.metric_binary(labels, "labels", scores.numel(), matrix=False).to(torch.uint8))
+        self.labels.append(labels.to(torch.uint8))
 
     def compute(self) -> Tensor:
         """Return the AUC of all items seen."""
@@ -234,8 +235,8 @@ class MultipartiteAUC(_PairMetric):
     (only :math:`\bar y` is kept).
 
     As input to ``forward`` and ``update``: ``scores`` of shape ``(N,)`` or ``(N, 1)``, ``levels`` of shape
-    ``(N,)`` (real ordinal levels) or ``(N, K)`` (binary label columns), and, if ``grouped``, integer ``groups``
-    of shape ``(N,)`` or ``(N, 1)``.
+    ``(N,)`` or ``(N, 1)`` (real ordinal levels) or ``(N, K)`` (binary label columns, the same K in every
+    batch), and, if ``grouped``, integer ``groups`` of shape ``(N,)`` or ``(N, 1)``.
 
     As output of ``forward`` and ``compute``: a ``float64`` scalar tensor, ``NaN`` (with an
     :class:`UndefinedMetricWarning`) if no pair of distinct levels (in any group) was seen (so also without
@@ -263,11 +264,17 @@ class MultipartiteAUC(_PairMetric):
         super().__init__(**kwargs)
         check.check_choice("cost", cost, COSTS)
         check.check_choice("weighting", weighting, WEIGHTINGS)
+        check.check_weights("label_weights", label_weights, strictly_positive=True)
         self.cost = cost
         self.label_weights = label_weights
-        self.grouped = grouped
+        self.grouped = check.check_bool("grouped", grouped)
         self.weighting = weighting
         self._add_cat_states("scores", "levels", "groups")
+        self._columns: Optional[int] = None  # label columns of the batches since construction or reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self._columns = None
 
     def update(self, scores: Tensor, levels: Tensor, groups: Optional[Tensor] = None) -> None:
         """Validate a batch, aggregate its levels and keep it."""
@@ -275,8 +282,14 @@ class MultipartiteAUC(_PairMetric):
             raise ValueError(f"groups must be given if and only if grouped=True; got grouped={self.grouped} and "
                              f"groups={'None' if groups is None else 'a tensor'}")
         scores = check.metric_scores(scores)
+        levels = check.require_tensor(levels, "levels")
+        columns = levels.shape[1] if levels.ndim == 2 else 1
+        if self._columns is not None and columns != self._columns:
+            raise ValueError(f"levels must keep their layout across batches: {self._columns} column(s) before, "
+                             f"got shape {tuple(levels.shape)}")
         levels = aggregate_levels(levels, self.label_weights)
         check.metric_length(levels, "levels", scores.numel())
+        self._columns = columns
         if groups is not None:
             self.groups.append(check.metric_groups(groups, scores.numel()))
         self.scores.append(scores.detach())

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import _validation as check
+from ..ops.dispatch import rounded_levels
 from .counting import (
     UndefinedMetricWarning,
     Weighting,
@@ -38,36 +39,40 @@ COSTS = ("linear", "uniform")
 def aggregate_levels(levels: Tensor, label_weights: Optional[LabelWeights] = None) -> Tensor:
     r"""Return the aggregated relevance level :math:`\bar y` of every item, as ``float64`` of shape ``(N,)``.
 
+    The levels ``LaALoss`` ranks by, for the same labels and weights.
+
     Args:
-        levels: either ``(N,)`` real-valued ordinal levels, returned as they are, or ``(N, K)`` binary label
-            columns, aggregated as :math:`\bar y_i = \sum_k w_k\, y_{ik}` (label aggregation, LaA).
-        label_weights: the weights :math:`w` of shape ``(K,)``; all ones when omitted. Only for ``(N, K)`` levels.
+        levels: ``(N,)`` or ``(N, 1)`` real-valued ordinal levels (a rating, say), returned as they are (times
+            the one weight, if given); or ``(N, K)`` binary label columns, :math:`K \ge 2`, aggregated as
+            :math:`\bar y_i = \sum_k w_k\, y_{ik}` (label aggregation, LaA) and rounded to
+            ``LEVEL_RESOLUTION`` of :math:`\sum_k w_k`, so that sums equal in exact arithmetic
+            (:math:`0.1 + 0.2` and :math:`0.3`) are one level.
+        label_weights: the weights :math:`w > 0` of shape ``(K,)``; all ones when omitted. Not for ``(N,)`` levels.
 
     Raises:
-        TypeError: if ``levels`` is not a real tensor.
+        TypeError: if ``levels`` is not a real tensor or ``label_weights`` not a sequence of numbers.
         ValueError: if ``levels`` is not finite, ``(N, K)`` levels are not binary, or ``label_weights`` is given
-            for ``(N,)`` levels, has the wrong shape or is not finite.
+            for ``(N,)`` levels, has the wrong length or is not finite and positive.
     """
     check.require_tensor(levels, "levels")
     if levels.dtype.is_complex:
         raise TypeError(f"levels must be real; got dtype {levels.dtype}")
-    if levels.ndim == 1:
-        if label_weights is not None:
-            raise ValueError("label_weights needs levels of shape (N, K) (binary label columns); got levels of shape (N,)")
-        levels = levels.double()
-        check.metric_finite(levels, "levels")
-        return levels
-    if levels.ndim != 2:
+    if levels.ndim == 1 and label_weights is not None:
+        raise ValueError("label_weights needs levels of shape (N, K) (label columns); got levels of shape (N,)")
+    if levels.ndim not in (1, 2):
         raise ValueError(f"levels must have shape (N,) or (N, K); got {tuple(levels.shape)}")
+    weights = check.check_weights("label_weights", label_weights, strictly_positive=True)
+    if weights is not None:
+        check.check_weights_length("label_weights", weights, levels.shape[1])
+        weights = weights.to(levels.device)
+    if levels.ndim == 1 or levels.shape[1] == 1:  # one ordinal column
+        levels = levels.reshape(-1).double()
+        check.metric_finite(levels, "levels")
+        return levels if weights is None else levels * weights[0]
     columns = check.metric_binary(levels, "levels", levels.shape[0], matrix=True).double()
-    if label_weights is None:
+    if weights is None:
         return columns.sum(dim=1)
-    weights = torch.as_tensor(label_weights, dtype=torch.float64, device=levels.device)
-    if weights.shape != (levels.shape[1],):
-        raise ValueError(f"label_weights must have shape ({levels.shape[1]},); got {tuple(weights.shape)}")
-    check.metric_finite(weights, "label_weights")
-    return (columns * weights).sum(dim=1)
-
+    return rounded_levels(columns @ weights, weights.tolist())
 
 
 def _auc_per_group(scores: Tensor, labels: Tensor, groups: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -178,9 +183,15 @@ def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor
     :math:`\frac{S + D}{2D}`, with :math:`S = \sum_{s_i > s_j} (\bar y_i - \bar y_j)` and
     :math:`D = \sum_{\bar y_i > \bar y_j} (\bar y_i - \bar y_j)` the total cost; both are centred rank sums.
     """
+    by_level = tie_blocks(levels, groups)
+    # Both sums are unchanged by a shift of a group's levels; measured from each group's median level
+    # they keep their precision for levels far from 0 (1e15 + k) instead of cancelling.
+    ordered = levels[by_level.order]
+    centred = torch.empty_like(levels)
+    centred[by_level.order] = ordered - ordered[by_level.group_start + by_level.group_size // 2]
     by_score = tie_blocks(scores, groups)
-    concordance = centered_rank_sum(by_score, levels)
-    total_cost = centered_rank_sum(tie_blocks(levels, groups), levels)
+    concordance = centered_rank_sum(by_score, centred)
+    total_cost = centered_rank_sum(by_level, centred)
     return ratio(concordance + total_cost, 2 * total_cost), by_score.counts
 
 

@@ -42,6 +42,7 @@ float64, the all-pairs paths in float32 (fp32 accumulation for fp16/bf16/fp32 sc
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -344,7 +345,7 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
     if num_labels == 1:
         level = labels[:, 0].to(torch.float64) * label_weights[0]
     else:
-        level = _rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
+        level = rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
     ordered = torch.sort(level).values
     rank = torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None]
     # Values measured from the median level: the costs are differences, and levels far from 0
@@ -364,8 +365,11 @@ def _pattern_levels(labels: Tensor, label_weights: list[float]) -> int:
     return _pattern_tables(tuple(label_weights), labels.device)[2].shape[1]
 
 
-def _rounded_levels(aggregated: Tensor, label_weights) -> Tensor:
-    resolution = sum(label_weights) * LEVEL_RESOLUTION
+def rounded_levels(aggregated: Tensor, label_weights) -> Tensor:
+    """Weighted sums of binary labels rounded to a grid of ``LEVEL_RESOLUTION`` times the smallest
+    power of two above the weights' sum (a power of two, so that sums the grid holds, 1.5 or 3.25,
+    stay exact): the levels of LaA's aggregated label, for the losses and the metrics alike."""
+    resolution = math.ldexp(LEVEL_RESOLUTION, math.frexp(sum(label_weights))[1])
     return torch.round(aggregated / resolution) * resolution
 
 
@@ -376,7 +380,7 @@ def _pattern_tables(label_weights: tuple[float, ...], device: torch.device) -> t
     num_labels = len(label_weights)
     patterns = torch.arange(2**num_labels)
     bits = (patterns[:, None] >> torch.arange(num_labels)) & 1
-    sums = _rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64), label_weights)
+    sums = rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64), label_weights)
     values, rank = torch.unique(sums, return_inverse=True)
     powers = 2.0 ** torch.arange(num_labels, dtype=torch.float64)
     return powers.to(device), rank.to(torch.int32).to(device), values[None].to(device)
