@@ -316,9 +316,16 @@ class LoALoss(_PairwiseLoss):
         return result.loss
 
     def mixing_weights(self, labels: Tensor) -> Tensor:
-        """The a_k for a batch of (N, K) labels, float64 on the CPU (no state is changed)."""
+        """The a_k ``forward`` would use for a batch of (N, K) labels, float64 on the CPU (no
+        state is changed: in training mode, the running priors with this batch added, as
+        ``forward`` adds it, then restored)."""
         labels = check.label_columns(labels, None)
-        mixing = self._mixing(labels)
+        before = (self.seen_positives, self.seen_items)
+        try:
+            self._update_running_priors(labels, labels.shape[0])
+            mixing = self._mixing(labels)
+        finally:
+            self.seen_positives, self.seen_items = before
         return _unit_weights(labels.shape[1]) if mixing is None else mixing.cpu()
 
     def _mixing(self, labels: Tensor, num_items: int | Tensor | None = None) -> Tensor | None:
@@ -357,7 +364,8 @@ class LoALoss(_PairwiseLoss):
         elif self.seen_positives.numel() != positives.numel():
             raise ValueError(
                 f"labels have {positives.numel()} columns but the running priors were estimated "
-                f"for {self.seen_positives.numel()}"
+                f"for {self.seen_positives.numel()} (num_labels, or the first training batch, or a "
+                f"loaded state dict); got labels of shape {tuple(labels.shape)}"
             )
         # New tensors, not in-place sums: the caller restores the previous ones if the call fails.
         self.seen_positives = self.seen_positives + positives

@@ -88,6 +88,24 @@ def test_balanced_loa_running_priors_match_the_data_and_reset_with_state_dict():
     assert restored.seen_items.item() == 200
 
 
+@pytest.mark.parametrize("num_labels", [None, 2])
+def test_mixing_weights_are_the_ones_forward_uses_and_change_nothing(num_labels):
+    """In training mode forward adds the batch to the running priors before weighing it; mixing_weights
+    gives those a_k without keeping the batch (a fresh module gave a_k = 0, or without num_labels raised
+    about 'priors' nobody passed)."""
+    loss = mlloss.LoALoss("balanced", num_labels=num_labels)
+    first = LABELS  # pi = 0.5 and 0.05
+    predicted = loss.mixing_weights(first)
+    assert loss.seen_items.item() == 0 and loss.seen_positives.numel() == (num_labels or 0)
+    loss(torch.zeros(first.shape[0], dtype=torch.float64), first)
+    used = torch.stack([loss.parts[f"mixing_weight/{k}"] for k in range(2)]).cpu()
+    torch.testing.assert_close(predicted, used, rtol=0, atol=0)
+    torch.testing.assert_close(predicted, torch.tensor([0.25, 0.0475], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"running priors were estimated for 2 \(num_labels, .*got labels of shape \(4, 3\)"):
+        loss.mixing_weights(torch.zeros(4, 3))
+    assert loss.seen_items.item() == first.shape[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_loa_buffers_stay_float64_when_the_module_is_cast(dtype):
     # A half-precision model (.half(), a "16-true" / "bf16-true" Lightning precision) casts its
