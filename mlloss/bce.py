@@ -120,7 +120,7 @@ class BCEPlusRanking(nn.Module):
         terms, task_parts, items = [], [], None
         for task in range(num_tasks):
             ranking_args = {} if mask is None else {"mask": mask}  # ranking losses of other libraries take none
-            term = self.ranking(self._ranking_scores(scores[:, task]), labels[:, task], groups, **ranking_args)
+            term = self.ranking(self._ranking_scores(scores[:, task], mask), labels[:, task], groups, **ranking_args)
             if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
                 if items is None:  # the same items for every task: counted once
                     counted = scores.shape[0] if mask is None else mask.sum()  # a loss without num_items
@@ -137,7 +137,11 @@ class BCEPlusRanking(nn.Module):
         self.parts = LossParts(_task_entries(totals, per_task if num_tasks > 1 else {}))
         return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
 
-    def _ranking_scores(self, column: Tensor) -> Tensor:
+    def _ranking_scores(self, column: Tensor, mask: Tensor | None) -> Tensor:
+        if mask is not None and (self.inputs == "logits") == (self.ranking_input == "probability"):
+            # The rows left out take part in no pair whatever they hold, but sigmoid / logit of a
+            # NaN filler would make their zero gradient NaN (0 * NaN): they enter as a neutral value.
+            column = column.masked_fill(~mask, 0.0 if self.inputs == "logits" else 0.5)
         if self.inputs == "logits":
             return torch.sigmoid(column) if self.ranking_input == "probability" else column
         return column if self.ranking_input == "probability" else torch.logit(column, eps=1e-7)
