@@ -193,10 +193,12 @@ def _combine_kernel(
             weight = tl.load(mixing_ptr + problem).to(tl.float64)
         else:
             weight = 1.0
-        loss += weight * problem_loss
+        # A problem of weight 0 (a label LoA leaves out) adds nothing, also when its own terms
+        # overflow (0 * inf would make the loss and the gradient NaN).
+        loss += tl.where(weight != 0, weight * problem_loss, 0.0)
         scale = (weight / denominator).to(ACC)
         problem_grad = grad_parts_ptr + grad_parts_offset + problem * grad_parts_stride
-        grad += scale * tl.load(problem_grad + items, mask=mask, other=0.0)
+        grad += tl.where(scale != 0, scale * tl.load(problem_grad + items, mask=mask, other=0.0), 0.0)
         if block == 0:
             tl.store(stats_ptr + problem, problem_loss)
             tl.store(stats_ptr + num_problems + problem, tl.floor(tl.sum(pairs) + 0.5))

@@ -13,6 +13,7 @@ evaluation set holds and share the helpers above them.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 
@@ -85,12 +86,16 @@ def check_one_device(*tensors: Tensor) -> torch.device:
     return device
 
 
+def _is_real_number(value: object) -> bool:
+    """A Python or NumPy real number (``np.float32(0.5)``, ``np.int64(3)``), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_finite_number(name: str, value: object, *, above: float | None = None, requirement: str | None = None) -> float:
     """``value`` as a float: a finite real number (not a bool), and ``> above`` if given.
     ``requirement`` replaces the default wording of the message."""
     if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
+        not _is_real_number(value)
         or not math.isfinite(value)
         or (above is not None and value <= above)
     ):
@@ -124,7 +129,7 @@ def check_temperature(temperature: object, pairs: str) -> float | None:
 def check_lam(lam: object) -> float | tuple[float, ...]:
     values = lam if isinstance(lam, (list, tuple)) else [lam]
     for value in values or [None]:  # an empty sequence weighs no task
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        if not _is_real_number(value) or not 0 <= value < math.inf:
             raise ValueError(f"lam must be a finite number >= 0 or a non-empty sequence of them; got {lam!r}")
     return tuple(float(v) for v in values) if isinstance(lam, (list, tuple)) else float(lam)
 

@@ -101,3 +101,16 @@ def test_reprs_show_the_options_that_differ_from_the_defaults():
         "BCELoss(inputs='probabilities', validate_args=False)"
     assert "validate_args=False" in repr(mlloss.AUCLoss(validate_args=False))
     assert "validate_args" not in repr(mlloss.AUCLoss())
+
+
+def test_numpy_scalars_are_numbers():
+    # np.float32(0.5) was refused with "must be a positive finite number; got np.float32(0.5)".
+    np = pytest.importorskip("numpy")
+    scores, labels, groups = torch.randn(12, dtype=torch.float64), torch.arange(12) % 2, torch.arange(12) // 4
+    numpy_loss = mlloss.AUCLoss(pairs="hardest", temperature=np.float32(0.5), margin=np.int64(2), surrogate="hinge")
+    plain_loss = mlloss.AUCLoss(pairs="hardest", temperature=0.5, margin=2, surrogate="hinge")
+    assert torch.equal(numpy_loss(scores, labels, groups), plain_loss(scores, labels, groups))
+    assert mlloss.build_loss("bce+pdaom", lam=np.float32(2.0)).lam == 2.0
+    assert mlloss.build_loss("bce+pdaom", lam=[np.int64(1), np.float64(0.5)]).lam == (1.0, 0.5)
+    with pytest.raises(ValueError, match="temperature must be a positive finite number or None; got np.True_"):
+        mlloss.AUCLoss(pairs="hardest", temperature=np.True_)

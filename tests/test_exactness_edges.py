@@ -186,3 +186,21 @@ def test_real_levels_far_from_zero_keep_their_differences(backend, dtype, masked
     kept = torch.ones(120, dtype=torch.bool) if mask is None else mask
     expected = laa_loss(scores.double()[kept], levels[kept, None], surrogate=surrogate)
     torch.testing.assert_close(value.double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+
+
+@pytest.mark.parametrize("pairs,temperature", [("all", None), ("hardest", None), ("hardest", 1.0)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_label_of_mixing_weight_zero_adds_nothing_even_when_its_terms_overflow(backend, pairs, temperature):
+    # L = sum_k a_k L_k: with a = (0, 1) label 0's exp(1000) pair is no part of the loss; 0 * inf made the
+    # loss NaN (an OverflowError) on every tier.
+    scores = torch.tensor([0.0, 1000.0, 1.0, 0.5], dtype=torch.float64)
+    labels = torch.tensor([[1, 0], [0, 1], [0, 0], [1, 1]])
+    options = dict(surrogate="exponential", pairs=pairs, temperature=temperature)
+    leaf = scores.clone().requires_grad_(True)
+    value = mlloss.LoALoss([0.0, 1.0], backend=backend, **options)(leaf, labels)
+    value.backward()
+    reference = scores.clone().requires_grad_(True)
+    expected = mlloss.AUCLoss(backend="torch", **options)(reference, labels[:, 1])
+    expected.backward()
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-12, atol=0)

@@ -79,9 +79,13 @@ def pair_loss_and_grad(
         problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
             scores, tables, options, exact, owned
         )
-        weight = 1.0 if mixing is None else mixing[problem]
-        loss = loss + weight * problem_loss.to(torch.float64)
-        grad[tables.order] += (weight * problem_grad).to(output_dtype)
+        if mixing is None:
+            loss = loss + problem_loss.to(torch.float64)
+            grad[tables.order] += problem_grad.to(output_dtype)
+        else:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
+            weight = mixing[problem]
+            loss = loss + torch.where(weight != 0, weight * problem_loss.to(torch.float64), 0.0)
+            grad[tables.order] += torch.where(weight != 0, weight * problem_grad, 0.0).to(output_dtype)
         stats[:, problem] = torch.stack([problem_loss.to(torch.float64), valid_pairs, groups_with_pairs.to(torch.float64)])
     return loss.to(output_dtype), stats.flatten(), grad
 
