@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import warnings
 from collections.abc import Sequence
 
@@ -123,7 +124,10 @@ def check_temperature(temperature: object, pairs: str) -> float | None:
             f"temperature={temperature!r} softens the hardest pair and needs pairs='hardest'; "
             f"got pairs={pairs!r}"
         )
-    return check_finite_number("temperature", temperature, above=0, requirement="a positive finite number or None")
+    temperature = check_finite_number("temperature", temperature, above=0, requirement="a positive finite number or None")
+    if temperature < sys.float_info.min:  # subnormal: 1 / temperature and s / temperature overflow
+        raise ValueError(f"temperature must be at least {sys.float_info.min:g} (a normal float64); got {temperature!r}")
+    return temperature
 
 
 def check_lam(lam: object) -> float | tuple[float, ...]:
@@ -353,8 +357,9 @@ def raise_for_status(status: int, scores: Tensor, labels: Tensor, label_rule: st
         raise OverflowError(
             "the pairwise loss is not finite in the scores' dtype: with the exponential surrogate some "
             "valid pair has s_j - s_i above about 88 (float32) or 709 (float64), whose exp overflows (the "
-            "squared surrogate overflows past |s_j - s_i| of about 1e19 in float32). Use float64 scores, a "
-            "surrogate of linear growth ('logistic', 'hinge'), or scale the scores down."
+            "squared surrogate overflows past |s_j - s_i| of about 1e19 in float32); with float16 scores, "
+            "the loss is float32 but an item's gradient, returned in float16, must stay below 65504. Use "
+            "float64 scores, a surrogate of linear growth ('logistic', 'hinge'), or scale the scores down."
         )
 
 

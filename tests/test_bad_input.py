@@ -22,6 +22,8 @@ LABELS = torch.tensor([1.0, 0.0, 1.0, 0.0])
         (lambda: mlloss.AUCLoss(margin=float("nan")), ValueError, "margin must be a finite number; got nan"),
         (lambda: mlloss.AUCLoss(temperature=0.5), ValueError, "temperature=0.5 .* needs pairs='hardest'"),
         (lambda: mlloss.AUCLoss(pairs="hardest", temperature=-1.0), ValueError, "temperature must be a positive"),
+        (lambda: mlloss.AUCLoss(pairs="hardest", temperature=1e-310), ValueError,
+         r"temperature must be at least 2.22507e-308 \(a normal float64\); got 1e-310"),
         (lambda: mlloss.AUCLoss(backend="exact"), ValueError, "backend='exact' needs a surrogate with a closed form"),
         (lambda: mlloss.AUCLoss(cross_device="yes"), TypeError, "cross_device must be a bool; got 'yes'"),
         (lambda: mlloss.LoALoss([1.0, -0.5]), ValueError, r"weights must all be >= 0; got \[1.0, -0.5\]"),

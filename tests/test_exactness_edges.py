@@ -204,3 +204,18 @@ def test_a_label_of_mixing_weight_zero_adds_nothing_even_when_its_terms_overflow
     expected.backward()
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
     torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float16_gradient_that_overflows_raises(backend):
+    # float16 scores: the loss is float32 (exp(12) = 162,755 fits) but the gradient returns as float16,
+    # where it was silently inf. A float32 loss above 65,504 whose gradients fit stays a result.
+    scores = torch.tensor([0.0, 12.0, 1.0, -1.0], dtype=torch.float16)
+    labels = torch.tensor([1, 0, 1, 0])
+    with pytest.raises(OverflowError, match="returned in float16, must stay below 65504"):
+        mlloss.PDAOMLoss(backend=backend)(scores.clone().requires_grad_(True), labels)
+    users = torch.arange(40).repeat_interleave(2)  # 40 users, each one pair of loss exp(8) = 2,981
+    many = torch.tensor([0.0, 8.0], dtype=torch.float16).repeat(40).requires_grad_(True)
+    value = mlloss.PDAOMLoss(backend=backend)(many, torch.tensor([1, 0]).repeat(40), users)
+    (grad,) = torch.autograd.grad(value, many)
+    assert value.dtype == torch.float32 and value.item() > 65504 and torch.isfinite(grad).all()

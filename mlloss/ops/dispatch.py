@@ -264,6 +264,10 @@ def _pair_loss_op(
         if validate:
             overflow = check.overflow_status(result[0])
             status = overflow if status is None else status | overflow
+    if validate and torch.finfo(scores.dtype).max < torch.finfo(result[2].dtype).max:
+        # float16 scores: the loss and gradient are float32, but the gradient goes back as float16
+        overflow = check.overflow_status(result[2].to(scores.dtype).sum(dtype=torch.float32))
+        status = overflow if status is None else status | overflow
     if validate:
         code = int(status.item())
         if code and mask is not None:  # name an offending entry among the items that count
