@@ -12,6 +12,7 @@ import argparse
 import importlib.util
 import inspect
 import json
+import math
 import multiprocessing
 import os
 import shlex
@@ -59,6 +60,20 @@ def parse_with_quick(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     if parser.parse_known_args(argv)[0].quick:
         parser.set_defaults(**quick)
     return parser.parse_args(argv)
+
+
+def check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace, *, counts: Sequence[str] = (),
+                 positive: Sequence[str] = (), non_negative: Sequence[str] = ()) -> None:
+    """``parser.error`` (naming the option and its value) for an option out of range, before any
+    work: ``counts`` >= 1, ``positive`` finite and > 0, ``non_negative`` finite and >= 0; a list
+    option (``nargs="+"``) entry by entry."""
+    for names, holds, wanted in ((counts, lambda v: v >= 1, ">= 1"), (positive, lambda v: 0 < v < math.inf, "finite and > 0"),
+                                 (non_negative, lambda v: 0 <= v < math.inf, "finite and >= 0")):
+        for name in names:
+            value = getattr(args, name)
+            if not all(holds(v) for v in (value if isinstance(value, list) else [value])):
+                parser.error(f"--{name.replace('_', '-')} must be {wanted}{' (each value)' if isinstance(value, list) else ''}; "
+                             f"got {value}")
 
 
 def available_cores() -> int:

@@ -53,7 +53,7 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Provenance, available_cores, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
+from _common import (Provenance, available_cores, check_ranges, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
                      summarize, write_outputs)
 
 W1 = (1 / math.sqrt(2), 1 / math.sqrt(2))
@@ -429,7 +429,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes for the tests (seconds)")
     p.add_argument("--seed", type=int, default=0, help="seed of the Bayes-optimal samples")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes the independent cells are spread over (default: the available cores; 1 with --quick)")
+                   help="processes the independent cells are spread over (None: the available cores; 1 with --quick)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every worker")
     p.add_argument("--output-dir", type=Path, default=Path("runs/label_dictatorship"))
     g = p.add_argument_group("Bayes-optimal study (Fig. 2)")
@@ -452,9 +452,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                             train_priors=[0.5, 0.9], seeds=[0, 1], train_size=1000, test_size=1000, epochs=5, hidden=32)
     if args.workers is None:
         args.workers = 1 if args.quick else available_cores()
-    for name in ("samples", "train_size", "test_size", "epochs", "batch_size", "hidden", "threads", "workers"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    check_ranges(p, args, counts=("samples", "train_size", "test_size", "epochs", "batch_size", "hidden", "threads", "workers"),
+                 positive=("lr",))
     for tau in args.taus + [args.train_tau]:
         if not tau > 0:
             p.error(f"taus must be positive; got {tau}")

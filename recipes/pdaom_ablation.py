@@ -60,7 +60,7 @@ from mlloss.models import DotInteraction, FieldEmbedding, MultiTaskModel, Shared
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Provenance, config_dict, parse_with_quick, pyplot, sample_std, write_outputs  # noqa: E402
+from _common import Provenance, check_ranges, config_dict, parse_with_quick, pyplot, sample_std, write_outputs  # noqa: E402
 
 TASKS = ("click", "purchase")
 OBJECTIVES = ("bce", "bce+pel", "bce+daom", "bce+pdaom")
@@ -235,7 +235,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=384, help="the paper's best batch size")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--no-sweeps", dest="sweeps", action="store_false", help="skip the Fig. 4 sweeps")
+    p.add_argument("--sweeps", action=argparse.BooleanOptionalAction, default=True, help="run the Fig. 4 sweeps")
     p.add_argument("--sweep-lams", type=float, nargs="+", default=[1.0, 10.0, 100.0, 1000.0])
     p.add_argument("--sweep-batch-sizes", type=int, nargs="+", default=[128, 256, 384, 1024])
     g = p.add_argument_group("synthetic data and model")
@@ -251,9 +251,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-dir", type=Path, default=Path("runs/pdaom_ablation"))
     args = parse_with_quick(p, argv, users=300, items=200, mean_impressions=30.0, epochs=1, seeds=[0],
                             sweep_lams=[10.0], sweep_batch_sizes=[128])
-    for name in ("users", "items", "epochs", "batch_size", "embedding_dim", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    check_ranges(p, args, counts=("users", "items", "epochs", "batch_size", "embedding_dim", "threads", "sweep_batch_sizes",
+                                  "bottom_hidden", "tower_hidden"),
+                 positive=("lr", "mean_impressions"), non_negative=("lam", "sweep_lams"))
     if not 0 < args.test_fraction < 1:
         p.error(f"--test-fraction must lie in (0, 1); got {args.test_fraction}")
     return args

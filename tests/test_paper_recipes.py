@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -241,3 +242,24 @@ def test_quick_sets_defaults_that_the_command_line_still_overrides(dictatorship,
     args = bank.parse_args(["--quick", "--trials", "10", "--batch-size", "64"])
     assert (args.trials, args.batch_size, args.rows) == (10, 64, 2000)
     assert pdaom.parse_args([]).epochs != 1 and bank.parse_args([]).trials != 3  # and no --quick, no quick values
+
+
+@pytest.mark.parametrize("recipe,argv,message", [
+    ("pdaom", ["--lam", "-1"], r"--lam must be finite and >= 0; got -1.0"),
+    ("pdaom", ["--sweep-batch-sizes", "128", "0"], r"--sweep-batch-sizes must be >= 1 \(each value\); got \[128, 0\]"),
+    ("pdaom", ["--sweep-lams", "nan"], r"--sweep-lams must be finite and >= 0 \(each value\); got \[nan\]"),
+    ("pdaom", ["--bottom-hidden", "0"], r"--bottom-hidden must be >= 1"),
+    ("pdaom", ["--lr", "0"], r"--lr must be finite and > 0; got 0.0"),
+    ("dictatorship", ["--lr", "-1"], r"--lr must be finite and > 0; got -1.0"),
+])
+def test_paper_recipe_options_are_checked_before_any_work(recipe, argv, message, request, capsys):
+    # --lam -1 failed after the CE runs had trained, naming lam / batch_size; --sweep-batch-sizes 0
+    # after Table V and the lambda sweep.
+    module = request.getfixturevalue(recipe)
+    with pytest.raises(SystemExit):
+        module.parse_args(["--quick", *argv])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_the_sweeps_switch_reads_as_it_works(pdaom):
+    assert pdaom.parse_args([]).sweeps and not pdaom.parse_args(["--no-sweeps"]).sweeps
