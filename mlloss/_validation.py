@@ -365,13 +365,20 @@ def raise_for_status(status: int, scores: Tensor, labels: Tensor, label_rule: st
 
 # Below this many values a batch of logits that all lie in [0, 1] is no evidence of probabilities.
 MIN_VALUES_FOR_PROBABILITY_WARNING = 16
+# Nor is one batch: a fresh model's small logits can all lie in [0, 1] for a batch or two (the
+# default PDAOM recipe's first batch did), probabilities lie there in every batch. The warning
+# waits for this many such batches in a row (counted per process).
+PROBABILITY_WARNING_BATCHES = 8
+_probability_like_batches = 0
 
 
 def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: bool, mask: Tensor | None = None) -> None:
     """The data check of the cross-entropy (host reads): 0/1 labels, and finite logits or
-    probabilities in [0, 1]. Logits that all lie in [0, 1] look like probabilities: a warning
-    (once per process, Python's default filter) says how to declare them. With a ``mask``, the
-    rows it leaves out must hold zeros (the op's fill) and do not count for the warning."""
+    probabilities in [0, 1]. Logits that all lie in [0, 1] in ``PROBABILITY_WARNING_BATCHES``
+    batches in a row look like probabilities: a warning (once per process, Python's default
+    filter) says how to declare them. With a ``mask``, the rows it leaves out must hold zeros
+    (the op's fill) and do not count for the warning."""
+    global _probability_like_batches
     labels = labels.to(torch.float64)
     _require_finite_labels(labels)
     check_binary(labels)
@@ -392,11 +399,12 @@ def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: 
         kept = mask[:, None].expand_as(scores)
         looks_like_probabilities = (int(kept.sum()) >= MIN_VALUES_FOR_PROBABILITY_WARNING
                                     and bool((in_unit_interval | ~kept).all()))
-    if looks_like_probabilities:
+    _probability_like_batches = _probability_like_batches + 1 if looks_like_probabilities else 0
+    if _probability_like_batches == PROBABILITY_WARNING_BATCHES:
         warnings.warn(
-            "every logit of the batch lies in [0, 1]: if the model's heads end in a sigmoid these are "
-            "probabilities, and the cross-entropy would treat them as logits; declare them with "
-            "inputs='probabilities' (e.g. build_loss('bce+pdaom', inputs='probabilities'))",
+            f"every logit of the last {PROBABILITY_WARNING_BATCHES} batches lies in [0, 1]: if the model's heads end in "
+            "a sigmoid these are probabilities, and the cross-entropy would treat them as logits; declare them "
+            "with inputs='probabilities' (e.g. build_loss('bce+pdaom', inputs='probabilities'))",
             UserWarning,
             stacklevel=4,
         )

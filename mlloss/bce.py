@@ -26,7 +26,8 @@ class BCELoss(nn.Module):
         inputs: ``"logits"`` (default) or ``"probabilities"`` for models whose heads end in a
             sigmoid (torch-rechub's towers): the cross-entropy of a probability is not that of a
             logit, so say which the model gives. With the data check on, probabilities outside
-            [0, 1] raise, and logits that all lie in [0, 1] (they look like probabilities) warn.
+            [0, 1] raise, and logits that all lie in [0, 1] in 8 batches in a row (they look like
+            probabilities) warn.
         validate_args: check for non-finite scores and labels other than 0/1 (one host read per
             call), as the pairwise losses do.
 

@@ -66,13 +66,24 @@ def test_probability_outputs_equal_the_logit_model_they_come_from():
     torch.testing.assert_close(as_probabilities[1], as_logits[1], rtol=1e-8, atol=1e-12)
 
 
-def test_inputs_of_the_other_kind_raise_or_warn():
+def test_inputs_of_the_other_kind_raise_or_warn(monkeypatch):
+    monkeypatch.setattr(mlloss._validation, "_probability_like_batches", 0)  # counted per process
     logits, labels, groups = batch(2)
     with pytest.raises(ValueError, match=r"scores must be probabilities in \[0, 1\] \(inputs='probabilities'\); scores\["):
         mlloss.build_loss("bce+pdaom", inputs="probabilities")(logits, labels, groups)
     probabilities = torch.sigmoid(logits)
-    with pytest.warns(UserWarning, match="every logit of the batch lies in \\[0, 1\\].*inputs='probabilities'"):
-        mlloss.build_loss("bce+pdaom")(probabilities, labels, groups)
+    loss = mlloss.build_loss("bce+pdaom")
+    # One batch of logits in [0, 1] is no evidence (a fresh model's can be); PROBABILITY_WARNING_BATCHES in a row are.
+    batches = mlloss._validation.PROBABILITY_WARNING_BATCHES
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(batches - 1):
+            loss(probabilities, labels, groups)
+        loss(logits, labels, groups)  # a batch with a negative logit starts the count again
+        for _ in range(batches - 1):
+            loss(probabilities, labels, groups)
+    with pytest.warns(UserWarning, match=f"every logit of the last {batches} batches lies in \\[0, 1\\].*inputs='probabilities'"):
+        loss(probabilities, labels, groups)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # without the data check there is nothing to warn about
         mlloss.build_loss("bce+pdaom", validate_args=False)(probabilities, labels, groups)
