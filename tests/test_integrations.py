@@ -105,6 +105,7 @@ def test_torchrec_deepfm_gives_probabilities():
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.models.deepfm import SimpleDeepFMNN
 
+    import mlloss
     from mlloss import BCELoss
 
     example = load_example("torchrec_dlrm")
@@ -115,8 +116,12 @@ def test_torchrec_deepfm_gives_probabilities():
     torch.manual_seed(0)
     scores = model(torch.randn(32, 3), example.to_kjt(torch.randint(0, 10, (32, 2)), keys))
     assert scores.shape == (32, 1) and bool(((scores > 0) & (scores < 1)).all())
+    loss, labels = BCELoss(), torch.randint(0, 2, (32,)).float()
+    mlloss._validation._probability_like_batches = 0  # the warning counts batches in a row, per process
+    for _ in range(mlloss._validation.PROBABILITY_WARNING_BATCHES - 1):
+        loss(scores, labels)
     with pytest.warns(UserWarning, match="inputs='probabilities'"):
-        BCELoss()(scores, torch.randint(0, 2, (32,)).float())
+        loss(scores, labels)
 
 
 # ---------------------------------------------------------------------------------- plain loop

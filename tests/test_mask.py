@@ -225,8 +225,12 @@ def test_compiled_step_with_a_mask_is_one_graph_equal_to_eager() -> None:
     assert counter.frame_count == 1
 
 
-def test_kept_logits_that_look_like_probabilities_still_warn() -> None:
+def test_kept_logits_that_look_like_probabilities_still_warn(monkeypatch) -> None:
     scores, labels, groups, mask, *_ = batch(9)
     logits = torch.rand(NUM_ITEMS, 1, dtype=torch.float64).masked_fill(~mask[:, None], 7.0)  # the fillers' are not
+    monkeypatch.setattr(mlloss._validation, "_probability_like_batches", 0)  # counted in a row, per process
+    loss = mlloss.BCELoss()
+    for _ in range(mlloss._validation.PROBABILITY_WARNING_BATCHES - 1):
+        loss(logits, labels[:, :1], mask=mask)
     with pytest.warns(UserWarning, match="inputs='probabilities'"):
-        mlloss.BCELoss()(logits, labels[:, :1], mask=mask)
+        loss(logits, labels[:, :1], mask=mask)
