@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+import operator
 import warnings
 from collections.abc import Sequence
 
@@ -39,11 +40,32 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
     return value
 
 
+def check_int(name: str, value: object, *, minimum: int, requirement: str | None = None) -> int:
+    """``value`` as an int: an integer, Python's or NumPy's (not a bool, not a float), >= ``minimum``.
+    ``requirement`` replaces the default wording of the message."""
+    try:
+        integer = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        integer = None
+    if integer is None or integer < minimum:
+        wanted = requirement or ("an integer" if integer is None else f">= {minimum}")
+        raise ValueError(f"{name} must be {wanted}; got {value!r}")
+    return integer
+
+
+def _is_count(value: object) -> bool:
+    """An integer (Python's or NumPy's, not a bool) >= 1."""
+    try:
+        check_int("", value, minimum=1)
+    except ValueError:
+        return False
+    return True
+
+
 def check_sizes(**sizes: int) -> None:
-    """Each of ``sizes`` (a count or a width of a model part) is >= 1."""
+    """Each of ``sizes`` (a count or a width of a model part) is an integer >= 1."""
     for name, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1; got {value}")
+        check_int(name, value, minimum=1)
 
 
 def at_least_one(count: int | Tensor) -> int | Tensor:
@@ -55,15 +77,15 @@ def at_least_one(count: int | Tensor) -> int | Tensor:
 def check_widths(name: str, widths: Sequence[int], *, allow_empty: bool = False) -> None:
     """The hidden-layer widths ``name`` of a model part: each >= 1, and at least one unless
     ``allow_empty`` (a task tower may be a single linear layer)."""
-    if (not widths and not allow_empty) or any(w < 1 for w in widths):
-        what = "widths >= 1" if allow_empty else "one or more widths >= 1"
+    if (not widths and not allow_empty) or not all(_is_count(w) for w in widths):
+        what = "integer widths >= 1" if allow_empty else "one or more integer widths >= 1"
         raise ValueError(f"{name} must be {what}; got {list(widths)}")
 
 
 def check_cardinalities(cardinalities: Sequence[int]) -> None:
     """The numbers of ids of an embedding's fields: at least one field, each >= 1."""
-    if not cardinalities or any(c < 1 for c in cardinalities):
-        raise ValueError(f"cardinalities must be positive; got {list(cardinalities)}")
+    if not cardinalities or not all(_is_count(c) for c in cardinalities):
+        raise ValueError(f"cardinalities must be positive integers; got {list(cardinalities)}")
 
 
 def check_field_ids(ids: Tensor, cardinalities: Sequence[int], name: str, field_names: Sequence[str] = ()) -> None:

@@ -84,7 +84,8 @@ METRICS = ("mortgage", "loan", "diff", "min")
 
 def load_bank(path: Path) -> tuple[Tensor, Tensor]:
     """(features (N, 7) float64 of ``NUMERIC_FEATURES``, labels (N, 2) float32 of ``LABELS``) from
-    the ';'-separated ``bank-full.csv``; errors name the file and the offending line."""
+    the ';'-separated ``bank-full.csv``; errors name the file and the offending line (and the column
+    of a feature that is not a finite number)."""
     if not path.is_file():
         raise FileNotFoundError(f"Bank Marketing data not found at {path}; pass --data PATH/TO/bank-full.csv")
     with path.open(newline="") as handle:
@@ -111,9 +112,13 @@ def load_bank(path: Path) -> tuple[Tensor, Tensor]:
 
 def _parse_features(row: list[str], columns: list[int], path: Path, line: int) -> list[float]:
     try:
-        return [float(row[c]) for c in columns]
+        features = [float(row[c]) for c in columns]
     except (ValueError, IndexError) as error:
         raise ValueError(f"{path}, line {line}: cannot read the numerical features ({error}): {row}") from None
+    for name, column, value in zip(NUMERIC_FEATURES, columns, features):
+        if not math.isfinite(value):  # float() reads "nan" and "inf", which would poison the standardisation
+            raise ValueError(f"{path}, line {line}, column {name!r}: {row[column]!r} is not a finite number")
+    return features
 
 
 def _parse_labels(row: list[str], columns: list[int], path: Path, line: int) -> list[float]:

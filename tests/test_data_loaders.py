@@ -4,6 +4,8 @@ samples, and of their error messages on small files written to tmp_path."""
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from mlloss.data import (
     ALIEXPRESS_DENSE_FEATURES,
     ALIEXPRESS_SPARSE_FIELDS,
     ImpressionData,
+    SyntheticConfig,
+    generate_impressions,
     load_ali_ccp,
     load_aliexpress,
 )
@@ -227,6 +231,11 @@ def test_missing_columns_are_named_with_the_file(tmp_path):
         ("D508", "nan", "'nan' is not a finite number"),
         ("D853", "inf", "'inf' is not a finite number"),
         ("D853", "x", "'x' is not a number"),
+        # out of the range of the int64 / float32 arrays the values are stored in (numpy's message,
+        # naming a 0-based row among the read columns, came through)
+        ("205", str(2**63), f"'{2**63}' is larger than the largest int64 id ({2**63 - 1})"),
+        ("D508", "1e39", "'1e39' overflows float32, which dense values are stored in"),
+        ("D508", "-1e39", "'-1e39' overflows float32, which dense values are stored in"),
     ],
 )
 def test_bad_value_names_file_line_and_column(tmp_path, column, value, problem):
@@ -249,6 +258,20 @@ def test_line_numbers_count_blank_lines_and_short_rows_are_named(tmp_path):
     paths["train"].write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"ali_ccp_train\.csv, line 4, column 'D109_14': 'bad' is not a number"):
         load_ali_ccp(tmp_path)
+
+
+def test_a_row_with_a_field_too_many_is_named(tmp_path):
+    # np.loadtxt(usecols=...) read it, every column after the extra field shifted by one
+    paths = _write_ali_ccp(tmp_path)
+    rows = [_ali_ccp_row(i) for i in range(4)]
+    rows[1].insert(3, "7")
+    _write_csv(paths["val"], ALI_CCP_HEADER, rows)
+    with pytest.raises(ValueError, match=r"ali_ccp_val\.csv, line 3: 34 fields, the header has 33"):
+        load_ali_ccp(tmp_path)
+    extra = [*ALI_CCP_HEADER[:5], "note", *ALI_CCP_HEADER[5:]]  # a column the loader does not use is still read
+    _write_csv(paths["val"], extra, [[*row[:5], '"a, b"', *row[5:]] for row in (_ali_ccp_row(1), _ali_ccp_row(2))])
+    val = load_ali_ccp(tmp_path)[1]
+    assert val.click.tolist() == [1, 0] and val.sparse[:, 3].tolist() == [1, 2]
 
 
 def test_empty_files_are_rejected(tmp_path):
@@ -295,3 +318,34 @@ def test_impression_data_checks_every_column_against_the_rows():
                        (dict(user=-torch.ones(4, dtype=torch.long)), "user must hold non-negative ids; got -1")):
         with pytest.raises(ValueError, match=words):
             ImpressionData(**{**columns, **bad})
+
+
+# --------------------------------------------------------------------------- synthetic log, package
+
+
+@pytest.mark.parametrize("interaction_scale", [1.5, 30.0, 100.0])
+def test_synthetic_rates_are_exact_whatever_the_interaction_scale(interaction_scale):
+    # the intercepts were searched in [-30, 30] only: a scale of 100 gave a click rate of 0.37
+    config = SyntheticConfig(num_users=300, interaction_scale=interaction_scale)
+    data = generate_impressions(config)
+    assert data.p_click.double().mean().item() == pytest.approx(config.click_rate, abs=1e-6)
+    assert data.p_purchase.double().mean().item() == pytest.approx(config.purchase_rate, abs=1e-6)
+
+
+def test_star_import_of_mlloss_data_needs_no_lightning():
+    # GroupDataModule was in __all__ although it needs the lightning extra (imported on first use)
+    script = (
+        "import sys\n"
+        "sys.modules['pytorch_lightning'] = sys.modules['lightning'] = None  # not installed\n"
+        "from mlloss.data import *\n"
+        "assert 'GroupDataModule' not in dir() and 'TensorBatches' in dir()\n"
+        "import mlloss.data\n"
+        "try:\n"
+        "    mlloss.data.GroupDataModule\n"
+        "except ImportError as error:\n"
+        "    assert 'mlloss[lightning]' in str(error)\n"
+        "else:\n"
+        "    raise AssertionError('GroupDataModule without Lightning')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]

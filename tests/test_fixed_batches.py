@@ -1,13 +1,17 @@
 """TensorBatches(fixed_size=True): every batch padded to batch_size rows with filler rows and a
 boolean mask column, the real rows being exactly those of the unpadded batches (docs/sampler.md,
-"Fixed-size batches")."""
+"Fixed-size batches"); and what TensorBatches and GroupDataModule cache, and the argument checks
+of GroupBatchSampler."""
 
 from __future__ import annotations
 
+import types
+
+import numpy as np
 import pytest
 import torch
 
-from mlloss.data import TensorBatches
+from mlloss.data import GroupBatchSampler, TensorBatches
 
 
 def random_groups(num_items: int, num_groups: int, seed: int) -> torch.Tensor:
@@ -168,3 +172,64 @@ def test_group_data_module_pads_training_batches_only():
         assert [len(b["x"]) for b in batches] == [len(b["x"]) for b in exact.batches(split)], split
     with pytest.raises(TypeError, match="fixed_size must be a bool"):
         GroupDataModule(train, batch_size=64, group_key="user", fixed_size="train")
+
+
+# --------------------------------------------------------------------------- caches, arguments
+
+
+def test_tensor_batches_follow_a_change_of_the_samplers_options():
+    # the gathered rows were cached on the epoch alone: after sampler.batch_size = 10 the batches
+    # were still those of 4 while len() was the sampler's
+    batches = TensorBatches({"groups": torch.arange(40) // 2}, batch_size=4, seed=0)
+    list(batches)
+    for option, value in (("batch_size", 10), ("seed", 5), ("shuffle", False)):
+        setattr(batches.sampler, option, value)
+        got = [batch["groups"].tolist() for batch in batches]
+        assert got == [(torch.arange(40) // 2)[index].tolist() for index in batches.sampler], option
+        assert len(got) == len(batches), option
+
+
+def test_group_data_module_rebuilds_the_batches_for_another_trainer():
+    # the batches of the first trainer (rank 0 of 2) were served to a later 1-process trainer: half the rows
+    from mlloss.data import GroupDataModule
+
+    columns = {"groups": torch.arange(100) // 2, "row": torch.arange(100)}
+    module = GroupDataModule(columns, columns, batch_size=8)
+
+    def trainer(rank, world):
+        return types.SimpleNamespace(global_rank=rank, world_size=world, current_epoch=0,
+                                     strategy=types.SimpleNamespace(root_device=torch.device("cpu")))
+
+    module.trainer = trainer(0, 2)
+    assert sum(len(batch["row"]) for batch in module.val_dataloader()) == 52
+    module.trainer = trainer(0, 1)
+    assert sorted(i for batch in module.val_dataloader() for i in batch["row"].tolist()) == list(range(100))
+    assert module.batches("val") is module.batches("val"), "the same trainer reuses its batches"
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"shuffle": "False"}, TypeError, "shuffle must be a bool; got 'False'"),
+    ({"drop_last": "False"}, TypeError, "drop_last must be a bool; got 'False'"),
+    ({"num_replicas": 2.0}, ValueError, "num_replicas must be an integer; got 2.0"),
+    ({"num_replicas": 2, "rank": 1.0}, ValueError, r"rank must be an integer in \[0, num_replicas=2\); got 1.0"),
+])
+def test_sampler_options_must_have_their_type(options, error, message):
+    # "False" was read as True, and a float num_replicas failed inside range()
+    with pytest.raises(error, match=message):
+        GroupBatchSampler(list(range(20)), 4, **options)
+
+
+def test_sampler_takes_numpy_integers_and_reversed_arrays():
+    # np.int64(4) was refused with "must be a positive integer"; a reversed array failed in torch
+    expected = [[9, 8, 7, 6], [5, 4, 3, 2], [1, 0]]
+    assert list(GroupBatchSampler(np.arange(10)[::-1], np.int64(4), shuffle=False)) == expected
+    sampler = GroupBatchSampler(list(range(10)), 4, num_replicas=np.int64(2), rank=np.int64(1))
+    assert (sampler.num_replicas, sampler.rank, sampler.batch_size) == (2, 1, 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sampler_takes_group_ids_on_the_gpu():
+    groups = torch.randint(0, 30, (200,), generator=torch.Generator().manual_seed(0))
+    for shuffle in (True, False):
+        on_gpu = GroupBatchSampler(groups.cuda(), 16, shuffle=shuffle, seed=1)
+        assert list(on_gpu) == list(GroupBatchSampler(groups, 16, shuffle=shuffle, seed=1))

@@ -135,11 +135,12 @@ def test_stacked_linear_copies_are_nn_linear_layers():
 
 
 @pytest.mark.parametrize("make,words", [
-    (lambda: MMoE(8, 2, 3, (16, 0), (4,)), r"expert_hidden must be one or more widths >= 1; got \[16, 0\]"),
-    (lambda: MMoE(8, 2, 3, (), (4,)), r"expert_hidden must be one or more widths >= 1; got \[\]"),
-    (lambda: PLE(8, 2, expert_hidden=(0,)), r"expert_hidden must be one or more widths >= 1; got \[0\]"),
-    (lambda: CGC(8, 2, tower_hidden=(0,)), r"tower_hidden must be widths >= 1; got \[0\]"),
-    (lambda: SharedBottom(8, 2, bottom_hidden=(32, -1)), r"bottom_hidden must be one or more widths >= 1; got \[32, -1\]"),
+    (lambda: MMoE(8, 2, 3, (16, 0), (4,)), r"expert_hidden must be one or more integer widths >= 1; got \[16, 0\]"),
+    (lambda: MMoE(8, 2, 3, (), (4,)), r"expert_hidden must be one or more integer widths >= 1; got \[\]"),
+    (lambda: PLE(8, 2, expert_hidden=(0,)), r"expert_hidden must be one or more integer widths >= 1; got \[0\]"),
+    (lambda: CGC(8, 2, tower_hidden=(0,)), r"tower_hidden must be integer widths >= 1; got \[0\]"),
+    (lambda: SharedBottom(8, 2, bottom_hidden=(32, -1)), r"bottom_hidden must be one or more integer widths >= 1; got \[32, -1\]"),
+    (lambda: MMoE(8, 2, 3, (16.0,), (4,)), r"expert_hidden must be one or more integer widths >= 1; got \[16.0\]"),
 ])
 def test_towers_name_a_bad_width(make, words):
     # (mlp's message showed the tower's widths with the output's 1 appended, and named no argument)
@@ -198,6 +199,25 @@ def test_impression_data_checks_the_ids_once():
         data([[0, 5], [2, 0]])
     with pytest.raises(ValueError, match=r"sparse must have shape \(N, 2\)"):
         data([[0, 1, 2]])
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: MMoE(8, num_tasks=2.5), "num_tasks must be an integer; got 2.5"),
+    (lambda: MMoE(8, 2, num_experts=4.0), "num_experts must be an integer; got 4.0"),
+    (lambda: PLE(8, 2, num_levels=2.0), "num_levels must be an integer; got 2.0"),
+    (lambda: SharedBottom(8, True), "num_tasks must be an integer; got True"),
+    (lambda: FieldEmbedding([3], dim=2.5), "dim must be an integer; got 2.5"),
+    (lambda: FieldEmbedding([3, 4.7], dim=2), r"cardinalities\[1\] must be an integer; got 4.7"),
+    (lambda: MMoE(8.0, 2), "input_dim must be an integer; got 8.0"),
+    (lambda: MMoE(8, 2, dropout=-0.3), r"dropout must be a number in \[0, 1\); got -0.3"),
+    (lambda: SharedBottom(8, 2, dropout=1.0), r"dropout must be a number in \[0, 1\); got 1.0"),
+])
+def test_sizes_must_be_integers_and_dropout_a_probability(make, words):
+    # a float or bool count passed `value < 1` and failed deep in torch (a float cardinality was
+    # truncated); a negative dropout meant no dropout at all
+    with pytest.raises(ValueError, match=words):
+        make()
+    assert MMoE(8, 2, dropout=0.5)(torch.randn(3, 8)).shape == (3, 2)
 
 
 @pytest.mark.parametrize("validate_args", [True, False])

@@ -212,6 +212,18 @@ def test_bank_malformed_files_name_the_path_and_line(bank, tmp_path):
         bank.load_bank(bad_number)
 
 
+@pytest.mark.parametrize(("column", "value"), [("age", "nan"), ("balance", "inf"), ("pdays", "-inf")])
+def test_bank_refuses_features_that_are_not_finite(bank, tmp_path, column, value):
+    # float() read "nan" and "inf", which then spread through the standardisation of every trial
+    header = ";".join(f'"{c}"' for c in (*bank.NUMERIC_FEATURES, *bank.LABELS))
+    row = ["1"] * 7
+    row[bank.NUMERIC_FEATURES.index(column)] = value
+    path = tmp_path / "bank.csv"
+    path.write_text(header + "\n" + ";".join(["1"] * 7) + ';"yes";"no"\n' + ";".join(row) + ';"no";"no"\n')
+    with pytest.raises(ValueError, match=rf"bank\.csv, line 3, column '{column}': '{value}' is not a finite number"):
+        bank.load_bank(path)
+
+
 # --------------------------------------------------------------------------- PDAOM
 
 

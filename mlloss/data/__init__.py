@@ -4,7 +4,10 @@ loaders for the real Ali-CCP and AliExpress click/conversion CSVs (``tabular.py`
 sampler that keeps each group's (user's) items in the same batch for per-group losses
 (``sampler.py``), in-memory batches cut as slices on the device (``batches.py``) and a
 LightningDataModule serving them (``datamodule.py``, imported on first use: it needs the
-lightning extra)."""
+lightning extra).
+
+``GroupDataModule`` is left out of ``__all__`` so that ``from mlloss.data import *`` works without
+Lightning; import it by name (``from mlloss.data import GroupDataModule``)."""
 
 from mlloss.data.batches import TensorBatches
 from mlloss.data.impressions import ImpressionData
@@ -27,7 +30,6 @@ __all__ = [
     "DENSE_FEATURES",
     "SPARSE_FIELDS",
     "GroupBatchSampler",
-    "GroupDataModule",
     "ImpressionData",
     "SyntheticConfig",
     "TensorBatches",

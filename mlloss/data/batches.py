@@ -57,9 +57,9 @@ class TensorBatches:
             It must not be the name of one of ``columns``.
 
     ``len()`` and the batches are those of the sampler's current epoch (``set_epoch``); the
-    epoch's gathered rows are cached until the epoch changes. A pad of ``pad="empty"`` is a batch
-    of zero rows, or with ``fixed_size`` of ``batch_size`` fillers and an all-False mask. Without
-    ``fixed_size`` there is no mask column.
+    epoch's gathered rows are cached until the epoch or an option of the sampler changes. A pad of
+    ``pad="empty"`` is a batch of zero rows, or with ``fixed_size`` of ``batch_size`` fillers and an
+    all-False mask. Without ``fixed_size`` there is no mask column.
     """
 
     batch_sampler = None  # as a DataLoader with batch_size=None: Lightning reads both attributes
@@ -102,7 +102,7 @@ class TensorBatches:
         self.columns = {name: value.to(device) if device is not None else value for name, value in columns.items()}
         self.sampler = GroupBatchSampler(groups.cpu(), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                          pad=pad, num_replicas=num_replicas, rank=rank)
-        self._epoch_rows: tuple[int, dict[str, Tensor], list[tuple[int, int]]] | None = None
+        self._epoch_rows: tuple[tuple, dict[str, Tensor], list[tuple[int, int]]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Use the group order of ``epoch`` (Lightning calls ``self.sampler.set_epoch`` itself)."""
@@ -119,7 +119,8 @@ class TensorBatches:
     def _gathered(self) -> tuple[dict[str, Tensor], list[tuple[int, int]]]:
         """This rank's rows of the epoch in batch order (with ``fixed_size``: each batch followed
         by its fillers, and the mask column), and the batches as spans of them."""
-        if self._epoch_rows is None or self._epoch_rows[0] != self.sampler.epoch:
+        key = self.sampler._cache_key()  # the epoch, and any change of the sampler's options
+        if self._epoch_rows is None or self._epoch_rows[0] != key:
             items, spans = self.sampler.epoch_spans()
             some_column = next(iter(self.columns.values()))
             mask = None
@@ -137,7 +138,7 @@ class TensorBatches:
             rows = {name: value.index_select(0, index) for name, value in self.columns.items()}
             if mask is not None:
                 rows[self.mask_key] = mask
-            self._epoch_rows = (self.sampler.epoch, rows, own_spans)
+            self._epoch_rows = (key, rows, own_spans)
         return self._epoch_rows[1], self._epoch_rows[2]
 
     def _fixed_size_index(self, items: Tensor, spans: list[tuple[int, int]]) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:

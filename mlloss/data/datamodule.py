@@ -72,24 +72,26 @@ class GroupDataModule(pl.LightningDataModule):
         self.group_key = group_key
         self.seed = seed
         self.fixed_size = check_bool("fixed_size", fixed_size)
-        self._batches: dict[str, TensorBatches] = {}
+        # each split's batches with the (rank, world size, device) they were built for
+        self._batches: dict[str, tuple[tuple, TensorBatches]] = {}
 
     def batches(self, split: str) -> TensorBatches:
-        """The split's batches for this trainer's rank and device (built once per split)."""
+        """The split's batches for this trainer's rank, world size and device (built once per split,
+        and again when a later trainer has another rank, world size or device)."""
         if split not in SPLITS or self.splits[split] is None:
             raise ValueError(f"split must be one of the splits given, {[s for s in SPLITS if self.splits[s] is not None]}; "
                              f"got {split!r}")
-        if split not in self._batches:
-            trainer = self.trainer
-            rank, world, device = (trainer.global_rank, trainer.world_size, trainer.strategy.root_device) if trainer \
-                else (0, 1, None)
+        trainer = self.trainer
+        placement = (trainer.global_rank, trainer.world_size, trainer.strategy.root_device) if trainer else (0, 1, None)
+        if split not in self._batches or self._batches[split][0] != placement:
+            rank, world, device = placement
             training = split == "train"
-            self._batches[split] = TensorBatches(
+            self._batches[split] = placement, TensorBatches(
                 self.splits[split], self.batch_size, group_key=self.group_key, shuffle=training, seed=self.seed,
                 drop_last=training, pad="empty", num_replicas=world, rank=rank, device=device,
                 fixed_size=training and self.fixed_size,
             )
-        batches = self._batches[split]
+        batches = self._batches[split][1]
         batches.set_epoch(self.trainer.current_epoch if self.trainer else 0)
         return batches
 

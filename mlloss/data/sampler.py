@@ -30,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
-from mlloss._validation import require_integer_ids
+from mlloss._validation import check_bool, check_int, require_integer_ids
 
 __all__ = ["GroupBatchSampler"]
 
@@ -77,17 +78,16 @@ class GroupBatchSampler(Sampler[list[int]]):
         num_replicas: int | None = None,
         rank: int | None = None,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+        batch_size = check_int("batch_size", batch_size, minimum=1, requirement="a positive integer")
         if pad not in PADS:
             raise ValueError(f"pad must be one of {PADS}; got {pad!r}")
         self.num_replicas, self.rank = _replicas(num_replicas, rank)
         sorted_ids, self._items_by_group = torch.sort(_group_ids(groups), stable=True)
         self._group_sizes = torch.unique_consecutive(sorted_ids, return_counts=True)[1]
         self.batch_size = batch_size
-        self.shuffle = shuffle
+        self.shuffle = check_bool("shuffle", shuffle)
         self.seed = seed
-        self.drop_last = drop_last
+        self.drop_last = check_bool("drop_last", drop_last)
         self.pad = pad
         self.epoch = 0
         self._cache: tuple[tuple, Tensor, list[int]] | None = None
@@ -127,10 +127,16 @@ class GroupBatchSampler(Sampler[list[int]]):
         per_rank = num_batches // self.num_replicas if self.drop_last else -(-num_batches // self.num_replicas)
         return range(self.rank, per_rank * self.num_replicas, self.num_replicas)
 
+    def _cache_key(self) -> tuple:
+        """Every attribute that :meth:`epoch_spans` depends on: a change of any re-packs the epoch
+        (TensorBatches keys its gathered rows on it too)."""
+        return (self.epoch, self.seed, self.shuffle, self.batch_size, self.drop_last, self.pad, self.num_replicas,
+                self.rank)
+
     def _epoch_plan(self) -> tuple[Tensor, list[int]]:
         """The current epoch's item order and the offsets of its batches in it, for all ranks
         (batch b is ``items[bounds[b]:bounds[b + 1]]``), cached."""
-        key = (self.epoch, self.seed, self.shuffle, self.batch_size)
+        key = self._cache_key()
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, *self._pack_epoch())
         return self._cache[1:]
@@ -155,7 +161,9 @@ class GroupBatchSampler(Sampler[list[int]]):
 def _group_ids(groups: Tensor | Sequence[int]) -> Tensor:
     """``groups`` as a 1-D integer tensor, or an error naming what is wrong with it (the losses'
     dtype rule: integer ids, not float or bool)."""
-    ids = torch.as_tensor(groups)
+    if isinstance(groups, np.ndarray):  # torch takes no negative strides (a reversed array)
+        groups = np.ascontiguousarray(groups)
+    ids = torch.as_tensor(groups).cpu()  # the epoch plan is built on the host
     if ids.dim() != 1:
         raise ValueError(f"groups must be 1-D (one id per item); got shape {tuple(ids.shape)}")
     if ids.numel() == 0:
@@ -171,9 +179,9 @@ def _replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
         num_replicas = dist.get_world_size() if initialised else 1
     if rank is None:
         rank = dist.get_rank() if initialised else 0
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1; got {num_replicas}")
-    if not 0 <= rank < num_replicas:
+    num_replicas = check_int("num_replicas", num_replicas, minimum=1)
+    rank = check_int("rank", rank, minimum=0, requirement=f"an integer in [0, num_replicas={num_replicas})")
+    if not rank < num_replicas:
         raise ValueError(f"rank must be in [0, num_replicas={num_replicas}); got {rank}")
     return num_replicas, rank
 

@@ -222,13 +222,24 @@ def _standardize(x: Tensor) -> Tensor:
 
 
 def _calibrate_intercept(logits: Tensor, target: float, weights: Tensor | None = None) -> float:
-    """The intercept b with weighted mean of sigmoid(logits + b) equal to ``target``."""
+    """The intercept b with weighted mean of sigmoid(logits + b) equal to ``target``, by bisection.
+    The mean rises from 0 to 1 with b, so the bracket [-30, 30] is doubled until it holds b (a
+    large ``interaction_scale`` spreads the logits far beyond 30)."""
     logits = logits.double()
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(f"the logits must be finite to calibrate the intercept (is SyntheticConfig.interaction_scale "
+                         f"too large?); got {logits[~torch.isfinite(logits)][0].item()}")
     w = torch.ones_like(logits) if weights is None else weights.double()
-    lo, hi = -30.0, 30.0
-    for _ in range(60):
+
+    def mean(intercept: float) -> float:
+        return float((w * torch.sigmoid(logits + intercept)).sum() / w.sum())
+
+    lo, hi, steps = -30.0, 30.0, 60
+    while mean(lo) > target or mean(hi) < target:
+        lo, hi, steps = 2 * lo, 2 * hi, steps + 1  # one more halving keeps the final width
+    for _ in range(steps):
         mid = 0.5 * (lo + hi)
-        if (w * torch.sigmoid(logits + mid)).sum() / w.sum() < target:
+        if mean(mid) < target:
             lo = mid
         else:
             hi = mid

@@ -19,10 +19,11 @@ embedding table covers train, validation and test. ``timestamp`` is a row's posi
 file divided by the file's number of rows; ``p_click`` and ``p_purchase`` are None.
 
 Reading: numpy's C parser reads each file with one dtype per column (int64 ids and labels,
-float32 dense values). When it rejects a file, or a value fails the checks (ids >= 0, labels
+float32 dense values, a one-character placeholder for the columns not used), every row with as
+many fields as the header. When it rejects a file, or a value fails the checks (ids >= 0, labels
 0 or 1, finite dense values), the file is read again with the ``csv`` module to name the
-file, the 1-based line number and the column of the first bad value; that slower pass only
-runs on the error path.
+file, the 1-based line number and the column of the first bad value (or the row's number of
+fields); that slower pass only runs on the error path.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ ALIEXPRESS_DENSE_FEATURES: tuple[str, ...] = tuple(f"numerical_{i}" for i in ran
 PathLike = str | os.PathLike
 Splits = tuple[ImpressionData, ImpressionData, ImpressionData]
 ColumnKind = Literal["id", "label", "dense"]
+# How each kind of column is stored (None: a column the loader does not read).
+_DTYPES = {"id": np.int64, "label": np.int64, "dense": np.float32, None: "U1"}
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 @dataclass(frozen=True)
@@ -233,28 +237,31 @@ def _read_table(path: Path, layout: _Layout) -> dict[str, np.ndarray]:
         raise ValueError(
             f"{path}: missing column(s) {', '.join(map(repr, missing))} of the {layout.name} layout"
         )
-    dtype = np.dtype([(name, np.float32 if kind == "dense" else np.int64) for name, kind in columns.items()])
+    # Every field is read (the unused ones as one character, a cheap placeholder), so that numpy
+    # rejects a row with a field too many, which with usecols it would read shifted.
+    kinds = {header.index(name): kind for name, kind in columns.items()}
+    dtype = np.dtype([(f"f{i}", _DTYPES[kinds.get(i)]) for i in range(len(header))])
     try:
         # NumPy 1.23-2.2 read "1.5" into an integer column as 1, with a DeprecationWarning (later
         # versions raise): as an error, it names the cell below like any other bad value.
         with warnings.catch_warnings():
             warnings.filterwarnings("error", category=DeprecationWarning)
-            table = np.loadtxt(
+            rows = np.loadtxt(
                 path,
                 dtype=dtype,
                 delimiter=",",
                 quotechar='"',
                 comments=None,
                 skiprows=1,
-                usecols=[header.index(name) for name in columns],
                 ndmin=1,
                 encoding="utf-8",
             )
     except (ValueError, DeprecationWarning) as error:
         raise _bad_value_error(path, header, columns, numpy_message=str(error)) from None
+    table = {name: np.ascontiguousarray(rows[f"f{header.index(name)}"]) for name in columns}
     if not all(_all_valid(table[name], kind) for name, kind in columns.items()):
         raise _bad_value_error(path, header, columns, numpy_message="a value failed the checks")
-    return {name: np.ascontiguousarray(table[name]) for name in columns}
+    return table
 
 
 def _read_header(path: Path) -> list[str]:
@@ -299,19 +306,25 @@ def _bad_value_error(
 
 
 def _value_problem(raw: str, kind: ColumnKind) -> str | None:
-    """Why one CSV cell is not a valid value of its kind, or None if it is one."""
+    """Why one CSV cell is not a valid value of its kind, or None if it is one; ids are stored as
+    int64 and dense values as float32, so a value out of their range is a problem too."""
     if kind == "dense":
         try:
             value = float(raw)
         except ValueError:
             return f"{raw!r} is not a number"
-        return None if math.isfinite(value) else f"{raw!r} is not a finite number"
+        if not math.isfinite(value):
+            return f"{raw!r} is not a finite number"
+        with np.errstate(over="ignore"):
+            return None if np.isfinite(np.float32(value)) else f"{raw!r} overflows float32, which dense values are stored in"
     try:
         integer: int | None = int(raw)
     except ValueError:
         integer = None
     if kind == "id" and (integer is None or integer < 0):
         return f"{raw!r} is not a non-negative integer id"
+    if kind == "id" and integer > _INT64_MAX:
+        return f"{raw!r} is larger than the largest int64 id ({_INT64_MAX})"
     if kind == "label" and integer not in (0, 1):
         return f"{raw!r} is not a 0/1 label"
     return None

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validation import check_sizes, check_widths
+from .._validation import check_finite_number, check_sizes, check_widths
 
 __all__ = [
     "mlp",
@@ -69,15 +69,17 @@ __all__ = [
 def mlp(
     input_dim: int, hidden: Sequence[int], dropout: float = 0.0, last_activation: bool = True, copies: int | None = None
 ) -> nn.Sequential:
-    """Linear layers of widths ``hidden``, each followed by ReLU (and dropout if > 0);
-    ``last_activation=False`` leaves the last layer linear.
+    """Linear layers of widths ``hidden``, each followed by ReLU (and dropout if > 0; ``dropout``
+    is a probability in [0, 1)); ``last_activation=False`` leaves the last layer linear.
 
     With ``copies=G`` the layers are :class:`StackedLinear`: G independent MLPs of this shape
     (experts, towers) that map (G, B, input_dim) to (G, B, hidden[-1]) with one batched matmul
     per layer instead of G.
     """
-    if input_dim < 1 or not hidden or any(h < 1 for h in hidden):
-        raise ValueError(f"mlp needs input_dim >= 1 and positive hidden widths; got {input_dim}, {list(hidden)}")
+    check_widths("hidden", hidden)
+    check_sizes(input_dim=input_dim, **{f"hidden[{i}]": width for i, width in enumerate(hidden)})
+    if not 0 <= check_finite_number("dropout", dropout, requirement="a number in [0, 1)") < 1:
+        raise ValueError(f"dropout must be a number in [0, 1); got {dropout!r}")
     layers: list[nn.Module] = []
     widths = [input_dim, *hidden]
     for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:])):
