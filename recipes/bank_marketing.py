@@ -55,7 +55,7 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Provenance, available_cores, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
+from _common import (Provenance, available_cores, check_ranges, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
                      summarize, write_outputs)
 
 NUMERIC_FEATURES = ("age", "balance", "day", "duration", "campaign", "pdays", "previous")
@@ -294,20 +294,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the Fig. 3 sweep")
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True, help="run the Fig. 3 sweep")
     p.add_argument("--sweep-rates", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--sweep-objectives", choices=OBJECTIVES, nargs="+", default=["laa", "loa", "balanced-loa"])
     p.add_argument("--sweep-trials", type=int, default=10)
     p.add_argument("--workers", type=int, default=None,
-                   help="processes the independent cells are spread over (default: the available cores; 1 with --quick)")
+                   help="processes the independent cells are spread over (None: the available cores; 1 with --quick)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every worker")
     p.add_argument("--output-dir", type=Path, default=Path("runs/bank_marketing"))
     args = parse_with_quick(p, argv, trials=3, rows=2000, epochs=4, batch_size=256, sweep_rates=[0.5], sweep_trials=2)
     if args.workers is None:
         args.workers = 1 if args.quick else available_cores()
-    for name in ("trials", "rows", "epochs", "batch_size", "sweep_trials", "threads", "workers"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    check_ranges(p, args, counts=("trials", "rows", "epochs", "batch_size", "sweep_trials", "threads", "workers"),
+                 positive=("lr",))
     for rate in [args.rate, *args.sweep_rates]:
         if not 0 < rate < 1:
             p.error(f"mortgage rates must lie in (0, 1); got {rate}")

@@ -263,6 +263,7 @@ def test_quick_sets_defaults_that_the_command_line_still_overrides(dictatorship,
     ("pdaom", ["--bottom-hidden", "0"], r"--bottom-hidden must be >= 1"),
     ("pdaom", ["--lr", "0"], r"--lr must be finite and > 0; got 0.0"),
     ("dictatorship", ["--lr", "-1"], r"--lr must be finite and > 0; got -1.0"),
+    ("bank", ["--lr", "inf"], r"--lr must be finite and > 0; got inf"),
 ])
 def test_paper_recipe_options_are_checked_before_any_work(recipe, argv, message, request, capsys):
     # --lam -1 failed after the CE runs had trained, naming lam / batch_size; --sweep-batch-sizes 0
@@ -273,5 +274,6 @@ def test_paper_recipe_options_are_checked_before_any_work(recipe, argv, message,
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_the_sweeps_switch_reads_as_it_works(pdaom):
+def test_the_sweeps_switch_reads_as_it_works(pdaom, bank):
     assert pdaom.parse_args([]).sweeps and not pdaom.parse_args(["--no-sweeps"]).sweeps
+    assert bank.parse_args([]).sweep and not bank.parse_args(["--no-sweep"]).sweep
