@@ -219,3 +219,42 @@ def test_a_float16_gradient_that_overflows_raises(backend):
     value = mlloss.PDAOMLoss(backend=backend)(many, torch.tensor([1, 0]).repeat(40), users)
     (grad,) = torch.autograd.grad(value, many)
     assert value.dtype == torch.float32 and value.item() > 65504 and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("pairs", ["all", "hardest"])
+@pytest.mark.parametrize("surrogate", ["logistic", "squared"])
+def test_a_real_valued_label_in_many_small_groups_is_linear_in_the_batch(surrogate, pairs):
+    # A level per item in 10,000 groups of two: the (group, level) tables over every level of the
+    # batch were 10,000 x 20,000 (refused: "Is the label really ordinal?"), and 3,000 items in pairs
+    # took the squared closed form 6-9 s. Each group's own levels now. Every group holds one pair, whose
+    # cost cancels in c * phi / c: the loss is the mean of phi(s_high - s_low).
+    gen = torch.Generator().manual_seed(3)
+    n = 20_000
+    scores = torch.randn(n, generator=gen, dtype=torch.float64)
+    levels = torch.rand(n, generator=gen, dtype=torch.float64) * 1e4
+    groups = torch.arange(n) // 2
+    value = mlloss.LaALoss(real_levels=True, surrogate=surrogate, pairs=pairs, backend="torch")(scores, levels[:, None], groups)
+    first, second = scores[0::2], scores[1::2]
+    margin = torch.where(levels[0::2] > levels[1::2], first - second, second - first)
+    terms = torch.nn.functional.softplus(-margin) if surrogate == "logistic" else (1 - margin) ** 2
+    torch.testing.assert_close(value, terms.mean(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+def test_a_groups_costs_keep_their_precision_far_from_the_other_groups_levels(cost):
+    # One user's watch times 0.010-0.0125 s beside others' near 1e4 s: measured from the batch's median
+    # level and cast to float32, that user's costs lost their differences (the loss 7% off). The PyTorch
+    # tier measures each group's levels from its own middle item.
+    from reference import laa_loss
+
+    levels = torch.tensor([0.0100, 0.0107, 0.0125, 10000.0, 10003.0, 10001.0, 10002.5], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    scores = torch.tensor([0.9, -0.4, 0.2, 0.3, -0.1, 0.5, 0.0])
+    value = mlloss.LaALoss(real_levels=True, cost=cost, backend="torch")(scores, levels[:, None], groups)
+    expected = laa_loss(scores.double(), levels[:, None], groups, cost=cost)
+    torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=0)
+    # binary columns of weights 1e4 and 1e-4: one group whose only pair is [1, 1] against [1, 0]
+    labels = torch.tensor([[1, 1], [1, 0], [0, 0], [1, 0]])
+    value = mlloss.LaALoss([1e4, 1e-4], cost=cost, backend="torch")(scores[:4], labels, torch.tensor([0, 0, 1, 1]))
+    expected = laa_loss(scores[:4].double(), labels, torch.tensor([0, 0, 1, 1]), weights=[1e4, 1e-4], cost=cost)
+    torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=0)

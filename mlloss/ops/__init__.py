@@ -4,7 +4,7 @@
   the problems' levels, and the switch of tier (``resolve_tier``: the user's ``backend``,
   ``"auto"``, ``"torch"``, ``"exact"`` or ``"triton"``).
 * ``layout``: the sync-free pair layout both tiers read (items sorted by group and level), and
-  the PyTorch tier's dense (group, level) tables; the metrics sort with it too.
+  the PyTorch tier's sorted cells and tables; the metrics sort with it too.
 * The PyTorch tier (the reference tier and the CPU path): ``torch_tier`` (its entry), with
   ``allpairs`` (blocked exact all-pairs sums), ``closed_form`` (O(N log N) closed forms) and
   ``hardest`` (max-violation pairs).

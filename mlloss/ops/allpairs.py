@@ -64,7 +64,11 @@ def all_pairs_loss_and_grad(
 
     bucketed = active & (sizes <= MAX_BUCKETED_GROUP)
     bucket_sides = next_power_of_two(sizes.clamp(min=2))
-    item_level_values = layout.level_values.to(scores.dtype)[layout.level]
+    # Each item's level value measured from its group's middle item's (in float64, then the scores'
+    # dtype): a pair's cost, a difference of two levels of one group, keeps its precision however far
+    # the group's levels lie from the others' (0.010 s of watch time beside 1e4 s was 7% off in float32).
+    item_values = layout.level_values[layout.level]
+    item_level_values = (item_values - item_values[offsets + sizes // 2][layout.group]).to(scores.dtype)
     linear_cost = costs.linear
     for side in torch.unique(bucket_sides[bucketed]).tolist():
         group_ids = torch.nonzero(bucketed & (bucket_sides == side)).flatten()

@@ -14,10 +14,12 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
   ``[group_start, cell_start)`` and its upper partners ``[cell_end, group_end)``. Both tiers
   take these per-item arguments; the Triton kernels stream the ranges in tiles.
 * ``dense_tables`` turns one problem of a ``PairLayout`` into an ``OrdinalLayout``: the items
-  by (group ascending, level descending) with their (group, level) count tables, which the
-  PyTorch tier's closed forms, max-violation pairs and blocked all-pairs path work on. The
-  helpers after it build on those tables: the level-pair costs and their sums (``LevelCosts``),
-  the reduction coefficients, per-cell log-sum-exp and the scatter of per-cell values.
+  by (group ascending, level descending) and their cells, which the PyTorch tier's closed
+  forms, max-violation pairs and blocked all-pairs path work on; ``cell_tables`` lays each
+  group's own cells in a row (the normalisers), and ``OrdinalLayout.counts`` the (group, level)
+  table over every level of the batch (the closed forms). The helpers after them: the
+  level-pair costs and their sums (``LevelCosts``), the reduction coefficients, per-cell
+  log-sum-exp and the scatter of per-cell values.
 
 ``pair_layout`` is sync-free and shape-static: a few sorts and binary searches on the device,
 no ``unique``/``nonzero``/``.item()``, so a CUDA step does not wait for the host and
@@ -28,13 +30,15 @@ pairs walk each group's cells instead: ``kernels.hardest``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-# Dense (group, level) tables hold G * L entries; beyond this ``dense_tables`` refuses rather than
-# allocating gigabytes (a label with thousands of distinct values is not an ordinal label).
+# A (group, level) table over every level of the batch holds G * L entries; beyond this
+# ``OrdinalLayout.counts`` refuses rather than allocating gigabytes (the closed forms, its only
+# users, give way to the blocked sum before: ``torch_tier._closed_form_pays``).
 MAX_GROUP_LEVEL_CELLS = 1 << 27
 # The all-pairs kernels' finalize step finds Z_u by a walk over each group's cells in level order,
 # one loop step per level, for problems of at most this many levels (LaA of a few binary labels);
@@ -129,33 +133,52 @@ def _group_key(levels: Levels, groups: Tensor, num_items: int) -> tuple[Tensor, 
 
 @dataclass(frozen=True)
 class OrdinalLayout:
-    """One problem's items sorted by (group ascending, level descending) and their (group, level)
-    counts: the tables ``dense_tables`` builds for the PyTorch tier."""
+    """One problem's items sorted by (group ascending, level descending), and its *cells*, the
+    runs of one (group, level): the tables ``dense_tables`` builds for the PyTorch tier.
+
+    The (G, L) table of counts over every level of the batch (``counts``) is built only when
+    asked for (by the closed forms, when they pay): with a level per item (a real-valued label)
+    and many groups it would be quadratic in the batch. The normalisers and the max-violation
+    pairs work on each group's own cells (``cell_tables``)."""
 
     order: Tensor  # (N,) sorted position -> original item index
     group: Tensor  # (N,) group index (0..G-1) of each sorted item
     level: Tensor  # (N,) level index (0..L-1, higher ranks higher) of each sorted item
     level_values: Tensor  # (L,) float64, ascending
-    counts: Tensor  # (G, L) int64 items per (group, level)
+    num_groups: int
     cell_lengths: Tensor  # (C,) lengths of the runs of equal (group, level) in sorted order
     cell_group: Tensor  # (C,) group index of each cell
     cell_level: Tensor  # (C,) level index of each cell
 
     @property
-    def num_groups(self) -> int:
-        return self.counts.shape[0]
-
-    @property
     def num_levels(self) -> int:
-        return self.counts.shape[1]
+        return self.level_values.numel()
 
-    @property
+    @functools.cached_property
     def group_sizes(self) -> Tensor:
-        return self.counts.sum(1)
+        """(G,) int64 items per group."""
+        sizes = torch.zeros(self.num_groups, dtype=torch.int64, device=self.cell_lengths.device)
+        return sizes.index_add_(0, self.cell_group, self.cell_lengths)
+
+    @functools.cached_property
+    def cells_per_group(self) -> Tensor:
+        """(G,) int64 cells (distinct levels) per group."""
+        return torch.bincount(self.cell_group, minlength=self.num_groups)
+
+    @functools.cached_property
+    def counts(self) -> Tensor:
+        """(G, L) int64 items per (group, level), over every level of the batch."""
+        cells = self.num_groups * self.num_levels
+        if cells > MAX_GROUP_LEVEL_CELLS:
+            raise ValueError(
+                f"labels have {self.num_levels} distinct levels across {self.num_groups} groups; the dense "
+                f"(group, level) table would need {cells} cells (limit {MAX_GROUP_LEVEL_CELLS})"
+            )
+        return dense_cells(self, self.cell_lengths, 0)
 
 
 def dense_tables(layout: PairLayout, levels: Levels, problem: int) -> OrdinalLayout:
-    """The (group, level) tables of one problem, for the PyTorch tier (reads sizes on the host).
+    """The sorted items and cells of one problem, for the PyTorch tier (reads sizes on the host).
 
     The tables' users expect levels *descending* inside a group, so every group's run of
     positions is reversed (which keeps each group in place and each cell contiguous).
@@ -175,28 +198,40 @@ def dense_tables(layout: PairLayout, levels: Levels, problem: int) -> OrdinalLay
     group = torch.cumsum(position == group_start, 0) - 1
     num_levels = level_values.numel()
     num_groups = int(group[-1]) + 1 if num_items else 1
-    if num_groups * num_levels > MAX_GROUP_LEVEL_CELLS:
-        raise ValueError(
-            f"labels have {num_levels} distinct levels across {num_groups} groups; the dense "
-            f"(group, level) table would need {num_groups * num_levels} cells (limit "
-            f"{MAX_GROUP_LEVEL_CELLS}). Is the label really ordinal?"
-        )
     # Descending level inside a group: the cell key grows along the reversed positions.
     cell_key, cell_lengths = torch.unique_consecutive(group * num_levels + (num_levels - 1 - level), return_counts=True)
     cell_group = torch.div(cell_key, num_levels, rounding_mode="floor")
     cell_level = num_levels - 1 - (cell_key - cell_group * num_levels)
-    counts = torch.zeros(num_groups, num_levels, dtype=torch.int64, device=device)
-    counts[cell_group, cell_level] = cell_lengths
     return OrdinalLayout(
         order=order,
         group=group,
         level=level,
         level_values=level_values,
-        counts=counts,
+        num_groups=num_groups,
         cell_lengths=cell_lengths,
         cell_group=cell_group,
         cell_level=cell_level,
     )
+
+
+def cell_tables(layout: OrdinalLayout) -> tuple[Tensor, Tensor]:
+    """(counts, values), (G, K) tables of each group's own cells, K the most cells of a group:
+    row u holds its c_u cells' item counts and level values in ascending level order, each value
+    measured from the group's middle cell (a group's costs are differences of its own levels,
+    which stay exact however far they lie from the batch's); slots past c_u count 0 items and
+    repeat the row's top value. ``LevelCosts`` over these values gives the normalisers in
+    O(G K), where the (G, L) ``counts`` over every level of the batch would take O(G L).
+    (Every group has an item, hence a cell.)"""
+    cells = layout.cells_per_group
+    first_cell = torch.cumsum(cells, 0) - cells
+    in_group = torch.arange(layout.cell_group.numel(), device=cells.device) - first_cell[layout.cell_group]
+    slot = cells[layout.cell_group] - 1 - in_group  # a group's cells run in descending level order
+    counts = torch.zeros(layout.num_groups, int(cells.max()), dtype=torch.int64, device=cells.device)
+    counts[layout.cell_group, slot] = layout.cell_lengths
+    cell_values = layout.level_values[layout.cell_level]
+    values = cell_values[first_cell][:, None].repeat(1, counts.shape[1])  # the top level, in every slot
+    values[layout.cell_group, slot] = cell_values
+    return counts, values - cell_values[first_cell + cells // 2][:, None]
 
 
 @dataclass(frozen=True)
@@ -212,7 +247,7 @@ class LevelCosts:
     pairs take ``between`` on each group's own levels).
     """
 
-    level_values: Tensor  # (L,) float64, ascending
+    level_values: Tensor  # (L,) float64, ascending; or (G, K) rows of ``cell_tables``, for the sums only
     linear: bool
 
     @classmethod
@@ -264,6 +299,9 @@ class LevelCosts:
         # Differences are what the costs are made of: measured from the middle level, the prefix
         # sums of v * table stay small and v_a * (lower count) - (lower sum of v) cancels less
         # (the middle, not the lowest: a mask's fillers add one level, 0, far from labels near 1e8).
+        # Values of (G, K) ``cell_tables`` rows come measured from their group's middle cell already.
+        if self.level_values.dim() > 1:
+            return self.level_values
         middle = self.level_values.numel() // 2
         return self.level_values - self.level_values[middle]
 

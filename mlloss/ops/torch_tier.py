@@ -1,4 +1,4 @@
-"""The PyTorch tier of ``mlloss::pair_loss``: every problem on its dense (group, level) tables.
+"""The PyTorch tier of ``mlloss::pair_loss``: every problem on its sorted cells (``layout.dense_tables``).
 
 The dispatcher (``dispatch``) sends a call here for ``backend="torch"`` and ``"exact"`` (and
 ``"auto"`` on the CPU), and for the pairs the Triton tier (``kernels/``, ``mlloss.kernels``)
@@ -26,9 +26,11 @@ from . import allpairs, hardest
 from .closed_form import CLOSED_FORMS, TERM_TABLE_ELEMENTS
 from .fused import accumulation_dtype
 from .layout import (
+    MAX_GROUP_LEVEL_CELLS,
     LevelCosts,
     Levels,
     OrdinalLayout,
+    cell_tables,
     dense_tables,
     pair_layout,
     reduction_coefficients,
@@ -98,11 +100,14 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
         loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
             scores.to(torch.float64)[tables.order], tables, costs, surrogate, margin, reduction, temperature
         )
-        level_pairs = costs.counting().group_cost(tables.counts > 0).sum()
+        cells = tables.cells_per_group.to(torch.float64)
+        level_pairs = (cells * (cells - 1) / 2).sum()  # the pairs of a group's distinct levels
         return loss, grad, level_pairs, groups_with_pairs
 
-    group_cost = costs.group_cost(tables.counts)
-    valid_pairs = costs.counting().group_cost(tables.counts).sum()
+    counts, values = cell_tables(tables)  # each group's own levels: O(G K), not O(G L)
+    group_costs = LevelCosts(values, costs.linear)
+    group_cost = group_costs.group_cost(counts)
+    valid_pairs = group_costs.counting().group_cost(counts).sum()
     groups_with_pairs = (group_cost > 0).sum()
     coefficients = reduction_coefficients(group_cost, reduction)
     if exact and _closed_form_pays(surrogate, tables):
@@ -118,23 +123,28 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
 
 def _closed_form_pays(surrogate: str, tables: OrdinalLayout) -> bool:
     """Whether the closed form of ``surrogate`` is the cheaper exact path for these tables. Its
-    work grows with the levels: the hinge form merges the items with every lower level
+    work grows with the levels: each works on (G, L) tables over every level of the batch (the
+    squared form's whole work, N + G L), the hinge form merges the items with every lower level
     (L N log N), the exponential one forms each group's (L, L) table of log-costs (G L^2, and
-    L^2 memory); the blocked sum grows with the pairs (sum_u n_u^2 / 2). With a level per few
+    L^2 memory); the blocked sum grows with the pairs (sum_u n_u^2 / 2). A real-valued label in
+    many groups made the squared form's tables quadratic in the batch (6-9 s for 3,000 items in
+    pairs) and refused 20,000 items in 10,000 groups. With a level per few
     items (a real-valued label) the blocked sum wins: for 16,384 items at as many levels the
     hinge form took 72 s on the CPU, the blocked sum about 1 s. The closed form is kept unless
     it needs ``CLOSED_FORM_WORK`` times the pairs' work (the hinge form's constants are lower:
     at 1M items in 20,000 groups it takes 0.6 s, the blocked sum 1.0 s)."""
-    if surrogate == "squared":  # O(N + G L)
-        return True
-    num_levels, num_items = tables.num_levels, tables.order.numel()
+    num_levels, num_items, num_groups = tables.num_levels, tables.order.numel(), tables.num_groups
+    if num_groups * num_levels > MAX_GROUP_LEVEL_CELLS:  # every closed form works on (G, L) tables
+        return False
     pair_work = float((tables.group_sizes.to(torch.float64) ** 2).sum()) / 2
-    if surrogate == "hinge":
-        work = (num_levels - 1) * num_items * max(1.0, math.log2(num_items))
+    if surrogate == "squared":  # O(N + G L)
+        work = num_items + num_groups * num_levels
+    elif surrogate == "hinge":
+        work = (num_levels - 1) * num_items * max(1.0, math.log2(num_items)) + num_groups * num_levels
     else:
         if num_levels**2 > TERM_TABLE_ELEMENTS:
             return False
-        work = tables.num_groups * num_levels**2
+        work = num_groups * num_levels**2
     return work <= CLOSED_FORM_WORK * pair_work
 
 
