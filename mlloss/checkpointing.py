@@ -4,13 +4,15 @@ and the fault-test callback, is :mod:`mlloss.integrations.lightning_checkpoints`
 sharded directories are written by :class:`mlloss.integrations.torchrec_strategy.TorchRecStrategy`
 through the functions here. Layout and protocol: docs/checkpoints.md.
 
-A checkpoint at ``<dir>/<name>`` (``last.ckpt`` in recipes/ctr_cvr.py) is written as
-``<dir>/.partial/<name>`` and only then moved to ``<dir>/<name>``:
+A checkpoint at ``<dir>/<name>`` (``last.ckpt`` in recipes/ctr_cvr.py) is written under a
+temporary name in ``<dir>/.partial/`` and only then moved to ``<dir>/<name>``:
 
-* a file (Lightning's ``.ckpt``): written, flushed and fsynced under the temporary name, then
-  ``os.replace``-d over the previous one (atomic: a reader sees the old file or the new one);
+* a file (Lightning's ``.ckpt``): written, flushed and fsynced as ``.partial/<name>.<random>.tmp``
+  (a name of its own per write, locked with ``flock`` by its writer until it is published, so that
+  two writers never publish each other's parts), then ``os.replace``-d over the previous one
+  (atomic: a reader sees the old file or the new one);
 * a directory (TorchRec's ``torch.distributed.checkpoint`` shards plus ``meta.pt``, written by
-  ``TorchRecStrategy``): every rank writes its shards into the temporary directory, then rank 0
+  ``TorchRecStrategy``): every rank writes its shards into ``.partial/<name>``, then rank 0
   writes the completion marker ``COMPLETE`` last (the files and their sizes, as JSON) and swaps
   the directories: the previous one is moved to ``<dir>/.old/<name>``, the new one to
   ``<dir>/<name>``, and the previous one removed. ``os.replace`` cannot replace a
@@ -20,7 +22,8 @@ A checkpoint at ``<dir>/<name>`` (``last.ckpt`` in recipes/ctr_cvr.py) is writte
 (a directory with its marker: its writer was killed after it was complete, before it was moved),
 ``<name>`` (a file, or a directory with its marker) and ``.old/<name>`` (killed between the two
 moves), and reports each candidate it skips. A temporary file is never used: until it is
-renamed, the previous file is the newest complete one.
+renamed, the previous file is the newest complete one. A checkpoint replaces a file or a
+checkpoint directory only: :func:`publish` refuses a directory without the marker or ``meta.pt``.
 
 Pieces:
 
@@ -43,10 +46,13 @@ from this module, with a ``DeprecationWarning``, and import Lightning only then.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import re
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -78,6 +84,7 @@ __all__ = [
 ]
 
 MARKER_FILENAME = "COMPLETE"  # written last into a checkpoint directory
+LEGACY_METADATA_FILENAME = "meta.pt"  # TorchRecStrategy's, in its directories written before the marker existed
 MARKER_FORMAT = "mlloss.checkpointing/1"
 STAGING_DIRNAME = ".partial"  # <dir>/.partial/<name>: being written
 RETIRED_DIRNAME = ".old"  # <dir>/.old/<name>: the previous directory, during the swap
@@ -94,9 +101,10 @@ __getattr__ = moved_names(__name__, dict.fromkeys(
 
 
 def staging_path(final: str | os.PathLike) -> Path:
-    """Where the checkpoint ``final`` is written before it is made visible: ``<dir>/.partial/<name>``
-    (a folder of its own, so that Lightning's ``ckpt_path="last"``, which looks for ``last*.ckpt``
-    in ``<dir>``, never picks it)."""
+    """Where the checkpoint directory ``final`` is written before it is made visible:
+    ``<dir>/.partial/<name>`` (a folder of its own, so that Lightning's ``ckpt_path="last"``, which
+    looks for ``last*.ckpt`` in ``<dir>``, never picks it). A file is written beside it, under a
+    name of its own per write (:func:`write_atomically`)."""
     final = Path(final)
     return final.parent / STAGING_DIRNAME / final.name
 
@@ -105,6 +113,18 @@ def retired_path(final: str | os.PathLike) -> Path:
     """Where the previous checkpoint directory ``final`` waits while the new one takes its name."""
     final = Path(final)
     return final.parent / RETIRED_DIRNAME / final.name
+
+
+def _temporary_files(final: Path) -> list[Path]:
+    """The files that writes of the checkpoint file ``final`` have under way, or left when they
+    died: ``<dir>/.partial/<name>.<random>.tmp`` (``tempfile.mkstemp``'s random part has no dot)."""
+    folder = final.parent / STAGING_DIRNAME
+    pattern = re.compile(re.escape(final.name) + r"\.\w+\.tmp")
+    try:
+        names = os.listdir(folder)
+    except OSError:  # no folder (no write under way)
+        return []
+    return sorted(folder / name for name in names if pattern.fullmatch(name))
 
 
 def _final_of(path: Path) -> Path | None:
@@ -170,8 +190,19 @@ def _pause_before_publishing(staging: Path) -> None:
     time.sleep(seconds_value)
 
 
+def _check_replaceable(final: Path) -> None:
+    """Raise IsADirectoryError when ``final`` is a directory that is not a checkpoint: a checkpoint
+    replaces a file, or a directory with the completion marker (or with ``meta.pt``, a checkpoint
+    of ``TorchRecStrategy`` written before the marker existed), never another folder."""
+    if final.is_dir() and not any((final / name).is_file() for name in (MARKER_FILENAME, LEGACY_METADATA_FILENAME)):
+        raise IsADirectoryError(f"{final} is a directory that is not a checkpoint (it has neither {MARKER_FILENAME} "
+                                f"nor {LEGACY_METADATA_FILENAME}): a checkpoint does not replace it; name a file "
+                                "in it, or remove it")
+
+
 def publish(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
-    """Make the complete ``staging`` copy visible as ``final``, replacing what is there.
+    """Make the complete ``staging`` copy visible as ``final``, replacing what is there: a file or
+    a checkpoint directory (IsADirectoryError for any other directory, see :func:`_check_replaceable`).
 
     A file over a file is one ``os.replace``. A directory (or anything replacing a directory)
     needs two renames: the previous ``final`` goes to :func:`retired_path` first, then ``staging``
@@ -181,6 +212,7 @@ def publish(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
     staging, final = Path(staging), Path(final)
     retired = retired_path(final)
     try:
+        _check_replaceable(final)
         if final.is_dir() or (staging.is_dir() and (final.exists() or final.is_symlink())):
             _remove(retired)  # older than `final`, left by an earlier crash
             retired.parent.mkdir(exist_ok=True)
@@ -198,26 +230,64 @@ def publish(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
     return final
 
 
+def _open_temporary_file(final: Path) -> tuple[IO[bytes], Path]:
+    """A new file ``<dir>/.partial/<name>.<random>.tmp`` for a write of ``final``, open and locked
+    (``flock``) until it is closed: :func:`_remove_abandoned_files` removes only unlocked ones.
+    Tried again when another writer removed the empty folder, or the file before it was locked."""
+    folder = final.parent / STAGING_DIRNAME
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor, name = tempfile.mkstemp(prefix=final.name + ".", suffix=".tmp", dir=folder)
+        except FileNotFoundError:
+            continue
+        stream = open(descriptor, "wb")
+        fcntl.flock(stream, fcntl.LOCK_EX)
+        if os.path.exists(name):
+            return stream, Path(name)
+        stream.close()
+
+
+def _remove_abandoned_files(final: Path) -> None:
+    """Remove the temporary files of ``final`` whose writers died (a crash mid-write): those no
+    writer holds locked. A write under way keeps its own."""
+    for path in _temporary_files(final):
+        with contextlib.suppress(OSError):  # locked (BlockingIOError): a writer at work; or already gone
+            with open(path, "rb") as stream:
+                fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                path.unlink()
+
+
 def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
-    """Write the file ``path`` through ``write(stream)`` at :func:`staging_path`, flush and fsync
-    it, then :func:`publish` it: ``path`` holds the previous file or the complete new one, never
-    a part. A failed write removes its temporary file; errors name ``path``."""
+    """Write the file ``path`` through ``write(stream)`` into a temporary file of its own
+    (``<dir>/.partial/<name>.<random>.tmp``), flush and fsync it, then :func:`publish` it: ``path``
+    holds the previous file or the complete new one of one writer, never a part, also when several
+    processes write it at once. A failed write removes its temporary file; errors name ``path``.
+    Before writing it removes what crashed writes left: their temporary files, and a directory
+    at :func:`staging_path`, which the resolver would take for newer than this file."""
     final = Path(path)
-    staging = staging_path(final)
     try:
-        _remove(staging)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        with open(staging, "wb") as stream:
+        _check_replaceable(final)
+        _remove(staging_path(final))
+        _remove_abandoned_files(final)
+        stream, staging = _open_temporary_file(final)
+    except BaseException as error:
+        _name_the_path(error, f"while writing the checkpoint {final}")
+        raise
+    try:
+        with stream:  # locked until it is published
             write(stream)
             stream.flush()
             os.fsync(stream.fileno())
+            _pause_before_publishing(staging)
+            publish(staging, final)
     except BaseException as error:
         with contextlib.suppress(OSError):
-            _remove(staging)
+            staging.unlink(missing_ok=True)
+        _remove_if_empty(staging.parent)
         _name_the_path(error, f"while writing the checkpoint {final} (at its temporary name {staging})")
         raise
-    _pause_before_publishing(staging)
-    return publish(staging, final)
+    return final
 
 
 def save_atomically(obj: Any, path: str | os.PathLike) -> Path:
@@ -225,28 +295,33 @@ def save_atomically(obj: Any, path: str | os.PathLike) -> Path:
     return write_atomically(path, lambda stream: torch.save(obj, stream))
 
 
-def _save_durably(obj: Any, path: Path) -> None:
-    """``torch.save`` into a file of a directory still being written (no rename needed: the
-    directory's marker comes after it)."""
-    with open(path, "wb") as stream:
-        torch.save(obj, stream)
-        stream.flush()
-        os.fsync(stream.fileno())
-
-
 def begin_directory(final: str | os.PathLike) -> Path:
     """Start writing the checkpoint directory ``final``: an empty :func:`staging_path` (a stale one,
-    left by a crash, is removed). Call on one process; the others write after a barrier."""
+    left by a crash, is removed). Call on one process; the others write after a barrier.
+    IsADirectoryError when ``final`` is a directory that is not a checkpoint (:func:`publish`)."""
+    _check_replaceable(Path(final))
     staging = staging_path(final)
     _remove(staging)
     staging.mkdir(parents=True)
     return staging
 
 
+def _check_info(info: dict[str, Any], directory: Path) -> None:
+    """Raise TypeError naming the entry of ``info`` that the JSON completion marker cannot hold."""
+    for key, value in info.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"info {key}={value!r} for the completion marker of {directory} is not JSON "
+                            f"(str, int, float, bool, None, lists and dicts of them): {error}") from None
+
+
 def mark_complete(directory: str | os.PathLike, **info: Any) -> Path:
     """Write the completion marker of ``directory`` last: JSON with every file's size (fsynced
-    first) and ``info``; written under a temporary name and renamed, so that it is whole."""
+    first) and ``info`` (JSON values: TypeError names any other); written under a temporary name
+    and renamed, so that it is whole."""
     directory = Path(directory)
+    _check_info(info, directory)
     files = {}
     for item in sorted(directory.rglob("*")):
         if item.is_file() and item.name not in (MARKER_FILENAME, MARKER_FILENAME + ".tmp"):
@@ -255,11 +330,15 @@ def mark_complete(directory: str | os.PathLike, **info: Any) -> Path:
             files[item.relative_to(directory).as_posix()] = item.stat().st_size
     marker = directory / MARKER_FILENAME
     tmp = directory / (MARKER_FILENAME + ".tmp")
-    with open(tmp, "w") as stream:
-        json.dump({"format": MARKER_FORMAT, **info, "files": files}, stream, indent=1)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(tmp, marker)
+    try:
+        with open(tmp, "w") as stream:
+            json.dump({"format": MARKER_FORMAT, **info, "files": files}, stream, indent=1)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp, marker)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_directory(directory)
     return marker
 
@@ -276,17 +355,26 @@ def finish_directory(staging: str | os.PathLike, final: str | os.PathLike, **inf
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike, **info: Any) -> Iterator[Path]:
     """``with atomic_directory(path) as tmp:`` write the checkpoint's files into ``tmp``; on a clean
-    exit it is marked complete and made visible as ``path`` (one process)."""
+    exit it is marked complete and made visible as ``path`` (one process). When the body raises,
+    ``tmp`` is removed; ``info`` that the marker cannot hold raises TypeError before anything is written."""
+    _check_info(info, Path(final))
     staging = begin_directory(final)
-    yield staging
+    try:
+        yield staging
+    except BaseException:
+        _remove(staging)
+        _remove_if_empty(staging.parent)
+        raise
     finish_directory(staging, final, **info)
 
 
 def remove_checkpoint(path: str | os.PathLike) -> None:
-    """Remove the checkpoint ``path`` (file or directory) and its temporary and retired copies."""
+    """Remove the checkpoint ``path`` (file or directory), its temporary and retired copies, and
+    the temporary files of writes that died (not those of writes under way)."""
     path = Path(path)
     for item in (path, staging_path(path), retired_path(path)):
         _remove(item)
+    _remove_abandoned_files(path)
     _remove_if_empty(staging_path(path).parent)
     _remove_if_empty(retired_path(path).parent)
 
@@ -341,21 +429,28 @@ def _print_rank_zero(text: str) -> None:
 def latest_complete_checkpoint(
     directory: str | os.PathLike, name: str = "last.ckpt", report: Optional[Callable[[str], None]] = None
 ) -> Path | None:
-    """The newest complete checkpoint named ``name`` in ``directory``, or None.
+    """The newest complete checkpoint named ``name`` in ``directory``, or None (also when
+    ``directory`` does not exist yet: a first run; NotADirectoryError when it is a file).
 
     In order: ``.partial/<name>`` when it is a complete directory (killed after its marker, before
     the swap: newer than ``<name>``), ``<name>``, then ``.old/<name>`` (killed between the two
-    renames of the swap). Every candidate passed over is reported (``report``, by default printed
-    on global rank 0): ``"skipped <path>: <why>"``.
+    renames of the swap). Every candidate passed over, and every temporary file of a write
+    (never used), is reported (``report``, by default printed on global rank 0):
+    ``"skipped <path>: <why>"``.
     """
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise NotADirectoryError(f"latest_complete_checkpoint: directory {str(directory)!r} is a file, not the folder "
+                                 f"of the checkpoints (pass its folder, and name= for a name other than {name})")
     report = _print_rank_zero if report is None else report
     final = Path(directory) / name
+    unfinished = f"a checkpoint file whose write did not finish (it is renamed to {final} when it is complete)"
+    for temporary in _temporary_files(final):
+        report(f"skipped {temporary}: {unfinished}")
     for candidate in (staging_path(final), final, retired_path(final)):
         if not (candidate.exists() or candidate.is_symlink()):
             continue
-        if candidate.parent.name == STAGING_DIRNAME and not candidate.is_dir():
-            report(f"skipped {candidate}: a checkpoint file whose write did not finish (it is renamed to {final} "
-                   "when it is complete)")
+        if candidate.parent.name == STAGING_DIRNAME and not candidate.is_dir():  # left by mlloss < temporary names
+            report(f"skipped {candidate}: {unfinished}")
             continue
         reason = incomplete_reason(candidate)
         if reason is not None:

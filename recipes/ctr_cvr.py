@@ -43,8 +43,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own mod
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
                              load_data, parse_args)
-from ctr_cvr_resume import (OptimizerOptions, check_resume, checkpoint_layout, layout_options,  # noqa: E402
-                            replace_other_kind_of_checkpoint, resume_path)
+from ctr_cvr_resume import (OptimizerOptions, check_resume, checkpoint_record, recorded_options,  # noqa: E402
+                            replace_other_kind_of_checkpoint, restore_rng_states, resume_path, rng_states)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
                             scorer_results, write_report)
 
@@ -100,7 +100,7 @@ class CtrCvrModule(pl.LightningModule):
         self.model = model
         self.objective = objective
         self.lr, self.weight_decay = lr, weight_decay
-        self.run_options = run_options or {}  # recorded in checkpoints (checkpoint_layout)
+        self.run_options = run_options or {}  # recorded in checkpoints (checkpoint_record)
         self.compile = compile
         self.register_buffer("train_loss_sum", torch.zeros((), dtype=torch.float64), persistent=False)
         self.epoch_counts = {"steps": 0, "samples": 0}  # a dict: no nn.Module.__setattr__ per step
@@ -207,15 +207,14 @@ class CtrCvrModule(pl.LightningModule):
         self.eval_results = scorer_results(self.metrics)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["ctr_cvr"] = {"history": self.history, "torch_rng_state": torch.get_rng_state(),
-                                 "written_with": checkpoint_layout(self.trainer, self.run_options)}
+        checkpoint["ctr_cvr"] = {"history": self.history, **rng_states(), **checkpoint_record(self.trainer, self.run_options)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("ctr_cvr")
         if saved is None:
             raise KeyError("this checkpoint was not written by recipes/ctr_cvr.py (no 'ctr_cvr' entry)")
         self.history = list(saved["history"])
-        torch.set_rng_state(saved["torch_rng_state"])
+        restore_rng_states(saved)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # Sharded tables are trained by the fused sparse optimizer (mlloss.integrations.torchrec); the rest here.
@@ -245,7 +244,7 @@ def run(args: argparse.Namespace) -> dict:
     (train, val, test), data_info = load_data(args)
     objective = MultiTaskObjective(args.loss, args.lam, args.cross_device, validate_args=False)
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
-    module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=layout_options(args),
+    module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=recorded_options(args),
                           compile=args.compile, steps_per_call=args.steps_per_call)
     ckpt_path = resume_path(args)
     callbacks = [] if args.no_checkpoint else [

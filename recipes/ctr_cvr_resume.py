@@ -1,9 +1,11 @@
-"""recipes/ctr_cvr.py's ``--resume``: which checkpoint to continue from, and the check that it was
-written with this run's sharding, strategy and number of processes (docs/checkpoints.md).
+"""recipes/ctr_cvr.py's ``--resume``: which checkpoint to continue from, what every checkpoint
+records of the run that wrote it (the sharding, strategy and number of processes; the options of
+the objective, model and data; the random states), and the check that a resumed run matches it
+(docs/checkpoints.md).
 
 The checkpoints themselves (temporary names, atomic publication, the newest complete one) are
 ``mlloss.checkpointing``; this module reads the recipe's options (``resume``, ``checkpoint_dir``,
-``no_checkpoint``, ``sharding``, ``strategy``, ``devices``, ``num_nodes``), and
+``no_checkpoint``, ``epochs``, the layout's and those of :func:`training_options`), and
 ``OptimizerOptions`` applies the command line's ``--lr`` and ``--weight-decay`` to a resumed run.
 """
 
@@ -54,11 +56,38 @@ def resume_path(args: argparse.Namespace) -> Path | None:
 # Strategies whose checkpoints differ only by --sharding (a file, or TorchRec's directory): compared as one.
 PLAIN_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy", "TorchRecStrategy")
 
+# The options that define what a run trains (by argparse destination): its objective, model and
+# data. Not --lr and --weight-decay, which a resumed run may change (OptimizerOptions), nor
+# --epochs (check_epochs); the others (--compile, --steps-per-call, --fixed-batches, threads,
+# output) leave the trained model as it is.
+OBJECTIVE_OPTIONS = ("loss", "lam", "cross_device")
+MODEL_OPTIONS = ("model", "esmm", "embedding", "embedding_dim", "interaction", "expert_hidden", "tower_hidden",
+                 "num_experts", "num_task_experts", "num_shared_experts", "num_levels", "dropout", "sparse_optimizer")
+DATA_OPTIONS = ("data", "seed", "batch_size")
+SYNTHETIC_DATA_OPTIONS = ("num_users", "num_items", "mean_impressions", "click_rate", "purchase_rate")
+
 
 def layout_options(args: argparse.Namespace) -> dict[str, Any]:
     """The command-line options that fix a checkpoint's layout and the data order of a run."""
     return {"--sharding": args.sharding, "--strategy": args.strategy, "--devices": args.devices,
             "--num-nodes": args.num_nodes}
+
+
+def training_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command-line options that define what a run trains, by option name: its objective,
+    model and data (the generator's options for synthetic data, else ``--data-dir``)."""
+    data = SYNTHETIC_DATA_OPTIONS if args.data == "synthetic" else ("data_dir",)
+    options = {}
+    for name in (*OBJECTIVE_OPTIONS, *MODEL_OPTIONS, *DATA_OPTIONS, *data):
+        value = getattr(args, name)
+        options["--lambda" if name == "lam" else "--" + name.replace("_", "-")] = \
+            str(value) if isinstance(value, Path) else value
+    return options
+
+
+def recorded_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The command-line options a checkpoint records (:func:`checkpoint_record`)."""
+    return {"layout": layout_options(args), "training": training_options(args)}
 
 
 def checkpoint_layout(trainer: pl.Trainer, options: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +101,32 @@ def checkpoint_layout(trainer: pl.Trainer, options: dict[str, Any]) -> dict[str,
             "options": dict(options)}
 
 
+def checkpoint_record(trainer: pl.Trainer, options: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What every checkpoint records of the run that wrote it, compared by :func:`check_resume`:
+    ``written_with``, its :func:`checkpoint_layout`, and ``trained_with``, its
+    :func:`training_options`; ``options`` is :func:`recorded_options` (empty: nothing recorded)."""
+    return {"written_with": checkpoint_layout(trainer, options.get("layout", {})),
+            "trained_with": options.get("training", {})}
+
+
+def rng_states() -> dict[str, Any]:
+    """The random states a resumed run restores (:func:`restore_rng_states`): torch's CPU generator
+    and, once CUDA is initialised, every CUDA device's (dropout on a GPU draws from those)."""
+    states = {"torch_rng_state": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        states["cuda_rng_states"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(saved: dict[str, Any]) -> None:
+    """Restore the :func:`rng_states` in ``saved``. A checkpoint without CUDA states (written on the
+    CPU, or before they were saved), or a run without CUDA, leaves the CUDA generators as seeded."""
+    torch.set_rng_state(saved["torch_rng_state"])
+    cuda_states = saved.get("cuda_rng_states")
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
+
+
 def _load_named(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -79,29 +134,51 @@ def _load_named(path: Path) -> Any:
         raise RuntimeError(f"could not load the checkpoint {path}: {type(error).__name__}: {error}") from error
 
 
-def saved_layout(path: Path, resume: str) -> dict[str, Any]:
-    """The :func:`checkpoint_layout` recorded in the checkpoint at ``path`` (a file, or under
-    ``--sharding`` a directory with ``meta.pt``); what the checkpoint's kind tells, with None for
-    the unknown values, when it was written before the recipe recorded it."""
+def saved_record(path: Path, resume: str) -> dict[str, Any]:
+    """The recipe's entry ``ctr_cvr`` of the checkpoint at ``path`` (a file, or under ``--sharding``
+    a directory with ``meta.pt``): its history, random states and :func:`checkpoint_record` (absent
+    from checkpoints that predate it). RuntimeError naming ``path`` when it does not load or is not
+    a checkpoint of this recipe (a plain state dict, a tensor, another script's checkpoint)."""
     path = Path(path)
     if path.is_dir():
         meta = path / "meta.pt"  # TorchRecStrategy: everything but the tensors of the shards
         if not meta.is_file():
             raise FileNotFoundError(f"--resume {resume}: {path} is a directory without meta.pt, not a checkpoint "
                                     "of this recipe (under --sharding a checkpoint is a directory with meta.pt)")
-        checkpoint, unrecorded = _load_named(meta), {"sharding": None}
+        checkpoint = _load_named(meta)
     else:
-        checkpoint, unrecorded = _load_named(path), {"sharding": "none"}
-    recorded = checkpoint.get("ctr_cvr", {}).get("written_with") if isinstance(checkpoint, dict) else None
-    return recorded or {**unrecorded, "strategy": None, "world_size": None, "options": {}}
+        checkpoint = _load_named(path)
+    record = checkpoint.get("ctr_cvr") if isinstance(checkpoint, dict) else None
+    if not isinstance(record, dict):
+        raise RuntimeError(f"could not load the checkpoint {path}: it is not a checkpoint of recipes/ctr_cvr.py ("
+                           f"{type(checkpoint).__name__} without the recipe's 'ctr_cvr' entry)")
+    return record
+
+
+def saved_layout(record: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The :func:`checkpoint_layout` in ``record``, the :func:`saved_record` of ``path``; what the
+    checkpoint's kind tells, with None for the unknown values, when it was written before the
+    recipe recorded it."""
+    unrecorded = {"sharding": None if Path(path).is_dir() else "none", "strategy": None, "world_size": None,
+                  "options": {}}
+    return record.get("written_with") or unrecorded
 
 
 def check_resume(args: argparse.Namespace, path: Path, trainer: pl.Trainer) -> None:
     """Raise ValueError, naming the options and both values, when the checkpoint at ``path`` was
-    written with another sharding, strategy or number of processes than this run has: checked
+    written with another sharding, strategy or number of processes than this run has, trained
+    with another objective, model or data, or has completed more epochs than ``--epochs``: checked
     before Lightning loads it, which would end in a raw IsADirectoryError (a sharded directory
-    read as a file), a state-dict mismatch, or a run that continues with another data order."""
-    saved, here = saved_layout(path, args.resume), checkpoint_layout(trainer, layout_options(args))
+    read as a file), a state-dict mismatch, or a run that continues with another data order or
+    objective. A checkpoint that predates the record of these options is checked for its kind."""
+    record = saved_record(path, args.resume)
+    check_layout(args, path, saved_layout(record, path), checkpoint_layout(trainer, layout_options(args)))
+    check_training_options(args, path, record.get("trained_with", {}))
+    check_epochs(args, path, len(record.get("history", [])))
+
+
+def check_layout(args: argparse.Namespace, path: Path, saved: dict[str, Any], here: dict[str, Any]) -> None:
+    """The sharding, strategy and number of processes of :func:`check_resume`."""
     differ = []
     if saved["sharding"] is None:  # a sharded checkpoint directory that did not record its --sharding
         if here["sharding"] == "none":
@@ -123,6 +200,42 @@ def check_resume(args: argparse.Namespace, path: Path, trainer: pl.Trainer) -> N
         f"that wrote it, and {what} {'differs' if len(differ) == 1 else 'differ'}: resume with {same}, or start "
         "a new run with another --output-dir (or --checkpoint-dir)"
     )
+
+
+def check_training_options(args: argparse.Namespace, path: Path, saved: dict[str, Any]) -> None:
+    """The objective, model and data of :func:`check_resume`: ``saved`` is the checkpoint's
+    ``trained_with`` (empty in a checkpoint that predates it: nothing to compare)."""
+    here = training_options(args)
+    differ = [option for option in here if option in saved and saved[option] != here[option]]
+    if not differ:
+        return
+    raise ValueError(
+        f"--resume {args.resume}: the checkpoint {path} was trained with "
+        f"{', '.join(as_typed(option, saved[option]) for option in differ)}; this run has "
+        f"{', '.join(as_typed(option, here[option]) for option in differ)}. A checkpoint resumes only with the "
+        "objective, model and data it was trained with (--lr, --weight-decay and --epochs may change): resume with "
+        f"{' '.join(as_typed(option, saved[option]) for option in differ)}, or start a new run with another "
+        "--output-dir (or --checkpoint-dir)"
+    )
+
+
+def as_typed(option: str, value: Any) -> str:
+    """``option`` with ``value`` as the command line gives it (``--esmm``/``--no-esmm``, ``--expert-hidden 64 32``)."""
+    if isinstance(value, bool):
+        return option if value else "--no-" + option[2:]
+    if value is None:
+        return f"no {option}"
+    return " ".join([option, *map(str, value)]) if isinstance(value, (list, tuple)) else f"{option} {value}"
+
+
+def check_epochs(args: argparse.Namespace, path: Path, done: int) -> None:
+    """``--epochs`` of :func:`check_resume`: it counts every epoch of the run, the checkpoint's
+    included, and Lightning would train none and report the checkpoint's ``done`` epochs as this
+    run's. The same number trains none and evaluates the checkpoint."""
+    if args.epochs < done:
+        raise ValueError(f"--resume {args.resume}: the checkpoint {path} has completed {done} epochs, more than "
+                         f"--epochs {args.epochs} (the run's epochs in all, the checkpoint's included): resume with "
+                         f"--epochs {done} or more")
 
 
 def strategy_kind(name: str) -> str:

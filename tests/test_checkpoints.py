@@ -1,9 +1,13 @@
 """Crash-safe checkpoints (mlloss.checkpointing, docs/checkpoints.md).
 
 Unit tests: a writer killed (SIGKILL, in a forked process) in the middle of a file or a directory
-never shadows the previous complete checkpoint; a directory without its completion marker is
-skipped by ``--resume last`` with a message; every state a crash can leave in the middle of a
-directory swap resolves to the newest complete checkpoint; errors name the path.
+never shadows the previous complete checkpoint; two writers of one file each publish only their
+own whole file; a directory without its completion marker is skipped by ``--resume last`` with a
+message; every state a crash can leave in the middle of a directory swap resolves to the newest
+complete checkpoint; a checkpoint never replaces a folder that is not one; failed writes leave
+nothing behind; errors name the path or the argument. The recipe's ``--resume`` refuses, before
+loading, a checkpoint trained with other options or more epochs, and names a file that is not a
+checkpoint of the recipe; its checkpoints keep the CUDA generators.
 
 Fault tests: recipes/ctr_cvr.py runs as a subprocess (in a session of its own, so that a SIGKILL to
 its process group kills every rank at once, as a lost machine would) and is killed twice, in the
@@ -18,15 +22,18 @@ table-wise sharded tables (TorchRec DCP directories).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -97,19 +104,144 @@ def _fork(target, *args) -> multiprocessing.Process:
     return process
 
 
+def _temporary_files(final: Path) -> list[Path]:
+    """The temporary files of writes of ``final``: ``.partial/<name>.<random>.tmp``, one per write."""
+    return sorted(staging_path(final).parent.glob(f"{final.name}.*.tmp"))
+
+
 def test_a_file_killed_mid_write_never_shadows_the_previous_one(tmp_path):
     final = tmp_path / "last.ckpt"
     save_atomically({"version": 1}, final)
-    assert not staging_path(final).exists() and not staging_path(final).parent.exists(), "nothing left behind"
+    assert not staging_path(final).parent.exists(), "nothing left behind"
     _kill_when(_fork(_write_slowly, str(final)), lambda: Path(str(final) + ".started").exists())
-    assert staging_path(final).stat().st_size == 4096, "the killed write is under its temporary name"
+    [temporary] = _temporary_files(final)
+    assert temporary.stat().st_size == 4096, "the killed write is under its temporary name"
     assert torch.load(final, weights_only=False) == {"version": 1}
     skipped = []
     assert latest_complete_checkpoint(tmp_path, report=skipped.append) == final
-    assert skipped == [f"skipped {staging_path(final)}: a checkpoint file whose write did not finish (it is renamed "
+    assert skipped == [f"skipped {temporary}: a checkpoint file whose write did not finish (it is renamed "
                        f"to {final} when it is complete)"]
-    save_atomically({"version": 3}, final)  # the next write replaces the leftover
-    assert torch.load(final, weights_only=False) == {"version": 3} and not staging_path(final).exists()
+    save_atomically({"version": 3}, final)  # the next write removes the leftover
+    assert torch.load(final, weights_only=False) == {"version": 3} and not staging_path(final).parent.exists()
+
+
+def _write_in_two_parts(path: str, blob: bytes) -> None:
+    """Write half of ``blob``, signal, wait for ``<path>.go``, then the rest (or be killed meanwhile)."""
+    def write(stream):
+        stream.write(blob[: len(blob) // 2])
+        stream.flush()
+        Path(path + ".half").touch()
+        deadline = time.monotonic() + 60
+        while not Path(path + ".go").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stream.write(blob[len(blob) // 2:])
+
+    write_atomically(path, write)
+
+
+def _saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_concurrent_writers_of_one_checkpoint_each_publish_only_their_own_whole_file(tmp_path):
+    """Each write has a temporary file of its own: a second writer neither removes nor publishes
+    the first one's half-written file (it did both with one fixed temporary name), the first one
+    then publishes its own whole file, and a killed writer's file is skipped and removed by the
+    next write."""
+    final = tmp_path / "last.ckpt"
+    save_atomically({"by": "first"}, final)
+    blob = _saved({"by": "slow", "weights": torch.arange(10_000)})
+    slow = _fork(_write_in_two_parts, str(final), blob)
+    deadline = time.monotonic() + 60
+    while not Path(str(final) + ".half").exists():
+        assert slow.is_alive() and time.monotonic() < deadline, "the slow writer never wrote its first half"
+        time.sleep(0.01)
+    save_atomically({"by": "fast"}, final)  # while the slow writer holds its half-written file
+    assert torch.load(final, weights_only=False) == {"by": "fast"}
+    assert [path.stat().st_size for path in _temporary_files(final)] == [len(blob) // 2], "the slow one's, untouched"
+    Path(str(final) + ".go").touch()
+    slow.join(60)
+    assert slow.exitcode == 0
+    assert final.read_bytes() == blob and not staging_path(final).parent.exists()
+
+    _kill_when(_fork(_write_slowly, str(final)), lambda: Path(str(final) + ".started").exists())
+    skipped = []
+    assert latest_complete_checkpoint(tmp_path, report=skipped.append) == final
+    assert skipped == [f"skipped {_temporary_files(final)[0]}: a checkpoint file whose write did not finish (it is "
+                       f"renamed to {final} when it is complete)"]
+    save_atomically({"by": "next"}, final)
+    assert torch.load(final, weights_only=False) == {"by": "next"} and not staging_path(final).parent.exists()
+
+
+def test_a_checkpoint_never_replaces_a_directory_that_is_not_one(tmp_path):
+    """save_atomically(obj, folder) moved the folder aside and removed it with all its files."""
+    runs = tmp_path / "runs"
+    (runs / "experiment-1").mkdir(parents=True)
+    (runs / "experiment-1" / "results.json").write_text("{}")
+    for save in (lambda: save_atomically({"w": 1}, runs), lambda: AtomicCheckpointIO().save_checkpoint({"w": 1}, runs)):
+        with pytest.raises(IsADirectoryError, match=re.escape(f"{runs} is a directory that is not a checkpoint")):
+            save()
+    with pytest.raises(IsADirectoryError, match=re.escape(str(runs))):
+        with atomic_directory(runs) as tmp:
+            (tmp / "shard").write_bytes(b"x")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "runs", "runs/experiment-1", "runs/experiment-1/results.json"], "untouched, nothing left behind"
+
+    for marker in (MARKER_FILENAME, "meta.pt"):  # a checkpoint directory (meta.pt: before the marker existed)
+        checkpoint = tmp_path / f"with-{marker}"
+        checkpoint.mkdir()
+        (checkpoint / "shard").write_bytes(b"x")
+        (checkpoint / marker).touch()
+        save_atomically({"version": 2}, checkpoint)
+        assert torch.load(checkpoint, weights_only=False) == {"version": 2}
+
+
+def test_atomic_checkpoint_io_takes_file_urls_and_refuses_remote_ones(tmp_path, monkeypatch):
+    """A file:// URL was written as the relative path ./file:/..., which loading did not find."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    io_plugin = AtomicCheckpointIO()
+    io_plugin.save_checkpoint({"epoch": 1}, f"file://{target}")
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()] == [Path("checkpoints/last.ckpt")]
+    assert io_plugin.load_checkpoint(f"file://{target}") == {"epoch": 1}
+    io_plugin.remove_checkpoint(f"file://{target}")
+    assert not target.exists()
+    for method, call in (("save_checkpoint", lambda url: io_plugin.save_checkpoint({}, url)),
+                         ("remove_checkpoint", io_plugin.remove_checkpoint)):
+        with pytest.raises(ValueError, match=re.escape(f"AtomicCheckpointIO.{method}: path 's3://bucket/last.ckpt' "
+                                                       "is a URL of a remote file system")):
+            call("s3://bucket/last.ckpt")
+
+
+def test_latest_complete_checkpoint_refuses_a_file_and_takes_a_missing_folder_for_a_first_run(tmp_path):
+    save_atomically({"epoch": 7}, tmp_path / "last.ckpt")
+    with pytest.raises(NotADirectoryError, match=re.escape(f"directory '{tmp_path / 'last.ckpt'}' is a file")):
+        latest_complete_checkpoint(tmp_path / "last.ckpt", report=pytest.fail)
+    assert latest_complete_checkpoint(tmp_path / "missing", report=pytest.fail) is None
+
+
+def test_failed_writes_leave_nothing_behind_and_name_the_argument(tmp_path):
+    def fail(stream):
+        raise RuntimeError("the write fails")
+
+    with pytest.raises(RuntimeError, match="the write fails"):
+        write_atomically(tmp_path / "a.ckpt", fail)
+    with pytest.raises(RuntimeError, match="the body fails"):
+        with atomic_directory(tmp_path / "b.ckpt") as tmp:
+            (tmp / "shard").write_bytes(b"x")
+            raise RuntimeError("the body fails")
+    info_error = re.escape(f"info path={tmp_path!r} for the completion marker of {tmp_path / 'c.ckpt'} is not JSON")
+    with pytest.raises(TypeError, match=info_error):
+        with atomic_directory(tmp_path / "c.ckpt", path=tmp_path) as tmp:
+            (tmp / "shard").write_bytes(b"x")
+    assert list(tmp_path.iterdir()) == [], "no temporary file or directory left"
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(TypeError, match=re.escape(f"info epoch={{1}} for the completion marker of {tmp_path / 'd'}")):
+        mark_complete(tmp_path / "d", epoch={1})
+    assert list((tmp_path / "d").iterdir()) == [], f"no {MARKER_FILENAME}.tmp left"
 
 
 def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path, capsys):
@@ -198,11 +330,107 @@ def test_errors_name_the_path(tmp_path):
     with pytest.raises(RuntimeError, match=re.escape(f"could not load the checkpoint {broken}")):
         AtomicCheckpointIO().load_checkpoint(broken)
     with pytest.raises(RuntimeError, match=re.escape(f"could not load the checkpoint {broken}")):
-        resume.saved_layout(broken, "last")
+        resume.saved_record(broken, "last")
     with pytest.raises(IsADirectoryError, match=re.escape(str(tmp_path))):
         AtomicCheckpointIO().load_checkpoint(tmp_path)
     with pytest.raises(FileNotFoundError, match=re.escape(f"no checkpoint at {tmp_path / 'missing'}")):
         resume.resume_path(argparse.Namespace(resume=str(tmp_path / "missing"), checkpoint_dir=tmp_path))
+
+
+# --------------------------------------------------------------------------- the recipe's --resume checks
+
+
+RUN = ("--num-users", "300", "--num-items", "200", "--mean-impressions", "30", "--batch-size", "512",
+       "--no-progress-bar")
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    return load_recipe("ctr_cvr")
+
+
+@pytest.fixture(scope="module")
+def two_epochs(recipe, tmp_path_factory) -> Path:
+    """The output folder of a run of 2 epochs, which the tests resume (refused runs write nothing)."""
+    out_dir = tmp_path_factory.mktemp("two_epochs") / "run"
+    recipe.main([*RUN, "--epochs", "2", "--output-dir", str(out_dir)])
+    return out_dir
+
+
+@pytest.mark.parametrize(("options", "saved", "given"), [
+    (("--loss", "bce+auc"), "--loss bce", "--loss bce+auc"),  # trained on silently with another objective
+    (("--embedding-dim", "8", "--expert-hidden", "32"), "--embedding-dim 16, --expert-hidden 64 32",
+     "--embedding-dim 8, --expert-hidden 32"),  # Lightning's raw state-dict error
+    (("--embedding", "torchrec"), "--embedding plain", "--embedding torchrec"),
+    (("--seed", "1", "--esmm", "--num-users", "200"), "--no-esmm, --seed 0, --num-users 300",
+     "--esmm, --seed 1, --num-users 200"),
+])
+def test_resume_refuses_a_checkpoint_trained_with_other_options(recipe, two_epochs, options, saved, given):
+    last = two_epochs / "checkpoints" / "last.ckpt"
+    with pytest.raises(ValueError) as error:
+        recipe.main([*RUN, "--epochs", "3", *options, "--output-dir", str(two_epochs), "--resume", "last"])
+    message = str(error.value)
+    assert message.startswith(f"--resume last: the checkpoint {last} was trained with {saved}; this run has {given}. ")
+    assert f"resume with {saved.replace(',', '')}, or start a new run" in message
+
+
+def test_resume_refuses_fewer_epochs_than_the_checkpoint_has(recipe, two_epochs):
+    """Lightning trained none and results.json reported the checkpoint's 2 epochs for --epochs 1."""
+    last = two_epochs / "checkpoints" / "last.ckpt"
+    with pytest.raises(ValueError, match=re.escape(f"--resume last: the checkpoint {last} has completed 2 epochs, more "
+                                                   "than --epochs 1 (the run's epochs in all, the checkpoint's "
+                                                   "included): resume with --epochs 2 or more")):
+        recipe.main([*RUN, "--epochs", "1", "--output-dir", str(two_epochs), "--resume", "last"])
+
+
+def test_a_checkpoint_that_predates_the_record_of_its_options_still_resumes(recipe, two_epochs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(two_epochs, run)
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=False)
+    assert checkpoint["ctr_cvr"]["trained_with"]["--loss"] == "bce"
+    del checkpoint["ctr_cvr"]["trained_with"]
+    torch.save(checkpoint, last)
+    resumed = recipe.main([*RUN, "--epochs", "3", "--output-dir", str(run), "--resume", "last"])
+    assert len(resumed["history"]) == 3
+    assert torch.load(last, weights_only=False)["ctr_cvr"]["trained_with"]["--batch-size"] == 512
+
+
+@pytest.mark.parametrize("foreign", [torch.nn.Linear(2, 2).state_dict(), torch.zeros(3)], ids=["state_dict", "tensor"])
+def test_resume_names_a_loadable_file_that_is_not_a_checkpoint_of_the_recipe(recipe, tmp_path, foreign):
+    """A plain state dict or a tensor ended deep in Lightning (KeyError, IndexError) without the path."""
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    torch.save(foreign, last)
+    with pytest.raises(RuntimeError, match=re.escape(f"could not load the checkpoint {last}: it is not a checkpoint "
+                                                     "of recipes/ctr_cvr.py")):
+        recipe.main([*RUN, "--epochs", "1", "--output-dir", str(tmp_path), "--resume", "last"])
+
+
+def test_checkpoints_keep_the_cuda_generators_and_load_without_them(recipe, monkeypatch):
+    """The CUDA generators (dropout on a GPU) are saved once CUDA is initialised (mocked here) and
+    restored; a checkpoint without them (the CPU's, or an older one) loads as before."""
+    module = SimpleNamespace(history=[{"epoch": 1}], trainer=SimpleNamespace(strategy=None, world_size=1),
+                             run_options={})
+    cuda_states, restored = [torch.arange(16, dtype=torch.uint8)], []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: cuda_states)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    checkpoint = {}
+    recipe.CtrCvrModule.on_save_checkpoint(module, checkpoint)
+    assert checkpoint["ctr_cvr"]["cuda_rng_states"] == cuda_states
+    cpu_state = checkpoint["ctr_cvr"]["torch_rng_state"]
+    torch.rand(3)
+    recipe.CtrCvrModule.on_load_checkpoint(module, checkpoint)
+    assert len(restored) == 1 and torch.equal(restored[0][0], cuda_states[0])
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+
+    del checkpoint["ctr_cvr"]["cuda_rng_states"]
+    module.history = []
+    recipe.CtrCvrModule.on_load_checkpoint(module, checkpoint)
+    assert len(restored) == 1 and module.history == [{"epoch": 1}]
 
 
 # --------------------------------------------------------------------------- the recipe, killed and resumed
@@ -312,18 +540,21 @@ def _killed_twice_and_resumed(out_dir: Path, options: tuple[str, ...]) -> str:
     assert latest_complete_checkpoint(run.checkpoint.parent, report=pytest.fail) == run.checkpoint
 
     # 2. resumed, SIGKILL while the checkpoint of epoch 2 (its first write) waits at its temporary name
+    # (a directory's .partial/last.ckpt, a file's .partial/last.ckpt.<random>.tmp)
     staging = staging_path(run.checkpoint)
+    written = re.compile(re.escape(f"{CHECKPOINT_PAUSE_ENV}: {staging}") + r"(\.\w+\.tmp)? is written")
     run = Recipe(out_dir, (*options, "--resume", "last"), "2-killed-mid-write", **{CHECKPOINT_PAUSE_ENV: "120@1"})
-    run.kill_when(lambda: staging.exists() and f"{CHECKPOINT_PAUSE_ENV}: {staging} is written" in run.output())
+    run.kill_when(lambda: written.search(run.output()))
     assert _epochs_done(run.checkpoint) == 1, "the visible checkpoint is still the previous one"
     skipped = []
     newest = latest_complete_checkpoint(run.checkpoint.parent, report=skipped.append)
     if staging.is_dir():  # a directory is complete with its marker: the newest; a temporary file is never used
         assert newest == staging and _epochs_done(staging) == 2 and not skipped
     else:
+        [temporary] = _temporary_files(run.checkpoint)
         assert newest == run.checkpoint and skipped == [
-            f"skipped {staging}: a checkpoint file whose write did not finish (it is renamed to {run.checkpoint} when "
-            "it is complete)"]
+            f"skipped {temporary}: a checkpoint file whose write did not finish (it is renamed to {run.checkpoint} "
+            "when it is complete)"]
 
     # 3. resumed to the end
     return Recipe(out_dir, (*options, "--resume", "last"), "3-resumed").finish()

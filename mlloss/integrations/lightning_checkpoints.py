@@ -3,7 +3,8 @@
 docs/checkpoints.md.
 
 * :class:`AtomicCheckpointIO` -- Lightning's ``TorchCheckpointIO`` writing each checkpoint file
-  atomically: ``Trainer(plugins=[AtomicCheckpointIO()])``;
+  atomically: ``Trainer(plugins=[AtomicCheckpointIO()])``; it writes local paths only (and
+  ``file://`` URLs): the atomic rename needs a local file system;
 * :class:`BatchPause` and :func:`fault_test_callbacks` -- the test hook
   ``MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>`` (docs/checkpoints.md, "Fault tests"):
   pauses training after that batch (``trainer.current_epoch`` and ``batch_idx``, both from 0).
@@ -31,32 +32,55 @@ with needs_extra("lightning", "mlloss.integrations.lightning_checkpoints"):
 __all__ = ["AtomicCheckpointIO", "BatchPause", "fault_test_callbacks"]
 
 
+def _local_path(path: str | os.PathLike) -> Path | None:
+    """``path`` as a local path (a ``file://`` URL's path), or None for a URL of another file system."""
+    protocol, separator, rest = os.fspath(path).partition("://")
+    if not separator:
+        return Path(path)
+    return Path(rest) if protocol == "file" else None
+
+
+def _writable_path(path: str | os.PathLike, method: str) -> Path:
+    """``path`` as a local path; ValueError naming ``method`` and ``path`` for a URL of another file
+    system (``s3://``, ``gs://``, ...), which has no atomic rename."""
+    local = _local_path(path)
+    if local is None:
+        raise ValueError(f"AtomicCheckpointIO.{method}: path {os.fspath(path)!r} is a URL of a remote file system; "
+                         "AtomicCheckpointIO writes local files only (its atomic rename needs a local file system): "
+                         "use a local path, or Lightning's TorchCheckpointIO for remote storage")
+    return local
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` that writes each checkpoint file through
     :func:`save_atomically` (temporary file in the checkpoint's folder, fsync, ``os.replace``)
     instead of Lightning's ``_atomic_save`` (a copy in memory, written through a temporary file in
     the system's temporary folder, moved without fsync). ``Trainer(plugins=[AtomicCheckpointIO()])``.
-    Loading names the path in its errors."""
+    It writes and removes local paths only (a ``file://`` URL is its path; another URL, ``s3://``
+    and the like, raises ValueError); loading, Lightning's, reads any URL. Loading names the path
+    in its errors."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
-        save_atomically(checkpoint, path)
+        save_atomically(checkpoint, _writable_path(path, "save_checkpoint"))
 
     def load_checkpoint(self, path, map_location: Optional[Any] = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
-        if Path(path).is_dir():
+        local = _local_path(path)
+        if local is not None and local.is_dir():
             raise IsADirectoryError(f"{path} is a directory: a checkpoint of TorchRecStrategy (or another "
                                     f"strategy's), which {type(self).__name__} does not read")
         try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            return super().load_checkpoint(path if local is None else local, map_location=map_location,
+                                           weights_only=weights_only)
         except FileNotFoundError:
             raise
         except Exception as error:
             raise RuntimeError(f"could not load the checkpoint {path}: {type(error).__name__}: {error}") from error
 
     def remove_checkpoint(self, path) -> None:
-        remove_checkpoint(path)
+        remove_checkpoint(_writable_path(path, "remove_checkpoint"))
 
 
 class BatchPause(pl.Callback):
