@@ -10,6 +10,7 @@ the command line (types and choices checked), so a file can set nothing the comm
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -176,6 +177,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} widths must be >= 1; got {getattr(args, name)}")
     if args.lam is not None and moot["lam"]:
         p.error(f"--lambda weighs a ranking term, which --loss {args.loss} does not have")
+    if args.lam is not None and not 0 <= args.lam < math.inf:  # a negative weight trains the term to anti-rank
+        p.error(f"--lambda must be finite and >= 0; got {args.lam}")
     if args.cross_device and moot["cross_device"]:
         p.error("--cross-device applies to a ranking loss, which --loss bce does not have")
     if args.sharding != "none":

@@ -206,6 +206,10 @@ def test_recipe_rejects_bad_arguments(recipe, capsys):
     with pytest.raises(SystemExit):
         recipe.parse_args(["--loss", "bce", "--lambda", "2"])
     assert "--lambda" in capsys.readouterr().err
+    for loss in ("laa", "bce+pdaom"):  # laa took -1 and trained its ranking head to anti-rank (test AUC 0.36)
+        with pytest.raises(SystemExit):
+            recipe.parse_args(["--loss", loss, "--lambda", "-1"])
+        assert "--lambda must be finite and >= 0; got -1.0" in capsys.readouterr().err
 
 
 SMALL = ["--num-users", "300", "--num-items", "200", "--mean-impressions", "30", "--batch-size", "512",
