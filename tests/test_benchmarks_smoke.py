@@ -230,3 +230,23 @@ def test_level_tiles_benchmark_forces_each_path_and_restores_the_library_choice(
     (_, rectangles), (_, tiles) = (bench.time_call(300, 6, path) for path in bench.PATHS)
     assert allpairs.RECTANGLE_PAIRS == chosen
     assert rectangles == pytest.approx(tiles, rel=1e-6) and rectangles > 0
+
+
+def test_recipe_losses_benchmark_reads_the_recipes_runs(tmp_path):
+    """benchmarks/recipe_losses.py on a tiny log, two runs of one loss: a throughput from the epochs
+    after the first, the test metrics of results.json, the runs identical to the bit (the recipe is
+    deterministic on the CPU); JSON and .md written."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipe_losses", BENCHMARKS / "recipe_losses.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "losses.json"
+    result = bench.main(["--losses", "bce", "--runs", "2", "--epochs", "2", "--output", str(out),
+                         "--recipe-args", "--num-users", "150", "--num-items", "100", "--mean-impressions", "20"])
+    (row,) = result["rows"]
+    assert row["loss"] == "bce" and len(row["epoch_throughputs"]) == 2 and row["impressions_per_s"] > 0
+    assert row["runs_identical"] and set(row["test"]) == set(bench.METRICS)
+    assert all(0 <= value <= 1 for value in row["test"].values())
+    assert json.loads(out.read_text())["rows"][0]["loss"] == "bce"
+    assert "| `bce` |" in out.with_suffix(".md").read_text()
