@@ -83,9 +83,10 @@ def check_widths(name: str, widths: Sequence[int], *, allow_empty: bool = False)
 
 
 def check_cardinalities(cardinalities: Sequence[int]) -> None:
-    """The numbers of ids of an embedding's fields: at least one field, each >= 1."""
-    if not cardinalities or not all(_is_count(c) for c in cardinalities):
-        raise ValueError(f"cardinalities must be positive integers; got {list(cardinalities)}")
+    """The numbers of ids of an embedding's fields: at least one field, each an integer >= 1."""
+    if not cardinalities:
+        raise ValueError(f"cardinalities must name at least one field; got {list(cardinalities)}")
+    check_sizes(**{f"cardinalities[{f}]": c for f, c in enumerate(cardinalities)})
 
 
 def check_field_ids(ids: Tensor, cardinalities: Sequence[int], name: str, field_names: Sequence[str] = ()) -> None:

@@ -43,7 +43,7 @@ class FieldEmbedding(nn.Module):
         if combine not in ("concat", "sum"):
             raise ValueError(f"combine must be 'concat' or 'sum'; got {combine!r}")
         check_cardinalities(cardinalities)
-        check_sizes(dim=dim, **{f"cardinalities[{f}]": c for f, c in enumerate(cardinalities)})
+        check_sizes(dim=dim)
         self.cardinalities = [int(c) for c in cardinalities]
         self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim).normal_(std=0.05))
         sizes = torch.tensor(self.cardinalities)
