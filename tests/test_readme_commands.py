@@ -115,6 +115,9 @@ COMMANDS: dict[str, Coverage] = {
     "python recipes/ctr_cvr.py --loss <name> --no-checkpoint": Coverage(
         "parse", QUICK, note="the command of the cost table: parsed with each --loss of the table; the runs above "
         "train these losses, and tests/test_torchrec.py runs --no-checkpoint"),
+    "python benchmarks/recipe_losses.py": Coverage(
+        "elsewhere", note=NOT_A_BENCHMARK_RUN + " (the cost table: 8 default recipe runs, ~7 min); its smoke run, two "
+        "tiny runs of one loss, is tested", test_file="tests/test_benchmarks_smoke.py", mentions="recipe_losses.py"),
     "python benchmarks/bench_pairwise.py": Coverage(
         "elsewhere", note=NOT_A_BENCHMARK_RUN + "; its --quick smoke mode takes ~50 s on 2 cores, and the losses it "
         "times are tested against a float64 brute force", test_file="tests/test_losses.py", mentions="AUCLoss"),
