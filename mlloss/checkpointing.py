@@ -46,6 +46,7 @@ from this module, with a ``DeprecationWarning``, and import Lightning only then.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -242,10 +243,33 @@ def _open_temporary_file(final: Path) -> tuple[IO[bytes], Path]:
         except FileNotFoundError:
             continue
         stream = open(descriptor, "wb")
-        fcntl.flock(stream, fcntl.LOCK_EX)
+        try:
+            os.fchmod(descriptor, 0o666 & ~_umask())  # mkstemp's 0600 would hide the checkpoint from the group
+            _lock(stream, blocking=True)
+        except BaseException:
+            stream.close()
+            Path(name).unlink(missing_ok=True)
+            raise
         if os.path.exists(name):
             return stream, Path(name)
         stream.close()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _lock(stream: IO[bytes], *, blocking: bool) -> None:
+    """``flock`` ``stream`` exclusively. A file system without locks (ENOLCK, EOPNOTSUPP: some
+    network mounts) gets none: each write still has a name of its own, only the removal of a dead
+    writer's file could then take a live one's (whose publish would fail, naming the path)."""
+    try:
+        fcntl.flock(stream, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
 
 
 def _remove_abandoned_files(final: Path) -> None:
@@ -254,7 +278,7 @@ def _remove_abandoned_files(final: Path) -> None:
     for path in _temporary_files(final):
         with contextlib.suppress(OSError):  # locked (BlockingIOError): a writer at work; or already gone
             with open(path, "rb") as stream:
-                fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock(stream, blocking=False)
                 path.unlink()
 
 

@@ -20,7 +20,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_only
 
-from mlloss.checkpointing import latest_complete_checkpoint, retired_path, staging_path
+from mlloss.checkpointing import (LEGACY_METADATA_FILENAME, MARKER_FILENAME, latest_complete_checkpoint, retired_path,
+                                 staging_path)
 
 
 @rank_zero_only
@@ -80,8 +81,10 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
     options = {}
     for name in (*OBJECTIVE_OPTIONS, *MODEL_OPTIONS, *DATA_OPTIONS, *data):
         value = getattr(args, name)
+        if name == "lam" and value is None and args.loss != "bce":
+            value = 1.0  # the weight a ranking term gets without --lambda: the same run either way
         options["--lambda" if name == "lam" else "--" + name.replace("_", "-")] = \
-            str(value) if isinstance(value, Path) else value
+            str(Path(value).resolve()) if isinstance(value, Path) else value  # the folder, wherever typed from
     return options
 
 
@@ -111,16 +114,27 @@ def checkpoint_record(trainer: pl.Trainer, options: dict[str, dict[str, Any]]) -
 
 def rng_states() -> dict[str, Any]:
     """The random states a resumed run restores (:func:`restore_rng_states`): torch's CPU generator
-    and, once CUDA is initialised, every CUDA device's (dropout on a GPU draws from those)."""
+    and, once CUDA is initialised, every CUDA device's (dropout on a GPU draws from those), of
+    every process: each rank draws its own dropout masks, and the checkpoint, written by rank 0,
+    keeps them all (``rank_states``, gathered; a collective, as Lightning calls the checkpoint
+    hooks on every rank)."""
     states = {"torch_rng_state": torch.get_rng_state()}
     if torch.cuda.is_initialized():
         states["cuda_rng_states"] = torch.cuda.get_rng_state_all()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, states)
+        states = {**states, "rank_states": gathered}
     return states
 
 
 def restore_rng_states(saved: dict[str, Any]) -> None:
-    """Restore the :func:`rng_states` in ``saved``. A checkpoint without CUDA states (written on the
-    CPU, or before they were saved), or a run without CUDA, leaves the CUDA generators as seeded."""
+    """Restore this process's :func:`rng_states` from ``saved`` (rank 0's in a checkpoint written
+    before each rank's were kept). A checkpoint without CUDA states (written on the CPU, or before
+    they were saved), or a run without CUDA, leaves the CUDA generators as seeded."""
+    ranks = saved.get("rank_states")
+    if ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
+        saved = ranks[torch.distributed.get_rank()]  # the same world size: check_resume compares it
     torch.set_rng_state(saved["torch_rng_state"])
     cuda_states = saved.get("cuda_rng_states")
     if cuda_states and torch.cuda.is_available():
@@ -264,6 +278,9 @@ def replace_other_kind_of_checkpoint(args: argparse.Namespace, trainer: pl.Train
     last = Path(args.checkpoint_dir) / "last.ckpt"
     if args.no_checkpoint or args.sharding != "none" or not trainer.is_global_zero:
         return
+    if last.is_dir() and not any((last / name).is_file() for name in (MARKER_FILENAME, LEGACY_METADATA_FILENAME)):
+        raise IsADirectoryError(f"--checkpoint-dir {args.checkpoint_dir}: {last} is a directory that is not a checkpoint "
+                                "(it has no completion marker): the run's checkpoint file would replace it; move it")
     for path in (staging_path(last), retired_path(last)):  # a crashed sharded write's copies, which
         if path.is_dir():                                   # --resume last would prefer
             shutil.rmtree(path)

@@ -60,7 +60,7 @@ resume = load_recipe("ctr_cvr_resume")  # the recipe's --resume (recipes/ctr_cvr
 RECIPE = RECIPES / "ctr_cvr.py"
 SMALL = ("--num-users", "300", "--num-items", "200", "--mean-impressions", "30", "--epochs", "3", "--no-progress-bar")
 SHARDED = ("--batch-size", "512", "--loss", "laa", "--accelerator", "cpu", "--devices", "2",
-           "--sharding", "table_wise")
+           "--sharding", "table_wise", "--dropout", "0.2")  # dropout: each rank's own random state must come back
 
 
 # --------------------------------------------------------------------------- the building blocks
@@ -431,6 +431,56 @@ def test_checkpoints_keep_the_cuda_generators_and_load_without_them(recipe, monk
     module.history = []
     recipe.CtrCvrModule.on_load_checkpoint(module, checkpoint)
     assert len(restored) == 1 and module.history == [{"epoch": 1}]
+
+
+def test_checkpoint_files_are_as_readable_as_any_file_the_user_writes(tmp_path):
+    # mkstemp's temporary file is 0600: published as it was, a group's evaluation job could not read it.
+    previous = os.umask(0o022)
+    try:
+        final = save_atomically({"a": 1}, tmp_path / "last.ckpt")
+    finally:
+        os.umask(previous)
+    assert final.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_file_system_without_locks_still_gets_its_checkpoint(tmp_path, monkeypatch):
+    # flock fails with ENOLCK on some network mounts: every write raised, leaving its temporary file.
+    import errno
+
+    import mlloss.checkpointing as checkpointing
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "no locks available")
+
+    monkeypatch.setattr(checkpointing.fcntl, "flock", no_locks)
+    final = save_atomically({"a": 1}, tmp_path / "last.ckpt")
+    assert torch.load(final, weights_only=False) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_resume_takes_the_options_that_train_the_same_run(recipe, tmp_path):
+    """--lambda unset is lambda 1 (a config's `lambda: 1.0`, then a resume without it, was refused), and
+    --data-dir is the folder, typed relative or absolute."""
+    out_dir = tmp_path / "laa"
+    recipe.main([*RUN, "--loss", "laa", "--epochs", "1", "--output-dir", str(out_dir)])
+    resumed = recipe.main([*RUN, "--loss", "laa", "--lambda", "1.0", "--epochs", "2", "--output-dir", str(out_dir),
+                           "--resume", "last"])
+    assert len(resumed["history"]) == 2
+    sample = RECIPES / "data" / "ali-ccp-sample"
+    typed = [resume.training_options(recipe.parse_args(["--data", "ali-ccp", "--data-dir", str(folder)]))["--data-dir"]
+             for folder in (sample, os.path.relpath(sample))]
+    assert typed[0] == typed[1] == str(sample.resolve())
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_not_removed_for_one(recipe, tmp_path):
+    """A run without --sharding removed any directory at <checkpoint-dir>/last.ckpt, as the sharded
+    checkpoint of an earlier run; now only a checkpoint directory, and before any training."""
+    folder = tmp_path / "checkpoints" / "last.ckpt"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(IsADirectoryError, match=re.escape(f"{folder} is a directory that is not a checkpoint")):
+        recipe.main([*RUN, "--epochs", "1", "--output-dir", str(tmp_path)])
+    assert (folder / "notes.txt").read_text() == "mine"
 
 
 # --------------------------------------------------------------------------- the recipe, killed and resumed
