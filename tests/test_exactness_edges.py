@@ -258,3 +258,27 @@ def test_a_groups_costs_keep_their_precision_far_from_the_other_groups_levels(co
     value = mlloss.LaALoss([1e4, 1e-4], cost=cost, backend="torch")(scores[:4], labels, torch.tensor([0, 0, 1, 1]))
     expected = laa_loss(scores[:4].double(), labels, torch.tensor([0, 0, 1, 1]), weights=[1e4, 1e-4], cost=cost)
     torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("backend,surrogate", [(b, s) for b in ("auto", "torch", "exact") for s in ("logistic", "squared")
+                                               if (b, s) != ("exact", "logistic")])  # exact: closed forms only
+def test_a_group_near_zero_keeps_its_pair_beside_levels_near_1e14(backend, surrogate):
+    # Measured from the batch's median level in float64, the levels 0.01 and 0.02 both became -1e14:
+    # the group's pair cost 0, Z_u = 0, and the group silently left the mean (the squared closed form's
+    # (G, L) tables cancelled likewise). The PyTorch tier measures a group's levels from its own.
+    from reference import laa_loss
+
+    far = 1e14 + torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    levels = torch.cat([torch.tensor([0.01, 0.02], dtype=torch.float64), far])
+    groups = torch.tensor([0, 0, 1, 1, 1, 1])
+    scores = torch.tensor([1.5, -0.5, 0.3, -0.2, 0.9, 0.1], dtype=torch.float64)
+    leaf = scores.clone().requires_grad_(True)
+    loss = mlloss.LaALoss(real_levels=True, surrogate=surrogate, backend=backend)
+    value = loss(leaf, levels[:, None], groups)
+    value.backward()
+    reference = scores.clone().requires_grad_(True)
+    expected = laa_loss(reference, levels[:, None], groups, surrogate=surrogate)
+    expected.backward()
+    assert int(loss.parts["groups_with_pairs"]) == 2
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-12, atol=1e-15)

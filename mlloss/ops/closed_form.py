@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layout import LevelCosts, OrdinalLayout, dense_cells, segment_logsumexp
+from .layout import CellTables, LevelCosts, OrdinalLayout, dense_cells, segment_logsumexp
 
 # The (G, L, L) term table of the exponential form is built in chunks of groups of this many entries.
 TERM_TABLE_ELEMENTS = 1 << 24
@@ -72,7 +72,8 @@ def squared_all_pairs_loss_and_grad(
     group_coefficients: Tensor,
     margin: float,
 ) -> tuple[Tensor, Tensor]:
-    """(loss, gradient) of the squared closed form from per-cell moments, O(N + G L^2).
+    """(loss, gradient) of the squared closed form from per-cell moments, O(N + G K), K the
+    most levels of a group (``CellTables``).
 
     With centred scores x, n / S the cell counts / sums and, for item i in cell (u, a),
     n^- = sum_b C_ab n_ub, S^- = sum_b C_ab S_ub (its lower partners), n^+ = sum_a' C_a'a n_ua',
@@ -81,9 +82,14 @@ def squared_all_pairs_loss_and_grad(
     """
     centred = _centre_on_group_mean(scores, layout)
     lengths = layout.cell_lengths
-    count = dense_cells(layout, lengths.to(scores.dtype), 0.0)
-    first = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=lengths), 0.0)
-    second = dense_cells(layout, torch.segment_reduce(centred.square(), "sum", lengths=lengths), 0.0)
+    # Each group's own cells, its levels measured from its middle one: with (G, L) tables over every
+    # level of the batch, a group's level differences cancelled against the batch's (levels 0.01 and
+    # 0.02 beside others near 1e14 lost their pair in float64).
+    cells = CellTables.of(layout)
+    costs = LevelCosts(cells.values, costs.linear)
+    count = cells.table(lengths.to(scores.dtype))
+    first = cells.table(torch.segment_reduce(centred, "sum", lengths=lengths))
+    second = cells.table(torch.segment_reduce(centred.square(), "sum", lengths=lengths))
 
     pairs = costs.pair_sums
 
@@ -103,7 +109,7 @@ def squared_all_pairs_loss_and_grad(
     below_sum = weight * costs.below(first)  # 2 coef_u S^-_ua
     above_count = weight * costs.above(count)  # 2 coef_u n^+_ua
     above_sum = weight * costs.above(first)  # 2 coef_u S^+_ua
-    cell = (layout.group, layout.level)
+    cell = (layout.group, cells.item_slot(layout))
     grad = (
         (centred - margin) * below_count[cell] - below_sum[cell]
         + (centred + margin) * above_count[cell] - above_sum[cell]

@@ -15,9 +15,10 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
   take these per-item arguments; the Triton kernels stream the ranges in tiles.
 * ``dense_tables`` turns one problem of a ``PairLayout`` into an ``OrdinalLayout``: the items
   by (group ascending, level descending) and their cells, which the PyTorch tier's closed
-  forms, max-violation pairs and blocked all-pairs path work on; ``cell_tables`` lays each
-  group's own cells in a row (the normalisers), and ``OrdinalLayout.counts`` the (group, level)
-  table over every level of the batch (the closed forms). The helpers after them: the
+  forms, max-violation pairs and blocked all-pairs path work on; ``CellTables`` lays each
+  group's own cells in a row (the normalisers, ``group_pair_costs``, and the squared closed
+  form), and ``OrdinalLayout.counts`` the (group, level) table over every level of the batch
+  (the hinge and exponential closed forms). The helpers after them: the
   level-pair costs and their sums (``LevelCosts``), the reduction coefficients, per-cell
   log-sum-exp and the scatter of per-cell values.
 
@@ -80,10 +81,20 @@ class Levels:
     num_ranks: int  # every rank is < num_ranks
     values: Tensor | None  # (B, num_ranks) float64: values[b, rank] is the level's value; None for
     # 0/1 labels (rank = label), whose pairs all cost 1
+    reference: Tensor | None = None  # (1,) float64 (one problem): the level the kernels measure the values from
 
     @property
     def num_problems(self) -> int:
         return self.rank.shape[0]
+
+    def for_kernels(self) -> Levels:
+        """The levels with their values measured from ``reference``, as the Triton kernels take
+        them: their pair costs are differences computed in float32, which levels far from 0
+        (1e8 + 0.01 k) would lose. The PyTorch tier takes the values as they are (float64) and
+        measures each group's from its own levels."""
+        if self.reference is None:
+            return self
+        return Levels(self.rank, self.num_ranks, self.values - self.reference)
 
 
 def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | None = None) -> PairLayout:
@@ -139,7 +150,7 @@ class OrdinalLayout:
     The (G, L) table of counts over every level of the batch (``counts``) is built only when
     asked for (by the closed forms, when they pay): with a level per item (a real-valued label)
     and many groups it would be quadratic in the batch. The normalisers and the max-violation
-    pairs work on each group's own cells (``cell_tables``)."""
+    pairs work on each group's own cells (``CellTables``)."""
 
     order: Tensor  # (N,) sorted position -> original item index
     group: Tensor  # (N,) group index (0..G-1) of each sorted item
@@ -214,24 +225,79 @@ def dense_tables(layout: PairLayout, levels: Levels, problem: int) -> OrdinalLay
     )
 
 
-def cell_tables(layout: OrdinalLayout) -> tuple[Tensor, Tensor]:
-    """(counts, values), (G, K) tables of each group's own cells, K the most cells of a group:
-    row u holds its c_u cells' item counts and level values in ascending level order, each value
-    measured from the group's middle cell (a group's costs are differences of its own levels,
-    which stay exact however far they lie from the batch's); slots past c_u count 0 items and
-    repeat the row's top value. ``LevelCosts`` over these values gives the normalisers in
-    O(G K), where the (G, L) ``counts`` over every level of the batch would take O(G L).
-    (Every group has an item, hence a cell.)"""
-    cells = layout.cells_per_group
-    first_cell = torch.cumsum(cells, 0) - cells
-    in_group = torch.arange(layout.cell_group.numel(), device=cells.device) - first_cell[layout.cell_group]
-    slot = cells[layout.cell_group] - 1 - in_group  # a group's cells run in descending level order
-    counts = torch.zeros(layout.num_groups, int(cells.max()), dtype=torch.int64, device=cells.device)
-    counts[layout.cell_group, slot] = layout.cell_lengths
-    cell_values = layout.level_values[layout.cell_level]
-    values = cell_values[first_cell][:, None].repeat(1, counts.shape[1])  # the top level, in every slot
-    values[layout.cell_group, slot] = cell_values
-    return counts, values - cell_values[first_cell + cells // 2][:, None]
+@dataclass(frozen=True)
+class CellTables:
+    """Each group's own cells in a row of (G, K) tables, K the most cells of a group (in
+    ``groups``, a subset of the groups, else all): row u holds its c_u cells in ascending level
+    order, slots past c_u empty. ``values`` are the cells' level values measured from the group's
+    middle cell: a group's costs are differences of its own levels, which stay exact however far
+    they lie from the other groups' (0.01 and 0.02 beside levels near 1e14). ``LevelCosts`` over
+    ``values`` sums over level pairs in O(G K), where (G, L) tables over every level of the batch
+    would take O(G L)."""
+
+    rows: Tensor  # (C',) the row of each cell taken
+    slot: Tensor  # (C',) its column: its rank among its group's cells, ascending level
+    cells: Tensor  # (C',) the cells taken, indices into the layout's cells
+    values: Tensor  # (R, K) float64, measured from each group's middle cell; empty slots repeat the top value
+    num_rows: int
+    width: int
+
+    @classmethod
+    def of(cls, layout: OrdinalLayout, groups: Tensor | None = None) -> CellTables:
+        """The tables of ``groups`` (sorted group indices; None: every group, row u for group u).
+        (Every group has an item, hence a cell.)"""
+        per_group = layout.cells_per_group
+        first_cell = torch.cumsum(per_group, 0) - per_group
+        if groups is None:
+            cells = torch.arange(layout.cell_group.numel(), device=per_group.device)
+            rows, num_rows = layout.cell_group, layout.num_groups
+        else:
+            cells = torch.nonzero(torch.isin(layout.cell_group, groups)).flatten()
+            rows, num_rows = torch.searchsorted(groups, layout.cell_group[cells]), groups.numel()
+        group = layout.cell_group[cells]
+        slot = per_group[group] - 1 - (cells - first_cell[group])  # a group's cells run in descending level order
+        width = int(per_group[group].max()) if cells.numel() else 1
+        cell_values = layout.level_values[layout.cell_level]
+        top = torch.zeros(num_rows, dtype=torch.float64, device=per_group.device).index_put_(
+            (rows,), cell_values[first_cell[group]])
+        values = top[:, None].repeat(1, width).index_put_((rows, slot), cell_values[cells])
+        middle = torch.zeros_like(top).index_put_((rows,), cell_values[(first_cell + per_group // 2)[group]])
+        return cls(rows, slot, cells, values - middle[:, None], num_rows, width)
+
+    def table(self, cell_values: Tensor) -> Tensor:
+        """(R, K) of per-cell values (C,) of the layout's cells; empty slots 0."""
+        table = cell_values.new_zeros(self.num_rows, self.width)
+        return table.index_put_((self.rows, self.slot), cell_values[self.cells])
+
+    def item_slot(self, layout: OrdinalLayout) -> Tensor:
+        """(N,) every item's column (all groups' tables)."""
+        return self.slot.repeat_interleave(layout.cell_lengths)
+
+
+# Rows of cells of at most this many cells in all are summed at once by ``group_pair_costs``.
+CELL_BLOCK_ELEMENTS = 1 << 22
+
+
+def group_pair_costs(layout: OrdinalLayout, linear: bool) -> tuple[Tensor, Tensor]:
+    """Per group u, Z_u = the summed cost of its valid pairs and their number (float64, (G,)),
+    from each group's own cells (``CellTables``), its groups taken in buckets of similar cell
+    counts (power-of-two widths), so that the tables hold at most about twice the cells: one user
+    with hundreds of distinct levels beside thousands of one-level users makes no (G, 300) table."""
+    per_group = layout.cells_per_group
+    costs = torch.zeros(layout.num_groups, dtype=torch.float64, device=per_group.device)
+    pairs = torch.zeros_like(costs)
+    widths = next_power_of_two(per_group.clamp(min=1))
+    for width in torch.unique(widths[per_group > 1]).tolist():  # a group of one cell has no pair
+        bucket = torch.nonzero((widths == width) & (per_group > 1)).flatten()
+        chunk = max(1, CELL_BLOCK_ELEMENTS // width)
+        for start in range(0, bucket.numel(), chunk):
+            groups = bucket[start : start + chunk]
+            tables = CellTables.of(layout, groups)
+            counts = tables.table(layout.cell_lengths)
+            level_costs = LevelCosts(tables.values, linear)
+            costs[groups] = level_costs.group_cost(counts)
+            pairs[groups] = level_costs.counting().group_cost(counts)
+    return costs, pairs
 
 
 @dataclass(frozen=True)
@@ -247,7 +313,7 @@ class LevelCosts:
     pairs take ``between`` on each group's own levels).
     """
 
-    level_values: Tensor  # (L,) float64, ascending; or (G, K) rows of ``cell_tables``, for the sums only
+    level_values: Tensor  # (L,) float64, ascending; or the (G, K) rows of ``CellTables``, for the sums only
     linear: bool
 
     @classmethod
@@ -299,7 +365,7 @@ class LevelCosts:
         # Differences are what the costs are made of: measured from the middle level, the prefix
         # sums of v * table stay small and v_a * (lower count) - (lower sum of v) cancels less
         # (the middle, not the lowest: a mask's fillers add one level, 0, far from labels near 1e8).
-        # Values of (G, K) ``cell_tables`` rows come measured from their group's middle cell already.
+        # Values of (G, K) ``CellTables`` rows come measured from their group's middle cell already.
         if self.level_values.dim() > 1:
             return self.level_values
         middle = self.level_values.numel() // 2
