@@ -81,7 +81,9 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
     options = {}
     for name in (*OBJECTIVE_OPTIONS, *MODEL_OPTIONS, *DATA_OPTIONS, *data):
         value = getattr(args, name)
-        if name == "lam" and value is None and args.loss != "bce":
+        if name == "lam" and args.loss == "bce":
+            continue  # no ranking term to weigh
+        if name == "lam" and value is None:
             value = 1.0  # the weight a ranking term gets without --lambda: the same run either way
         options["--lambda" if name == "lam" else "--" + name.replace("_", "-")] = \
             str(Path(value).resolve()) if isinstance(value, Path) else value  # the folder, wherever typed from
@@ -220,6 +222,8 @@ def check_training_options(args: argparse.Namespace, path: Path, saved: dict[str
     """The objective, model and data of :func:`check_resume`: ``saved`` is the checkpoint's
     ``trained_with`` (empty in a checkpoint that predates it: nothing to compare)."""
     here = training_options(args)
+    if saved.get("--lambda", 0) is None and saved.get("--loss") != "bce":
+        saved = {**saved, "--lambda": 1.0}  # recorded unset (before 1 was recorded for it): the same weight
     differ = [option for option in here if option in saved and saved[option] != here[option]]
     if not differ:
         return
