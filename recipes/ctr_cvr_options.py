@@ -96,7 +96,7 @@ def build_parser() -> OptionParser:
     g.add_argument("--data", choices=DATA_SOURCES, default="synthetic",
                    help="synthetic Ali-CCP-like log, or an Ali-CCP / AliExpress CSV directory")
     g.add_argument("--data-dir", type=Path, default=None,
-                   help="directory of the *train*/*val*/*test* CSV files (default: the samples in recipes/data/)")
+                   help="directory of the *train*/*val*/*test* CSV files (None: the samples in recipes/data/)")
     g = p.add_argument_group("synthetic data")
     g.add_argument("--num-users", type=int, default=SyntheticConfig.num_users, help="users in the log")
     g.add_argument("--num-items", type=int, default=SyntheticConfig.num_items, help="items (Zipf popularity)")

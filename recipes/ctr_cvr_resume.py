@@ -66,6 +66,15 @@ MODEL_OPTIONS = ("model", "esmm", "embedding", "embedding_dim", "interaction", "
                  "num_experts", "num_task_experts", "num_shared_experts", "num_levels", "dropout", "sparse_optimizer")
 DATA_OPTIONS = ("data", "seed", "batch_size")
 SYNTHETIC_DATA_OPTIONS = ("num_users", "num_items", "mean_impressions", "click_rate", "purchase_rate")
+# Options only some runs use, recorded and compared only there (another --num-levels changes no MMoE).
+USED_WHEN = {
+    "num_experts": lambda args: args.model == "mmoe",
+    "num_task_experts": lambda args: args.model in ("cgc", "ple"),
+    "num_shared_experts": lambda args: args.model in ("cgc", "ple"),
+    "num_levels": lambda args: args.model == "ple",
+    "sparse_optimizer": lambda args: args.sharding != "none",
+    "lam": lambda args: args.loss != "bce",  # no ranking term to weigh
+}
 
 
 def layout_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,9 +89,9 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
     data = SYNTHETIC_DATA_OPTIONS if args.data == "synthetic" else ("data_dir",)
     options = {}
     for name in (*OBJECTIVE_OPTIONS, *MODEL_OPTIONS, *DATA_OPTIONS, *data):
+        if not USED_WHEN.get(name, lambda args: True)(args):
+            continue
         value = getattr(args, name)
-        if name == "lam" and args.loss == "bce":
-            continue  # no ranking term to weigh
         if name == "lam" and value is None:
             value = 1.0  # the weight a ranking term gets without --lambda: the same run either way
         options["--lambda" if name == "lam" else "--" + name.replace("_", "-")] = \

@@ -472,6 +472,18 @@ def test_resume_takes_the_options_that_train_the_same_run(recipe, tmp_path):
     assert typed[0] == typed[1] == str(sample.resolve())
 
 
+def test_resume_takes_options_the_run_does_not_use(recipe, two_epochs, tmp_path):
+    """The MMoE run's checkpoint resumes with another --num-levels (PLE's), --num-task-experts and
+    --sparse-optimizer (sharded tables'): they were refused, though they change nothing."""
+    run = tmp_path / "run"
+    shutil.copytree(two_epochs, run)
+    resumed = recipe.main([*RUN, "--epochs", "3", "--num-levels", "3", "--num-task-experts", "5",
+                           "--sparse-optimizer", "sgd", "--output-dir", str(run), "--resume", "last"])
+    assert len(resumed["history"]) == 3
+    with pytest.raises(ValueError, match="was trained with --num-experts 4; this run has --num-experts 2"):
+        recipe.main([*RUN, "--epochs", "4", "--num-experts", "2", "--output-dir", str(run), "--resume", "last"])
+
+
 def test_a_folder_that_is_not_a_checkpoint_is_not_removed_for_one(recipe, tmp_path):
     """A run without --sharding removed any directory at <checkpoint-dir>/last.ckpt, as the sharded
     checkpoint of an earlier run; now only a checkpoint directory, and before any training."""
