@@ -60,7 +60,8 @@ PLAIN_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy", "TorchRecStrategy")
 # The options that define what a run trains (by argparse destination): its objective, model and
 # data. Not --lr and --weight-decay, which a resumed run may change (OptimizerOptions), nor
 # --epochs (check_epochs); the others (--compile, --steps-per-call, --fixed-batches, threads,
-# output) leave the trained model as it is.
+# output) train the same model on the same batches (--compile and --fixed-batches may change the
+# last bits of its float sums, as they do in an uninterrupted run).
 OBJECTIVE_OPTIONS = ("loss", "lam", "cross_device")
 MODEL_OPTIONS = ("model", "esmm", "embedding", "embedding_dim", "interaction", "expert_hidden", "tower_hidden",
                  "num_experts", "num_task_experts", "num_shared_experts", "num_levels", "dropout", "sparse_optimizer")
