@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull
-from .layout import LevelCosts, OrdinalLayout, next_power_of_two
+from .layout import LevelCosts, OrdinalLayout, cell_buckets
 
 # Level pairs per block of groups (float64 temporaries of 32 MB).
 BLOCK_ELEMENTS = 1 << 22
@@ -45,42 +45,30 @@ def hardest_pair_loss_and_grad(
     lengths = layout.cell_lengths
     lowest, lowest_slope, highest, highest_slope = _cell_extremes_and_slopes(scores, lengths, temperature)
     num_groups = layout.num_groups
-    # Each group's cells sit in slots 0..c_u - 1 of a row: the level pairs of a bucket of groups
-    # with at most `width` cells are (groups, width, width) blocks, not (G, L, L) tables over every
-    # level of the batch (a real-valued label has a level per item: 10 GB at 2,048 items in 40 groups).
-    cells_per_group = torch.bincount(layout.cell_group, minlength=num_groups)
-    first_cell = torch.cumsum(cells_per_group, 0) - cells_per_group
-    slot = torch.arange(lengths.numel(), device=lengths.device) - first_cell[layout.cell_group]
-    widths = next_power_of_two(cells_per_group.clamp(min=1))
     min_grad, max_grad = torch.zeros_like(lowest), torch.zeros_like(highest)  # d loss / d cell min, max
     per_group = scores.new_zeros(num_groups)
     normaliser = scores.new_zeros(num_groups)
-    for width in torch.unique(widths[cells_per_group > 1]).tolist():  # a group of one cell has no pair
-        bucket = torch.nonzero((widths == width) & (cells_per_group > 1)).flatten()
-        chunk = max(1, BLOCK_ELEMENTS // (width * width))
-        for start in range(0, bucket.numel(), chunk):
-            groups = bucket[start : start + chunk]
-            cells = torch.nonzero(torch.isin(layout.cell_group, groups)).flatten()
-            row = torch.searchsorted(groups, layout.cell_group[cells])
-            at = (row, slot[cells])
-            shape = (groups.numel(), width)
-            present = torch.zeros(shape, dtype=torch.bool, device=scores.device).index_put(at, torch.ones_like(row, dtype=torch.bool))
-            level = torch.zeros(shape, dtype=torch.int64, device=scores.device).index_put(at, layout.cell_level[cells])
-            cell_min = scores.new_zeros(shape).index_put(at, lowest[cells])
-            cell_max = scores.new_zeros(shape).index_put(at, highest[cells])
-            pair_cost = torch.where(present[:, :, None] & present[:, None, :],
-                                    costs.between(level[:, :, None], level[:, None, :]), 0.0)
-            valid = pair_cost > 0
-            # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
-            margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
-            value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
-            block_normaliser = pair_cost.sum((1, 2))
-            divisor = torch.where(block_normaliser > 0, block_normaliser, 1.0)
-            normaliser[groups] = block_normaliser
-            per_group[groups] = (pair_cost * torch.where(valid, value, 0.0)).sum((1, 2)) / divisor
-            margin_grad = pair_cost * torch.where(valid, -pull, 0.0) / divisor[:, None, None]  # d loss / d t_uab
-            min_grad[cells] = margin_grad.sum(2)[at]
-            max_grad[cells] = -margin_grad.sum(1)[at]
+    # Each group's level pairs on its own cells: (groups, width, width) blocks, not (G, L, L) tables
+    # over every level of the batch (a real-valued label has a level per item: 10 GB at 2,048 items
+    # in 40 groups).
+    for groups, cells in cell_buckets(layout, BLOCK_ELEMENTS, lambda width: width * width):
+        present = cells.table(torch.ones_like(lengths, dtype=torch.bool))
+        level = cells.table(layout.cell_level)
+        cell_min, cell_max = cells.table(lowest), cells.table(highest)
+        pair_cost = torch.where(present[:, :, None] & present[:, None, :],
+                                costs.between(level[:, :, None], level[:, None, :]), 0.0)
+        valid = pair_cost > 0
+        # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
+        margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
+        value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
+        block_normaliser = pair_cost.sum((1, 2))
+        divisor = torch.where(block_normaliser > 0, block_normaliser, 1.0)
+        normaliser[groups] = block_normaliser
+        per_group[groups] = (pair_cost * torch.where(valid, value, 0.0)).sum((1, 2)) / divisor
+        margin_grad = pair_cost * torch.where(valid, -pull, 0.0) / divisor[:, None, None]  # d loss / d t_uab
+        at = (cells.rows, cells.slot)
+        min_grad[cells.cells] = margin_grad.sum(2)[at]
+        max_grad[cells.cells] = -margin_grad.sum(1)[at]
     num_groups_with_pairs = (normaliser > 0).sum()
     loss = per_group.sum()
     if reduction == "mean":

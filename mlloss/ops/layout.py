@@ -32,6 +32,7 @@ pairs walk each group's cells instead: ``kernels.hardest``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -278,25 +279,34 @@ class CellTables:
 CELL_BLOCK_ELEMENTS = 1 << 22
 
 
-def group_pair_costs(layout: OrdinalLayout, linear: bool) -> tuple[Tensor, Tensor]:
-    """Per group u, Z_u = the summed cost of its valid pairs and their number (float64, (G,)),
-    from each group's own cells (``CellTables``), its groups taken in buckets of similar cell
-    counts (power-of-two widths), so that the tables hold at most about twice the cells: one user
-    with hundreds of distinct levels beside thousands of one-level users makes no (G, 300) table."""
+def cell_buckets(
+    layout: OrdinalLayout, block_elements: int, group_elements: Callable[[int], int]
+) -> Iterator[tuple[Tensor, CellTables]]:
+    """The groups with a pair of levels (two cells or more) as (group indices, their
+    ``CellTables``), in buckets of similar cell counts (power-of-two widths), so that the tables
+    hold at most about twice the cells (one user with hundreds of distinct levels beside thousands
+    of one-level users makes no (G, 300) table), and in blocks of at most ``block_elements``
+    elements, a group of a bucket of ``width`` taking ``group_elements(width)``."""
     per_group = layout.cells_per_group
-    costs = torch.zeros(layout.num_groups, dtype=torch.float64, device=per_group.device)
-    pairs = torch.zeros_like(costs)
     widths = next_power_of_two(per_group.clamp(min=1))
     for width in torch.unique(widths[per_group > 1]).tolist():  # a group of one cell has no pair
         bucket = torch.nonzero((widths == width) & (per_group > 1)).flatten()
-        chunk = max(1, CELL_BLOCK_ELEMENTS // width)
+        chunk = max(1, block_elements // group_elements(width))
         for start in range(0, bucket.numel(), chunk):
             groups = bucket[start : start + chunk]
-            tables = CellTables.of(layout, groups)
-            counts = tables.table(layout.cell_lengths)
-            level_costs = LevelCosts(tables.values, linear)
-            costs[groups] = level_costs.group_cost(counts)
-            pairs[groups] = level_costs.counting().group_cost(counts)
+            yield groups, CellTables.of(layout, groups)
+
+
+def group_pair_costs(layout: OrdinalLayout, linear: bool) -> tuple[Tensor, Tensor]:
+    """Per group u, Z_u = the summed cost of its valid pairs and their number (float64, (G,)),
+    from each group's own cells (``cell_buckets``)."""
+    costs = torch.zeros(layout.num_groups, dtype=torch.float64, device=layout.cell_lengths.device)
+    pairs = torch.zeros_like(costs)
+    for groups, tables in cell_buckets(layout, CELL_BLOCK_ELEMENTS, lambda width: width):
+        counts = tables.table(layout.cell_lengths)
+        level_costs = LevelCosts(tables.values, linear)
+        costs[groups] = level_costs.group_cost(counts)
+        pairs[groups] = level_costs.counting().group_cost(counts)
     return costs, pairs
 
 
