@@ -80,12 +80,13 @@ __all__ = [
     "publish",
     "remove_checkpoint",
     "incomplete_reason",
+    "is_checkpoint_directory",
     "latest_complete_checkpoint",
     "finish_interrupted_publish",
 ]
 
 MARKER_FILENAME = "COMPLETE"  # written last into a checkpoint directory
-LEGACY_METADATA_FILENAME = "meta.pt"  # TorchRecStrategy's, in its directories written before the marker existed
+METADATA_FILENAME = "meta.pt"  # TorchRecStrategy's Lightning state beside the shards (before the marker existed, its only sign)
 MARKER_FORMAT = "mlloss.checkpointing/1"
 STAGING_DIRNAME = ".partial"  # <dir>/.partial/<name>: being written
 RETIRED_DIRNAME = ".old"  # <dir>/.old/<name>: the previous directory, during the swap
@@ -191,13 +192,18 @@ def _pause_before_publishing(staging: Path) -> None:
     time.sleep(seconds_value)
 
 
+def is_checkpoint_directory(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a checkpoint directory: it holds the completion marker, or ``meta.pt``
+    (a checkpoint of ``TorchRecStrategy`` written before the marker existed)."""
+    return any((Path(path) / name).is_file() for name in (MARKER_FILENAME, METADATA_FILENAME))
+
+
 def _check_replaceable(final: Path) -> None:
     """Raise IsADirectoryError when ``final`` is a directory that is not a checkpoint: a checkpoint
-    replaces a file, or a directory with the completion marker (or with ``meta.pt``, a checkpoint
-    of ``TorchRecStrategy`` written before the marker existed), never another folder."""
-    if final.is_dir() and not any((final / name).is_file() for name in (MARKER_FILENAME, LEGACY_METADATA_FILENAME)):
+    replaces a file, or a checkpoint directory (:func:`is_checkpoint_directory`), never another folder."""
+    if final.is_dir() and not is_checkpoint_directory(final):
         raise IsADirectoryError(f"{final} is a directory that is not a checkpoint (it has neither {MARKER_FILENAME} "
-                                f"nor {LEGACY_METADATA_FILENAME}): a checkpoint does not replace it; name a file "
+                                f"nor {METADATA_FILENAME}): a checkpoint does not replace it; name a file "
                                 "in it, or remove it")
 
 

@@ -20,7 +20,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_only
 
-from mlloss.checkpointing import (LEGACY_METADATA_FILENAME, MARKER_FILENAME, latest_complete_checkpoint, retired_path,
+from mlloss.checkpointing import (METADATA_FILENAME, is_checkpoint_directory, latest_complete_checkpoint, retired_path,
                                  staging_path)
 
 
@@ -167,7 +167,7 @@ def saved_record(path: Path, resume: str) -> dict[str, Any]:
     a checkpoint of this recipe (a plain state dict, a tensor, another script's checkpoint)."""
     path = Path(path)
     if path.is_dir():
-        meta = path / "meta.pt"  # TorchRecStrategy: everything but the tensors of the shards
+        meta = path / METADATA_FILENAME  # TorchRecStrategy: everything but the tensors of the shards
         if not meta.is_file():
             raise FileNotFoundError(f"--resume {resume}: {path} is a directory without meta.pt, not a checkpoint "
                                     "of this recipe (under --sharding a checkpoint is a directory with meta.pt)")
@@ -292,7 +292,7 @@ def replace_other_kind_of_checkpoint(args: argparse.Namespace, trainer: pl.Train
     last = Path(args.checkpoint_dir) / "last.ckpt"
     if args.no_checkpoint or args.sharding != "none" or not trainer.is_global_zero:
         return
-    if last.is_dir() and not any((last / name).is_file() for name in (MARKER_FILENAME, LEGACY_METADATA_FILENAME)):
+    if last.is_dir() and not is_checkpoint_directory(last):
         raise IsADirectoryError(f"--checkpoint-dir {args.checkpoint_dir}: {last} is a directory that is not a checkpoint "
                                 "(it has no completion marker): the run's checkpoint file would replace it; move it")
     for path in (staging_path(last), retired_path(last)):  # a crashed sharded write's copies, which

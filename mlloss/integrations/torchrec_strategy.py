@@ -28,6 +28,7 @@ from torch import nn
 from .._extras import needs_extra
 from .._validation import check_choice
 from ..checkpointing import (
+    METADATA_FILENAME,
     begin_directory,
     finish_directory,
     finish_interrupted_publish,
@@ -41,8 +42,6 @@ with needs_extra("lightning", "mlloss.integrations.torchrec_strategy"):
     from pytorch_lightning.strategies import DDPStrategy
 
 __all__ = ["TorchRecStrategy"]
-
-_METADATA_FILENAME = "meta.pt"
 
 
 class TorchRecStrategy(DDPStrategy):
@@ -152,7 +151,7 @@ class TorchRecStrategy(DDPStrategy):
         state = {"model": checkpoint.pop("state_dict"), "sparse_optimizer": self._fused_optimizer().state_dict()}
         dcp.save(state, checkpoint_id=staging)  # returns on rank 0 (the coordinator) once every shard is written
         if self.is_global_zero:
-            with open(staging / _METADATA_FILENAME, "wb") as stream:
+            with open(staging / METADATA_FILENAME, "wb") as stream:
                 torch.save(checkpoint, stream)
             # the marker last, then the swap into `path`
             finish_directory(staging, path, epoch=checkpoint.get("epoch"), global_step=checkpoint.get("global_step"),
@@ -163,9 +162,9 @@ class TorchRecStrategy(DDPStrategy):
         import torch.distributed.checkpoint as dcp
 
         path = Path(self.broadcast(str(checkpoint_path)))
-        if not (path / _METADATA_FILENAME).is_file():
+        if not (path / METADATA_FILENAME).is_file():
             raise FileNotFoundError(
-                f"{path} is not a TorchRecStrategy checkpoint (a directory with {_METADATA_FILENAME} and the shards)"
+                f"{path} is not a TorchRecStrategy checkpoint (a directory with {METADATA_FILENAME} and the shards)"
             )
         reason = incomplete_reason(path)
         if self.is_global_zero and reason is not None:
@@ -175,7 +174,7 @@ class TorchRecStrategy(DDPStrategy):
             dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
             self._load_module_state(state["model"])
             self._fused_optimizer().load_state_dict(state["sparse_optimizer"])
-            checkpoint = torch.load(path / _METADATA_FILENAME, weights_only=False)
+            checkpoint = torch.load(path / METADATA_FILENAME, weights_only=False)
         except Exception as error:
             if hasattr(error, "add_note"):
                 error.add_note(f"while loading the TorchRecStrategy checkpoint {path}")
