@@ -67,6 +67,7 @@ MAX_ITEMS = 2048
 #: Most levels of LaA's aggregated label the dense kernels take (two binary labels make three):
 #: a row counts its group's items per level in one int64, 16 bits a level.
 MAX_LEVELS = 4
+assert MAX_LEVELS <= 4, "_level_costs selects among at most four levels"
 # A binary row counts its group's negatives and positives in one int32 (positives << 16): the
 # counts, and 2^16 times the positives, must fit.
 assert MAX_ITEMS < 2**15, "the dense kernels' packed counts need MAX_ITEMS < 32,768"
@@ -93,6 +94,22 @@ def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
         g_n = tl.load(groups_ptr + offs_n, mask=in_range, other=0)
         same = same & (g_m[:, None] == g_n[None, :])
     return s_n, r_n, same
+
+
+@triton.jit
+def _level_costs(values_ptr, r_m, row_ok, LEVELS: tl.constexpr, ACC: tl.constexpr):
+    """|v_l - v_m| for the levels l < LEVELS (3 or 4; the fourth 0 for 3), each the float64
+    difference rounded once: ``ACC`` values of the levels, subtracted, would round away the small
+    costs of levels far from 0 (label weights [1e4, 1e-4]: 1e4 and 1e4 + 1e-4 are one float32)."""
+    v_m = tl.load(values_ptr + r_m, mask=row_ok, other=0.0)
+    cost_0 = tl.abs(tl.load(values_ptr) - v_m).to(ACC)
+    cost_1 = tl.abs(tl.load(values_ptr + 1) - v_m).to(ACC)
+    cost_2 = tl.abs(tl.load(values_ptr + 2) - v_m).to(ACC)
+    if LEVELS > 3:
+        cost_3 = tl.abs(tl.load(values_ptr + 3) - v_m).to(ACC)
+    else:
+        cost_3 = tl.zeros_like(cost_2)
+    return cost_0, cost_1, cost_2, cost_3
 
 
 @triton.jit
@@ -130,7 +147,8 @@ def _dense_rows_kernel(
         members = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)  # negatives + 2^16 positives
     else:  # the items of each level in the row's group, 16 bits a level (N <= MAX_ITEMS < 2^16)
         packed = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int64)
-        v_m = tl.load(values_ptr + r_m, mask=row_ok, other=0.0).to(ACC)
+        if LINEAR:  # the row's pair cost to each level, |v_l - v_m| in float64 rounded once
+            cost_0, cost_1, cost_2, cost_3 = _level_costs(values_ptr, r_m, row_ok, LEVELS, ACC)
     if HARDEST:
         lowest = tl.full([BLOCK_M, BLOCK_N], float("inf"), dtype=ACC)
         highest = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=ACC)
@@ -161,7 +179,10 @@ def _dense_rows_kernel(
             x = tl.where(upper, s_n[None, :] - s_m[:, None], s_m[:, None] - s_n[None, :])
             value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, FAST)
             if LINEAR:
-                cost = tl.abs(v_m[:, None] - tl.load(values_ptr + r_n).to(ACC)[None, :])
+                cost = tl.where((r_n < 2)[None, :], tl.where((r_n == 0)[None, :], cost_0[:, None], cost_1[:, None]),
+                                cost_2[:, None])
+                if LEVELS > 3:
+                    cost = tl.where((r_n == 3)[None, :], cost_3[:, None], cost)
                 value *= cost
                 pull *= cost
             acc_value = tl.where(keep & upper, acc_value + value, acc_value)

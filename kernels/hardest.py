@@ -246,7 +246,10 @@ def _hardest_levels_kernel(
     if SOFT:
         own_min, own_upper_sum = _soft_extreme(prefix_ptr, own_min, cell_start, cell_end, -temperature, mask)
         own_max, own_lower_sum = _soft_extreme(prefix_ptr + N, own_max, cell_start, cell_end, temperature, mask)
-    own_value = tl.load(values_ptr + level, mask=mask, other=0.0)
+    # Z_u from values measured from the group's lowest level: a sum of terms with both signs,
+    # which values far from 0 (1e8 + 0.01 k) would cancel (the costs are differences either way)
+    lowest = tl.load(values_ptr + tl.load(rank_ptr + tl.load(order_ptr + group_start, mask=mask, other=0)))
+    own_value = tl.load(values_ptr + level, mask=mask, other=0.0) - lowest
 
     min_pull = tl.zeros([BLOCK], dtype=tl.float64)  # sum over lower cells b of c_ab phi'; as upper
     max_pull = tl.zeros([BLOCK], dtype=tl.float64)  # sum over upper cells of c phi'; as lower
@@ -257,7 +260,7 @@ def _hardest_levels_kernel(
     start = group_start
     here, end, other_level = next_cell(order_ptr, rank_ptr, cell_end_ptr, start, group_end, mask)
     while tl.max(here.to(tl.int32), axis=0) > 0:  # until the block's walks have all left their groups
-        other_value = tl.load(values_ptr + other_level, mask=here, other=0.0)
+        other_value = tl.load(values_ptr + other_level, mask=here, other=0.0) - lowest
         if COST_LINEAR:
             cost = tl.abs(own_value - other_value)
         else:

@@ -12,7 +12,8 @@ with c_ij = 1 (uniform) or level_i - level_j (linear), Z_u = sum over the valid 
 c_ij, and ``reduce`` the mean over the groups with a valid pair (or the sum), then
 ``loss = sum_b mixing_b loss_b`` and its gradient with respect to the scores, in three
 launches (the gradient is computed in the forward pass; backward only scales it, as in
-Liger-Kernel's fused losses):
+Liger-Kernel's fused losses), after a small one for the linear cost (``position_values``: each
+position's level value, measured from its group's lowest level, in the accumulation dtype):
 
 1. ``_pair_partials_kernel``, grid (row blocks x chunks, 2 passes, B). A program owns BLOCK_M
    consecutive positions as *upper* items (pass 0: the loss and the upper side of the
@@ -40,7 +41,9 @@ loss); their result does not depend on the order.
 
 Precision: scores of any float dtype are upcast; fp16/bf16/fp32 accumulate in float32 (with
 the approximate special functions on CUDA) and float64 in float64; per-position sums of the
-finalize step and the normalisers are float64.
+finalize step and the normalisers are float64. Pair costs are differences of level values that
+each group measures from its own lowest level, so a group far from the others' levels keeps
+its costs to its own scale (one user's watch times of 0.01 s beside others' of 1e4 s).
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def _accumulate(
 
 @triton.jit
 def _partner_tile(
-    scores_ptr, rank_row, values_row, order_row, start, v_m, bound,
+    scores_ptr, values_row, order_row, start, v_m, bound,
     UPPER_ROWS: tl.constexpr, COST_LINEAR: tl.constexpr, MASKED: tl.constexpr,
     SCORE_SCALE: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -122,7 +125,10 @@ def _partner_tile(
         item_n = tl.load(order_row + offs_n)
     s_n = tl.load(scores_ptr + item_n).to(ACC) * SCORE_SCALE
     if COST_LINEAR:
-        v_n = tl.load(values_row + tl.load(rank_row + item_n)).to(ACC)
+        if MASKED:
+            v_n = tl.load(values_row + offs_n, mask=in_range, other=0.0)
+        else:
+            v_n = tl.load(values_row + offs_n)
         if UPPER_ROWS:
             w = v_m[:, None] - v_n[None, :]
         else:
@@ -134,7 +140,7 @@ def _partner_tile(
 
 @triton.jit
 def _pass(
-    scores_ptr, rank_row, values_row, order_row, lo_ptr, hi_ptr, grad_row, value_row,
+    scores_ptr, values_row, order_row, lo_ptr, hi_ptr, grad_row, value_row,
     N, margin, row_block, chunk, num_chunks,
     UPPER_ROWS: tl.constexpr, LO_IS_ZERO: tl.constexpr, HI_IS_N: tl.constexpr,
     COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
@@ -151,8 +157,7 @@ def _pass(
     item_m = tl.load(order_row + rows, mask=row_mask, other=0)
     s_m = tl.load(scores_ptr + item_m, mask=row_mask, other=0.0).to(ACC) * SCORE_SCALE
     if COST_LINEAR:
-        v_m = tl.load(values_row + tl.load(rank_row + item_m, mask=row_mask, other=0), mask=row_mask, other=0.0)
-        v_m = v_m.to(ACC)
+        v_m = tl.load(values_row + rows, mask=row_mask, other=0.0)
     else:
         v_m = 0.0
     # Partner ranges [lo_m, hi_m) per row; both ends are non-decreasing in the position, so the
@@ -188,7 +193,7 @@ def _pass(
     acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     for k in range(fs, fe):
         offs_n, s_n, w = _partner_tile(
-            scores_ptr, rank_row, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
+            scores_ptr, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
             UPPER_ROWS, COST_LINEAR, False, SCORE_SCALE, ACC, BLOCK_N,
         )
         acc_value, acc_pull = _accumulate(
@@ -198,7 +203,7 @@ def _pass(
     for i in range(head + (k1 - fe)):
         k = tl.where(i < head, k0 + i, fe + (i - head))
         offs_n, s_n, w = _partner_tile(
-            scores_ptr, rank_row, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
+            scores_ptr, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
             UPPER_ROWS, COST_LINEAR, True, SCORE_SCALE, ACC, BLOCK_N,
         )
         # offs_n - lo_m < hi_m - lo_m as unsigned: one subtraction and one compare per pair.
@@ -220,8 +225,8 @@ def _pass(
 
 @triton.jit
 def _pair_partials_kernel(
-    scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr,
-    group_end_ptr, partials_ptr, shares_ptr, N, num_ranks, num_chunks,
+    scores_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr,
+    group_end_ptr, partials_ptr, shares_ptr, N, num_chunks,
     MARGIN: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr,
     FAST: tl.constexpr, SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     WRITE_SHARES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -230,20 +235,20 @@ def _pair_partials_kernel(
     the row loss of the upper pass, the upper side and the lower side of the gradient. With
     WRITE_SHARES (an ordinal column: ``reduce.normaliser_source`` is "prefix"), chunk 0 of the
     upper pass writes each position's share of its group's Z_u to ``shares`` (B, N) float64
-    (the finalize step finds the other problems' Z_u itself). MARGIN is a constexpr so that the
-    float64 path sees it unrounded (a float argument is typed fp32)."""
+    (the finalize step finds the other problems' Z_u itself). ``values`` (B, N), read with
+    COST_LINEAR: each position's level value from ``_position_values_kernel``. MARGIN is a
+    constexpr so that the float64 path sees it unrounded (a float argument is typed fp32)."""
     row_block = tl.program_id(0) // num_chunks
     chunk = tl.program_id(0) % num_chunks
     problem = tl.program_id(2).to(tl.int64)
     row = problem * N
-    rank_row = rank_ptr + row
-    values_row = values_ptr + problem * num_ranks
+    values_row = values_ptr + row
     order_row = order_ptr + row
     part = partials_ptr + (problem * 3 * num_chunks + chunk) * N
     if tl.program_id(1) == 0:
         # Upper rows: lower partners [group_start, cell_start).
         v_m, lo_m, hi_m, rows, row_mask = _pass(
-            scores_ptr, rank_row, values_row, order_row, group_start_ptr, cell_start_ptr + row,
+            scores_ptr, values_row, order_row, group_start_ptr, cell_start_ptr + row,
             part + num_chunks * N, part, N, MARGIN, row_block, chunk, num_chunks,
             True, not HAS_GROUPS, False, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
             ACC, BLOCK_M, BLOCK_N,
@@ -267,7 +272,7 @@ def _pair_partials_kernel(
     else:
         # Lower rows: upper partners [cell_end, group_end).
         _pass(
-            scores_ptr, rank_row, values_row, order_row, cell_end_ptr + row, group_end_ptr,
+            scores_ptr, values_row, order_row, cell_end_ptr + row, group_end_ptr,
             part + 2 * num_chunks * N, part, N, MARGIN, row_block, chunk, num_chunks,
             False, False, not HAS_GROUPS, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
             ACC, BLOCK_M, BLOCK_N,
@@ -289,25 +294,68 @@ def pair_partials(
     tiles: tuple[int, int, int],
     num_chunks: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Launch kernel 1; returns (partials (B, 3, num_chunks, N), the shares of Z_u (B, N) float64
-    where ``reduce.normaliser_source(levels)`` is "prefix", else None)."""
+    """Launch kernel 1 (after ``position_values`` for a linear cost); returns (partials
+    (B, 3, num_chunks, N), the shares of Z_u (B, N) float64 where
+    ``reduce.normaliser_source(levels)`` is "prefix", else None)."""
     num_problems, n = layout.order.shape
     block_m, block_n, num_warps = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
-    binary = levels.values is None
     write_shares = normaliser_source(levels) == "prefix"
     shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
+    values = position_values(levels, layout, accumulation) if cost_linear else scores
     has_groups = layout.group_start is not None
     _pair_partials_kernel[(triton.cdiv(n, block_m) * num_chunks, 2, num_problems)](
-        scores, levels.rank, scores if binary else levels.values, layout.order, layout.cell_start, layout.cell_end,
+        scores, values, layout.order, layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_end,
-        partials, shares if write_shares else partials, n, levels.num_ranks, num_chunks,
+        partials, shares if write_shares else partials, n, num_chunks,
         MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
         SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=write_shares,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
     return partials, shares
+
+
+@triton.jit
+def _position_values_kernel(
+    rank_ptr, values_ptr, order_ptr, group_start_ptr, out_ptr, N, num_ranks,
+    HAS_GROUPS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Grid (position blocks, B): out[b, p] = v(p) - v(first position of p's group), v the
+    float64 level value of the item at sorted position p, rounded once to ``out``'s dtype."""
+    positions = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < N
+    problem = tl.program_id(1).to(tl.int64)
+    rank_row = rank_ptr + problem * N
+    order_row = order_ptr + problem * N
+    values_row = values_ptr + problem * num_ranks
+    if HAS_GROUPS:
+        first = tl.load(group_start_ptr + positions, mask=mask, other=0)
+    else:
+        first = tl.zeros([BLOCK], dtype=tl.int32)
+    value = tl.load(values_row + tl.load(rank_row + tl.load(order_row + positions, mask=mask, other=0)))
+    lowest = tl.load(values_row + tl.load(rank_row + tl.load(order_row + first)))
+    tl.store(out_ptr + problem * N + positions, (value - lowest).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
+    """(B, N) ``dtype``: the level value of the item at each sorted position of each problem,
+    measured from its group's lowest level, as kernel 1's pair costs read them.
+
+    The costs are differences in the accumulation dtype. Measured from one level for the whole
+    batch (or as they are), the values of a group far from it round away what its own pairs
+    cost: one user's watch times 0.010-0.0125 s beside others' near 1e4 s, or label weights
+    [1e4, 1e-4] whose 1e-4 pairs become 0. From the group's own lowest level, the float64
+    difference is rounded once, to the group's own scale."""
+    num_problems, n = layout.order.shape
+    out = torch.empty((num_problems, n), dtype=dtype, device=layout.order.device)
+    has_groups = layout.group_start is not None
+    block = FINALIZE_BLOCK[launch_target(out.device)]
+    _position_values_kernel[(triton.cdiv(n, block), num_problems)](
+        levels.rank, levels.values, layout.order, layout.group_start if has_groups else layout.order, out,
+        n, levels.num_ranks, HAS_GROUPS=has_groups, BLOCK=block,
+    )
+    return out
 
 
 # --------------------------------------------------------------------------- #

@@ -50,11 +50,13 @@ def _group_normaliser(
         count_below = tl.zeros(positions.shape, dtype=tl.float64)
         value_below = tl.zeros(positions.shape, dtype=tl.float64)
         start = group_start
+        if COST_LINEAR:  # the values measured from the group's lowest level (``pairwise.position_values``)
+            lowest = tl.load(values_row + tl.load(rank_row + tl.load(order_row + group_start, mask=mask, other=0)))
         for _ in range(num_levels):  # a loop, not unrolled
             here, end, level = next_cell(order_row, rank_row, cell_end_row, start, group_end, mask)
             count = tl.where(here, end - start, 0).to(tl.float64)
             if COST_LINEAR:
-                value = tl.load(values_row + level, mask=here, other=0.0)
+                value = tl.load(values_row + level, mask=here, other=0.0) - lowest
                 normaliser += count * (value * count_below - value_below)
                 value_below += count * value
             else:

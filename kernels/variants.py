@@ -26,8 +26,7 @@ __all__ = ["SassVariant", "sass_variants"]
 
 _POINTERS = {
     "scores_ptr": "*fp32",
-    "rank_ptr": "*i32",
-    "values_ptr": "*fp64",
+    "values_ptr": "*fp32",
     "order_ptr": "*i32",
     "cell_start_ptr": "*i32",
     "cell_end_ptr": "*i32",
@@ -36,7 +35,6 @@ _POINTERS = {
     "partials_ptr": "*fp32",
     "shares_ptr": "*fp64",
     "N": "i32",
-    "num_ranks": "i32",
     "num_chunks": "i32",
 }
 # In SASS address order: the lower-owning pass (the kernel's else branch) is laid out first,

@@ -282,3 +282,72 @@ def test_a_group_near_zero_keeps_its_pair_beside_levels_near_1e14(backend, surro
     assert int(loss.parts["groups_with_pairs"]) == 2
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
     torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-12, atol=1e-15)
+
+
+def _far_apart_batches():
+    """(name, labels, weights, real_levels, groups): LaA batches in which one group's levels sit
+    far from the others', one per path of the Triton kernels (the dense kernel's level costs, the
+    layout kernels' walk over a few levels and prefix sums over an ordinal column)."""
+    gen = torch.Generator().manual_seed(11)
+    # 8 watch times 0.010-0.0125 s of one user beside 3 users' near 1e4 s: 20 levels, an ordinal column
+    watch = torch.cat([0.010 + 0.0025 * torch.rand(8, generator=gen, dtype=torch.float64),
+                       1e4 + 10 * torch.rand(12, generator=gen, dtype=torch.float64)])
+    watch_groups = torch.cat([torch.zeros(8, dtype=torch.int64), 1 + torch.arange(12) // 4])
+    # binary columns of weights 1e4 and 1e-4 (3e-4): one user's pairs cost only 1e-4, the others'
+    # mostly 1e4, so that the batch's middle level is near 1e4
+    two = torch.randint(0, 2, (24, 2), generator=gen)
+    two[:8, 0], two[8:, 0] = 0, 1
+    three = torch.randint(0, 2, (24, 3), generator=gen)
+    three[:8, 0], three[8:, 0] = 0, 1
+    groups = torch.arange(24) // 8
+    return [
+        ("ordinal column, prefix sums", watch[:, None], None, True, watch_groups),
+        ("two columns, dense kernel", two, [1e4, 1e-4], False, groups),
+        ("three columns, walk", three, [1e4, 1e-4, 3e-4], False, groups),
+    ]
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs triton")
+@pytest.mark.parametrize("case", [name for name, *_ in _far_apart_batches()])
+@pytest.mark.parametrize("pairs,cost", [("all", "linear"), ("all", "uniform"), ("hardest", "linear")])
+def test_the_kernels_keep_a_groups_costs_far_from_the_other_groups_levels(case, pairs, cost):
+    # The Triton kernels took the levels measured from the batch's middle level and subtracted them
+    # in float32: the small user's costs rounded away (the loss 1.5% off for the watch times, 81% for
+    # the weights [1e4, 1e-4]). They now measure each group's from its own lowest level, and the dense
+    # kernel rounds each level pair's float64 difference once.
+    from reference import laa_loss
+
+    _, labels, weights, real_levels, groups = next(b for b in _far_apart_batches() if b[0] == case)
+    scores = torch.randn(labels.shape[0], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    leaf = scores.float().requires_grad_(True)
+    loss = mlloss.LaALoss(weights, cost=cost, real_levels=real_levels, pairs=pairs, backend="triton")
+    value = loss(leaf, labels, groups)
+    value.backward()
+    reference = scores.clone().requires_grad_(True)
+    expected = laa_loss(reference, labels, groups, weights=weights, cost=cost, pairs=pairs)
+    expected.backward()
+    torch.testing.assert_close(value.double(), expected.detach(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(leaf.grad.double(), reference.grad, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs triton")
+@pytest.mark.parametrize("pairs", ["all", "hardest"])
+def test_the_kernels_keep_a_group_near_zero_beside_levels_near_1e14(pairs):
+    # float64: the kernels' normalisers (a walk's sum of v_k (2k - (P - 1)), the prefix sums of shares)
+    # add terms of both signs; measured from the group's lowest level they do not cancel.
+    from reference import laa_loss
+
+    far = 1e14 + torch.arange(18, dtype=torch.float64)  # 20 levels: the ordinal column's prefix sums
+    levels = torch.cat([torch.tensor([0.01, 0.02], dtype=torch.float64), far])
+    groups = torch.cat([torch.zeros(2, dtype=torch.int64), torch.ones(18, dtype=torch.int64)])
+    scores = torch.randn(20, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    leaf = scores.clone().requires_grad_(True)
+    loss = mlloss.LaALoss(real_levels=True, pairs=pairs, backend="triton")
+    value = loss(leaf, levels[:, None], groups)
+    value.backward()
+    reference = scores.clone().requires_grad_(True)
+    expected = laa_loss(reference, levels[:, None], groups, pairs=pairs)
+    expected.backward()
+    assert int(loss.parts["groups_with_pairs"]) == 2
+    torch.testing.assert_close(value, expected, rtol=1e-10, atol=0)
+    torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-10, atol=1e-15)

@@ -232,8 +232,6 @@ def _pair_loss_op(
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
     levels = problem_levels(labels, label_weights)
-    if on_kernels:
-        levels = levels.for_kernels()
     if dense:
         result = dense_kernels.dense_loss_and_grad(
             scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
@@ -354,14 +352,10 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
         level = rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
     ordered = torch.sort(level).values
     rank = torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None]
-    # The kernels measure the values from the median level (``Levels.for_kernels``): the costs are
-    # differences, and levels far from 0 (1e8 + 0.01 k) keep them in float32. (The median, not the
-    # lowest: a mask's fillers sit at level 0, and while they are fewer than the kept items the
-    # median is a real level; a filler's own value forms no pair.) The PyTorch tier takes them as
-    # they are: measured from the batch's median, a group of levels 0.01 and 0.02 beside others
-    # near 1e14 lost its pair in float64.
-    middle = level.numel() // 2
-    return Levels(rank, level.numel(), ordered[None], ordered[middle : middle + 1])
+    # The values as they are: each tier measures a group's from its own levels (the PyTorch tier
+    # from its middle level, the kernels from its lowest: ``kernels.pairwise.position_values``),
+    # so that a group of levels 0.01 and 0.02 beside others near 1e14 keeps its pair.
+    return Levels(rank, level.numel(), ordered[None])
 
 
 def _pattern_levels(labels: Tensor, label_weights: list[float]) -> int:

@@ -82,20 +82,10 @@ class Levels:
     num_ranks: int  # every rank is < num_ranks
     values: Tensor | None  # (B, num_ranks) float64: values[b, rank] is the level's value; None for
     # 0/1 labels (rank = label), whose pairs all cost 1
-    reference: Tensor | None = None  # (1,) float64 (one problem): the level the kernels measure the values from
 
     @property
     def num_problems(self) -> int:
         return self.rank.shape[0]
-
-    def for_kernels(self) -> Levels:
-        """The levels with their values measured from ``reference``, as the Triton kernels take
-        them: their pair costs are differences computed in float32, which levels far from 0
-        (1e8 + 0.01 k) would lose. The PyTorch tier takes the values as they are (float64) and
-        measures each group's from its own levels."""
-        if self.reference is None:
-            return self
-        return Levels(self.rank, self.num_ranks, self.values - self.reference)
 
 
 def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | None = None) -> PairLayout:
