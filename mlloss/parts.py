@@ -21,6 +21,7 @@ them pays nothing for them (no kernel launch, no host synchronisation).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -52,12 +53,24 @@ class LossParts(Mapping[str, Tensor]):
     def __repr__(self) -> str:
         return f"LossParts({dict(self.items())!r})"
 
+    def __reduce__(self):
+        # Pickled (torch.save of a model holding the loss, a spawned DDP worker) with every entry
+        # made: the makers close over the call's results, which do not pickle.
+        return (_made_parts, (dict(self.items()),))
+
+
+def _made_parts(values: dict[str, Tensor]) -> LossParts:
+    parts = LossParts(dict.fromkeys(values))
+    parts._made = dict(values)
+    return parts
+
 
 def pair_parts(
     result: PairLossResult, *, label_names: Sequence[str] | None = None, mixing: Tensor | None = None
 ) -> LossParts:
     """``parts`` of a pairwise loss (see ``mlloss.parts``): totals over its problems, and with
     ``label_names`` (LoA) one entry per label of its term, mixing weight and valid pairs."""
+    result = dataclasses.replace(result, loss=None)  # the makers read the statistics: no autograd graph kept alive
     makers = {
         "valid_pairs": lambda: result.valid_pairs.sum(),
         "groups_with_pairs": lambda: result.groups_with_pairs.sum(),

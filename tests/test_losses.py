@@ -223,3 +223,47 @@ def test_parts_report_valid_pairs_and_label_terms():
     assert laa.parts["valid_pairs"].item() == 5 and laa.parts["groups_with_pairs"].item() == 1
 
 
+
+
+def _every_built_loss():
+    """(name, loss, scores (N, K), labels) for every name ``build_loss`` takes, bce+ included."""
+    from mlloss.registry import LOSSES, SINGLE_LABEL
+
+    gen = torch.Generator().manual_seed(7)
+    labels = torch.randint(0, 2, (30, 2), generator=gen).double()
+    for name in sorted(LOSSES) + [f"bce+{n}" for n in sorted(SINGLE_LABEL)]:
+        single = name in SINGLE_LABEL or name.startswith("bce")
+        yield name, mlloss.build_loss(name), (labels[:, :1] if single else labels)
+
+
+@pytest.mark.parametrize("name", [name for name, *_ in _every_built_loss()])
+def test_a_loss_pickles_after_a_call(name):
+    # loss.parts closed over the call's results: torch.save(model) and pickling a module that holds a
+    # used loss raised "Can't pickle local object 'pair_parts.<locals>.<lambda>'".
+    import pickle
+
+    _, loss, labels = next(item for item in _every_built_loss() if item[0] == name)
+    scores = torch.randn(labels.shape[0], dtype=torch.float64)
+    value = loss(scores, labels)
+    copy = pickle.loads(pickle.dumps(loss))
+    assert dict(copy.parts) == dict(loss.parts) and len(copy.parts) > 0
+    assert torch.isfinite(value)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("name", ["auc", "laa", "bce", "bce+pdaom"])
+def test_a_second_derivative_raises_instead_of_dropping_the_losss_share(name, backend):
+    # The gradient is a formula computed in the forward pass: autograd.grad(create_graph=True) returned it
+    # without a graph, and a gradient penalty's parameter gradient silently lost the loss's share.
+    loss = mlloss.build_loss(name) if name.startswith("bce") else mlloss.build_loss(name, backend=backend)
+    weights = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64, requires_grad=True)
+    features = torch.randn(40, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    labels = torch.randint(0, 2, (40, 2 if name == "laa" else 1), generator=torch.Generator().manual_seed(2)).double()
+    value = loss(features @ weights, labels)
+    (grad,) = torch.autograd.grad(value, weights, create_graph=True)
+    assert grad.requires_grad
+    with pytest.raises(RuntimeError, match="second derivatives"):
+        (value + grad.square().sum()).backward()
+    # create_graph=True alone, and the first derivative, are as before
+    first = torch.autograd.grad(loss(features @ weights, labels), weights)[0]
+    torch.testing.assert_close(grad.detach(), first, rtol=0, atol=0)

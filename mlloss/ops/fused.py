@@ -2,8 +2,8 @@
 
 A fused-loss op's forward returns ``(loss, *statistics, grad)``: the gradient of the loss with
 respect to the op's first input is computed in the forward pass (Liger-Kernel's fused losses)
-and backward only scales it by the incoming gradient. The statistics and the gradient itself
-are not differentiable.
+and backward only scales it by the incoming gradient. The statistics are not differentiable,
+and the gradient only once: a second derivative raises (``SECOND_DERIVATIVE_MESSAGE``).
 
 ``fused_loss_op`` registers the Python implementation as a ``torch.library`` operator
 (``define``, one ``impl`` for every device, a fake and the autograd formula), which
@@ -84,10 +84,36 @@ def _save_gradient(ctx, inputs, output) -> None:
     ctx.num_inputs = len(inputs)
     ctx.set_materialize_grads(False)  # no zero tensors for the outputs nobody differentiates
     ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(output[-1])
+    ctx.save_for_backward(output[-1], inputs[0])  # the scores: only a second derivative reads them
 
 
 def _scale_gradient(ctx, grad_loss: Tensor | None, *_):
-    (grad,) = ctx.saved_tensors
+    grad, scores = ctx.saved_tensors
     scaled = None if grad_loss is None else (grad * grad_loss).to(ctx.scores_dtype)
+    if scaled is not None and torch.is_grad_enabled() and scores.requires_grad:
+        # backward(create_graph=True): the gradient depends on the scores, but through a formula
+        # no autograd graph records. Differentiating it would silently drop that dependence (a
+        # gradient penalty's share of the parameters' gradient); it raises instead.
+        scaled = _NoSecondDerivative.apply(scores, scaled)
     return (scaled,) + (None,) * (ctx.num_inputs - 1)
+
+
+SECOND_DERIVATIVE_MESSAGE = (
+    "mlloss losses compute their gradient in the forward pass, as a formula without an autograd graph: "
+    "their second derivatives (a gradient penalty on the scores, a Hessian-vector product) are not supported. "
+    "backward(create_graph=True) works as long as nothing differentiates the losses' gradient again"
+)
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """The first derivative as it is, tied to the scores by a node that raises when a second
+    derivative reaches it (``torch.autograd.function.once_differentiable`` ties it only to the
+    incoming gradient, which is a constant in ``loss.backward(create_graph=True)``)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, gradient: Tensor) -> Tensor:
+        return gradient.view_as(gradient)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(SECOND_DERIVATIVE_MESSAGE)
