@@ -168,9 +168,12 @@ def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Ten
     if isinstance(weights, str):
         raise ValueError(f"{name} must be a sequence of numbers or None; got {weights!r}")
     try:
-        tensor = torch.as_tensor(weights, dtype=torch.float64).flatten()
+        given = torch.as_tensor(weights)  # its own dtype (a bool?); the values read in float64 (1e-320 is no float32)
+        tensor = torch.as_tensor(weights, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"{name} must be a sequence of numbers; got {weights!r}") from error
+    if given.dim() != 1 or given.dtype == torch.bool:
+        raise TypeError(f"{name} must be a sequence of numbers, one per label; got {weights!r}")
     if tensor.numel() == 0:
         raise ValueError(f"{name} must not be empty; got {weights!r}")
     if not torch.isfinite(tensor).all():
@@ -180,6 +183,24 @@ def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Ten
         bound = "> 0" if strictly_positive else ">= 0"
         raise ValueError(f"{name} must all be {bound}; got {tensor.tolist()}")
     return tensor
+
+
+def check_label_names(name: str, names: object) -> tuple[str, ...] | None:
+    """One name per label column (None passes): a sequence, not one string (which would name a
+    label per character), of distinct names (they key the parts' and metrics' entries)."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of names, one per label column, not one string; got {names!r}")
+    try:
+        checked = tuple(str(label) for label in names)
+    except TypeError as error:
+        raise TypeError(f"{name} must be a sequence of names, one per label column; got {names!r}") from error
+    if not checked:
+        raise ValueError(f"{name} must not be empty; got {names!r}")
+    if len(set(checked)) != len(checked):
+        raise ValueError(f"{name} must be distinct (they name the entries of parts and metrics); got {list(checked)}")
+    return checked
 
 
 def check_weights_length(name: str, weights: Tensor, num_labels: int) -> None:
@@ -381,8 +402,9 @@ def raise_for_status(status: int, scores: Tensor, labels: Tensor, label_rule: st
             "the pairwise loss is not finite in the scores' dtype: with the exponential surrogate some "
             "valid pair has s_j - s_i above about 88 (float32) or 709 (float64), whose exp overflows (the "
             "squared surrogate overflows past |s_j - s_i| of about 1e19 in float32); with float16 scores, "
-            "the loss is float32 but an item's gradient, returned in float16, must stay below 65504. Use "
-            "float64 scores, a surrogate of linear growth ('logistic', 'hinge'), or scale the scores down."
+            "the loss is float32 but an item's gradient, returned in float16, must stay below 65504; "
+            "LoALoss weights near the dtype's largest number overflow the weighted sum of the labels' terms. Use "
+            "float64 scores, a surrogate of linear growth ('logistic', 'hinge'), or scale the scores (or weights) down."
         )
 
 

@@ -95,6 +95,11 @@ class BCEPlusRanking(nn.Module):
         inputs: str = "logits",
     ) -> None:
         super().__init__()
+        if not isinstance(ranking, nn.Module):
+            raise TypeError(
+                f"ranking must be a pairwise loss module (mlloss.PDAOMLoss(), mlloss.AUCLoss(), or your own nn.Module); "
+                f"got {ranking!r}" + (f"; for a loss by name use mlloss.build_loss('bce+{ranking}')" if isinstance(ranking, str) else "")
+            )
         self.ranking = ranking
         self.lam = check.check_lam(lam)
         self.ranking_input = check.check_choice("ranking_input", ranking_input, ("probability", "logit"))

@@ -176,7 +176,7 @@ def label_dictatorship(
     mixing = check.check_weights("weights", weights, strictly_positive=False)
     mixing = torch.ones(num_labels, dtype=torch.float64) if mixing is None else mixing
     check.check_weights_length("weights", mixing, num_labels)
-    names = tuple(label_names) if label_names is not None else tuple(f"label_{k}" for k in range(num_labels))
+    names = check.check_label_names("label_names", label_names) or tuple(f"label_{k}" for k in range(num_labels))
     if len(names) != num_labels:
         raise ValueError(f"label_names has {len(names)} names for {num_labels} label columns: {names}")
     threshold = _check_threshold(threshold)

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mlloss._validation import check_choice
+from mlloss._validation import check_choice, check_label_names
 from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc, multilabel_auc, multipartite_auc
 from mlloss.metrics.functional import WEIGHTINGS
 
@@ -53,8 +53,13 @@ def ranking_metrics(
         DiffAUC and MinAUC are max - min and min of the per-label AUCs (NaN if one is NaN).
     """
     check_choice("group_weighting", group_weighting, WEIGHTINGS)  # also without groups: a typo is not ignored
-    names = tuple(str(name) for name in label_names)
-    labels = labels.reshape(labels.shape[0], -1)
+    names = check_label_names("label_names", label_names)
+    if names is None:
+        raise TypeError("label_names must be a sequence of names, one per label column; got None")
+    if labels.dim() > 2 or scores.dim() > 2:
+        raise ValueError(f"scores and labels must be (N,) or (N, K); got scores {tuple(scores.shape)} and "
+                         f"labels {tuple(labels.shape)}")
+    labels = labels.reshape(-1, 1) if labels.dim() < 2 else labels
     if labels.shape[1] != len(names):
         raise ValueError(f"labels must have one column per name of label_names={names}; got shape {tuple(labels.shape)}")
     if scores.dim() == 2 and scores.shape[1] == 1:

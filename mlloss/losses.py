@@ -9,6 +9,7 @@ counts) for logging, at no extra cost.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -127,6 +128,10 @@ class _PairwiseLoss(nn.Module):
         if not self.validate_args:
             options.append("validate_args=False")
         return ", ".join(options)
+
+
+def _listed(values: Tensor) -> list[float]:
+    return [float(value) for value in values.tolist()]
 
 
 def _unit_weights(num_labels: int) -> Tensor:
@@ -283,14 +288,24 @@ class LoALoss(_PairwiseLoss):
         # Constants as buffers: they follow the module to the device and cost no copy per call.
         self.register_buffer("weights", fixed, persistent=False)
         self.register_buffer("priors", given_priors, persistent=False)
-        if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1):
-            raise ValueError(f"num_labels must be a positive int or None; got {num_labels!r}")
-        self.label_names = None if label_names is None else tuple(str(name) for name in label_names)
-        if self.label_names is not None and len(set(self.label_names)) != len(self.label_names):
-            raise ValueError(f"label_names must be distinct (they name the parts' entries); got {list(self.label_names)}")
+        if num_labels is not None:
+            num_labels = check.check_int("num_labels", num_labels, minimum=1, requirement="a positive int or None")
+            for name, given in (("weights", fixed), ("priors", given_priors)):
+                if given is not None and given.numel() != num_labels:
+                    raise ValueError(f"{name} has {given.numel()} entries but num_labels={num_labels}; got {name}={given.tolist()}")
+        self.label_names = check.check_label_names("label_names", label_names)
         # Running prior estimate for weights="balanced": positives per label and items seen.
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
+
+    def extra_repr(self) -> str:
+        options = ["weights='balanced'" if self.balanced else f"weights={_listed(self.weights)}"] if (
+            self.balanced or self.weights is not None) else []
+        if self.priors is not None:
+            options.append(f"priors={_listed(self.priors)}")
+        if self.label_names is not None:
+            options.append(f"label_names={list(self.label_names)}")
+        return ", ".join(options + [super().extra_repr()])
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
@@ -318,8 +333,12 @@ class LoALoss(_PairwiseLoss):
     def mixing_weights(self, labels: Tensor) -> Tensor:
         """The a_k ``forward`` would use for a batch of (N, K) labels, float64 on the CPU (no
         state is changed: in training mode, the running priors with this batch added, as
-        ``forward`` adds it, then restored)."""
+        ``forward`` adds it, then restored). With ``cross_device=True`` the labels are this
+        rank's, gathered from every rank as ``forward`` gathers them: a collective, which every
+        rank calls, and all get the same a_k."""
         labels = check.label_columns(labels, None)
+        if self.cross_device:  # the scores are a placeholder: only the labels are read
+            _, labels, _, _ = gather_batch(labels.new_zeros(labels.shape[0], dtype=torch.float32), labels, None)
         before = (self.seen_positives, self.seen_items)
         try:
             self._update_running_priors(labels, labels.shape[0])
@@ -439,9 +458,17 @@ class LaALoss(_PairwiseLoss):
         )
         # Host constants: the op derives its level tables from them once per device.
         self.weights = check.check_weights("weights", weights, strictly_positive=True)
-        self._weight_values = None if self.weights is None else self.weights.tolist()
+        self._weight_values = None if self.weights is None else _scaled_to_one(self.weights.tolist())
         self.cost = check.check_choice("cost", cost, check.COSTS)
         self.real_levels = check.check_bool("real_levels", real_levels)
+
+    def extra_repr(self) -> str:
+        options = [] if self.weights is None else [f"weights={_listed(self.weights)}"]
+        if self.cost != "linear":
+            options.append(f"cost={self.cost!r}")
+        if self.real_levels:
+            options.append("real_levels=True")
+        return ", ".join(options + [super().extra_repr()])
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
@@ -454,3 +481,12 @@ class LaALoss(_PairwiseLoss):
         )
         self.parts = pair_parts(result)
         return result.loss
+
+
+def _scaled_to_one(weights: list[float]) -> list[float]:
+    """LaA's weights times the power of two that brings the largest into [0.5, 1). The loss does
+    not change: its pair costs are differences of weighted sums, divided by their group's sum of
+    them (or all 1), and a power of two scales them exactly. Weights of 1e-320 or 1e308 (their
+    levels subnormal, their sums infinite) then give the loss of weights 1."""
+    exponent = math.frexp(max(weights))[1]
+    return [math.ldexp(weight, -exponent) for weight in weights]

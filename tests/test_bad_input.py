@@ -46,6 +46,15 @@ LABELS = torch.tensor([1.0, 0.0, 1.0, 0.0])
         (lambda: mlloss.build_loss("bce", inputs="probs"), ValueError, "inputs must be one of .*got .probs."),
         (lambda: mlloss.LaALoss(real_levels=1), TypeError, "real_levels must be a bool; got 1"),
         (lambda: mlloss.build_loss(3), TypeError, "name must be a string"),
+        # found by review: each built without complaint and failed (or misbehaved) later
+        (lambda: mlloss.BCEPlusRanking(None), TypeError, "ranking must be a pairwise loss module .*got None"),
+        (lambda: mlloss.BCEPlusRanking("pdaom"), TypeError, r"got 'pdaom'; for a loss by name use mlloss.build_loss\('bce\+pdaom'\)"),
+        (lambda: mlloss.LoALoss(1), TypeError, "weights must be a sequence of numbers, one per label; got 1"),
+        (lambda: mlloss.LoALoss([[1, 2]]), TypeError, r"weights must be a sequence of numbers, one per label; got \[\[1, 2\]\]"),
+        (lambda: mlloss.LoALoss([True, False]), TypeError, "one per label; got \\[True, False\\]"),
+        (lambda: mlloss.LoALoss(label_names="cp"), ValueError, "label_names must be a sequence of names, .*not one string; got 'cp'"),
+        (lambda: mlloss.LoALoss([1.0, 2.0], num_labels=3), ValueError, r"weights has 2 entries but num_labels=3"),
+        (lambda: mlloss.LoALoss("balanced", priors=[0.1, 0.2], num_labels=3), ValueError, r"priors has 2 entries but num_labels=3"),
     ],
 )
 def test_bad_constructor_arguments_fail_in_init(build, error, message):
@@ -103,6 +112,47 @@ def test_reprs_show_the_options_that_differ_from_the_defaults():
         "BCELoss(inputs='probabilities', validate_args=False)"
     assert "validate_args=False" in repr(mlloss.AUCLoss(validate_args=False))
     assert "validate_args" not in repr(mlloss.AUCLoss())
+
+
+def test_loa_and_laa_reprs_show_their_objective():
+    # LoALoss() and LoALoss("balanced"), LaALoss() and LaALoss(cost="uniform") printed the same.
+    reprs = [repr(loss) for loss in (
+        mlloss.LoALoss(), mlloss.LoALoss("balanced"), mlloss.LoALoss([1, 9]), mlloss.LoALoss(label_names=["c", "p"]),
+        mlloss.LaALoss(), mlloss.LaALoss([1, 5]), mlloss.LaALoss(cost="uniform"), mlloss.LaALoss(real_levels=True),
+    )]
+    assert len(set(reprs)) == len(reprs)
+    assert "weights=[1.0, 9.0]" in reprs[2] and "weights='balanced'" in reprs[1] and "cost='uniform'" in reprs[6]
+
+
+def test_ranking_metrics_refuse_names_that_would_lose_a_label():
+    from mlloss.evaluation import ranking_metrics
+
+    scores, labels = torch.randn(20), torch.randint(0, 2, (20, 2))
+    # ["a", "a"] returned one auc/a, the second label's; "cp" named two labels "c" and "p"
+    with pytest.raises(ValueError, match=r"label_names must be distinct .*got \['a', 'a'\]"):
+        ranking_metrics(scores, labels, label_names=["a", "a"])
+    with pytest.raises(ValueError, match="not one string; got 'cp'"):
+        ranking_metrics(scores, labels, label_names="cp")
+    # an empty split: NaN metrics (as the metrics it wraps give), not a reshape error
+    with pytest.warns(mlloss.metrics.UndefinedMetricWarning):
+        empty = ranking_metrics(torch.zeros(0), torch.zeros(0, 2), label_names=["a", "b"])
+    assert set(empty) == {"auc/a", "auc/b", "diff_auc", "min_auc", "multipartite_auc"}
+    assert all(torch.isnan(value) for value in empty.values())
+
+
+def test_laa_weights_at_the_ends_of_float64_give_the_loss_of_weights_one():
+    # LaA's costs are divided by their group's sum: scaling every weight changes nothing. Weights of
+    # 1e-320 (subnormal levels) gave 0.0 on every tier, and 1e308 (an infinite sum) 0.0 or an OverflowError.
+    gen = torch.Generator().manual_seed(4)
+    scores, labels = torch.randn(30, generator=gen, dtype=torch.float64), torch.randint(0, 2, (30, 2), generator=gen)
+    groups = torch.arange(30) // 6
+    for cost in ("linear", "uniform"):
+        expected = mlloss.LaALoss(cost=cost)(scores, labels, groups)
+        for weights in ([1e-320, 1e-320], [1e308, 1e308], [2.0**-1000, 2.0**-1000], [3.0, 3.0]):
+            torch.testing.assert_close(mlloss.LaALoss(weights, cost=cost)(scores, labels, groups), expected, rtol=1e-12, atol=0)
+        # a power of two changes no bit
+        assert torch.equal(mlloss.LaALoss([2.0**-600, 2.0**-601], cost=cost)(scores, labels, groups),
+                           mlloss.LaALoss([1.0, 0.5], cost=cost)(scores, labels, groups))
 
 
 def test_numpy_scalars_are_numbers():

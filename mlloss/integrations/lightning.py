@@ -38,7 +38,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
-from .._validation import check_weights, require_integer_ids
+from .._validation import check_label_names, check_weights, require_integer_ids
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
 
@@ -150,11 +150,12 @@ class RankingMetrics(pl.Callback):
         loss_attribute: str = "loss",
     ) -> None:
         super().__init__()
-        if isinstance(label_names, str) or len(label_names) == 0 or len(set(label_names)) != len(label_names):
-            raise ValueError(f"label_names must be a non-empty sequence of distinct names; got {label_names!r}")
+        names = check_label_names("label_names", label_names)
+        if names is None:
+            raise TypeError("label_names must be a sequence of names, one per label column; got None")
         if group_weighting not in ("uniform", "size"):
             raise ValueError(f"group_weighting must be 'uniform' or 'size'; got {group_weighting!r}")
-        self.label_names = tuple(str(name) for name in label_names)
+        self.label_names = names
         for name, weights, positive in (("label_weights", label_weights, True), ("loa_weights", loa_weights, False)):
             checked = check_weights(name, weights, strictly_positive=positive)
             if checked is not None and checked.numel() != len(self.label_names):
