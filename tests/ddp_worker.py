@@ -92,6 +92,8 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
         results[split, "loa-parts"] = loa_label_losses(
             make_model(), features[local], labels[local], groups[local], cross_device=True
         )
+        # the a_k of a balanced LoA: from the gathered labels, as forward takes them
+        results[split, "mixing-weights"] = mlloss.LoALoss("balanced", cross_device=True).mixing_weights(labels[local])
     # BCE + PDAOM (Eq. 7 over N): the BCE is a per-rank mean, so ranks hold equal halves.
     half = features.shape[0] // world
     local = slice(rank * half, (rank + 1) * half)

@@ -72,6 +72,15 @@ def test_cross_device_loa_reports_each_labels_whole_term(rank_results, split):
         torch.testing.assert_close(results[split, "loa-parts"], expected, rtol=1e-10, atol=0)
 
 
+@pytest.mark.parametrize("split", ddp_worker.SPLITS)
+def test_cross_device_mixing_weights_are_the_gathered_batchs(rank_results, split):
+    # mixing_weights read only this rank's labels: each rank reported other a_k than forward used.
+    _, labels, _ = ddp_worker.global_batch()
+    expected = mlloss.LoALoss("balanced").mixing_weights(labels)
+    for results in rank_results:
+        torch.testing.assert_close(results[split, "mixing-weights"], expected, rtol=1e-12, atol=0)
+
+
 def test_streaming_metrics_sync_when_a_process_saw_no_batch(tmp_path):
     # Its empty states were gathered as float32 vectors beside uint8 labels, int64 groups and
     # (N, K) labels: gloo aborted the job. Every rank now gets the metrics of rank 0's data.
@@ -126,10 +135,32 @@ def test_group_partition_covers_every_group_once_with_balanced_work():
     sizes = torch.randint(1, 60, (500,), generator=gen)
     sizes[7] = 400  # one very large user
     for world in (2, 3, 8):
-        owners = torch.stack([_owned_groups(sizes, rank, world) for rank in range(world)])
+        owners = torch.stack([_owned_groups(sizes.double() ** 2, rank, world) for rank in range(world)])
         assert torch.equal(owners.sum(0), torch.ones(500, dtype=torch.long)), "each group on exactly one rank"
         work = (owners * sizes.double() ** 2).sum(1)
         fair = work.sum() / world
         assert float(work.max()) <= float(fair + 400**2), "no rank gets more than its share plus one group"
-    single = torch.stack([_owned_groups(torch.tensor([5]), rank, 4) for rank in range(4)])
+    single = torch.stack([_owned_groups(torch.tensor([25.0]), rank, 4) for rank in range(4)])
     assert int(single.sum()) == 1  # one group: exactly one rank computes it
+    nothing = torch.stack([_owned_groups(torch.zeros(3, dtype=torch.float64), rank, 2) for rank in range(2)])
+    assert torch.equal(nothing.sum(0), torch.ones(3, dtype=torch.long))  # no pair anywhere: still one owner each
+
+
+def test_a_masks_fillers_do_not_count_as_pair_work_in_the_split():
+    # The rows outside a mask form one group of their own without a valid pair: counted as n^2 of work,
+    # it outweighed every real group, and one rank computed all the pairs while the other idled.
+    from mlloss.ops.dispatch import pair_loss
+
+    gen = torch.Generator().manual_seed(3)
+    n = 3000
+    scores = torch.randn(n, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 2, (n, 1), generator=gen).double()
+    groups = torch.randint(0, 60, (n,), generator=gen)
+    mask = torch.rand(n, generator=gen) > 0.3
+    options = dict(mixing=None, label_weights=None, cost="uniform", surrogate="logistic", margin=1.0, pairs="all",
+                   temperature=None, reduction="mean", backend="torch", validate=True)
+    whole = pair_loss(scores, labels, groups, mask, **options).loss
+    shares = [pair_loss(scores, labels, groups, mask, partition=(rank, 2), **options).loss for rank in range(2)]
+    torch.testing.assert_close(sum(shares), whole, rtol=1e-12, atol=0)
+    # each rank's share of the loss is about half (60 groups of similar size), not all or nothing
+    assert all(0.25 < float(share / whole) < 0.75 for share in shares), [float(share / whole) for share in shares]

@@ -113,7 +113,9 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
         loss, grad = CLOSED_FORMS[surrogate](ordered, tables, costs, coefficients, margin)
         return loss, grad, valid_pairs, groups_with_pairs
     if owned is not None:  # this rank's share of the groups; the others' coefficients are 0
-        coefficients = torch.where(_owned_groups(tables.group_sizes, *owned), coefficients, 0.0)
+        # (a group without a valid pair costs nothing: a mask's fillers, one group of their own)
+        work = torch.where(group_pairs > 0, tables.group_sizes.to(torch.float64) ** 2, 0.0)
+        coefficients = torch.where(_owned_groups(work, *owned), coefficients, 0.0)
     ordered = scores.to(accumulation_dtype(scores))[tables.order]
     loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, costs, coefficients, surrogate, margin)
     return loss, grad, valid_pairs, groups_with_pairs
@@ -147,10 +149,10 @@ def _closed_form_pays(surrogate: str, tables: OrdinalLayout) -> bool:
     return work <= CLOSED_FORM_WORK * pair_work
 
 
-def _owned_groups(group_sizes: Tensor, rank: int, world_size: int) -> Tensor:
+def _owned_groups(work: Tensor, rank: int, world_size: int) -> Tensor:
     """(G,) bool: the groups of ``rank`` when consecutive groups are split into ``world_size``
-    runs of about equal work (sum of n_u^2); every rank computes the same split."""
-    work = group_sizes.to(torch.float64) ** 2
+    runs of about equal ``work`` ((G,) float64: n_u^2, or 0 for a group without a valid pair);
+    every rank computes the same split, and every group has one owner."""
     done_before = torch.cumsum(work, 0) - work
-    owner = torch.floor((done_before + work / 2) * world_size / work.sum()).clamp(max=world_size - 1)
+    owner = torch.floor((done_before + work / 2) * world_size / work.sum().clamp(min=1)).clamp(max=world_size - 1)
     return owner == rank
