@@ -39,8 +39,16 @@ def gather_batch(
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """Concatenate every rank's (scores (N,), labels (N, K), groups (N,) or None, mask (N,) bool
     or None) in rank order."""
+    return gather_batch_with_rows(scores, labels, groups, mask)[0]
+
+
+def gather_batch_with_rows(
+    scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None = None
+) -> tuple[tuple[Tensor, Tensor, Tensor | None, Tensor | None], tuple[int, int] | None]:
+    """``gather_batch``'s result, and the positions [start, end) of this rank's items in it (None
+    in a single process), by which an error about the gathered batch names this rank's items."""
     if world_size() == 1:
-        return scores, labels, groups, mask
+        return (scores, labels, groups, mask), None
     if labels.dtype in _WIDENED:  # the backends gather no int16 / int8 / wide unsigned labels
         labels = labels.to(torch.int64)
     shapes = _gather_shapes(scores, labels, groups, mask)
@@ -64,7 +72,8 @@ def gather_batch(
     gathered_groups = _gather_rows(groups, sizes, largest) if groups is not None else None
     # as bytes: not every backend gathers bool tensors
     gathered_mask = _gather_rows(mask.to(torch.uint8), sizes, largest).bool() if mask is not None else None
-    return gathered_scores, gathered_labels, gathered_groups, gathered_mask
+    start = sum(sizes[: dist.get_rank()])
+    return (gathered_scores, gathered_labels, gathered_groups, gathered_mask), (start, start + scores.shape[0])
 
 
 # Split the quadratic pair work over the ranks (below); False makes every rank compute the whole

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _validation as check
-from .distributed import gather_batch, partition, sum_over_ranks, sum_partials
+from .distributed import gather_batch, gather_batch_with_rows, partition, sum_over_ranks, sum_partials
 from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss
 from .parts import LossParts, pair_parts
 from .surrogates import USES_MARGIN
@@ -56,6 +56,7 @@ class _PairwiseLoss(nn.Module):
         self.validate_args = check.check_bool("validate_args", validate_args)
         self.parts = LossParts()  # batch facts of the last call, for logging (mlloss.parts)
         self._counted: int | Tensor = 0  # the last batch's item count, or its (gathered) mask
+        self._own_rows: tuple[int, int] | None = None  # this rank's positions in a gathered batch
 
     def _pair_loss(
         self,
@@ -71,21 +72,30 @@ class _PairwiseLoss(nn.Module):
     ) -> PairLossResult:
         # With cross_device, each rank may compute only its share of the groups' pairs; the shares
         # are then summed (distributed.sum_partials).
-        result = pair_loss(
-            scores, labels, groups, mask,
-            mixing=mixing,
-            label_weights=label_weights,
-            cost=cost,
-            surrogate=self.surrogate,
-            margin=self.margin,
-            pairs=self.pairs,
-            temperature=self.temperature,
-            reduction=self.reduction,
-            backend=self.backend,
-            validate=self.validate_args,
-            real_levels=real_levels,
-            partition=partition() if self.cross_device else None,
-        )
+        try:
+            result = pair_loss(
+                scores, labels, groups, mask,
+                mixing=mixing,
+                label_weights=label_weights,
+                cost=cost,
+                surrogate=self.surrogate,
+                margin=self.margin,
+                pairs=self.pairs,
+                temperature=self.temperature,
+                reduction=self.reduction,
+                backend=self.backend,
+                validate=self.validate_args,
+                real_levels=real_levels,
+                partition=partition() if self.cross_device else None,
+            )
+        except ValueError as error:  # the data check names an entry of the gathered batch
+            if self._own_rows is None:
+                raise
+            start, end = self._own_rows
+            own = f"this rank's items are positions {start} to {end - 1}" if end > start else "this rank has no items"
+            raise ValueError(
+                f"{error} (cross_device=True: positions count in the batch gathered from every rank in rank order; {own})"
+            ) from error
         if not result.partial:
             return result
         # The problems' losses (LoA's parts) are this rank's shares too; the valid pairs and the
@@ -104,8 +114,9 @@ class _PairwiseLoss(nn.Module):
         labels = check.label_columns(labels, scores.shape[0])
         groups = check.group_vector(groups, scores.shape[0])
         mask = check.mask_vector(mask, scores)
+        self._own_rows = None
         if self.cross_device:
-            scores, labels, groups, mask = gather_batch(scores, labels, groups, mask)
+            (scores, labels, groups, mask), self._own_rows = gather_batch_with_rows(scores, labels, groups, mask)
         self._counted = scores.shape[0] if mask is None else mask
         return scores, labels, groups, mask
 

@@ -142,5 +142,13 @@ def dtype_run(rank: int, world: int, port: int, out_dir: str) -> None:
         results["mixed"] = None
     except ValueError as error:
         results["mixed"] = str(error)
+    poisoned = scores.clone()
+    if rank == 1:
+        poisoned[2] = float("nan")  # position 37 + 2 of the gathered batch
+    try:
+        mlloss.AUCLoss(cross_device=True)(poisoned, labels[local, 0], groups[local])
+        results["nan"] = None
+    except ValueError as error:
+        results["nan"] = str(error)
     torch.save(results, os.path.join(out_dir, f"dtype-rank{rank}.pt"))
     dist.destroy_process_group()

@@ -104,6 +104,10 @@ def test_cross_device_widens_int16_labels_and_names_ranks_with_other_dtypes(tmp_
         results = torch.load(tmp_path / f"dtype-rank{rank}.pt")
         torch.testing.assert_close(results["int16"], expected, rtol=1e-12, atol=0)
         assert "ranks pass labels of different dtypes: ['torch.bool', 'torch.float64']" in results["mixed"]
+        # a bad entry is named in the gathered batch, and each rank says where its own items are
+        assert "scores[39] = nan" in results["nan"]
+        own = "positions 0 to 36" if rank == 0 else "positions 37 to 59"
+        assert f"in rank order; this rank's items are {own})" in results["nan"], results["nan"]
 
 
 def test_cross_device_is_a_no_op_in_a_single_process():
