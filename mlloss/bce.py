@@ -111,8 +111,9 @@ class BCEPlusRanking(nn.Module):
         return self.bce.inputs
 
     @property
-    def num_items(self) -> int:
-        """Items in the last batch (over all ranks with a ``cross_device`` ranking loss)."""
+    def num_items(self) -> int | Tensor:
+        """Items in the last batch (over all ranks with a ``cross_device`` ranking loss): an int,
+        or with a mask the number of its True entries as a 0-dim tensor (no host sync)."""
         return getattr(self.ranking, "num_items", 0)
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
