@@ -260,28 +260,34 @@ def test_a_groups_costs_keep_their_precision_far_from_the_other_groups_levels(co
     torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("backend,surrogate", [(b, s) for b in ("auto", "torch", "exact") for s in ("logistic", "squared")
-                                               if (b, s) != ("exact", "logistic")])  # exact: closed forms only
-def test_a_group_near_zero_keeps_its_pair_beside_levels_near_1e14(backend, surrogate):
+NEAR_ZERO_CASES = [(b, s, "all", 4) for b in ("auto", "torch", "exact") for s in ("logistic", "squared")
+                   if (b, s) != ("exact", "logistic")]  # exact: closed forms only
+if "triton" in BACKENDS:  # the walk over 6 levels, and the prefix sums of an ordinal column of 20
+    NEAR_ZERO_CASES += [("triton", "logistic", pairs, far) for pairs in ("all", "hardest") for far in (4, 18)]
+
+
+@pytest.mark.parametrize("backend,surrogate,pairs,far", NEAR_ZERO_CASES)
+def test_a_group_near_zero_keeps_its_pair_beside_levels_near_1e14(backend, surrogate, pairs, far):
     # Measured from the batch's median level in float64, the levels 0.01 and 0.02 both became -1e14:
     # the group's pair cost 0, Z_u = 0, and the group silently left the mean (the squared closed form's
-    # (G, L) tables cancelled likewise). The PyTorch tier measures a group's levels from its own.
+    # (G, L) tables cancelled likewise; the kernels' normalisers, sums of terms of both signs, too).
+    # Every tier measures a group's levels from its own.
     from reference import laa_loss
 
-    far = 1e14 + torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
-    levels = torch.cat([torch.tensor([0.01, 0.02], dtype=torch.float64), far])
-    groups = torch.tensor([0, 0, 1, 1, 1, 1])
-    scores = torch.tensor([1.5, -0.5, 0.3, -0.2, 0.9, 0.1], dtype=torch.float64)
+    levels = torch.cat([torch.tensor([0.01, 0.02], dtype=torch.float64), 1e14 + torch.arange(far, dtype=torch.float64)])
+    groups = torch.cat([torch.zeros(2, dtype=torch.int64), torch.ones(far, dtype=torch.int64)])
+    scores = torch.randn(2 + far, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     leaf = scores.clone().requires_grad_(True)
-    loss = mlloss.LaALoss(real_levels=True, surrogate=surrogate, backend=backend)
+    loss = mlloss.LaALoss(real_levels=True, surrogate=surrogate, pairs=pairs, backend=backend)
     value = loss(leaf, levels[:, None], groups)
     value.backward()
     reference = scores.clone().requires_grad_(True)
-    expected = laa_loss(reference, levels[:, None], groups, surrogate=surrogate)
+    expected = laa_loss(reference, levels[:, None], groups, surrogate=surrogate, pairs=pairs)
     expected.backward()
     assert int(loss.parts["groups_with_pairs"]) == 2
-    torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
-    torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-12, atol=1e-15)
+    rtol = 1e-10 if backend == "triton" else 1e-12
+    torch.testing.assert_close(value, expected, rtol=rtol, atol=0)
+    torch.testing.assert_close(leaf.grad, reference.grad, rtol=rtol, atol=1e-15)
 
 
 def _far_apart_batches():
@@ -328,26 +334,3 @@ def test_the_kernels_keep_a_groups_costs_far_from_the_other_groups_levels(case, 
     expected.backward()
     torch.testing.assert_close(value.double(), expected.detach(), rtol=1e-5, atol=0)
     torch.testing.assert_close(leaf.grad.double(), reference.grad, rtol=1e-4, atol=1e-7)
-
-
-@pytest.mark.skipif("triton" not in BACKENDS, reason="needs triton")
-@pytest.mark.parametrize("pairs", ["all", "hardest"])
-def test_the_kernels_keep_a_group_near_zero_beside_levels_near_1e14(pairs):
-    # float64: the kernels' normalisers (a walk's sum of v_k (2k - (P - 1)), the prefix sums of shares)
-    # add terms of both signs; measured from the group's lowest level they do not cancel.
-    from reference import laa_loss
-
-    far = 1e14 + torch.arange(18, dtype=torch.float64)  # 20 levels: the ordinal column's prefix sums
-    levels = torch.cat([torch.tensor([0.01, 0.02], dtype=torch.float64), far])
-    groups = torch.cat([torch.zeros(2, dtype=torch.int64), torch.ones(18, dtype=torch.int64)])
-    scores = torch.randn(20, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    leaf = scores.clone().requires_grad_(True)
-    loss = mlloss.LaALoss(real_levels=True, pairs=pairs, backend="triton")
-    value = loss(leaf, levels[:, None], groups)
-    value.backward()
-    reference = scores.clone().requires_grad_(True)
-    expected = laa_loss(reference, levels[:, None], groups, pairs=pairs)
-    expected.backward()
-    assert int(loss.parts["groups_with_pairs"]) == 2
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=0)
-    torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-10, atol=1e-15)
