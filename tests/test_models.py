@@ -7,6 +7,8 @@ experts, gates, towers and tables one at a time, reading the same weights, in fl
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -205,6 +207,9 @@ def test_impression_data_checks_the_ids_once():
     (lambda: MMoE(8, num_tasks=2.5), "num_tasks must be an integer; got 2.5"),
     (lambda: MMoE(8, 2, num_experts=4.0), "num_experts must be an integer; got 4.0"),
     (lambda: PLE(8, 2, num_levels=2.0), "num_levels must be an integer; got 2.0"),
+    (lambda: PLE(8, 2, 2, 1.5), "num_task_experts must be an integer; got 1.5"),  # was 'copies ... got 5.0'
+    (lambda: CGC(8, 2, num_task_experts=True), "num_task_experts must be an integer; got True"),  # was accepted
+    (lambda: PLE(8, 2, num_task_experts=-1), "num_task_experts must be >= 0; got -1"),
     (lambda: SharedBottom(8, True), "num_tasks must be an integer; got True"),
     (lambda: FieldEmbedding([3], dim=2.5), "dim must be an integer; got 2.5"),
     (lambda: FieldEmbedding([3, 4.7], dim=2), r"cardinalities\[1\] must be an integer; got 4.7"),
@@ -218,6 +223,21 @@ def test_sizes_must_be_integers_and_dropout_a_probability(make, words):
     with pytest.raises(ValueError, match=words):
         make()
     assert MMoE(8, 2, dropout=0.5)(torch.randn(3, 8)).shape == (3, 2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MMoE(10, 2, num_experts=3, expert_hidden=(8,)),
+    lambda: PLE(10, 2, num_task_experts=1, num_shared_experts=1, expert_hidden=(8,)),
+    lambda: SharedBottom(10, 2, bottom_hidden=(8,)),
+])
+def test_backbones_name_input_dim_for_an_input_of_another_shape(make):
+    # MMoE failed inside a batched matmul with the stacked experts' shapes, and read a 1-D
+    # input as an internal (T + 1, B, input_dim) stack
+    backbone = make()
+    for shape in [(4, 9), (10,), (2, 4, 10)]:
+        with pytest.raises(ValueError, match=rf"x must have shape \(B, 10\) \(input_dim=10\); got {re.escape(str(shape))}"):
+            backbone(torch.randn(shape))
+    assert backbone(torch.randn(4, 10)).shape == (4, 2)
 
 
 @pytest.mark.parametrize("validate_args", [True, False])

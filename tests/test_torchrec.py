@@ -93,6 +93,71 @@ def test_sharding_arguments_are_checked():
         TorchRecStrategy("table_wise", sparse_optimizer="lamb")
 
 
+def test_embedding_takes_a_keyed_jagged_tensor_with_its_keys_in_any_order():
+    module = TorchRecEmbedding(torchrec_worker.CARDINALITIES, 4, torchrec_worker.FIELDS)
+    ids, _ = torchrec_worker.global_batch()
+    expected = module(ids)
+    for keys in torchrec_worker.KEY_ORDERS.values():  # other orders, and a key it has no table for
+        torch.testing.assert_close(module(torchrec_worker.keyed_ids(keys, ids)), expected, rtol=0, atol=0)
+    # (a bare KeyError 'item' from inside TorchRec before)
+    with pytest.raises(ValueError, match=r"\['item'\] missing from its keys \['user', 'slot'\]"):
+        module(torchrec_worker.keyed_ids(("user", "slot"), ids))
+
+
+def test_embedding_of_zero_rows_and_errors_name_the_shape_given():
+    import torchrec
+
+    module = TorchRecEmbedding([5, 7], 4, ["a", "b"])
+    with pytest.raises(ValueError, match=r"got \(0, 3\)"):  # it said (1, 3): the row it embeds instead
+        module(torch.zeros(0, 3, dtype=torch.long))
+    empty = torchrec.KeyedJaggedTensor(keys=["a", "b"], values=torch.zeros(0, dtype=torch.long),
+                                       lengths=torch.zeros(0, dtype=torch.int32))
+    out = module(empty)  # an IndexError inside TorchRec before
+    assert out.shape == (0, 8)
+    out.sum().backward()
+    assert torch.equal(module.ebc.embedding_bags["t_a"].weight.grad, torch.zeros(5, 4))
+
+
+def test_embedding_output_has_the_tables_dtype_like_field_embedding():
+    """``.double()``: float64 out, as FieldEmbedding gives (TorchRec's collection returned float32,
+    which a float64 head refused); the values keep TorchRec's float32 pooling."""
+    module = TorchRecEmbedding([5, 7], 4, ["a", "b"])
+    ids = torch.tensor([[1, 2], [4, 6]])
+    single = module(ids)
+    plain = _twin_field_embedding(module, [5, 7])
+    module.double()
+    assert module(ids).dtype == plain.double()(ids).dtype == torch.float64
+    torch.testing.assert_close(module(ids), single.double(), rtol=0, atol=0)
+    assert torch.nn.Linear(8, 1).double()(module(ids)).dtype == torch.float64
+
+
+def _fused_tables(module: torch.nn.Module) -> list[str]:
+    return [name for name, p in module.named_parameters() if hasattr(p, "_in_backward_optimizers")]
+
+
+def test_shard_model_checks_its_arguments_and_dims_before_attaching_anything():
+    """Checked before the process group (none here) and before the fused optimizers are attached:
+    the bad sparse optimizer of a data-parallel model and a non-finite or bool learning rate were
+    accepted; a dim fbgemm cannot shard failed inside it with an AssertionError naming no argument,
+    leaving the optimizers on the caller's tables."""
+    model = torchrec_worker.make_model()
+    with pytest.raises(ValueError, match="sparse_optimizer must be one of .*; got 'bogus'"):
+        shard_model(model, "data_parallel", sparse_optimizer="bogus")
+    for sparse_lr in (True, float("inf"), 0.0):
+        with pytest.raises(ValueError, match=f"sparse_lr must be a finite number > 0; got {sparse_lr!r}"):
+            shard_model(model, "table_wise", sparse_lr=sparse_lr)
+    narrow = TorchRecEmbedding([5, 4], 6, ["a", "b"])
+    for sharding in ("table_wise", "column_wise"):
+        with pytest.raises(ValueError, match=f"sharding='{sharding}' needs embedding dims that are multiples of 4.*"
+                                             r"table 't_a' \(features \['a'\]\) has embedding_dim 6"):
+            shard_model(narrow, sharding, sparse_optimizer="sgd")
+    assert _fused_tables(narrow) == [] and _fused_tables(model) == []
+    with pytest.raises(RuntimeError, match="process group"):  # data_parallel takes any dim
+        shard_model(narrow, "data_parallel")
+    with pytest.raises(ValueError, match="sparse_lr must be a finite number > 0; got -1"):
+        TorchRecStrategy("table_wise", sparse_lr=-1)
+
+
 # --------------------------------------------------------------------------- 2 processes
 
 
@@ -157,6 +222,97 @@ def test_shard_model_uses_the_process_group_it_is_given_and_refuses_a_subset(tmp
             rows[name] = rows.get(name, 0) + count
     assert rows == {f"embedding.ebc.embedding_bags.t_{key}.weight": c
                     for key, c in zip(torchrec_worker.FIELDS, torchrec_worker.CARDINALITIES)}
+
+
+@pytest.fixture(scope="module")
+def edge_results(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("torchrec-edges")
+    mp.spawn(torchrec_worker.run_edge_cases, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
+    return [torch.load(out_dir / f"edge-rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+def _local_rows(rank: int) -> slice:
+    return slice(rank * torchrec_worker.BATCH, (rank + 1) * torchrec_worker.BATCH)
+
+
+@pytest.mark.distributed
+def test_sharded_embedding_reads_keyed_jagged_tensors_in_any_key_order(edge_results):
+    # A sharded collection fixes the feature order on its first call; it read later batches in
+    # that order whatever their keys said, returning other tables' embeddings.
+    embedding = torchrec_worker.make_model().embedding
+    ids, _ = torchrec_worker.global_batch()
+    for rank, result in enumerate(edge_results):
+        expected = embedding(ids[_local_rows(rank)]).detach()
+        for name in torchrec_worker.KEY_ORDERS:
+            torch.testing.assert_close(result["orders"][name], expected, rtol=0, atol=0, msg=name)
+        assert result["orders"]["missing key"].startswith("ValueError: the KeyedJaggedTensor must hold the keys")
+
+
+@pytest.mark.distributed
+def test_shard_model_replicas_are_rank_0s_when_ranks_built_different_models(edge_results):
+    # Each rank's own weights were copied over the replicas DDP had synchronised: they stayed apart.
+    torch.manual_seed(0)
+    rank_0 = torchrec_worker.TinyModel().state_dict()
+    assert set(edge_results[0]["replicas"]) == set(rank_0)  # data_parallel: every tensor is replicated
+    for result in edge_results:
+        for name, value in result["replicas"].items():
+            torch.testing.assert_close(value, rank_0[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.distributed
+def test_column_wise_shards_split_a_dim_that_world_size_does_not_divide_into_fours(edge_results):
+    # 12 columns on 2 ranks: shards of 6 cannot be (fbgemm needs multiples of 4), and the table
+    # stayed whole on one rank; now three shards of 4, so both ranks hold part of every table.
+    torch.manual_seed(0)
+    embedding = TorchRecEmbedding(torchrec_worker.CARDINALITIES, 12, torchrec_worker.FIELDS)
+    ids, _ = torchrec_worker.global_batch()
+    shards: dict[str, list] = {}
+    for rank, result in enumerate(edge_results):
+        torch.testing.assert_close(result["column_wise_12"]["scores"], embedding(ids[_local_rows(rank)]).detach(),
+                                   rtol=1e-6, atol=1e-7)
+        for name, local in result["column_wise_12"]["shards"].items():
+            assert local, f"rank {rank} holds no part of {name}"
+            shards.setdefault(name, []).extend(local)
+    for key, cardinality in zip(torchrec_worker.FIELDS, torchrec_worker.CARDINALITIES):
+        name = f"ebc.embedding_bags.t_{key}.weight"
+        assert sorted(shards[name]) == [([0, column], [cardinality, 4]) for column in (0, 4, 8)], name
+
+
+@pytest.mark.distributed
+def test_a_dim_fbgemm_cannot_shard_is_refused_by_name_and_data_parallel_takes_it(edge_results):
+    torch.manual_seed(0)
+    narrow = TorchRecEmbedding((5, 4), 6, ("a", "b"))
+    for result in edge_results:
+        assert result["dim_6_table_wise"].startswith(
+            "ValueError: sharding='table_wise' needs embedding dims that are multiples of 4"), result["dim_6_table_wise"]
+        torch.testing.assert_close(result["dim_6_data_parallel"], narrow(torch.tensor([[1, 2], [4, 3]])).detach())
+
+
+@pytest.mark.distributed
+def test_a_failed_sharding_leaves_the_callers_tables_as_they_were(edge_results):
+    # The fused optimizers stayed attached: a plain backward of the unsharded model stepped its tables.
+    for result in edge_results:
+        failed = result["failed_sharding"]
+        assert failed == {"error": "RuntimeError: DMP failed", "table_changed": False, "fused": []}, failed
+
+
+@pytest.mark.distributed
+def test_strategy_averages_the_gradients_of_parameters_outside_the_sharded_model(tmp_path):
+    """A learnable ``scale`` outside the sharded model, started at 1 + rank: rank 0's value on
+    both ranks, and at the first step the gradient of the mean loss over both ranks' batches (the
+    single-process gradient on the whole batch); it was left unsynchronised, and drifted apart."""
+    mp.spawn(torchrec_worker.run_strategy_with_a_parameter_outside, args=(2, free_port(), str(tmp_path)),
+             nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"strategy-rank{rank}.pt", weights_only=False) for rank in range(2)]
+    model, scale = torchrec_worker.make_model(), torch.nn.Parameter(torch.ones(()))
+    ids, target = torchrec_worker.global_batch()
+    torch.nn.functional.mse_loss(model(ids) * scale, target).backward()  # the order of the rows does not matter
+    for result in ranks:
+        assert len(result["scale_grads"]) == 2
+        torch.testing.assert_close(result["scale_grads"][0], scale.grad, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(result["scale_grads"], ranks[0]["scale_grads"], rtol=0, atol=0)
+        torch.testing.assert_close(result["scale"], ranks[0]["scale"], rtol=0, atol=0)
+    assert ranks[0]["scale"] != 1  # it trained
 
 
 def test_an_empty_batch_embeds_to_zero_rows_that_reach_the_tables():

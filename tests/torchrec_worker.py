@@ -1,6 +1,6 @@
 """Worker for tests/test_torchrec.py: one rank of a 2-process gloo job that shards a small model
-with mlloss.integrations.torchrec.shard_model and records what the test compares with an
-unsharded copy."""
+with mlloss.integrations.torchrec.shard_model (or trains it under TorchRecStrategy) and records
+what the test compares with an unsharded copy."""
 
 from __future__ import annotations
 
@@ -59,11 +59,15 @@ def full_tables(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def run(rank: int, world_size: int, port: int, out_dir: str, sharding: str) -> None:
+def _init(rank: int, world_size: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def run(rank: int, world_size: int, port: int, out_dir: str, sharding: str) -> None:
+    _init(rank, world_size, port)
     try:
         model = shard_model(make_model(), sharding, sparse_optimizer="sgd", sparse_lr=SPARSE_LR)
         ids, target = global_batch()
@@ -85,10 +89,7 @@ def run(rank: int, world_size: int, port: int, out_dir: str, sharding: str) -> N
 def run_in_own_group(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Each rank asks for table-wise shards over a group of its own (``process_group``), then
     over a group of every rank; records the refusal and the second model's scores and rows."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    _init(rank, world_size, port)
     try:
         own = [dist.new_group([member]) for member in range(world_size)]  # every rank creates every group
         everyone = dist.new_group(list(range(world_size)))
@@ -107,3 +108,146 @@ def run_in_own_group(rank: int, world_size: int, port: int, out_dir: str) -> Non
                    os.path.join(out_dir, f"own-group-rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- edge cases of shard_model
+
+
+def _outcome(compute):
+    """``compute()``, or the text of the error it raised (the ranks fail alike: each scenario's
+    collectives run on both or on neither)."""
+    try:
+        return compute()
+    except Exception as error:  # recorded for the test to read
+        return f"{type(error).__name__}: {error}"
+
+
+def keyed_ids(keys, ids: torch.Tensor):
+    """A KeyedJaggedTensor with keys ``keys`` (a permutation of FIELDS, maybe with more keys),
+    one id per row: FIELDS[f]'s ids are column f of ``ids``, other keys get id 0."""
+    import torchrec
+
+    columns = [ids[:, FIELDS.index(key)] if key in FIELDS else torch.zeros_like(ids[:, 0]) for key in keys]
+    return torchrec.KeyedJaggedTensor(keys=list(keys), values=torch.cat(columns),
+                                      lengths=torch.ones(len(keys) * len(ids), dtype=torch.int32))
+
+
+KEY_ORDERS = {  # the first call fixes a sharded collection's feature order
+    "swapped first": ("slot", "user", "item"),
+    "in order": FIELDS,
+    "swapped again": ("item", "slot", "user"),
+    "extra key": ("extra", "item", "user", "slot"),
+}
+
+
+def run_edge_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Records, on each rank: a table-wise sharded embedding fed KeyedJaggedTensors in other
+    key orders; the replicas of a model built with a seed of each rank's own; 12-column tables
+    cut column-wise over 2 ranks; a table of 6 columns, table-wise (refused) and data-parallel;
+    and a sharding that fails after the fused optimizers were attached."""
+    _init(rank, world_size, port)
+    try:
+        ids, _ = global_batch()
+        local = ids[rank * BATCH: (rank + 1) * BATCH]
+        result = {}
+
+        embedding = shard_model(make_model().embedding, "table_wise", sparse_optimizer="sgd")
+        result["orders"] = {name: _outcome(lambda: embedding(keyed_ids(keys, local)).detach())
+                            for name, keys in KEY_ORDERS.items()}
+        result["orders"]["missing key"] = _outcome(lambda: embedding(keyed_ids(("user", "slot"), local)))
+
+        torch.manual_seed(rank)  # an unseeded script: each rank initialises its own way
+        replicated = shard_model(TinyModel(), "data_parallel")
+        result["replicas"] = {name: value.detach().clone() for name, value in replicated.state_dict().items()}
+
+        torch.manual_seed(0)
+        wide = shard_model(TorchRecEmbedding(CARDINALITIES, 12, FIELDS), "column_wise", sparse_optimizer="sgd")
+        result["column_wise_12"] = {"scores": wide(local).detach(), "shards": {
+            name: [(list(s.metadata.shard_offsets), list(s.metadata.shard_sizes)) for s in value.local_shards()]
+            for name, value in wide.state_dict().items() if hasattr(value, "local_shards")}}
+
+        torch.manual_seed(0)
+        result["dim_6_table_wise"] = _outcome(lambda: shard_model(TorchRecEmbedding((5, 4), 6, ("a", "b")), "table_wise"))
+        torch.manual_seed(0)
+        narrow = shard_model(TorchRecEmbedding((5, 4), 6, ("a", "b")), "data_parallel")
+        result["dim_6_data_parallel"] = narrow(torch.tensor([[1, 2], [4, 3]])).detach()
+
+        result["failed_sharding"] = _fail_while_sharding()
+        torch.save(result, os.path.join(out_dir, f"edge-rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _fail_while_sharding() -> dict:
+    """shard_model with a DistributedModelParallel that fails: what the caller's tables keep."""
+    from torchrec.distributed import model_parallel
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("DMP failed")
+
+    module = make_model()
+    built = model_parallel.DistributedModelParallel
+    model_parallel.DistributedModelParallel = fail
+    try:
+        error = _outcome(lambda: shard_model(module, "table_wise", sparse_optimizer="sgd", sparse_lr=1.0))
+    finally:
+        model_parallel.DistributedModelParallel = built
+    table = module.embedding.ebc.embedding_bags["t_user"].weight
+    before = table.detach().clone()
+    module(torch.tensor([[1, 2, 3]])).sum().backward()  # no optimizer step
+    return {"error": error, "table_changed": not torch.equal(table.detach(), before),
+            "fused": [n for n, p in module.named_parameters() if hasattr(p, "_in_backward_optimizers")]}
+
+
+# --------------------------------------------------------------------------- TorchRecStrategy
+
+
+def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Two Lightning training steps with TorchRecStrategy of a module whose learnable ``scale``
+    lies outside the sharded model and starts at a value of each rank's own; records its
+    gradient at each step and its final value. Lightning sets up the process group."""
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from mlloss.integrations.torchrec import dense_parameters
+    from mlloss.integrations.torchrec_strategy import TorchRecStrategy
+
+    class ScaledModel(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = make_model()
+            self.scale = nn.Parameter(torch.full((), 1.0 + rank))  # rank 0's value is 1
+            self.scale_grads: list[torch.Tensor] = []
+
+        def configure_model(self) -> None:
+            if self.trainer.strategy.sharded_model is None:
+                self.model = self.trainer.strategy.shard(self.model)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD([p for _, p in dense_parameters(self)], lr=SPARSE_LR)
+
+        def training_step(self, batch, batch_index):
+            ids, target = batch
+            return nn.functional.mse_loss(self.model(ids) * self.scale, target)
+
+        def on_before_optimizer_step(self, optimizer) -> None:
+            self.scale_grads.append(self.scale.grad.detach().clone())
+
+    # Lightning's environment: processes created outside (LOCAL_RANK set), no launcher of its own
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0", LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), RANK=str(rank))
+    torch.set_num_threads(1)
+    module = ScaledModel()
+    ids, target = global_batch()  # the distributed sampler gives rank r the rows r, r + 2, ...
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world_size, max_steps=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        strategy=TorchRecStrategy("table_wise", sparse_optimizer="sgd", sparse_lr=SPARSE_LR),
+    )
+    try:
+        trainer.fit(module, DataLoader(TensorDataset(ids, target), batch_size=BATCH))
+        torch.save({"scale_grads": module.scale_grads, "scale": module.scale.detach().clone()},
+                   os.path.join(out_dir, f"strategy-rank{rank}.pt"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_cardinalities, check_choice, check_sizes
+from .._validation import check_cardinalities, check_choice, check_finite_number, check_sizes
 
 __all__ = [
     "SHARDING_TYPES",
@@ -82,10 +82,15 @@ class TorchRecEmbedding(nn.Module):
     """One sum-pooled TorchRec table of dimension ``dim`` per sparse field.
 
     ``forward(sparse)`` takes (B, F) ids (column f is field ``field_names[f]``) or a
-    ``KeyedJaggedTensor`` keyed by the field names (several ids per row are then sum-pooled), and
-    returns the (B, F * dim) concatenation of the field embeddings in ``field_names`` order,
-    whatever order a sharded collection returns them in. The weights are initialised
-    N(0, 0.05^2) like :class:`mlloss.models.FieldEmbedding`.
+    ``KeyedJaggedTensor`` holding (at least) the field names as keys, in any order (several ids
+    per row are then sum-pooled; other keys are ignored), and returns the (B, F * dim)
+    concatenation of the field embeddings in ``field_names`` order, whatever order a sharded
+    collection returns them in. The weights are initialised N(0, 0.05^2) like
+    :class:`mlloss.models.FieldEmbedding`.
+
+    The output has the tables' dtype, as FieldEmbedding's does (``.double()`` gives float64),
+    but TorchRec pools in float32 whatever the tables' dtype: the values carry float32
+    precision. Sharded tables are float32.
 
     Args:
         cardinalities: number of ids of each field.
@@ -124,20 +129,46 @@ class TorchRecEmbedding(nn.Module):
         self.output_dim = dim * len(keys)
 
     def forward(self, sparse) -> Tensor:
-        if isinstance(sparse, Tensor) and sparse.dim() == 2 and sparse.shape[0] == 0:
+        kjt = ids_to_kjt(sparse, self.keys) if isinstance(sparse, Tensor) else self._in_key_order(sparse)
+        if kjt.stride() == 0:
             # A KeyedJaggedTensor of zero rows breaks TorchRec's unsharded collection (the short
             # rank's empty batch under DDP): embed one row of id 0 and keep none of it. The
             # (0, F * dim) output still depends on the tables, with a zero gradient, as
             # FieldEmbedding's does, so DDP sees every parameter used on every rank.
-            return self.forward(sparse.new_zeros(1, sparse.shape[1]))[:0]
-        kjt = ids_to_kjt(sparse, self.keys) if isinstance(sparse, Tensor) else sparse
+            one_row = torch.zeros(1, len(self.keys), dtype=torch.int64, device=kjt.values().device)
+            return self.forward(one_row)[:0]
         pooled = self.ebc(kjt)
         if hasattr(pooled, "wait"):  # a sharded collection returns an awaitable
             pooled = pooled.wait()
         if list(pooled.keys()) == self.keys:
-            return pooled.values()
-        by_key = pooled.to_dict()
-        return torch.cat([by_key[key] for key in self.keys], dim=1)
+            embeddings = pooled.values()
+        else:
+            by_key = pooled.to_dict()
+            embeddings = torch.cat([by_key[key] for key in self.keys], dim=1)
+        return embeddings.to(self._table_dtype())  # TorchRec's collection returns float32
+
+    def _in_key_order(self, kjt):
+        """``kjt`` with exactly ``self.keys``, in that order. A sharded collection fixes the order
+        of the features on its first call and reads every later batch in that order, whatever
+        its keys say: a batch in another order would get the wrong tables' embeddings."""
+        torchrec = import_torchrec()
+        if not isinstance(kjt, torchrec.KeyedJaggedTensor):
+            raise TypeError(f"sparse must be a (B, F) id tensor or a KeyedJaggedTensor; got {type(kjt).__name__}")
+        keys = list(kjt.keys())
+        if keys == self.keys:
+            return kjt
+        missing = [key for key in self.keys if key not in keys]
+        if missing:
+            raise ValueError(
+                f"the KeyedJaggedTensor must hold the keys {self.keys} (the field names); "
+                f"{missing} missing from its keys {keys}"
+            )
+        position = {key: index for index, key in enumerate(keys)}
+        return kjt.permute([position[key] for key in self.keys])
+
+    def _table_dtype(self) -> torch.dtype:
+        weight = next(self.ebc.parameters(), None)
+        return torch.float32 if weight is None else weight.dtype
 
 
 def _normal_init(weight: Tensor) -> Tensor:
@@ -167,14 +198,20 @@ def shard_model(
     ``EmbeddingBagCollection`` table sharded as ``sharding``.
 
     The tables' current weights are copied into the shards (DMP would otherwise re-initialise
-    them), so a sharded model starts from the same weights as the unsharded one. Sharded
-    tables use the fused kernel with ``sparse_optimizer`` (``"adam"`` only on CUDA) applied in
-    the backward pass. ``"data_parallel"`` tables are replicated, all-reduced by DDP and
-    trained by the dense optimizer (``sparse_optimizer`` does not apply to them). Column-wise
-    shards are ``dim / world_size`` columns wide (at least 4). Needs an initialised process
-    group; ``process_group`` (default the job's) is the group the shards and DDP's replicas use:
-    a group of every rank (e.g. one with another backend), since TorchRec places shards by
-    global rank.
+    them), so a sharded model starts from the same weights as the unsharded one: each rank cuts
+    its shards out of its own copy of the tables (build them with the same seed on every rank),
+    and the replicated tensors (the dense part, ``"data_parallel"`` tables) are rank 0's, as
+    DDP makes them. Sharded tables use the fused kernel with ``sparse_optimizer`` (``"adam"``
+    only on CUDA) applied in the backward pass; fbgemm's fused kernels need embedding dims that
+    are multiples of 4. ``"data_parallel"`` tables are replicated, all-reduced by DDP and
+    trained by the dense optimizer (``sparse_optimizer`` does not apply to them; any dim).
+    Column-wise shards are as wide as the widest multiple of 4 that cuts a table into at least
+    ``world_size`` equal shards (``dim / world_size`` when that is a multiple of 4). Needs an
+    initialised process group; ``process_group`` (default the job's) is the group the shards
+    and DDP's replicas use: a group of every rank (e.g. one with another backend), since
+    TorchRec places shards by global rank. The arguments and the tables' dims are checked
+    before anything is attached to ``module``, and a failure while sharding detaches the fused
+    optimizers again: the caller's module is left as it was.
     """
     import_torchrec()
     import torch.distributed as dist
@@ -187,10 +224,8 @@ def shard_model(
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     check_choice("sharding", sharding, SHARDING_TYPES)
-    if not sparse_lr > 0:
-        raise ValueError(f"sparse_lr must be > 0; got {sparse_lr}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("shard_model needs an initialised torch.distributed process group")
+    optimizer_class = sparse_optimizer_class(sparse_optimizer)  # checked even where it does not apply
+    check_finite_number("sparse_lr", sparse_lr, above=0)
     device = torch.device(device or "cpu")
     if sparse_optimizer == "adam" and device.type != "cuda":
         raise ValueError(
@@ -199,8 +234,10 @@ def shard_model(
     collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
     if not collections:
         raise ValueError(f"{type(module).__name__} holds no torchrec EmbeddingBagCollection to shard")
-    full_weights = {name: t.detach().clone() for name, t in module.state_dict().items() if t.device.type != "meta"}
-
+    configs = [config for ebc in collections for config in ebc.embedding_bag_configs()]
+    _check_dims(configs, sharding)
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("shard_model needs an initialised torch.distributed process group")
     group = process_group or dist.group.WORLD
     world_size = dist.get_world_size(group)
     if world_size != dist.get_world_size():
@@ -209,49 +246,102 @@ def shard_model(
             f"{world_size}: TorchRec places the shards by global rank, so tables cannot be sharded over a "
             f"subset of the ranks"
         )
+    full_weights = {name: t.detach().clone() for name, t in module.state_dict().items() if t.device.type != "meta"}
+
+    table_params = [p for ebc in collections for p in ebc.parameters()]
     if sharding == "data_parallel":
         kernel = EmbeddingComputeKernel.DENSE
     else:
         kernel = EmbeddingComputeKernel.FUSED
-        table_params = [p for ebc in collections for p in ebc.parameters()]
-        _apply_optimizer_in_backward(sparse_optimizer_class(sparse_optimizer), table_params, {"lr": sparse_lr})
-    constraints = {
-        config.name: ParameterConstraints(
-            sharding_types=[sharding], compute_kernels=[kernel.value],
-            min_partition=max(4, config.embedding_dim // world_size) if sharding == "column_wise" else None,
+        # Only the attributes DMP reads to build the fused kernels: no hook that would step
+        # these (soon replaced) tables in a backward pass of the unsharded module.
+        _apply_optimizer_in_backward(optimizer_class, table_params, {"lr": sparse_lr}, register_hook=False)
+    try:
+        constraints = {
+            config.name: ParameterConstraints(
+                sharding_types=[sharding], compute_kernels=[kernel.value],
+                min_partition=_column_shard_width(config.embedding_dim, world_size) if sharding == "column_wise"
+                else None,
+            )
+            for config in configs
+        }
+        local_world_size = min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size)
+        topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=local_world_size)
+        sharders = [EmbeddingBagCollectionSharder()]
+        plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).collective_plan(
+            module, sharders, group
         )
-        for ebc in collections
-        for config in ebc.embedding_bag_configs()
-    }
-    local_world_size = min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size)
-    topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=local_world_size)
-    sharders = [EmbeddingBagCollectionSharder()]
-    plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).collective_plan(module, sharders, group)
-    # The shards and DDP's replicas use ``group`` (DMP would take the default group otherwise).
-    env = None if process_group is None else ShardingEnv.from_process_group(process_group)
-    model = DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=sharders)
-    _copy_into_shards(model, full_weights)
+        # The shards and DDP's replicas use ``group`` (DMP would take the default group otherwise).
+        env = None if process_group is None else ShardingEnv.from_process_group(process_group)
+        model = DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=sharders)
+    except BaseException:
+        _detach_fused_optimizers(table_params)  # the caller's tables train as before
+        raise
+    _copy_into_shards(model, full_weights, group)
     return model
 
 
-def _copy_into_shards(model: nn.Module, full_weights: dict[str, Tensor]) -> None:
-    """Copy each full tensor of ``full_weights`` into ``model``'s local shards (or replicas)."""
+def _column_shard_width(dim: int, world_size: int) -> int:
+    """The width of a ``dim``-wide table's column-wise shards on ``world_size`` ranks.
+
+    TorchRec cuts a table into equal shards and fbgemm needs widths that are multiples of 4:
+    the widest such width that makes at least ``world_size`` shards, so that every rank holds
+    part of the table (``dim / world_size`` when that is a multiple of 4; 12 columns on 2 ranks
+    make three shards of 4, one rank holding two). A table of fewer than ``4 * world_size``
+    columns gets shards of 4, on fewer ranks than the job's.
+    """
+    widths = [width for width in range(4, dim + 1, 4) if dim % width == 0 and dim // width >= world_size]
+    return max(widths, default=4)
+
+
+def _check_dims(configs: Sequence[Any], sharding: str) -> None:
+    """The tables of fbgemm's fused kernels (``table_wise``, ``column_wise``) must be a multiple
+    of 4 columns wide; TorchRec asserts it deep inside DMP, in a message naming no argument."""
+    if sharding == "data_parallel":
+        return
+    for config in configs:
+        if config.embedding_dim % 4:
+            raise ValueError(
+                f"sharding={sharding!r} needs embedding dims that are multiples of 4 (fbgemm's fused kernels); "
+                f"table {config.name!r} (features {list(config.feature_names)}) has embedding_dim "
+                f"{config.embedding_dim}: use a multiple of 4, or sharding='data_parallel' (any dim)"
+            )
+
+
+def _detach_fused_optimizers(params: Sequence[nn.Parameter]) -> None:
+    """Undo ``_apply_optimizer_in_backward(..., register_hook=False)`` on ``params``."""
+    for param in params:
+        for attribute in ("_in_backward_optimizers", "_optimizer_classes", "_optimizer_kwargs"):
+            if hasattr(param, attribute):
+                delattr(param, attribute)
+
+
+def _copy_into_shards(model: nn.Module, full_weights: dict[str, Tensor], group: Any) -> None:
+    """Copy each full tensor of ``full_weights`` into ``model``'s local shards, and rank 0's
+    into the replicated tensors of every rank.
+
+    DDP broadcast rank 0's dense tensors when DMP built it; copying each rank's own values over
+    them would leave replicas that differ on ranks whose models were initialised differently
+    (no common seed), and DDP, which only averages gradients, would keep them different.
+    """
+    import torch.distributed as dist
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     with torch.no_grad():
-        for name, target in model.state_dict().items():
-            if name not in full_weights:
-                continue
-            source = full_weights[name]
+        for name, target in model.state_dict().items():  # the same names, in the same order, on every rank
             if isinstance(target, ShardedTensor):
+                if name not in full_weights:
+                    continue
                 for shard in target.local_shards():
                     index = tuple(
                         slice(offset, offset + size)
                         for offset, size in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes)
                     )
-                    shard.tensor.copy_(source[index])
+                    shard.tensor.copy_(full_weights[name][index])
             else:
-                target.copy_(source)
+                if name in full_weights:
+                    target.copy_(full_weights[name])
+                dist.broadcast(target, group_src=0, group=group)
 
 
 def dense_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from torch import nn
+import torch.distributed as dist
+from torch import Tensor, nn
 
 from .._extras import needs_extra
-from .._validation import check_choice
+from .._validation import check_choice, check_finite_number
 from ..checkpointing import (
     METADATA_FILENAME,
     begin_directory,
@@ -58,7 +59,11 @@ class TorchRecStrategy(DDPStrategy):
 
     and ``Trainer(strategy=TorchRecStrategy("table_wise"), devices=2, ...)``. The dense
     parameters are synchronised by the DDP wrapper inside DMP, so this strategy does not wrap
-    the module again. Checkpoints are directories written with ``torch.distributed.checkpoint``
+    the module again. The LightningModule's trainable parameters outside the sharded model (a
+    learnable task weighting in the loss, say) would be synchronised by nobody: the strategy
+    broadcasts rank 0's values of them when fitting starts and averages their gradients over
+    the ranks after every backward pass, as DDP does (one all-reduce of them all).
+    Checkpoints are directories written with ``torch.distributed.checkpoint``
     under a temporary name and made visible when complete (see the module docstring); resume with
     ``trainer.fit(..., ckpt_path=mlloss.checkpointing.latest_complete_checkpoint(<folder>))``.
 
@@ -78,11 +83,13 @@ class TorchRecStrategy(DDPStrategy):
         import_torchrec()
         check_choice("sharding", sharding, SHARDING_TYPES)
         sparse_optimizer_class(sparse_optimizer)  # validates the name
+        check_finite_number("sparse_lr", sparse_lr, above=0)
         super().__init__(**kwargs)
         self.sharding = sharding
         self.sparse_optimizer = sparse_optimizer
         self.sparse_lr = sparse_lr
         self.sharded_model = None
+        self._outside_parameters: list[nn.Parameter] = []
 
     def shard(self, module: nn.Module):
         """Shard ``module``'s tables (call from ``LightningModule.configure_model``)."""
@@ -91,16 +98,62 @@ class TorchRecStrategy(DDPStrategy):
         )
         return self.sharded_model
 
-    def _fused_optimizer(self):
+    def _sharded(self) -> nn.Module:
         if self.sharded_model is None:
             raise RuntimeError(
                 "TorchRecStrategy: the LightningModule did not shard its model; call "
                 "`self.model = self.trainer.strategy.shard(self.model)` in configure_model"
             )
-        return self.sharded_model.fused_optimizer
+        return self.sharded_model
+
+    def _fused_optimizer(self):
+        return self._sharded().fused_optimizer
 
     def configure_ddp(self) -> None:
-        self._fused_optimizer()  # DMP already wraps the dense parameters in DDP
+        """DMP already wraps the dense parameters in DDP; the module's trainable parameters
+        outside DMP start from rank 0's values here, and :meth:`post_backward` averages their
+        gradients."""
+        inside = {id(parameter) for parameter in self._sharded().parameters()}
+        self._outside_parameters = [
+            parameter for parameter in self.lightning_module.parameters()
+            if parameter.requires_grad and id(parameter) not in inside
+        ]
+        with torch.no_grad():
+            for parameter in self._outside_parameters:  # the same order on every rank
+                dist.broadcast(parameter, src=0)
+
+    def post_backward(self, closure_loss: Tensor) -> None:
+        super().post_backward(closure_loss)
+        self._average_outside_gradients()
+
+    def _average_outside_gradients(self) -> None:
+        """Average the gradients of the parameters outside DMP over the ranks, in one
+        all-reduce, as DDP averages the ones inside. A parameter without a gradient on a rank
+        counts as a zero gradient there (as in DDP); it keeps none where no rank has one.
+        Under gradient accumulation the sum of averaged micro-batch gradients is the average
+        of the summed ones, so averaging after every backward pass is exact."""
+        parameters = self._outside_parameters
+        if not parameters:
+            return
+        dtype = torch.float32
+        for parameter in parameters:
+            dtype = torch.promote_types(dtype, parameter.dtype)
+        device = parameters[0].device
+        has_gradient = torch.tensor([p.grad is not None for p in parameters], dtype=dtype, device=device)
+        gradients = [torch.zeros(p.numel(), dtype=dtype, device=device) if p.grad is None
+                     else p.grad.reshape(-1).to(dtype) for p in parameters]
+        flat = torch.cat([has_gradient, *gradients])
+        dist.all_reduce(flat)
+        ranks_with_gradient = flat[: len(parameters)].tolist()
+        sums = flat[len(parameters):].split([p.numel() for p in parameters])
+        for parameter, total, ranks in zip(parameters, sums, ranks_with_gradient):
+            if ranks == 0:
+                continue
+            mean = (total / self.world_size).view_as(parameter).to(parameter.dtype)
+            if parameter.grad is None:
+                parameter.grad = mean
+            else:
+                parameter.grad.copy_(mean)
 
     def model_to_device(self) -> None:
         if self.sharded_model is None:

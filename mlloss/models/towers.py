@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validation import check_finite_number, check_sizes, check_widths
+from .._validation import check_finite_number, check_int, check_sizes, check_widths
 
 __all__ = [
     "mlp",
@@ -122,6 +122,13 @@ def _task_towers(input_dim: int, num_tasks: int, tower_hidden: Sequence[int], dr
     return mlp(input_dim, [*tower_hidden, 1], dropout, last_activation=False, copies=num_tasks)
 
 
+def _check_input(x: Tensor, input_dim: int) -> None:
+    """A backbone's input is (B, input_dim): the stacked experts would otherwise fail inside a
+    batched matmul with shapes of their own, or read a 1-D input as a batch of rows."""
+    if x.dim() != 2 or x.shape[1] != input_dim:
+        raise ValueError(f"x must have shape (B, {input_dim}) (input_dim={input_dim}); got {tuple(x.shape)}")
+
+
 def _logits(towers: nn.Sequential, task_inputs: Tensor) -> Tensor:
     """The towers' logits (B, T) from the task inputs (T, B, H)."""
     return towers(task_inputs).squeeze(2).t()
@@ -141,11 +148,12 @@ class SharedBottom(nn.Module):
         super().__init__()
         check_sizes(num_tasks=num_tasks)
         check_widths("bottom_hidden", bottom_hidden)
-        self.num_tasks = num_tasks
+        self.input_dim, self.num_tasks = input_dim, num_tasks
         self.bottom = mlp(input_dim, bottom_hidden, dropout)
         self.towers = _task_towers(bottom_hidden[-1], num_tasks, tower_hidden, dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_input(x, self.input_dim)
         h = self.bottom(x)
         return _logits(self.towers, h.expand(self.num_tasks, *h.shape))
 
@@ -178,8 +186,7 @@ class ExtractionLevel(nn.Module):
         super().__init__()
         check_sizes(num_tasks=num_tasks, num_shared_experts=num_shared_experts)
         check_widths("expert_hidden", expert_hidden)
-        if num_task_experts < 0:
-            raise ValueError(f"num_task_experts must be >= 0; got {num_task_experts}")
+        check_int("num_task_experts", num_task_experts, minimum=0)  # 0 in an MMoE
         self.num_tasks, self.num_task_experts, self.num_shared_experts = num_tasks, num_task_experts, num_shared_experts
         self.output_dim = expert_hidden[-1]
         num_experts = num_tasks * num_task_experts + num_shared_experts
@@ -231,7 +238,7 @@ class PLE(nn.Module):
         super().__init__()
         check_sizes(num_levels=num_levels)
         check_widths("expert_hidden", expert_hidden)
-        self.num_tasks = num_tasks
+        self.input_dim, self.num_tasks = input_dim, num_tasks
         dims = [input_dim] + [expert_hidden[-1]] * (num_levels - 1)
         self.levels = nn.ModuleList(
             ExtractionLevel(
@@ -243,6 +250,7 @@ class PLE(nn.Module):
         self.towers = _task_towers(expert_hidden[-1], num_tasks, tower_hidden, dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_input(x, self.input_dim)
         hidden = x.expand(self.num_tasks + 1, *x.shape)  # every task and the shared part read x
         for level in self.levels:
             hidden = level(hidden)
