@@ -334,3 +334,18 @@ def test_the_kernels_keep_a_groups_costs_far_from_the_other_groups_levels(case, 
     expected.backward()
     torch.testing.assert_close(value.double(), expected.detach(), rtol=1e-5, atol=0)
     torch.testing.assert_close(leaf.grad.double(), reference.grad, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("cost", ["uniform", "linear"])
+def test_two_levels_float32_cannot_tell_apart_are_still_a_pair_on_the_pytorch_tier(cost):
+    # The blocked sums rounded each item's level to the scores' dtype and took gap > 0 as the pair
+    # test: with weights [57150, 5e-5], 57150 and 57150 + 5e-5 are one float32, so their pair left
+    # the sum while Z_u (float64) kept it (0.568 for 0.660 with uniform costs). Validity now comes
+    # from the level indices.
+    from reference import laa_loss
+
+    labels = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]])
+    scores = torch.tensor([0.3, -0.2, 0.1, 0.4])
+    value = mlloss.LaALoss([57150.0, 5e-5], cost=cost, backend="torch")(scores, labels)
+    expected = laa_loss(scores.double(), labels, weights=[57150.0, 5e-5], cost=cost)
+    torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=0)

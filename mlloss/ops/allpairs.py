@@ -69,6 +69,9 @@ def all_pairs_loss_and_grad(
     # the group's levels lie from the others' (0.010 s of watch time beside 1e4 s was 7% off in float32).
     item_values = layout.level_values[layout.level]
     item_level_values = (item_values - item_values[offsets + sizes // 2][layout.group]).to(scores.dtype)
+    # Which pairs are valid comes from the level indices: two levels that the scores' dtype cannot
+    # tell apart (weights [57150, 5e-5] in float32) are still two levels, counted in Z_u.
+    item_levels = layout.level
     linear_cost = costs.linear
     for side in torch.unique(bucket_sides[bucketed]).tolist():
         group_ids = torch.nonzero(bucketed & (bucket_sides == side)).flatten()
@@ -77,7 +80,7 @@ def all_pairs_loss_and_grad(
             ids = group_ids[start : start + chunk]
             partial_sums.append(
                 _padded_groups(
-                    scores, item_level_values, offsets[ids], sizes[ids], side,
+                    scores, item_level_values, item_levels, offsets[ids], sizes[ids], side,
                     group_coefficients[ids].to(scores.dtype), linear_cost, surrogate, margin, grad,
                 )
             )
@@ -93,7 +96,7 @@ def all_pairs_loss_and_grad(
         for group in torch.nonzero(tiled).flatten().tolist():
             start, end = int(offsets[group]), int(offsets[group] + sizes[group])
             partial_sums.extend(_level_tiles(
-                scores, item_level_values, start, end, group_coefficients[group].to(scores.dtype),
+                scores, item_level_values, item_levels, start, end, group_coefficients[group].to(scores.dtype),
                 linear_cost, surrogate, margin, grad,
             ))
 
@@ -104,6 +107,7 @@ def all_pairs_loss_and_grad(
 def _padded_groups(
     scores: Tensor,
     item_level_values: Tensor,
+    item_levels: Tensor,
     offsets: Tensor,
     sizes: Tensor,
     side: int,
@@ -119,10 +123,11 @@ def _padded_groups(
     real = slots[None, :] < sizes[:, None]
     index = torch.where(real, offsets[:, None] + slots[None, :], 0)
     block_scores = scores[index]
-    levels = item_level_values[index]
+    values, levels = item_level_values[index], item_levels[index]
     weighted_value, weighted_pull = _weighted_pairs(
-        block_scores[:, :, None], block_scores[:, None, :], levels[:, :, None], levels[:, None, :],
-        real[:, :, None] & real[:, None, :], coefficients[:, None, None], linear_cost, surrogate, margin,
+        block_scores[:, :, None], block_scores[:, None, :], values[:, :, None], values[:, None, :],
+        levels[:, :, None] > levels[:, None, :], real[:, :, None] & real[:, None, :], coefficients[:, None, None],
+        linear_cost, surrogate, margin,
     )
     item_grad = weighted_pull.sum(1) - weighted_pull.sum(2)  # lower side minus upper side
     grad[index[real]] = item_grad[real]
@@ -132,6 +137,7 @@ def _padded_groups(
 def _level_tiles(
     scores: Tensor,
     item_level_values: Tensor,
+    item_levels: Tensor,
     start: int,
     end: int,
     coefficient: Tensor,
@@ -153,7 +159,8 @@ def _level_tiles(
             lower = slice(col_start, min(col_start + side, end))
             weighted_value, weighted_pull = _weighted_pairs(
                 scores[upper, None], scores[None, lower], item_level_values[upper, None],
-                item_level_values[None, lower], None, coefficient, linear_cost, surrogate, margin,
+                item_level_values[None, lower], item_levels[upper, None] > item_levels[None, lower], None,
+                coefficient, linear_cost, surrogate, margin,
             )
             partial_sums.append(weighted_value.sum())
             grad[upper] -= weighted_pull.sum(1)
@@ -164,8 +171,9 @@ def _level_tiles(
 def _weighted_pairs(
     upper_scores: Tensor,
     lower_scores: Tensor,
-    upper_levels: Tensor,
-    lower_levels: Tensor,
+    upper_values: Tensor,
+    lower_values: Tensor,
+    above: Tensor,
     real: Tensor | None,
     coefficient: Tensor,
     linear_cost: bool,
@@ -173,12 +181,15 @@ def _weighted_pairs(
     margin: float,
 ) -> tuple[Tensor, Tensor]:
     """(w phi, w pull) of a block of candidate pairs (upper item i, lower item j, broadcast), with
-    w = c_ij * coefficient for the valid pairs (level_i > level_j, both ``real``) and 0 for the
-    others, whose surrogate is evaluated at 0 instead of their scores: an exponential that
+    w = c_ij * coefficient for the valid pairs (``above``: level_i > level_j, both ``real``) and 0
+    for the others, whose surrogate is evaluated at 0 instead of their scores: an exponential that
     overflows there would make 0 * inf = NaN."""
-    gap = upper_levels - lower_levels
-    valid = gap > 0 if real is None else (gap > 0) & real
-    weight = torch.where(valid, gap if linear_cost else torch.ones_like(gap), 0) * coefficient
+    valid = above if real is None else above & real
+    if linear_cost:
+        gap = upper_values - lower_values
+        weight = torch.where(valid, gap, 0) * coefficient
+    else:
+        weight = valid.to(coefficient.dtype) * coefficient
     value, pull = surrogate_value_and_pull((lower_scores - upper_scores).masked_fill_(~valid, 0), surrogate, margin)
     return weight * value, weight * pull
 
