@@ -26,8 +26,9 @@ position's level value, measured from its group's lowest level, in the accumulat
    (block, chunk, pass) writes its own slice of a partial buffer.
 2. ``_finalize_kernel`` (in ``reduce``), grid (position blocks, B): sums the chunks of each
    position in a fixed order, divides by its group's Z_u (in closed form for binary problems,
-   from a walk over the group's cells for a few levels, from a prefix sum of per-position
-   shares that kernel 1 writes for an ordinal column), writes the gradient to the caller's item
+   from a walk over the group's cells for a few levels, from each group's own sum of the
+   per-position shares that kernel 1 writes for an ordinal column: ``reduce.group_sums``, two
+   small launches of a segmented scan), writes the gradient to the caller's item
    order, and per-block sums of the loss, the groups with a valid pair and the valid pairs.
 3. ``_combine_kernel`` (in ``reduce``), grid (position blocks,): every program sums the block sums in the same
    fixed order, so all agree on the totals without a host round trip, and writes
@@ -233,7 +234,7 @@ def _pair_partials_kernel(
 ):
     """Grid (row blocks * num_chunks, 2, B). ``partials`` (B, 3, num_chunks, N) gets, per chunk,
     the row loss of the upper pass, the upper side and the lower side of the gradient. With
-    WRITE_SHARES (an ordinal column: ``reduce.normaliser_source`` is "prefix"), chunk 0 of the
+    WRITE_SHARES (an ordinal column: ``reduce.normaliser_source`` is "shares"), chunk 0 of the
     upper pass writes each position's share of its group's Z_u to ``shares`` (B, N) float64
     (the finalize step finds the other problems' Z_u itself). ``values`` (B, N), read with
     COST_LINEAR: each position's level value from ``_position_values_kernel``. MARGIN is a
@@ -296,11 +297,11 @@ def pair_partials(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch kernel 1 (after ``position_values`` for a linear cost); returns (partials
     (B, 3, num_chunks, N), the shares of Z_u (B, N) float64 where
-    ``reduce.normaliser_source(levels)`` is "prefix", else None)."""
+    ``reduce.normaliser_source(levels)`` is "shares", else None)."""
     num_problems, n = layout.order.shape
     block_m, block_n, num_warps = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
-    write_shares = normaliser_source(levels) == "prefix"
+    write_shares = normaliser_source(levels) == "shares"
     shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
     values = position_values(levels, layout, accumulation) if cost_linear else scores
     has_groups = layout.group_start is not None

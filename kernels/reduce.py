@@ -2,8 +2,8 @@
 
 ``finalize`` sums each position's chunks of kernel 1 in a fixed order, normalises them by the
 group's Z_u (``normaliser_source``: in closed form, by a walk over the group's cells, or from
-prefix sums of kernel 1's per-position shares) and writes the gradient in the caller's item
-order with per-block sums; ``combine`` sums the block sums (every program in the same order, so
+each group's own sum of kernel 1's per-position shares, ``group_sums``) and writes the gradient
+in the caller's item order with per-block sums; ``combine`` sums the block sums (every program in the same order, so
 all agree without a host round trip), reduces over groups and mixes over problems. ``hardest``
 writes the same block sums and reuses ``combine``. No float atomics; the only atomic sets the
 overflow bit.
@@ -29,8 +29,9 @@ _OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
 # --------------------------------------------------------------------------- #
 @triton.jit
 def _group_normaliser(
-    order_row, rank_row, values_row, cell_end_row, cost_prefix_row, positions, mask,
+    order_row, rank_row, values_row, cell_end_row, group_sums_row, carries_row, positions, mask,
     cell_start, group_start, group_end, num_levels, NORMALISER: tl.constexpr, COST_LINEAR: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Z_u of each position's group, float64, by ``NORMALISER`` (see ``normaliser_source``):
 
@@ -39,8 +40,9 @@ def _group_normaliser(
     * ``"walk"``: the group's cells in level order, at most ``num_levels`` steps: each cell of n
       items at value v adds n * (number below) (uniform cost), or n * (v * number below - sum of
       the values below) (linear cost);
-    * ``"prefix"``: ``cost_prefix``, the inclusive prefix sums over positions of the shares of
-      Z_u that kernel 1 wrote, gives Z_u = prefix[group_end - 1] - prefix[group_start - 1]."""
+    * ``"shares"``: the shares of Z_u that kernel 1 wrote, summed over each group by
+      ``group_sums``: Z_u = the sum at the group's last position, plus the carry into its block
+      when the group began in an earlier block."""
     if NORMALISER == "binary":
         cell_end = tl.load(cell_end_row + positions, mask=mask, other=0)
         boundary = tl.where(cell_start > group_start, cell_start, cell_end)
@@ -64,16 +66,17 @@ def _group_normaliser(
             count_below += count
             start = tl.where(here, end, start)
     else:
-        normaliser = tl.load(cost_prefix_row + group_end - 1, mask=mask, other=0.0) - tl.load(
-            cost_prefix_row + group_start - 1, mask=mask & (group_start > 0), other=0.0
-        )
+        last = group_end - 1
+        normaliser = tl.load(group_sums_row + last, mask=mask, other=0.0)
+        began_before = mask & (group_start // BLOCK != last // BLOCK)
+        normaliser += tl.load(carries_row + last // BLOCK, mask=began_before, other=0.0)
     return normaliser
 
 
 @triton.jit
 def _finalize_kernel(
     partials_ptr, order_ptr, rank_ptr, values_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    cost_prefix_ptr, grad_ptr, grad_stride, block_sums_ptr, N, num_ranks, num_chunks, num_blocks,
+    group_sums_ptr, carries_ptr, grad_ptr, grad_stride, block_sums_ptr, N, num_ranks, num_chunks, num_blocks,
     HAS_GROUPS: tl.constexpr, NORMALISER: tl.constexpr, COST_LINEAR: tl.constexpr, ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -103,8 +106,8 @@ def _finalize_kernel(
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
     cost = _group_normaliser(
         order_ptr + row, rank_ptr + row, values_ptr + problem * num_ranks, cell_end_ptr + row,
-        cost_prefix_ptr + row, positions, mask, cell_start, group_start, group_end, num_ranks,
-        NORMALISER, COST_LINEAR,
+        group_sums_ptr + row, carries_ptr + (problem * 3 + 2) * num_blocks, positions, mask, cell_start,
+        group_start, group_end, num_ranks, NORMALISER, COST_LINEAR, BLOCK,
     )
     has_pairs = cost > 0
     coefficient = tl.where(has_pairs, 1.0 / tl.where(has_pairs, cost, 1.0), 0.0)
@@ -120,11 +123,11 @@ def normaliser_source(levels) -> str:
     """How the finalize step finds Z_u for ``levels`` (a ``mlloss.ops.layout.Levels``):
     ``"binary"`` (0/1 labels: in closed form from the item's spans), ``"walk"`` (at most
     ``MAX_WALK_LEVELS`` levels, LaA of a few binary labels: a walk over the group's cells) or
-    ``"prefix"`` (an ordinal column: kernel 1 writes each position's share of Z_u, (B, N)
-    float64, and the finalize step reads their prefix sums)."""
+    ``"shares"`` (an ordinal column: kernel 1 writes each position's share of Z_u, (B, N)
+    float64, and ``group_sums`` adds them up over each group)."""
     if levels.values is None:
         return "binary"
-    return "walk" if levels.num_ranks <= MAX_WALK_LEVELS else "prefix"
+    return "walk" if levels.num_ranks <= MAX_WALK_LEVELS else "shares"
 
 
 def finalize(
@@ -133,24 +136,103 @@ def finalize(
 ) -> torch.Tensor:
     """Launch kernel 2: writes every problem's gradient to ``grad`` ((B, N), or (N,) for one
     problem) and returns the block sums (B, 3, blocks). ``shares``: kernel 1's shares of Z_u
-    when ``normaliser_source(levels)`` is ``"prefix"``, else None."""
+    when ``normaliser_source(levels)`` is ``"shares"``, else None."""
     num_problems, _, num_chunks, n = partials.shape
     num_blocks = triton.cdiv(n, block)
     source = normaliser_source(levels)
-    if source == "prefix":
-        shares.cumsum_(dim=1)  # in place: the prefix sums of the shares
-    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=partials.device)
     has_groups = layout.group_start is not None
+    # The groups' sums of the shares (in place), and the carries between blocks
+    carries = group_sums(shares, layout.group_start, block) if source == "shares" else partials
+    block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=partials.device)
     _finalize_kernel[(num_blocks, num_problems)](
         partials, layout.order, levels.rank, partials if levels.values is None else levels.values,
         layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_start,
-        partials if shares is None else shares, grad, n, block_sums, n, levels.num_ranks, num_chunks, num_blocks,
-        HAS_GROUPS=has_groups, NORMALISER=source, COST_LINEAR=cost_linear, ACC=tl_dtype(partials.dtype),
+        partials if shares is None else shares, carries, grad, n, block_sums, n, levels.num_ranks, num_chunks,
+        num_blocks, HAS_GROUPS=has_groups, NORMALISER=source, COST_LINEAR=cost_linear, ACC=tl_dtype(partials.dtype),
         BLOCK=block,
     )
     return block_sums
+
+
+# --------------------------------------------------------------------------- #
+# Each group's own sum of per-position values (a segmented scan)              #
+# --------------------------------------------------------------------------- #
+# Blocks whose open sums one step of the carry kernel scans.
+CARRY_CHUNK = 1024
+
+
+@triton.jit
+def _restarting_sum(start_a, sum_a, start_b, sum_b):
+    """The segmented scan's operator: a sum that restarts where a group starts (start_b)."""
+    return start_a | start_b, tl.where(start_b != 0, sum_b, sum_a + sum_b)
+
+
+@triton.jit
+def _group_scan_kernel(values_ptr, group_start_ptr, carries_ptr, N, num_blocks,
+                       HAS_GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (position blocks, B). Replaces each position's value (in place) by the sum of its
+    group's values from the group's first position, or from the block's first position if the
+    group began in an earlier block, to it; writes the block's open sum (from its last group
+    start, or its first position, to its end) to carries[b, 0, block] and whether a group
+    starts in it to carries[b, 1, block]."""
+    block = tl.program_id(0)
+    problem = tl.program_id(1).to(tl.int64)
+    positions = block * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < N
+    row = values_ptr + problem * N
+    value = tl.load(row + positions, mask=mask, other=0.0)
+    if HAS_GROUPS:
+        starts = mask & (tl.load(group_start_ptr + positions, mask=mask, other=0) == positions)
+    else:
+        starts = positions == 0
+    started, sums = tl.associative_scan((starts.to(tl.int32), value), 0, _restarting_sum)
+    tl.store(row + positions, sums, mask=mask)
+    carries = carries_ptr + problem * 3 * num_blocks + block
+    tl.store(carries, tl.sum(tl.where(tl.arange(0, BLOCK) == BLOCK - 1, sums, 0.0)))
+    tl.store(carries + num_blocks, tl.max(started, axis=0).to(tl.float64))
+
+
+@triton.jit
+def _group_carry_kernel(carries_ptr, num_blocks, CHUNK: tl.constexpr):
+    """Grid (B,). carries[b, 2, k]: the sum over the blocks before k of the group open at block
+    k's first position (the restarting sum of the blocks' open sums up to block k - 1), in
+    chunks of CHUNK blocks."""
+    row = carries_ptr + tl.program_id(0).to(tl.int64) * 3 * num_blocks
+    lanes = tl.arange(0, CHUNK)
+    carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64))  # a float64 scalar, carried between chunks
+    for begin in range(0, num_blocks, CHUNK):
+        blocks = begin + lanes
+        before = (blocks > 0) & (blocks <= num_blocks)
+        open_sum = tl.load(row + blocks - 1, mask=before, other=0.0)
+        starts = tl.load(row + num_blocks + blocks - 1, mask=before, other=0.0) != 0
+        started, sums = tl.associative_scan((starts.to(tl.int32), open_sum), 0, _restarting_sum)
+        sums = tl.where(started != 0, sums, sums + carry)
+        tl.store(row + 2 * num_blocks + blocks, sums, mask=blocks < num_blocks)
+        carry = tl.sum(tl.where(lanes == CHUNK - 1, sums, 0.0))
+
+
+def group_sums(values: torch.Tensor, group_start: torch.Tensor | None, block: int) -> torch.Tensor:
+    """Sum (B, N) float64 ``values`` over each group in blocks of ``block`` positions, in place,
+    and return the carries (B, 3, blocks) float64, as the finalize step reads them
+    (``_group_normaliser``'s "shares" source): a group's sum is the value at its last position,
+    plus carries[b, 2, its block] when it began in an earlier block.
+
+    A prefix sum over the whole batch (``cumsum``) would give a group's sum as a difference of two
+    running totals, which lose a small group after a large one: a group of Z_u = 1e-6 after one
+    of 5e11 got 0 and left the loss. Each group's sum here adds only its own values, in a fixed
+    order (a segmented scan in blocks, then across blocks): deterministic, and as exact as the
+    values."""
+    num_problems, n = values.shape
+    num_blocks = triton.cdiv(n, block)
+    carries = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=values.device)
+    has_groups = group_start is not None
+    _group_scan_kernel[(num_blocks, num_problems)](
+        values, group_start if has_groups else values, carries, n, num_blocks, HAS_GROUPS=has_groups, BLOCK=block,
+    )
+    _group_carry_kernel[(num_problems,)](carries, num_blocks, CHUNK=CARRY_CHUNK)
+    return carries
 
 
 # --------------------------------------------------------------------------- #

@@ -91,7 +91,7 @@ def test_ordinal_levels_match_brute_force(config, surrogate: str, cost: str) -> 
 PATTERN_CASES = {  # label weights, their levels, how the finalize step finds Z_u
     "3 levels walk": ([1.0, 1.0], 3, "walk"),
     "16 levels walk": ([1.0, 0.5, 2.0, 0.25], 16, "walk"),
-    "32 levels prefix": ([1.0, 0.5, 2.0, 0.25, 4.0], 32, "prefix"),
+    "32 levels shares": ([1.0, 0.5, 2.0, 0.25, 4.0], 32, "shares"),
 }
 
 
@@ -340,3 +340,48 @@ def test_triton_tier_matches_the_pytorch_tier(case) -> None:
     grad_rtol = 1e-2 if dtype == torch.bfloat16 else rtol
     torch.testing.assert_close(grad / scale, ref_grad / scale, rtol=grad_rtol, atol=grad_rtol)
     torch.testing.assert_close(stats, ref_stats, rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("block,chunk", [(8, 2), (16, 1024), (32, 4)])
+def test_group_sums_add_only_each_groups_own_values(monkeypatch, block, chunk, grouped):
+    # The ordinal column's Z_u: a prefix sum over the whole batch gave a group's sum as a difference of
+    # running totals, which lost a small group after a large one. Small blocks and carry chunks make a
+    # batch of a few hundred items cross both levels of the segmented scan.
+    from mlloss.kernels import reduce
+
+    monkeypatch.setattr(reduce, "CARRY_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(block + chunk)
+    sizes = torch.randint(1, 40, (30,), generator=gen)
+    ids = torch.repeat_interleave(torch.arange(30), sizes)
+    n = ids.numel()
+    group_start = torch.searchsorted(ids, ids).to(torch.int32)
+    group_end = torch.searchsorted(ids, ids, right=True).to(torch.int32)
+    # magnitudes from 1e-6 to 1e10 along the batch, and a tiny group right after a huge one
+    values = torch.randn(2, n, generator=gen, dtype=torch.float64) * torch.logspace(-6, 10, n, dtype=torch.float64)
+    values[:, group_start[n // 2] : group_end[n // 2]] *= 1e-16
+    sums = values.clone().to(DEVICE)
+    carries = reduce.group_sums(sums, group_start.to(DEVICE) if grouped else None, block).cpu()
+    sums = sums.cpu()
+    starts, ends = (group_start, group_end) if grouped else (torch.zeros_like(group_start), torch.full_like(group_end, n))
+    for b in range(2):
+        for start, end in sorted(set(zip(starts.tolist(), ends.tolist()))):
+            last = end - 1
+            got = sums[b, last] + (carries[b, 2, last // block] if start // block != last // block else 0.0)
+            expected = values[b, start:end].sum()
+            assert abs(float(got - expected)) <= 1e-13 * float(values[b, start:end].abs().sum()), (b, start, end)
+
+
+def test_a_small_groups_normaliser_survives_a_large_group_before_it():
+    # LaA of an ordinal column (the "shares" normaliser: Z_u from per-position shares): group 1's only pair costs 1e-6, after a group
+    # whose costs sum to 5e11. Its Z_u came out 0: the group silently left the loss.
+    levels = torch.cat([(torch.arange(40, dtype=torch.float64) % 20) * 1e8, torch.tensor([3.0, 3.000001], dtype=torch.float64)])
+    groups = torch.cat([torch.zeros(40), torch.ones(2)]).long()
+    scores = torch.linspace(-1, 1, 42, dtype=torch.float64).flip(0)
+    expected = brute_force(scores.clone().requires_grad_(True), levels, groups, cost="linear", reduction="sum")
+    loss = pair_loss(scores.to(DEVICE), levels[:, None].to(DEVICE), groups.to(DEVICE), mixing=None, label_weights=[1.0],
+                     cost="linear", surrogate="logistic", margin=1.0, pairs="all", temperature=None, reduction="sum",
+                     backend="triton", validate=True, real_levels=True)
+    assert normaliser_source(problem_levels(levels[:, None], [1.0])) == "shares"
+    assert int(loss.groups_with_pairs.sum()) == 2
+    torch.testing.assert_close(loss.loss.double().cpu(), expected.detach(), rtol=1e-12, atol=0)
