@@ -494,10 +494,18 @@ class LaALoss(_PairwiseLoss):
         return result.loss
 
 
+# LaA weights whose largest lies beyond 2^±WEIGHT_EXPONENT_RANGE are scaled by a power of two.
+WEIGHT_EXPONENT_RANGE = 64
+
+
 def _scaled_to_one(weights: list[float]) -> list[float]:
-    """LaA's weights times the power of two that brings the largest into [0.5, 1). The loss does
-    not change: its pair costs are differences of weighted sums, divided by their group's sum of
-    them (or all 1), and a power of two scales them exactly. Weights of 1e-320 or 1e308 (their
-    levels subnormal, their sums infinite) then give the loss of weights 1."""
+    """LaA's weights, or, when the largest is far from 1 (beyond 2^±64), the weights times the
+    power of two that brings it into [0.5, 1). The loss does not change: its pair costs are
+    differences of weighted sums, divided by their group's sum of them (or all 1), and a power of
+    two scales them exactly (the exponential closed form's log-costs may round differently in
+    the last bit). Weights of 1e-320 or 1e308 (their levels subnormal, their sums infinite) then
+    give the loss of weights 1; ordinary weights are passed as they are."""
     exponent = math.frexp(max(weights))[1]
+    if abs(exponent) <= WEIGHT_EXPONENT_RANGE:
+        return weights
     return [math.ldexp(weight, -exponent) for weight in weights]

@@ -153,6 +153,11 @@ def test_laa_weights_at_the_ends_of_float64_give_the_loss_of_weights_one():
         # a power of two changes no bit
         assert torch.equal(mlloss.LaALoss([2.0**-600, 2.0**-601], cost=cost)(scores, labels, groups),
                            mlloss.LaALoss([1.0, 0.5], cost=cost)(scores, labels, groups))
+    # ordinary weights go to the op as they are: weights [1, 1] are the default's bits, on the
+    # exponential closed form's log-costs too
+    for surrogate in ("logistic", "exponential", "squared", "hinge"):
+        assert torch.equal(mlloss.LaALoss([1.0, 1.0], surrogate=surrogate)(scores * 0.1, labels, groups),
+                           mlloss.LaALoss(surrogate=surrogate)(scores * 0.1, labels, groups))
 
 
 def test_numpy_scalars_are_numbers():

@@ -267,3 +267,9 @@ def test_a_second_derivative_raises_instead_of_dropping_the_losss_share(name, ba
     # create_graph=True alone, and the first derivative, are as before
     first = torch.autograd.grad(loss(features @ weights, labels), weights)[0]
     torch.testing.assert_close(grad.detach(), first, rtol=0, atol=0)
+    # scores changed in place after the call (probabilities for a metric) leave backward working,
+    # as they did before the second derivative's guard
+    logits = features @ weights * 1.0
+    value = loss(logits, labels)
+    logits.sigmoid_()
+    torch.testing.assert_close(torch.autograd.grad(value, weights)[0], first, rtol=0, atol=0)

@@ -65,6 +65,9 @@ def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
         def forward(ctx, *inputs):
             outputs = implementation(*inputs)
             _save_gradient(ctx, inputs, outputs)
+            # For a second derivative's error (``_scale_gradient``) only, so not saved for
+            # backward: scores changed in place after the call (logits.sigmoid_()) keep working.
+            ctx.scores = inputs[0]
             return outputs
 
         backward = staticmethod(_scale_gradient)
@@ -84,13 +87,14 @@ def _save_gradient(ctx, inputs, output) -> None:
     ctx.num_inputs = len(inputs)
     ctx.set_materialize_grads(False)  # no zero tensors for the outputs nobody differentiates
     ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(output[-1], inputs[0])  # the scores: only a second derivative reads them
+    ctx.save_for_backward(output[-1])
 
 
 def _scale_gradient(ctx, grad_loss: Tensor | None, *_):
-    grad, scores = ctx.saved_tensors
+    (grad,) = ctx.saved_tensors
     scaled = None if grad_loss is None else (grad * grad_loss).to(ctx.scores_dtype)
-    if scaled is not None and torch.is_grad_enabled() and scores.requires_grad:
+    scores = getattr(ctx, "scores", None)  # eager calls; a compiled graph has no double backward
+    if scaled is not None and torch.is_grad_enabled() and scores is not None and scores.requires_grad:
         # backward(create_graph=True): the gradient depends on the scores, but through a formula
         # no autograd graph records. Differentiating it would silently drop that dependence (a
         # gradient penalty's share of the parameters' gradient); it raises instead.
