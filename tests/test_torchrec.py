@@ -104,6 +104,25 @@ def test_embedding_takes_a_keyed_jagged_tensor_with_its_keys_in_any_order():
         module(torchrec_worker.keyed_ids(("user", "slot"), ids))
 
 
+def test_a_variable_batch_keyed_jagged_tensor_in_another_key_order_keeps_its_rows():
+    # KeyedJaggedTensor.permute drops the inverse indices of a variable-batch KJT (a key whose ids
+    # several rows share): bringing the keys into field order failed ("Sizes of tensors must match").
+    import torchrec
+
+    module = TorchRecEmbedding((10, 12, 7), 4, ("user", "item", "slot"))
+
+    def variable_batch(keys, strides, values, rows):
+        return torchrec.KeyedJaggedTensor(
+            keys=keys, values=torch.tensor(values), lengths=torch.ones(len(values), dtype=torch.int32),
+            stride_per_key_per_rank=[[stride] for stride in strides], inverse_indices=(keys, torch.tensor(rows)))
+
+    expected = module(torch.tensor([[1, 2, 3], [4, 2, 6]]))  # "item" 2 is one id for both rows
+    in_order = variable_batch(["user", "item", "slot"], [2, 1, 2], [1, 4, 2, 3, 6], [[0, 1], [0, 0], [0, 1]])
+    swapped = variable_batch(["slot", "user", "item"], [2, 2, 1], [3, 6, 1, 4, 2], [[0, 1], [0, 1], [0, 0]])
+    torch.testing.assert_close(module(in_order), expected, rtol=0, atol=0)
+    torch.testing.assert_close(module(swapped), expected, rtol=0, atol=0)
+
+
 def test_embedding_of_zero_rows_and_errors_name_the_shape_given():
     import torchrec
 
@@ -251,9 +270,13 @@ def test_sharded_embedding_reads_keyed_jagged_tensors_in_any_key_order(edge_resu
 @pytest.mark.distributed
 def test_shard_model_replicas_are_rank_0s_when_ranks_built_different_models(edge_results):
     # Each rank's own weights were copied over the replicas DDP had synchronised: they stayed apart.
+    # A strided buffer got a mix of both ranks' values from the broadcast, and extra state (not a
+    # tensor) made shard_model fail.
     torch.manual_seed(0)
-    rank_0 = torchrec_worker.TinyModel().state_dict()
+    rank_0 = {name: value for name, value in torchrec_worker.replica_model(0).state_dict().items()
+              if isinstance(value, torch.Tensor)}
     assert set(edge_results[0]["replicas"]) == set(rank_0)  # data_parallel: every tensor is replicated
+    assert edge_results[1]["replicas"]["every_other"].tolist() == [0.0, 2.0, 4.0, 6.0]
     for result in edge_results:
         for name, value in result["replicas"].items():
             torch.testing.assert_close(value, rank_0[name], rtol=0, atol=0, msg=name)

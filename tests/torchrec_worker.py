@@ -29,6 +29,24 @@ class TinyModel(nn.Module):
         return self.head(self.embedding(ids)).squeeze(1)
 
 
+class TinyModelWithExtraState(TinyModel):
+    """A module whose state_dict holds a non-tensor entry (``get_extra_state``)."""
+
+    def get_extra_state(self) -> dict:
+        return {"version": 1}
+
+    def set_extra_state(self, state: dict) -> None:
+        pass
+
+
+def replica_model(rank: int) -> TinyModel:
+    """The replicated model of the edge cases: rank r's values, a strided buffer among them (a
+    view ``base[::2]``, which a broadcast must not write as dense bytes), and extra state."""
+    model = TinyModelWithExtraState()
+    model.register_buffer("every_other", (torch.arange(8.0) + 100 * rank)[::2])
+    return model
+
+
 def make_model() -> TinyModel:
     torch.manual_seed(0)
     return TinyModel()
@@ -157,8 +175,9 @@ def run_edge_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
         result["orders"]["missing key"] = _outcome(lambda: embedding(keyed_ids(("user", "slot"), local)))
 
         torch.manual_seed(rank)  # an unseeded script: each rank initialises its own way
-        replicated = shard_model(TinyModel(), "data_parallel")
-        result["replicas"] = {name: value.detach().clone() for name, value in replicated.state_dict().items()}
+        replicated = shard_model(replica_model(rank), "data_parallel")
+        result["replicas"] = {name: value.detach().clone() for name, value in replicated.state_dict().items()
+                              if isinstance(value, torch.Tensor)}
 
         torch.manual_seed(0)
         wide = shard_model(TorchRecEmbedding(CARDINALITIES, 12, FIELDS), "column_wise", sparse_optimizer="sgd")

@@ -164,7 +164,20 @@ class TorchRecEmbedding(nn.Module):
                 f"{missing} missing from its keys {keys}"
             )
         position = {key: index for index, key in enumerate(keys)}
-        return kjt.permute([position[key] for key in self.keys])
+        order = [position[key] for key in self.keys]
+        permuted = kjt.permute(order)
+        inverse = kjt.inverse_indices_or_none()
+        if inverse is None:
+            return permuted
+        # a variable-batch KJT: ``permute`` drops its inverse indices (one row per key), which
+        # map each key's ids back to the batch's rows; they follow the keys here
+        inverse_keys, inverse_rows = inverse
+        rows_by_key = dict(zip(inverse_keys, inverse_rows))
+        return torchrec.KeyedJaggedTensor(
+            keys=permuted.keys(), values=permuted.values(), weights=permuted.weights_or_none(),
+            lengths=permuted.lengths(), stride_per_key_per_rank=permuted.stride_per_key_per_rank(),
+            inverse_indices=(permuted.keys(), torch.stack([rows_by_key[key] for key in self.keys])),
+        )
 
     def _table_dtype(self) -> torch.dtype:
         weight = next(self.ebc.parameters(), None)
@@ -246,7 +259,10 @@ def shard_model(
             f"{world_size}: TorchRec places the shards by global rank, so tables cannot be sharded over a "
             f"subset of the ranks"
         )
-    full_weights = {name: t.detach().clone() for name, t in module.state_dict().items() if t.device.type != "meta"}
+    full_weights = {
+        name: t.detach().clone() for name, t in module.state_dict().items()
+        if isinstance(t, Tensor) and t.device.type != "meta"  # not a module's get_extra_state()
+    }
 
     table_params = [p for ebc in collections for p in ebc.parameters()]
     if sharding == "data_parallel":
@@ -329,6 +345,8 @@ def _copy_into_shards(model: nn.Module, full_weights: dict[str, Tensor], group: 
 
     with torch.no_grad():
         for name, target in model.state_dict().items():  # the same names, in the same order, on every rank
+            if not isinstance(target, Tensor):  # a module's get_extra_state()
+                continue
             if isinstance(target, ShardedTensor):
                 if name not in full_weights:
                     continue
@@ -341,7 +359,12 @@ def _copy_into_shards(model: nn.Module, full_weights: dict[str, Tensor], group: 
             else:
                 if name in full_weights:
                     target.copy_(full_weights[name])
-                dist.broadcast(target, group_src=0, group=group)
+                # the collectives write a dense buffer: a strided view (a buffer ``base[::2]``)
+                # goes through a contiguous copy
+                dense = target.contiguous()
+                dist.broadcast(dense, group_src=0, group=group)
+                if dense.data_ptr() != target.data_ptr():
+                    target.copy_(dense)
 
 
 def dense_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
