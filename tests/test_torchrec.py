@@ -137,6 +137,15 @@ def test_embedding_of_zero_rows_and_errors_name_the_shape_given():
     assert torch.equal(module.ebc.embedding_bags["t_a"].weight.grad, torch.zeros(5, 4))
 
 
+def test_embedding_names_the_field_of_an_id_outside_its_table_like_field_embedding():
+    # TorchRec's own error ("Index 7 of input ... out of bounds") named neither the field nor the table.
+    module = TorchRecEmbedding([5, 7], 4, ["user", "item"])
+    with pytest.raises(ValueError, match=r"ids\[:, 1\] \('item'\) must be in \[0, 7\); got 7"):
+        module(torch.tensor([[1, 2], [4, 7]]))
+    with pytest.raises(ValueError, match=r"ids\[:, 0\] \('user'\) must be in \[0, 5\); got -1"):
+        module(torch.tensor([[-1, 2]]))
+
+
 def test_embedding_output_has_the_tables_dtype_like_field_embedding():
     """``.double()``: float64 out, as FieldEmbedding gives (TorchRec's collection returned float32,
     which a float64 head refused); the values keep TorchRec's float32 pooling."""

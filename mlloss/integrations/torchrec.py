@@ -38,7 +38,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_cardinalities, check_choice, check_finite_number, check_sizes
+from .._validation import check_cardinalities, check_choice, check_field_ids, check_finite_number, check_sizes
 
 __all__ = [
     "SHARDING_TYPES",
@@ -126,10 +126,16 @@ class TorchRecEmbedding(nn.Module):
             for config in tables:
                 _normal_init(self.ebc.embedding_bags[config.name].weight.data)
         self.keys = keys
+        self.cardinalities = tuple(int(c) for c in cardinalities)
         self.output_dim = dim * len(keys)
 
     def forward(self, sparse) -> Tensor:
-        kjt = ids_to_kjt(sparse, self.keys) if isinstance(sparse, Tensor) else self._in_key_order(sparse)
+        if isinstance(sparse, Tensor):
+            kjt = ids_to_kjt(sparse, self.keys)
+            if not (sparse.is_cuda or torch.compiler.is_compiling()):  # FieldEmbedding's check on the CPU
+                check_field_ids(sparse, self.cardinalities, "ids", self.keys)
+        else:
+            kjt = self._in_key_order(sparse)
         if kjt.stride() == 0:
             # A KeyedJaggedTensor of zero rows breaks TorchRec's unsharded collection (the short
             # rank's empty batch under DDP): embed one row of id 0 and keep none of it. The
