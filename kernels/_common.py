@@ -45,6 +45,7 @@ __all__ = [
     "fast_math",
     "launch_target",
     "next_cell",
+    "rank_at",
     "reverse_margin_terms",
     "score_scale",
     "surrogate_id",
@@ -194,6 +195,12 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
 
 
 @triton.jit
+def rank_at(order_row, rank_row, positions, mask):
+    """The level rank of the item at each sorted position of a ``PairLayout`` (0 outside ``mask``)."""
+    return tl.load(rank_row + tl.load(order_row + positions, mask=mask, other=0), mask=mask, other=0)
+
+
+@triton.jit
 def next_cell(order_row, rank_row, cell_end_row, start, group_end, mask):
     """One step of a walk over a group's cells in level order (a ``PairLayout``'s positions
     sorted by level within each group): (here, end, level) of the cell that starts at position
@@ -202,6 +209,6 @@ def next_cell(order_row, rank_row, cell_end_row, start, group_end, mask):
     per level present visits every cell of the group: a loop of a fixed count for problems of a
     few levels (``mlloss.ops.layout.MAX_WALK_LEVELS``), or until no walk of a block is ``here``."""
     here = mask & (start < group_end)
-    level = tl.load(rank_row + tl.load(order_row + start, mask=here, other=0), mask=here, other=0)
+    level = rank_at(order_row, rank_row, start, here)
     end = tl.load(cell_end_row + start, mask=here, other=0)
     return here, end, level

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
-from ._common import launch_target, next_cell, reverse_margin_terms, surrogate_id, validate_device
+from ._common import launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
@@ -75,7 +75,7 @@ def _spans(cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, po
 def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
                   row, positions, mask, N, HAS_GROUPS: tl.constexpr):
     """(positive: the item is a positive, group start, the label boundary c, group end)."""
-    positive = tl.load(rank_row + tl.load(order_row + positions, mask=mask, other=0), mask=mask, other=0) > 0
+    positive = rank_at(order_row, rank_row, positions, mask) > 0
     cell_start, cell_end, group_start, group_end = _spans(
         cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
     )
@@ -111,7 +111,7 @@ def _soft_terms_kernel(
         tl.store(terms_ptr + positions, upper, mask=mask)
         tl.store(terms_ptr + N + positions, lower, mask=mask)
     else:
-        positive = tl.load(rank_ptr + row + tl.load(order_row + positions, mask=mask, other=0), mask=mask, other=0) > 0
+        positive = rank_at(order_row, rank_ptr + row, positions, mask) > 0
         tl.store(terms_ptr + row + positions, tl.where(positive, upper, lower), mask=mask)
 
 
@@ -248,7 +248,7 @@ def _hardest_levels_kernel(
         own_max, own_lower_sum = _soft_extreme(prefix_ptr + N, own_max, cell_start, cell_end, temperature, mask)
     # Z_u from values measured from the group's lowest level: a sum of terms with both signs,
     # which values far from 0 (1e8 + 0.01 k) would cancel (the costs are differences either way)
-    lowest = tl.load(values_ptr + tl.load(rank_ptr + tl.load(order_ptr + group_start, mask=mask, other=0)))
+    lowest = tl.load(values_ptr + rank_at(order_ptr, rank_ptr, group_start, mask))
     own_value = tl.load(values_ptr + level, mask=mask, other=0.0) - lowest
 
     min_pull = tl.zeros([BLOCK], dtype=tl.float64)  # sum over lower cells b of c_ab phi'; as upper

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
-from ._common import launch_target, reverse_margin_terms, tl_dtype
+from ._common import launch_target, rank_at, reverse_margin_terms, tl_dtype
 from .check import check_batch
 from .reduce import combine, finalize, normaliser_source
 
@@ -334,8 +334,8 @@ def _position_values_kernel(
         first = tl.load(group_start_ptr + positions, mask=mask, other=0)
     else:
         first = tl.zeros([BLOCK], dtype=tl.int32)
-    value = tl.load(values_row + tl.load(rank_row + tl.load(order_row + positions, mask=mask, other=0)))
-    lowest = tl.load(values_row + tl.load(rank_row + tl.load(order_row + first)))
+    value = tl.load(values_row + rank_at(order_row, rank_row, positions, mask))
+    lowest = tl.load(values_row + rank_at(order_row, rank_row, first, mask))
     tl.store(out_ptr + problem * N + positions, (value - lowest).to(out_ptr.dtype.element_ty), mask=mask)
 
 

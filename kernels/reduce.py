@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .._validation import STATUS_OVERFLOW
 from ..ops.layout import MAX_WALK_LEVELS
-from ._common import next_cell, tl_dtype
+from ._common import next_cell, rank_at, tl_dtype
 
 __all__ = ["combine", "finalize", "normaliser_source"]
 
@@ -53,7 +53,7 @@ def _group_normaliser(
         value_below = tl.zeros(positions.shape, dtype=tl.float64)
         start = group_start
         if COST_LINEAR:  # the values measured from the group's lowest level (``pairwise.position_values``)
-            lowest = tl.load(values_row + tl.load(rank_row + tl.load(order_row + group_start, mask=mask, other=0)))
+            lowest = tl.load(values_row + rank_at(order_row, rank_row, group_start, mask))
         for _ in range(num_levels):  # a loop, not unrolled
             here, end, level = next_cell(order_row, rank_row, cell_end_row, start, group_end, mask)
             count = tl.where(here, end - start, 0).to(tl.float64)

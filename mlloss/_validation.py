@@ -185,10 +185,13 @@ def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Ten
     return tensor
 
 
-def check_label_names(name: str, names: object) -> tuple[str, ...] | None:
-    """One name per label column (None passes): a sequence, not one string (which would name a
-    label per character), of distinct names (they key the parts' and metrics' entries)."""
+def check_label_names(name: str, names: object, *, required: bool = False) -> tuple[str, ...] | None:
+    """One name per label column (None passes unless ``required``): a sequence, not one string
+    (which would name a label per character), of distinct names (they key the parts' and
+    metrics' entries)."""
     if names is None:
+        if required:
+            raise TypeError(f"{name} must be a sequence of names, one per label column; got None")
         return None
     if isinstance(names, (str, bytes)):
         raise ValueError(f"{name} must be a sequence of names, one per label column, not one string; got {names!r}")

@@ -53,9 +53,7 @@ def ranking_metrics(
         DiffAUC and MinAUC are max - min and min of the per-label AUCs (NaN if one is NaN).
     """
     check_choice("group_weighting", group_weighting, WEIGHTINGS)  # also without groups: a typo is not ignored
-    names = check_label_names("label_names", label_names)
-    if names is None:
-        raise TypeError("label_names must be a sequence of names, one per label column; got None")
+    names = check_label_names("label_names", label_names, required=True)
     if labels.dim() > 2 or scores.dim() > 2:
         raise ValueError(f"scores and labels must be (N,) or (N, K); got scores {tuple(scores.shape)} and "
                          f"labels {tuple(labels.shape)}")

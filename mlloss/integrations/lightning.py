@@ -150,9 +150,7 @@ class RankingMetrics(pl.Callback):
         loss_attribute: str = "loss",
     ) -> None:
         super().__init__()
-        names = check_label_names("label_names", label_names)
-        if names is None:
-            raise TypeError("label_names must be a sequence of names, one per label column; got None")
+        names = check_label_names("label_names", label_names, required=True)
         if group_weighting not in ("uniform", "size"):
             raise ValueError(f"group_weighting must be 'uniform' or 'size'; got {group_weighting!r}")
         self.label_names = names
