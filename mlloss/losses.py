@@ -433,10 +433,10 @@ class LaALoss(_PairwiseLoss):
 
     Args:
         weights: label weights w_k > 0 (default all ones). The sums of several columns are
-            rounded to ``LEVEL_RESOLUTION`` (2^-40) of the smallest power of two above sum_k w_k,
-            so that sums equal in exact arithmetic (0.1 + 0.2 and 0.3) are one level: levels
-            closer than that are one level too (weights spanning 12 orders of magnitude, 1e6 and
-            1e-6, merge their smallest differences).
+            rounded to ``LEVEL_RESOLUTION`` (2^-40) of their own size (40 significant bits, about
+            12 decimal digits), so that sums equal in exact arithmetic (0.1 + 0.2 and 0.3) are one
+            level. Levels that agree to that precision may be one level too (1e12 + 1 and
+            1e12 + 1.2), and the costs of levels that are kept move by at most 2^-41 of the levels.
         cost: ``"linear"`` or ``"uniform"``.
         real_levels: one label column holds real-valued levels (graded relevance in steps of
             0.5, say). Without it a single column must hold whole numbers (0/1, or ordinal levels

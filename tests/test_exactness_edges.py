@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import mlloss
+from mlloss.metrics import aggregate_levels
 from reference import pair_loss
 
 try:
@@ -349,3 +350,28 @@ def test_two_levels_float32_cannot_tell_apart_are_still_a_pair_on_the_pytorch_ti
     value = mlloss.LaALoss([57150.0, 5e-5], cost=cost, backend="torch")(scores, labels)
     expected = laa_loss(scores.double(), labels, weights=[57150.0, 5e-5], cost=cost)
     torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("weights,columns", [([1.0, 1e12, 1.4], 3), ([1e-13, 1.0], 2), ([1e-13, 1.0] + [1e3] * 11, 13)])
+def test_laa_levels_keep_their_precision_beside_far_larger_weights(backend, weights, columns):
+    # Aggregated levels were rounded to 2^-40 of the weights' sum: beside a weight of 1e12 the
+    # levels 1 and 1.4 became 1 and 1 (0.463 for 0.451), and 1e-13 beside 1 became 0 (the loss
+    # 0, its only pair lost). Each level is now rounded to 2^-40 of its own size. The 13 columns
+    # take the on-device sums instead of the pattern tables.
+    from reference import laa_loss
+
+    generator = torch.Generator().manual_seed(columns)
+    labels = torch.zeros(6, columns, dtype=torch.int64)
+    labels[0, 0] = labels[1, 2 if columns == 3 else 0] = 1  # items at the small levels; the rest at 0
+    labels[3, 1] = 1  # an item at the large level (1e12, or 1)
+    scores = torch.randn(6, generator=generator, dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1]) if columns == 2 else None
+    surrogate = "squared" if backend == "exact" else "logistic"  # "exact": the closed forms
+    for cost in ("linear", "uniform"):
+        value = mlloss.LaALoss(weights, cost=cost, surrogate=surrogate, backend=backend)(scores, labels, groups)
+        expected = laa_loss(scores, labels, groups, weights=weights, cost=cost, surrogate=surrogate)
+        torch.testing.assert_close(value, expected, rtol=1e-9, atol=0)
+    levels = aggregate_levels(labels, weights)
+    expected_levels = labels.double() @ torch.tensor(weights, dtype=torch.float64)
+    torch.testing.assert_close(levels, expected_levels, rtol=2.0**-40, atol=0)

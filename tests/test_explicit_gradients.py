@@ -43,8 +43,8 @@ LAA_WEIGHTS = [0.7, 0.2, 1.3]  # non-integer: aggregated levels 0, 0.2, 0.7, 0.9
 # a margin for other CPUs and BLAS libraries.)
 LOSS_RTOL = 1e-13
 GRAD_RTOL = 1e-13
-# LaA from the raw labels (reference.laa_loss): the loss rounds sum_k w_k y_k to a grid of
-# LEVEL_RESOLUTION * (the smallest power of two above sum_k w_k) <= 4e-12 here, which moves a linear cost v_a - v_b (0.2 at least)
+# LaA from the raw labels (reference.laa_loss): the loss rounds each sum_k w_k y_k to LEVEL_RESOLUTION
+# of its own size, at most 2^-41 * 4 < 2e-12 here, which moves a linear cost v_a - v_b (0.2 at least)
 # by at most 4e-12, i.e. 2e-11 relative: loss and gradient move by at most about 4e-11.
 AGGREGATION_RTOL = 5e-11
 
@@ -136,16 +136,21 @@ def prepare(case: Case) -> Prepared:
 
 def reference_levels(case: Case) -> Tensor:
     """The problem's level per item, from the labels as the loss defines it: the label (binary
-    columns), w_0 y_0 (one ordinal column), or sum_k w_k y_k rounded to a grid of
-    LEVEL_RESOLUTION * 2^e, 2^e the smallest power of two above sum_k w_k (several aggregated columns:
-    ``ranking.problem_levels`` makes sums that are equal in exact arithmetic one level)."""
+    columns), w_0 y_0 (one ordinal column), or sum_k w_k y_k rounded to nearest (ties up) at
+    LEVEL_RESOLUTION * 2^e, 2^e the largest power of two not above it (several aggregated columns:
+    ``dispatch.problem_levels`` makes sums that are equal in exact arithmetic one level)."""
     if case.label_weights is None:
         return case.labels[:, case.problem]
     aggregated = case.labels @ torch.tensor(case.label_weights, dtype=torch.float64)
     if case.labels.shape[1] == 1:
         return aggregated
-    resolution = LEVEL_RESOLUTION * 2.0 ** (math.floor(math.log2(sum(case.label_weights))) + 1)
-    return torch.round(aggregated / resolution) * resolution
+
+    def rounded(level: float) -> float:
+        mantissa, exponent = math.frexp(level)  # level = mantissa 2^exponent, mantissa in [1/2, 1)
+        step = LEVEL_RESOLUTION / 2  # the grid of the mantissa: LEVEL_RESOLUTION of 2^(exponent - 1)
+        return math.ldexp(math.floor(mantissa / step + 0.5) * step, exponent)
+
+    return torch.tensor([rounded(level) for level in aggregated.tolist()], dtype=torch.float64)
 
 
 def aggregated_from_raw_labels(case: Case) -> bool:

@@ -45,7 +45,7 @@ def aggregate_levels(levels: Tensor, label_weights: Optional[LabelWeights] = Non
         levels: ``(N,)`` or ``(N, 1)`` real-valued ordinal levels (a rating, say), returned as they are (times
             the one weight, if given); or ``(N, K)`` binary label columns, :math:`K \ge 2`, aggregated as
             :math:`\bar y_i = \sum_k w_k\, y_{ik}` (label aggregation, LaA) and rounded to
-            ``LEVEL_RESOLUTION`` of :math:`\sum_k w_k`, so that sums equal in exact arithmetic
+            ``LEVEL_RESOLUTION`` (2^-40) of their own size, so that sums equal in exact arithmetic
             (:math:`0.1 + 0.2` and :math:`0.3`) are one level.
         label_weights: the weights :math:`w > 0` of shape ``(K,)``; all ones when omitted. Not for ``(N,)`` levels.
 
@@ -72,7 +72,7 @@ def aggregate_levels(levels: Tensor, label_weights: Optional[LabelWeights] = Non
     columns = check.metric_binary(levels, "levels", levels.shape[0], matrix=True).double()
     if weights is None:
         return columns.sum(dim=1)
-    return rounded_levels(columns @ weights, weights.tolist())
+    return rounded_levels(columns @ weights)
 
 
 def _auc_per_group(scores: Tensor, labels: Tensor, groups: Optional[Tensor]) -> tuple[Tensor, Tensor]:

@@ -60,9 +60,11 @@ from .torch_tier import PairOptions
 CLOSED_FORMS = tuple(_CLOSED_FORM_TABLE)  # the surrogates with an all-pairs closed form
 TIERS = ("triton", "torch", "exact")
 
-# Aggregated labels are compared after rounding to this relative resolution, so that weighted sums
-# of binary labels that are equal in exact arithmetic (0.1 + 0.2 and 0.3) form one level.
+# Aggregated labels are compared after rounding each to this resolution relative to its own size
+# (40 significant bits of float64's 52), so that weighted sums of binary labels that are equal in
+# exact arithmetic (0.1 + 0.2 and 0.3) form one level.
 LEVEL_RESOLUTION = 2.0**-40
+_DROPPED_BITS = 52 + math.frexp(LEVEL_RESOLUTION)[1] - 1  # 12: the float64 fraction bits rounded away
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,7 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
     if num_labels == 1:
         level = labels[:, 0].to(torch.float64) * label_weights[0]
     else:
-        level = rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64), label_weights)
+        level = rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64))
     ordered = torch.sort(level).values
     rank = torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None]
     # The values as they are: each tier measures a group's from its own levels (the PyTorch tier
@@ -367,12 +369,15 @@ def _pattern_levels(labels: Tensor, label_weights: list[float]) -> int:
     return _pattern_tables(tuple(label_weights), labels.device)[2].shape[1]
 
 
-def rounded_levels(aggregated: Tensor, label_weights) -> Tensor:
-    """Weighted sums of binary labels rounded to a grid of ``LEVEL_RESOLUTION`` times the smallest
-    power of two above the weights' sum (a power of two, so that sums the grid holds, 1.5 or 3.25,
-    stay exact): the levels of LaA's aggregated label, for the losses and the metrics alike."""
-    resolution = math.ldexp(LEVEL_RESOLUTION, math.frexp(sum(label_weights))[1])
-    return torch.round(aggregated / resolution) * resolution
+def rounded_levels(aggregated: Tensor) -> Tensor:
+    """Weighted sums of binary labels (float64, >= 0) rounded to nearest at ``LEVEL_RESOLUTION`` of
+    their own size (the low 12 fraction bits cleared, a carry going into the exponent): the levels
+    of LaA's aggregated label, for the losses and the metrics alike. Each level keeps its relative
+    precision whatever the other weights (a level of 1e-13 beside weights near 1e12 is not 0), and
+    sums the grid holds (1.5, 3.25, any weight of at most 40 significant bits) stay exact."""
+    half = 1 << (_DROPPED_BITS - 1)
+    bits = aggregated.contiguous().view(torch.int64)
+    return ((bits + half) & -(1 << _DROPPED_BITS)).view(torch.float64)
 
 
 @functools.lru_cache(maxsize=64)
@@ -382,7 +387,7 @@ def _pattern_tables(label_weights: tuple[float, ...], device: torch.device) -> t
     num_labels = len(label_weights)
     patterns = torch.arange(2**num_labels)
     bits = (patterns[:, None] >> torch.arange(num_labels)) & 1
-    sums = rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64), label_weights)
+    sums = rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64))
     values, rank = torch.unique(sums, return_inverse=True)
     powers = 2.0 ** torch.arange(num_labels, dtype=torch.float64)
     return powers.to(device), rank.to(torch.int32).to(device), values[None].to(device)
