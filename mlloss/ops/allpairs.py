@@ -23,7 +23,9 @@ The work follows the valid pairs, not N^2:
   20,000 users cost a handful of tensor operations, not a Python loop over users.
 
 Every reduction is a plain tensor sum in a fixed order and every gradient entry is written by
-one assignment or by sequential slice updates, so results are bitwise reproducible.
+one assignment or by sequential slice updates, so results are bitwise reproducible at a fixed
+number of CPU threads (``torch.get_num_threads()``: torch's CPU sums and vectorised functions split
+their work by thread, so another count can move a loss by an ulp; the gradients observed did not move).
 """
 
 from __future__ import annotations
