@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import random
+import socket
+import subprocess
+import sys
 import warnings
 from typing import Callable
 
@@ -12,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torchmetrics import Metric
+from torchmetrics import Metric, MetricCollection
 
 from mlloss.metrics import (
     AUC,
@@ -235,6 +238,28 @@ def test_linear_multipartite_auc_is_exact_for_levels_far_from_zero(seed: int) ->
     assert_close(multipartite_auc(s, t(levels) + offsets, g), expected)
 
 
+# Non-integer levels whose two rank sums (by score, by level) rounded apart: 1.0000000000000002 and -6e-17
+OFF_GRID_LEVELS = [1.3, 0.7, 1.3, 1.3, 3.3333, 0.001, 0.001, 0.1, 0.7, 3.3333, 0.7, 2.9, 3.3333, 2.9, 3.3333, 0.1, 2.9, 2.9]
+
+
+def test_linear_multipartite_auc_of_non_integer_levels_stays_in_the_unit_interval() -> None:
+    levels = t(OFF_GRID_LEVELS)
+    scores = levels + torch.arange(levels.numel(), dtype=torch.float64) * 1e-6  # ordered as the levels
+    one_group = torch.zeros(levels.numel(), dtype=torch.long)
+    assert ref_multipartite(scores.numpy(), levels.numpy()) == 1.0
+    assert multipartite_auc(scores, levels).item() == 1.0
+    assert multipartite_auc(-scores, levels).item() == 0.0
+    assert multipartite_auc(scores, levels, one_group, weighting="size").item() == 1.0
+    rng = np.random.default_rng(7)
+    for _ in range(20):  # random rankings of random non-integer levels: inside [0, 1] and as the reference
+        values = rng.uniform(-5.0, 5.0, size=int(rng.integers(2, 40)))
+        random_levels_ = rng.choice(values, size=values.size * 2)
+        random_scores = np.where(rng.random(random_levels_.size) < 0.7, random_levels_, rng.normal(size=random_levels_.size))
+        value = multipartite_auc(t(random_scores), t(random_levels_))
+        assert 0.0 <= value.item() <= 1.0
+        assert_close(value, ref_multipartite(random_scores, random_levels_))
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.uint32, torch.uint64])
 def test_unsigned_integer_scores(dtype: torch.dtype) -> None:
     rng = np.random.default_rng(5)
@@ -268,6 +293,30 @@ def test_multipartite_metric_keeps_the_label_layout_across_batches() -> None:
     metric.reset()
     metric.update(S3, Y3.double())  # a new layout after reset()
     assert_close(metric.compute(), ref_multipartite(S3.numpy(), Y3.numpy()))
+
+
+def test_multipartite_metric_keeps_the_label_layout_in_forward_and_after_load_state_dict() -> None:
+    """forward() resets the state before updating on the batch, and load_state_dict() restores only the
+    states: the layout is read off the kept levels, so both still refuse a batch of another layout."""
+    two, three = torch.stack([Y3, Y3], 1), torch.stack([Y3, Y3, 1 - Y3], 1)
+    expected = ref_multipartite(S3.numpy(), two.sum(1).numpy())
+    assert not math.isnan(expected)
+    metric = MultipartiteAUC()
+    metric(S3, two)
+    with pytest.raises(ValueError, match=r"2 column\(s\) before, got shape \(3, 3\)"):
+        metric(S3, three)
+    with pytest.raises(ValueError, match=r"2 column\(s\) before, got shape \(3,\)"):
+        metric(S3, Y3.double())
+    assert_close(metric.compute(), expected)  # the refused batches left the state as it was
+    metric.persistent(True)
+    restored = MultipartiteAUC()
+    restored.persistent(True)
+    restored.load_state_dict(metric.state_dict())
+    with pytest.raises(ValueError, match=r"2 column\(s\) before, got shape \(3, 3\)"):
+        restored.update(S3, three)
+    with pytest.raises(ValueError, match=r"2 column\(s\) before, got shape \(3, 3\)"):
+        restored(S3, three)
+    assert_close(restored.compute(), expected)
 
 
 def test_a_refused_batch_leaves_the_state_as_it_was() -> None:
@@ -656,6 +705,145 @@ def test_merge_state_equals_one_shot() -> None:
     whole.update(s, y, g)
     left.merge_state(right)
     assert torch.allclose(left.compute(), whole.compute(), equal_nan=True)
+
+
+@IGNORE_UNDEFINED
+def test_metrics_with_different_options_in_one_collection_keep_their_own_values() -> None:
+    """MetricCollection lets metrics whose states are equal after the first batch share one state. The
+    first batch's second label column is all zero, so its levels were equal under weights (1, 1) and
+    (1, 3), and the (1, 3) metric reported the (1, 1) value: the states now hold the label columns and
+    every option is applied at compute."""
+    weights = {"w11": [1.0, 1.0], "w13": [1.0, 3.0], "w13-uniform": [1.0, 3.0]}
+    collection = MetricCollection({
+        "w11": MultipartiteAUC(label_weights=weights["w11"]),
+        "w13": MultipartiteAUC(label_weights=torch.tensor(weights["w13"])),
+        "w13-uniform": MultipartiteAUC(cost="uniform", label_weights=weights["w13-uniform"]),
+    })
+    by_weighting = MetricCollection({"uniform": GroupAUC(), "size": GroupAUC(weighting="size")})
+    scores, labels, groups = random_case(5, max_n=60, k=2)
+    labels[:2] = [[0, 0], [1, 0]]  # the first batch
+    first = slice(0, 2)
+    for part in [first, slice(2, len(scores))]:
+        collection.update(t(scores[part]), t(labels[part], torch.uint8))
+        by_weighting.update(t(scores[part]), t(labels[part, 0]), t(groups[part], torch.long))
+    result = collection.compute()
+    for name, cost in [("w11", "linear"), ("w13", "linear"), ("w13-uniform", "uniform")]:
+        assert_close(result[name], ref_multipartite(scores, labels @ np.array(weights[name]), cost))
+    for weighting, value in by_weighting.compute().items():
+        assert_close(value, ref_group_mean(ref_auc, scores, labels[:, 0], groups, weighting))
+
+
+BUFFER_CASES = [  # (name, metric factory, two batches of equal shapes and the dtypes a buffer would have)
+    ("AUC", lambda: AUC(), lambda s, y, g, l: (s.float(), y[:, 0].to(torch.uint8))),
+    ("GroupAUC", lambda: GroupAUC(), lambda s, y, g, l: (s, y[:, 0].bool(), g)),
+    ("MultiLabelAUC", lambda: MultiLabelAUC(num_labels=3), lambda s, y, g, l: (s[:, None], y.to(torch.uint8))),
+    ("MultipartiteAUC-columns", lambda: MultipartiteAUC(label_weights=[1.0, 2.0, 0.5]),
+     lambda s, y, g, l: (s.half(), y.to(torch.uint8))),
+    ("MultipartiteAUC-ordinal", lambda: MultipartiteAUC(cost="uniform", grouped=True), lambda s, y, g, l: (s, l, g)),
+]
+
+
+@pytest.mark.parametrize("make, inputs", [case[1:] for case in BUFFER_CASES], ids=[case[0] for case in BUFFER_CASES])
+def test_streaming_metrics_keep_batches_of_a_buffer_refilled_in_place(
+    make: Callable[[], Metric], inputs: Callable[..., tuple[torch.Tensor, ...]]
+) -> None:
+    """Fixed-size batches written into one preallocated buffer (a CUDA graph's static output): the metric
+    kept views of the buffer, so every batch it had seen became the last one."""
+    rng = np.random.default_rng(11)
+    batches = []
+    for _ in range(2):
+        scores, labels = np.round(rng.normal(size=16), 1), rng.integers(0, 2, size=(16, 3))
+        labels[:2] = [[1, 1, 1], [0, 0, 0]]  # both classes in every column
+        batches.append(inputs(t(scores), t(labels, torch.long), t(rng.integers(0, 3, size=16), torch.long),
+                              t(rng.choice([0.0, 0.5, 2.0], size=16))))
+    buffers = [x.clone() for x in batches[0]]
+    streamed, expected = make(), make()
+    for batch in batches:
+        for buffer, x in zip(buffers, batch):
+            buffer.copy_(x)
+        streamed.update(*buffers)
+        expected.update(*(x.clone() for x in batch))
+    for buffer in buffers:  # the caller's next batch
+        buffer.copy_(buffer.flip(0))
+    actual, wanted = streamed.compute(), expected.compute()
+    for key in wanted if isinstance(wanted, dict) else [None]:
+        pair = (actual, wanted) if key is None else (actual[key], wanted[key])
+        assert torch.equal(*pair), (key, pair)
+
+
+# One rank of a 2-process gloo job (tests/ddp_worker.py is for the losses; pytest's importlib mode leaves
+# this file unimportable by torch.multiprocessing.spawn, so the ranks run this script)
+SYNC_WORKER = """
+import datetime, sys, torch, torch.distributed as dist
+rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+from mlloss.metrics import AUC, GroupAUC, MultiLabelAUC, MultipartiteAUC
+scores, labels, groups = torch.load(f"{out}/batch{rank}.pt")
+results = {}
+for name, metric, batch in [
+    ("auc", AUC(), (scores, labels[:, 0])),
+    ("gauc", GroupAUC(weighting="size"), (scores, labels[:, 0], groups)),
+    ("multilabel", MultiLabelAUC(num_labels=2), (scores, labels)),
+    ("multipartite", MultipartiteAUC(label_weights=[1.0, 3.0], grouped=True), (scores, labels, groups)),
+]:
+    metric.update(*batch)
+    results[name] = metric.compute()
+metric = MultipartiteAUC()  # 2 label columns on rank 0, 3 on rank 1
+metric.update(scores, labels if rank == 0 else torch.cat([labels, labels[:, :1]], 1))
+try:
+    metric.compute()
+except ValueError as error:
+    results["layout"] = str(error)
+torch.save(results, f"{out}/rank{rank}.pt")
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.distributed
+def test_streaming_metrics_sync_scores_of_different_dtypes_across_processes(tmp_path) -> None:
+    """fp16 scores on rank 0 and fp32 on rank 1 (gloo aborted the job in compute): both ranks get the
+    metrics of all items, the fp16 scores taken exactly; label layouts that differ are refused by name."""
+    rng = np.random.default_rng(4)
+    ranks = []
+    for rank, dtype in enumerate([torch.float16, torch.float32]):
+        n = 25 + 10 * rank
+        batch = (t(rng.normal(size=n), dtype), t(rng.integers(0, 2, size=(n, 2)), torch.long),
+                 t(rng.integers(0, 4, size=n), torch.long))
+        torch.save(batch, tmp_path / f"batch{rank}.pt")
+        ranks.append(batch)
+    port = str(free_port())
+    processes = [subprocess.Popen([sys.executable, "-c", SYNC_WORKER, str(rank), port, str(tmp_path)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in range(2)]
+    try:
+        outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    scores = np.concatenate([batch[0].double().numpy() for batch in ranks])  # fp16 values exactly
+    labels = np.concatenate([batch[1].numpy() for batch in ranks])
+    groups = np.concatenate([batch[2].numpy() for batch in ranks])
+    levels = labels @ np.array([1.0, 3.0])
+    per_label = [ref_auc(scores, labels[:, k]) for k in range(2)]
+    for rank in range(2):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        assert_close(results["auc"], ref_auc(scores, labels[:, 0]))
+        assert_close(results["gauc"], ref_group_mean(ref_auc, scores, labels[:, 0], groups, "size"))
+        for k in range(2):
+            assert_close(results["multilabel"]["per_label_auc"][k], per_label[k])
+        assert_close(results["multilabel"]["min_auc"], min(per_label))
+        assert_close(results["multipartite"], ref_group_mean(ref_multipartite, scores, levels, groups, "uniform"))
+        assert results["layout"] == ("MultipartiteAUC needs levels of one layout on every process; "
+                                     "got shape (N, 2) on rank 0 and (N, 3) on rank 1")
 
 
 def test_states_do_not_keep_the_graph() -> None:

@@ -3,10 +3,20 @@ r"""The streaming metrics: :class:`torchmetrics.Metric` classes that keep every 
 Each class concatenates its batches (``dist_reduce_fx="cat"``, so processes synchronise by
 construction) and calls its function of ``functional`` at :meth:`compute`; without samples it returns
 ``NaN`` in its usual output structure with an :class:`UndefinedMetricWarning` (see :mod:`mlloss.metrics`).
+
+The states hold the validated inputs only (scores, 0/1 labels as ``uint8``, group ids as ``int64``, ordinal
+levels as ``float64``); every option (``weighting``, ``cost``, ``label_weights``) is applied at
+:meth:`compute`. Two metrics fed the same batches thus hold equal states whatever their options, which is
+what ``torchmetrics.MetricCollection``'s compute groups assume when they let such metrics share one state.
+
+Each batch is kept as a tensor of its own: where the validated input would share memory with the caller's
+tensor (a float score vector, int64 group ids), it is copied. A caller may therefore refill one buffer in
+place between batches (fixed-size batches, a CUDA graph's static output) without changing the items kept.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Optional
 
@@ -32,6 +42,37 @@ from .functional import (
 __all__ = ["AUC", "GroupAUC", "MultiLabelAUC", "MultipartiteAUC"]
 
 
+def _own(kept: Tensor, given: Tensor) -> Tensor:
+    """``kept`` (the validated ``given``) detached, and copied if it shares ``given``'s memory."""
+    kept = kept.detach()
+    return kept.clone() if kept.untyped_storage().data_ptr() == given.untyped_storage().data_ptr() else kept
+
+
+Layout = tuple[torch.dtype, tuple[int, ...]]  # a state's dtype and the trailing shape of its rows
+
+
+def _layout(batches: list[Tensor]) -> Optional[Layout]:
+    """The layout of a list state's batches (the dtype they concatenate to); ``None`` without batches."""
+    if not batches:
+        return None
+    return functools.reduce(torch.promote_types, [batch.dtype for batch in batches]), tuple(batches[0].shape[1:])
+
+
+def _common_dtype(dtypes: list[torch.dtype]) -> torch.dtype:
+    """The dtype every process casts a state to before the all-gather: torch's promotion (fp16 and fp32
+    scores give fp32, which holds both exactly), but float64 where integers meet floats (int64 scores beside
+    fp32 ones would promote to fp32 and round the integers above 2^24)."""
+    common = functools.reduce(torch.promote_types, dtypes)
+    if common.is_floating_point and not all(dtype.is_floating_point for dtype in dtypes):
+        return torch.promote_types(common, torch.float64)
+    return common
+
+
+def _rows(trailing: tuple[int, ...]) -> str:
+    """A state's shape as the errors print it: ``(N,)``, ``(N, 3)``."""
+    return f"({', '.join(['N', *map(str, trailing)])}{',' if not trailing else ''})"
+
+
 class _PairMetric(Metric):
     """Common base: concatenation states, exact computation at :meth:`compute`, ``NaN`` without samples."""
 
@@ -49,24 +90,45 @@ class _PairMetric(Metric):
         self._cat_states = (*getattr(self, "_cat_states", ()), *names)
 
     def _sync_dist(self, dist_sync_fn: Any = None, process_group: Optional[Any] = None) -> None:
-        # A process that saw no batch holds empty lists, which torchmetrics gathers as a 1-D float32
-        # tensor: beside uint8 labels, int64 groups or (N, K) labels of the other processes the
-        # all-gather fails (gloo aborts the job). Such a process takes empty tensors of the dtype
-        # and trailing shape the others hold (one gather of those descriptions first).
+        # torchmetrics all-gathers each state as one tensor per process, which must agree in dtype and
+        # trailing shape: otherwise the gather fails and gloo aborts the job. Two cases give processes
+        # different dtypes: a process that saw no batch (its empty lists are gathered as 1-D float32,
+        # beside uint8 labels, int64 groups or (N, K) labels) and scores of different dtypes (fp16 on
+        # one process, fp32 on another). One gather of every process's (dtype, trailing shape) per
+        # state comes first; each process then casts its batches to the common dtype (a copy only
+        # where its dtype differs) or, without batches, takes an empty tensor of it. Trailing shapes
+        # that differ (2 label columns here, 3 there) are refused on every process alike.
         group = process_group or self.process_group
-        layouts = {name: (str(batches[0].dtype), tuple(batches[0].shape[1:])) if batches else None
-                   for name in self._cat_states if isinstance(batches := getattr(self, name), list)}
+        layouts = {name: _layout(batches) for name in self._cat_states
+                   if isinstance(batches := getattr(self, name), list)}
         gathered: list[Any] = [None] * torch.distributed.get_world_size(group)
         torch.distributed.all_gather_object(gathered, layouts, group=group)
         for name, layout in layouts.items():
-            found = next((other[name] for other in gathered if other.get(name) is not None), None)
-            if layout is None and found is not None:
-                dtype = getattr(torch, found[0].removeprefix("torch."))
-                getattr(self, name).append(torch.empty((0, *found[1]), dtype=dtype, device=self.device))
+            common = self._common_layout(name, [other[name] for other in gathered])
+            if common is None:  # no process saw a batch
+                continue
+            dtype, trailing = common
+            batches = getattr(self, name)
+            if layout is None:
+                setattr(self, name, [torch.empty((0, *trailing), dtype=dtype, device=self.device)])
+            elif any(batch.dtype != dtype for batch in batches):
+                setattr(self, name, [batch.to(dtype) for batch in batches])
         if dist_sync_fn is None:
             super()._sync_dist(process_group=process_group)
         else:
             super()._sync_dist(dist_sync_fn, process_group)
+
+    def _common_layout(self, name: str, layouts: list[Optional[Layout]]) -> Optional[Layout]:
+        """The layout state ``name`` takes on every process, from each process's own (``layouts[rank]``)."""
+        found = [(rank, layout) for rank, layout in enumerate(layouts) if layout is not None]
+        if not found:
+            return None
+        first, (_, trailing) = found[0]
+        for rank, (_, other) in found:
+            if other != trailing:
+                raise ValueError(f"{type(self).__name__} needs {name} of one layout on every process; got shape "
+                                 f"{_rows(trailing)} on rank {first} and {_rows(other)} on rank {rank}")
+        return _common_dtype([dtype for _, (dtype, _) in found]), trailing
 
     def _has_no_samples(self) -> bool:
         """Whether no item has been seen: no update since construction or ``reset()``, or empty batches only.
@@ -122,10 +184,10 @@ class AUC(_PairMetric):
 
     def update(self, scores: Tensor, labels: Tensor) -> None:
         """Validate a batch and keep it."""
-        scores = check.metric_scores(scores)
-        labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
-        self.scores.append(scores.detach())
-        self.labels.append(labels.to(torch.uint8))
+        valid_scores = check.metric_scores(scores)
+        valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=False)
+        self.scores.append(_own(valid_scores, scores))
+        self.labels.append(_own(valid_labels.to(torch.uint8), labels))
 
     def compute(self) -> Tensor:
         """Return the AUC of all items seen."""
@@ -162,11 +224,12 @@ class GroupAUC(_PairMetric):
 
     def update(self, scores: Tensor, labels: Tensor, groups: Tensor) -> None:
         """Validate a batch and keep it."""
-        scores = check.metric_scores(scores)
-        labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
-        self.groups.append(check.metric_groups(groups, scores.numel()))
-        self.scores.append(scores.detach())
-        self.labels.append(labels.to(torch.uint8))
+        valid_scores = check.metric_scores(scores)
+        valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=False)
+        valid_groups = check.metric_groups(groups, valid_scores.numel())
+        self.scores.append(_own(valid_scores, scores))
+        self.labels.append(_own(valid_labels.to(torch.uint8), labels))
+        self.groups.append(_own(valid_groups, groups))
 
     def compute(self) -> Tensor:
         """Return the GAUC of all items seen."""
@@ -210,12 +273,12 @@ class MultiLabelAUC(_PairMetric):
 
     def update(self, scores: Tensor, labels: Tensor) -> None:
         """Validate a batch and keep it."""
-        scores = check.metric_scores(scores)
-        labels = check.metric_binary(labels, "labels", scores.numel(), matrix=True)
-        if labels.shape[1] != self.num_labels:
-            raise ValueError(f"labels must have {self.num_labels} columns (num_labels); got {labels.shape[1]}")
-        self.scores.append(scores.detach())
-        self.labels.append(labels.to(torch.uint8))
+        valid_scores = check.metric_scores(scores)
+        valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=True)
+        if valid_labels.shape[1] != self.num_labels:
+            raise ValueError(f"labels must have {self.num_labels} columns (num_labels); got {valid_labels.shape[1]}")
+        self.scores.append(_own(valid_scores, scores))
+        self.labels.append(_own(valid_labels.to(torch.uint8), labels))
 
     def compute(self) -> dict[str, Tensor]:
         """Return ``{"per_label_auc", "diff_auc", "min_auc"}`` over all items seen."""
@@ -231,8 +294,9 @@ class MultiLabelAUC(_PairMetric):
 class MultipartiteAUC(_PairMetric):
     r"""Cost-weighted multipartite AUC (:func:`multipartite_auc`) over everything seen by :meth:`update`.
 
-    ``(N, K)`` binary label columns are aggregated into levels :math:`\bar y = \sum_k w_k y_k` on ``update``
-    (only :math:`\bar y` is kept).
+    ``(N, K)`` binary label columns are kept as they are (``uint8``) and aggregated into levels
+    :math:`\bar y = \sum_k w_k y_k` at :meth:`compute`, so that the state does not depend on the weights
+    (see the module docstring); ordinal levels are kept as ``float64``.
 
     As input to ``forward`` and ``update``: ``scores`` of shape ``(N,)`` or ``(N, 1)``, ``levels`` of shape
     ``(N,)`` or ``(N, 1)`` (real ordinal levels) or ``(N, K)`` (binary label columns, the same K in every
@@ -270,36 +334,62 @@ class MultipartiteAUC(_PairMetric):
         self.grouped = check.check_bool("grouped", grouped)
         self.weighting = weighting
         self._add_cat_states("scores", "levels", "groups")
-        self._columns: Optional[int] = None  # label columns of the batches since construction or reset()
 
-    def reset(self) -> None:
-        super().reset()
-        self._columns = None
+    def _check_layout(self, levels: Tensor) -> None:
+        """Refuse ``levels`` whose number of label columns differs from the levels kept so far.
+
+        The layout is read off the state itself (``(N,)`` ordinal levels or ``(N, K)`` label columns), so it
+        holds after ``load_state_dict`` and ``merge_state`` as after ``update``.
+        """
+        check.require_tensor(levels, "levels")
+        kept = self.levels  # a list of batches, or one tensor once gathered across processes
+        if isinstance(kept, list):
+            if not kept:
+                return
+            kept = kept[0]
+        if levels.ndim not in (1, 2):  # refused by the validation of update
+            return
+        columns = levels.shape[1] if levels.ndim == 2 else 1
+        kept_columns = kept.shape[1] if kept.ndim == 2 else 1
+        if columns != kept_columns:
+            raise ValueError(f"levels must keep their layout across batches: {kept_columns} column(s) before, "
+                             f"got shape {tuple(levels.shape)}")
+
+    def forward(self, scores: Tensor, levels: Tensor, groups: Optional[Tensor] = None) -> Tensor:
+        """Keep the batch and return its multipartite AUC (see :meth:`torchmetrics.Metric.forward`).
+
+        torchmetrics' ``forward`` sets the state aside and updates an empty one with the batch, where
+        :meth:`update` would find no earlier batch to check the label layout against: the check runs here.
+        """
+        self._check_layout(levels)
+        return super().forward(scores, levels, groups)
 
     def update(self, scores: Tensor, levels: Tensor, groups: Optional[Tensor] = None) -> None:
-        """Validate a batch, aggregate its levels and keep it."""
+        """Validate a batch and keep it (label columns as ``uint8``, weighted at :meth:`compute`)."""
         if self.grouped != (groups is not None):
             raise ValueError(f"groups must be given if and only if grouped=True; got grouped={self.grouped} and "
                              f"groups={'None' if groups is None else 'a tensor'}")
-        scores = check.metric_scores(scores)
-        levels = check.require_tensor(levels, "levels")
-        columns = levels.shape[1] if levels.ndim == 2 else 1
-        if self._columns is not None and columns != self._columns:
-            raise ValueError(f"levels must keep their layout across batches: {self._columns} column(s) before, "
-                             f"got shape {tuple(levels.shape)}")
-        levels = aggregate_levels(levels, self.label_weights)
-        check.metric_length(levels, "levels", scores.numel())
-        self._columns = columns
+        valid_scores = check.metric_scores(scores)
+        aggregated = aggregate_levels(levels, self.label_weights)  # validates the levels and the weights
+        check.metric_length(aggregated, "levels", valid_scores.numel())
+        self._check_layout(levels)
+        if levels.ndim == 2 and levels.shape[1] > 1:
+            kept_levels = levels.to(torch.uint8)  # binary, as aggregate_levels checked
+        else:
+            kept_levels = levels.reshape(-1).to(torch.float64)  # one ordinal column; its weight, if any, at compute
         if groups is not None:
-            self.groups.append(check.metric_groups(groups, scores.numel()))
-        self.scores.append(scores.detach())
-        self.levels.append(levels)
+            self.groups.append(_own(check.metric_groups(groups, valid_scores.numel()), groups))
+        self.scores.append(_own(valid_scores, scores))
+        self.levels.append(_own(kept_levels, levels))
 
     def compute(self) -> Tensor:
         """Return the multipartite AUC of all items seen."""
         if self._has_no_samples():
             return self._undefined_without_samples()
         groups = dim_zero_cat(self.groups) if self.grouped else None
+        levels = dim_zero_cat(self.levels)
+        if levels.ndim == 1 and self.label_weights is not None:  # (N, 1) levels given with their one weight
+            levels = levels[:, None]
         return multipartite_auc(
-            dim_zero_cat(self.scores), dim_zero_cat(self.levels), groups, self.cost, weighting=self.weighting
+            dim_zero_cat(self.scores), levels, groups, self.cost, self.label_weights, self.weighting
         )

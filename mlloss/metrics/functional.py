@@ -182,6 +182,11 @@ def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor
     :math:`\frac{1}{2}|\bar y_i - \bar y_j|`. Hence the credit is :math:`\frac{1}{2}(S + D)` and the value
     :math:`\frac{S + D}{2D}`, with :math:`S = \sum_{s_i > s_j} (\bar y_i - \bar y_j)` and
     :math:`D = \sum_{\bar y_i > \bar y_j} (\bar y_i - \bar y_j)` the total cost; both are centred rank sums.
+
+    :math:`|S| \le D` in exact arithmetic, but the two sums add the same levels in different orders (by
+    score and by level), so with levels that are not small integers their float64 rounding can leave
+    :math:`|S|` a few ulps above :math:`D` (1.0000000000000002 for a perfect ranking). :math:`S` is clamped
+    to :math:`[-D, D]`, which keeps every value within :math:`[0, 1]` and changes no value that was inside.
     """
     by_level = tie_blocks(levels, groups)
     # Both sums are unchanged by a shift of a group's levels; measured from each group's median level
@@ -192,6 +197,7 @@ def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor
     by_score = tie_blocks(scores, groups)
     concordance = centered_rank_sum(by_score, centred)
     total_cost = centered_rank_sum(by_level, centred)
+    concordance = torch.minimum(torch.maximum(concordance, -total_cost), total_cost)
     return ratio(concordance + total_cost, 2 * total_cost), by_score.counts
 
 
@@ -229,6 +235,10 @@ def multipartite_auc(
 
     Cost: :math:`O(N \log N)` for the linear cost; the uniform cost adds :math:`O(N L)` for :math:`L` distinct
     levels (one prefix sum per level).
+
+    Exactness: the uniform cost counts pairs in ``int64`` and is exact; so is the linear cost for integer
+    levels (of moderate size). With other real levels the linear cost is exact up to float64 rounding of
+    its level sums, and always within :math:`[0, 1]` (1 for a perfect ranking, 0 for a reversed one).
 
     Args:
         scores: real scores of shape ``(N,)`` or ``(N, 1)``, without NaN.
