@@ -42,7 +42,7 @@ from mlloss.models import MultiTaskModel
 if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
-                             load_data, parse_args)
+                             check_batches, load_data, parse_args)
 from ctr_cvr_resume import (OptimizerOptions, check_resume, checkpoint_record, recorded_options,  # noqa: E402
                             replace_other_kind_of_checkpoint, restore_rng_states, resume_path, rng_states)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
@@ -180,7 +180,8 @@ class CtrCvrModule(pl.LightningModule):
         self._train_end = time.perf_counter()
         steps = max(self.epoch_counts["steps"], 1)
         self._train_loss = float(self.trainer.strategy.reduce(self.train_loss_sum, reduce_op="mean")) / steps
-        self._train_samples = int(self.epoch_samples())
+        # Ranks run equal numbers of steps, not of rows: the epoch's impressions are the sum of theirs.
+        self._train_samples = int(self.trainer.strategy.reduce(self.epoch_samples(), reduce_op="sum"))
         if not math.isfinite(self._train_loss):  # the losses' per-batch checks are off (validate_args=False)
             raise FloatingPointError(f"the training loss of epoch {self.current_epoch + 1} is {self._train_loss}: a "
                                      "batch gave a non-finite loss (check the data's dense features and --lr)")
@@ -195,7 +196,7 @@ class CtrCvrModule(pl.LightningModule):
     test_step = validation_step
 
     def on_validation_epoch_end(self) -> None:
-        samples = self._train_samples * self.trainer.world_size  # ranks run equal shards
+        samples = self._train_samples  # of all ranks
         train_seconds = self._train_end - self._epoch_start
         row = {"epoch": self.current_epoch + 1, "train_loss": self._train_loss, "train_samples": samples,
                "seconds": time.perf_counter() - self._epoch_start, "train_seconds": train_seconds,
@@ -260,6 +261,7 @@ def run(args: argparse.Namespace) -> dict:
         enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar,
         enable_model_summary=False,
     )
+    check_batches((train, val, test), args, trainer.world_size)
     if ckpt_path is not None:
         check_resume(args, ckpt_path, trainer)
     replace_other_kind_of_checkpoint(args, trainer)
@@ -273,6 +275,9 @@ def run(args: argparse.Namespace) -> dict:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         trainer.test(module, datamodule=datamodule, verbose=False)
 
+    if not module.history:  # check_batches rules out the known causes; a callback may still stop fit early
+        raise RuntimeError(f"training ended before its first validation epoch (global step {trainer.global_step}): "
+                           "there are no validation results to report")
     results = {
         "val": {**{k: v for k, v in module.history[-1].items() if "/" in k}, **baseline_results(train, val)},
         "test": {**module.eval_results, **baseline_results(train, test)},

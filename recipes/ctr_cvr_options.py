@@ -1,10 +1,14 @@
 """The options of recipes/ctr_cvr.py: its command line, config files that set them, and what they
-select: the data (``load_data``), the model (``build_model``) and the strategy (``build_strategy``).
+select: the data (``load_data``; ``check_batches``: enough of it for every process), the model
+(``build_model``) and the strategy (``build_strategy``).
 
 ``--config`` takes a YAML/JSON file keyed by long option name, or the name of one of the configs
 in ``recipes/configs/`` (``bce``, ``laa``, ``bce+pdaom``, ``sharded``, ``multi-gpu``); options
 given on the command line override the file's. A config's values go through the same parser as
-the command line (types and choices checked), so a file can set nothing the command line cannot.
+the command line (types and choices checked), so a file can set nothing the command line cannot:
+a flag takes true or false (YAML booleans, not strings such as "false"), an option of one value
+one value (not a list, not null: leave a key out for its default), and ``compile: true`` is the
+bare ``--compile`` (its default mode), ``compile: false`` no compilation.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from mlloss.data import (ImpressionData, SyntheticConfig, generate_impressions, load_ali_ccp, load_aliexpress,
-                         split_by_time)
+from mlloss.data import (GroupBatchSampler, ImpressionData, SyntheticConfig, generate_impressions, load_ali_ccp,
+                         load_aliexpress, split_by_time)
 from mlloss.integrations.torchrec import SHARDING_TYPES, SPARSE_OPTIMIZERS
 from mlloss.integrations.torchrec_strategy import TorchRecStrategy
 from mlloss.models import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
@@ -127,7 +131,7 @@ def build_parser() -> OptionParser:
     g.add_argument("--sparse-lr", type=float, default=0.05, help="learning rate of the sparse optimizer")
     g = p.add_argument_group("hardware and output")
     g.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu")
-    g.add_argument("--devices", default="1", help="number of devices, or 'auto'")
+    g.add_argument("--devices", type=device_count, default="1", help="number of devices (>= 1), or 'auto'")
     g.add_argument("--num-nodes", type=int, default=1, help="machines of a multi-node job (Lightning's num_nodes)")
     g.add_argument("--strategy", default="auto", help="Lightning strategy, e.g. ddp")
     g.add_argument("--cpu-threads", type=int, default=1,
@@ -167,7 +171,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         # without them (--config laa --loss bce): they go with it. Typed ones are errors below.
         if moot[name] and name not in typed:
             setattr(args, name, unset)
-    args.devices = args.devices if args.devices == "auto" else int(args.devices)
     for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes",
                  "steps_per_call"):
         if getattr(args, name) < 1:
@@ -198,6 +201,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def device_count(value: str) -> int | str:
+    """``--devices``: ``'auto'`` or a number of devices >= 1 (Lightning's ``devices``)."""
+    if value == "auto":
+        return value
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of devices >= 1 or 'auto'; got {value!r}")
+    return count
+
+
 def typed_options(argv: Sequence[str]) -> set[str]:
     """The destinations of the options ``argv`` itself gives (not a config's, not defaults)."""
     parser = build_parser()
@@ -214,7 +230,11 @@ def named_configs() -> list[str]:
 def config_argv(config: str, parser: OptionParser) -> list[str]:
     """The options of a YAML/JSON config file (a path, or a name in recipes/configs/) as
     command-line tokens, so that argparse checks them like typed options (types, choices) and
-    later command-line options override them."""
+    later command-line options override them. A value that the command line could not give is
+    an error naming its key: a flag's value that is not a boolean, null, a list for an option of
+    one value, a boolean for an option that takes a value (``compile: true`` excepted: the bare
+    ``--compile``). A value is passed as ``--option=value``, so that one starting with ``-`` is a
+    value, not an option."""
     import yaml  # a dependency of pytorch-lightning; JSON is YAML too
 
     path = Path(config)
@@ -234,17 +254,32 @@ def config_argv(config: str, parser: OptionParser) -> list[str]:
         action = parser.options.get(option)
         if action is None or option in ("--config", "--help"):
             parser.error(f"--config {path}: unknown option {key!r}")
-        if isinstance(action, argparse.BooleanOptionalAction):
-            tokens.append(option if value else "--no-" + option[2:])
-        elif action.nargs == 0:  # store_true flags
-            if not isinstance(value, bool):
-                parser.error(f"--config {path}: {key} is a flag and takes true or false; got {value!r}")
-            tokens += [option] if value else []
-        elif isinstance(value, list):
-            tokens += [option, *map(str, value)]
-        else:
-            tokens += [option, str(value)]
+        tokens += _option_tokens(option, action, value, f"--config {path}: {key}", parser)
     return tokens
+
+
+def _option_tokens(option: str, action: argparse.Action, value: Any, where: str, parser: OptionParser) -> list[str]:
+    """The command-line tokens of ``option`` set to a config's ``value`` (``where`` names the file and
+    key in errors): what typing it would give, or a usage error when no typing can give it."""
+    is_flag = isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0
+    if value is None:
+        parser.error(f"{where} is null; give it a value, or leave the key out for the default")
+    if is_flag and not isinstance(value, bool):
+        parser.error(f"{where} is a flag and takes true or false; got {value!r}")
+    if isinstance(action, argparse.BooleanOptionalAction):  # --X / --no-X, either one as the key
+        positive, negative = action.option_strings
+        on = value if option == positive else not value
+        return [positive if on else negative]
+    if is_flag or (action.nargs == "?" and isinstance(value, bool)):  # store_true; --compile [MODE]: its const
+        return [option] if value else []
+    if action.nargs in ("+", "*"):
+        items = value if isinstance(value, list) else [value]
+        if not items or any(isinstance(item, (bool, list, dict)) or item is None for item in items):
+            parser.error(f"{where} takes one or more values (a value or a list of them); got {value!r}")
+        return [option, *map(str, items)]
+    if isinstance(value, (bool, list, dict)):
+        parser.error(f"{where} takes one value{', not true or false' if isinstance(value, bool) else ''}; got {value!r}")
+    return [f"{option}={value}"]
 
 
 def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) -> MultiTaskModel:
@@ -293,3 +328,26 @@ def build_strategy(args: argparse.Namespace) -> str | pl.strategies.Strategy:
         return args.strategy
     backend = "gloo" if args.accelerator == "cpu" or not torch.cuda.is_available() else "nccl"
     return TorchRecStrategy(args.sharding, args.sparse_optimizer, args.sparse_lr, process_group_backend=backend)
+
+
+def check_batches(splits: Sequence[ImpressionData], args: argparse.Namespace, world_size: int) -> None:
+    """A ValueError, in the command line's terms and before any training, for a run that would
+    report nothing: an empty (train, val, test) split, or a training split packed into fewer
+    batches than there are processes, which then get none (GroupDataModule drops the last
+    ``batches % processes``; Lightning only warns "No training batches"). Checks epoch 0's packing;
+    a later epoch that packs into fewer batches stops the run with the sampler's error."""
+    train = splits[0]
+    sizes = "/".join(str(len(split)) for split in splits)
+    for name, split in zip(("training", "validation", "test"), splits):
+        if len(split) == 0:
+            more = "--num-users, --mean-impressions" if args.data == "synthetic" else f"the files in {args.data_dir}"
+            raise ValueError(f"the {name} split is empty (train/val/test: {sizes} impressions): it needs more data "
+                             f"({more})")
+    num_batches = len(GroupBatchSampler(train.user, args.batch_size, seed=args.seed))  # of all processes
+    if num_batches < world_size:
+        fix = (f"give --batch-size {len(train) // world_size} or less" if len(train) >= world_size
+               else "use fewer processes")
+        raise ValueError(
+            f"--batch-size {args.batch_size} packs the training split's {len(train)} impressions into {num_batches} "
+            f"batch(es), fewer than the {world_size} processes (--devices x --num-nodes): every process would train "
+            f"on none (the last batches % processes are dropped, so that all take the same steps); {fix}")

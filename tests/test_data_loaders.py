@@ -4,6 +4,7 @@ samples, and of their error messages on small files written to tmp_path."""
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -274,6 +275,22 @@ def test_a_row_with_a_field_too_many_is_named(tmp_path):
     assert val.click.tolist() == [1, 0] and val.sparse[:, 3].tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("rows", [4, 400])  # the header read meets the byte, or (past its first block) numpy
+def test_a_byte_that_is_not_utf8_names_the_file_and_line(tmp_path, rows):
+    # a latin-1 "é" in a column the loader does not use: a bare UnicodeDecodeError named neither
+    paths = _write_ali_ccp(tmp_path)
+    lines = [",".join([*ALI_CCP_HEADER, "comment"]), *(",".join([*_ali_ccp_row(i), "ok"]) for i in range(rows))]
+    lines[-1] = lines[-1][: -len("ok")] + "caf\xe9"
+    paths["val"].write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+    with pytest.raises(ValueError) as error:
+        load_ali_ccp(tmp_path)
+    position = len(lines[-1].encode("latin-1"))  # 1-based: the last byte of the line
+    assert str(error.value) == (f"{paths['val']}, line {rows + 1}: not UTF-8 text (byte {position} of the line, 0xe9: "
+                                "invalid continuation byte); save the file as UTF-8")
+    paths["val"].write_text("\ufeff" + "\n".join(lines[:-1]) + "\n")  # UTF-8 with a byte-order mark: read
+    assert len(load_ali_ccp(tmp_path)[1]) == rows - 1
+
+
 def test_empty_files_are_rejected(tmp_path):
     paths = _write_ali_ccp(tmp_path)
     paths["val"].write_text("")
@@ -318,6 +335,37 @@ def test_impression_data_checks_every_column_against_the_rows():
                        (dict(user=-torch.ones(4, dtype=torch.long)), "user must hold non-negative ids; got -1")):
         with pytest.raises(ValueError, match=words):
             ImpressionData(**{**columns, **bad})
+
+
+@pytest.mark.parametrize(("field", "value", "wanted"), [
+    ("sparse", torch.tensor([[0.5], [1.5]], dtype=torch.float64), "integer ids of dtype torch.int64"),
+    ("sparse", torch.tensor([[0], [1]], dtype=torch.uint8), "integer ids of dtype torch.int64"),
+    ("sparse", torch.tensor([[False], [True]]), "integer ids of dtype torch.int64"),
+    ("user", torch.tensor([0.0, 1.0]), "integer ids"),
+    ("user", torch.tensor([False, True]), "integer ids"),
+    ("dense", torch.zeros(2, 1, dtype=torch.long), "a floating-point tensor"),
+    ("click", torch.tensor([0, 1]), "a floating-point tensor"),
+    ("purchase", torch.tensor([False, True]), "a floating-point tensor"),
+    ("timestamp", torch.tensor([0, 1]), "a floating-point tensor"),
+    ("p_click", torch.tensor([0, 1]), "a floating-point tensor"),
+])
+def test_impression_data_checks_the_dtypes_the_models_rely_on(field, value, wanted):
+    # fractional ids (float64) passed the range check, and FieldEmbedding(validate_args=False), which
+    # relies on it, failed in torch.nn.Embedding with a message naming no field
+    columns = dict(sparse=torch.tensor([[0], [1]]), dense=torch.zeros(2, 1), click=torch.tensor([0.0, 1.0]),
+                   purchase=torch.zeros(2), user=torch.tensor([0, 1]), timestamp=torch.tensor([0.0, 0.5]),
+                   field_names=("item",), cardinalities=(2,), dense_names=("d",))
+    assert len(ImpressionData(**columns)) == 2 and len(ImpressionData(**{**columns, "sparse": columns["sparse"].int()}))
+    with pytest.raises(TypeError, match=re.escape(f"ImpressionData.{field} must ") + f".*{wanted}.*; got dtype {value.dtype}$"):
+        ImpressionData(**{**columns, field: value})
+
+
+def test_the_loaders_and_the_generator_give_the_documented_dtypes():
+    data = generate_impressions(SyntheticConfig(num_users=20))
+    loaded = load_ali_ccp(Path(__file__).resolve().parents[1] / "recipes" / "data" / "ali-ccp-sample")
+    for split in (data, *loaded):
+        assert (split.sparse.dtype, split.user.dtype) == (torch.int64, torch.int64)
+        assert {split.dense.dtype, split.click.dtype, split.purchase.dtype, split.timestamp.dtype} == {torch.float32}
 
 
 # --------------------------------------------------------------------------- synthetic log, package

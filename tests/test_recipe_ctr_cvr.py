@@ -307,6 +307,71 @@ def test_recipe_data_errors_are_clear(recipe, tmp_path):
         recipe.parse_args(["--data-dir", str(tmp_path)])  # a directory without --data ali-ccp/aliexpress
 
 
+def test_fewer_training_batches_than_processes_is_an_error_before_training(recipe, tmp_path):
+    # the multi-gpu config's batch of 8,192 on a log of 100 users, 2 processes: GroupDataModule's
+    # drop_last left each process 0 batches, Lightning only warned, and run() ended in an IndexError
+    argv = ["--config", "multi-gpu", "--accelerator", "cpu", "--devices", "2", "--num-users", "100", "--epochs", "1",
+            "--no-progress-bar", "--no-checkpoint", "--output-dir", str(tmp_path)]
+    with pytest.raises(ValueError) as error:
+        recipe.main(argv)
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=100)))[0]
+    message = str(error.value)
+    assert message.startswith(f"--batch-size 8192 packs the training split's {len(train)} impressions into 1 batch(es), "
+                              "fewer than the 2 processes (--devices x --num-nodes)")
+    assert message.endswith(f"give --batch-size {len(train) // 2} or less")
+    args = recipe.parse_args([*argv, "--batch-size", str(len(train) // 2)])
+    recipe.check_batches((train, train, train), args, 2)  # the advised size passes
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_an_empty_split_is_named_before_training(recipe, tmp_path):
+    # 2 users of about 1 impression each leave no validation rows: the run trained, then failed with
+    # an IndexError on its empty history
+    with pytest.raises(ValueError, match=r"the validation split is empty \(train/val/test: \d+/0/\d+ impressions\): "
+                                         r"it needs more data \(--num-users, --mean-impressions\)"):
+        recipe.main(["--num-users", "2", "--mean-impressions", "1", "--epochs", "1", "--no-progress-bar",
+                     "--no-checkpoint", "--output-dir", str(tmp_path)])
+
+
+def test_a_run_without_a_validation_epoch_says_so(recipe, tmp_path, monkeypatch):
+    monkeypatch.setattr(recipe.CtrCvrModule, "on_validation_epoch_end", lambda self: None)  # records no epoch
+    with pytest.raises(RuntimeError, match="training ended before its first validation epoch"):  # not an IndexError
+        recipe.main([*SMALL, "--num-users", "60", "--epochs", "1", "--no-checkpoint", "--output-dir", str(tmp_path)])
+
+
+def test_train_samples_are_the_sum_of_the_ranks_rows(recipe, monkeypatch):
+    """Under DDP the ranks run equal numbers of steps, not of rows: the epoch's impressions are the sum
+    of the ranks' (rank 0's count times the world size reported 7,876 impressions of a 7,138-row split)."""
+    import types
+
+    from mlloss.data import GroupBatchSampler
+
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=150)))[0]
+    rows = [sum(map(len, GroupBatchSampler(train.user, 1024, drop_last=True, num_replicas=2, rank=rank)))
+            for rank in range(2)]
+    assert rows[0] != rows[1]
+    args = recipe.parse_args(SMALL)
+    objective = recipe.MultiTaskObjective("bce", None)
+    module = recipe.CtrCvrModule(recipe.build_model(args, train, 2), objective, 1e-3, 0.0)
+
+    class TwoRanks:  # rank 0 of 2: a sum adds rank 1's value, a mean is this rank's (equal losses)
+        @staticmethod
+        def reduce(value, reduce_op):
+            return value + rows[1] if reduce_op == "sum" else value
+
+    module.trainer = types.SimpleNamespace(strategy=TwoRanks(), world_size=2, current_epoch=0, is_global_zero=True,
+                                           progress_bar_callback=None)
+    monkeypatch.setattr(recipe, "scorer_results", lambda metrics: {})
+    monkeypatch.setattr(recipe, "format_epoch", str)
+    module.on_train_epoch_start()
+    module.epoch_counts.update(steps=4, samples=rows[0])  # what training_step counted on rank 0
+    module.on_validation_epoch_start()
+    module.on_validation_epoch_end()
+    row = module.history[-1]
+    assert row["train_samples"] == sum(rows)  # every row of both ranks, each once
+    assert row["train_samples_per_s"] == pytest.approx(sum(rows) / row["train_seconds"])
+
+
 def test_config_file_sets_options_and_the_command_line_overrides_it(recipe, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("loss: laa\nmodel: ple\nbatch-size: 256\nexpert_hidden: [32, 16]\nesmm: true\n"

@@ -10,6 +10,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,7 +147,70 @@ def test_more_ranks_than_batches_repeats_or_empties():
     assert [list(GroupBatchSampler(groups, 10, num_replicas=3, rank=r, pad="empty")) for r in range(3)] == [
         [[0, 1, 2]], [[]], [[]]
     ]
-    assert len(GroupBatchSampler(groups, 10, num_replicas=3, rank=1, drop_last=True)) == 0
+    with pytest.raises(ValueError, match="drop_last=True leaves every rank without a batch"):  # was 0 batches each
+        len(GroupBatchSampler(groups, 10, num_replicas=3, rank=1, drop_last=True))
+
+
+def test_drop_last_with_fewer_batches_than_ranks_is_an_error_that_names_a_batch_size_that_works():
+    # 4,000 rows packed into one batch of 8,192 on 2 ranks: drop_last left both ranks 0 batches, silently
+    # (GroupDataModule's training batches; Lightning only warned, and the recipe crashed afterwards)
+    users = torch.arange(100).repeat_interleave(40)
+    for world in (2, 4):
+        with pytest.raises(ValueError) as error:
+            list(GroupBatchSampler(users, 8192, drop_last=True, num_replicas=world, rank=world - 1))
+        assert (f"the 4000 items pack into 1 batch(es) of at most batch_size=8192 items, fewer than num_replicas={world}"
+                in str(error.value))
+        advised = int(re.search(r"at most (\d+) \(items / ranks\)", str(error.value)).group(1))
+        assert advised == 4000 // world
+        for epoch in range(3):  # the advised size gives every rank a batch, whatever the packing of the epoch
+            counts = []
+            for rank in range(world):
+                sampler = GroupBatchSampler(users, advised, drop_last=True, num_replicas=world, rank=rank)
+                sampler.set_epoch(epoch)
+                counts.append(len(list(sampler)))
+            assert min(counts) >= 1 and len(set(counts)) == 1
+    with pytest.raises(ValueError, match="fewer items than ranks no batch_size helps"):
+        len(GroupBatchSampler(torch.tensor([0, 1]), 1, drop_last=True, num_replicas=3, rank=0))
+    assert len(GroupBatchSampler(torch.tensor([0, 1]), 1, drop_last=False, num_replicas=3, rank=0)) == 1
+
+
+def test_group_data_module_refuses_a_training_split_of_fewer_batches_than_ranks():
+    import types
+
+    from mlloss.data import GroupDataModule
+
+    columns = {"groups": torch.arange(100).repeat_interleave(40), "x": torch.zeros(4000)}
+    module = GroupDataModule(columns, columns, batch_size=8192)
+    module.trainer = types.SimpleNamespace(global_rank=1, world_size=2, current_epoch=0,
+                                           strategy=types.SimpleNamespace(root_device=torch.device("cpu")))
+    with pytest.raises(ValueError, match="batch_size=8192 items, fewer than num_replicas=2"):
+        len(module.train_dataloader())
+    assert len(module.val_dataloader()) == 1  # evaluation pads with an empty batch instead
+
+
+def test_seed_and_epoch_are_checked_integers_and_numpy_integers_work():
+    # np.int64 epochs (for epoch in np.arange(3)) and seeds failed on iteration with "an integer is
+    # required"; seed=None, "7" or 0.5 were accepted and failed later without naming seed
+    groups = torch.arange(40) // 2
+    reference = GroupBatchSampler(groups, 6, seed=7)
+    reference.set_epoch(3)
+    sampler = GroupBatchSampler(groups, 6, seed=np.int64(7))
+    sampler.set_epoch(np.int64(3))
+    assert list(sampler) == list(reference) and type(sampler.seed) is int and type(sampler.epoch) is int
+    for seed in (None, "7", 0.5, True, 2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match=re.escape(f"seed must be an integer in [-2**63, 2**64) (torch.Generator's "
+                                                       f"seeds); got {seed!r}")):
+            GroupBatchSampler(groups, 6, seed=seed)
+    with pytest.raises(ValueError, match="seed must be .*got None"):
+        TensorBatches({"groups": groups}, 6, seed=None)
+    for epoch, wanted in ((-1, ">= 0"), (1.0, "an integer"), (None, "an integer"), ("2", "an integer")):
+        with pytest.raises(ValueError, match=re.escape(f"epoch must be {wanted}; got {epoch!r}")):
+            sampler.set_epoch(epoch)
+    # seed + epoch is taken modulo 2**64, as torch.Generator.manual_seed reads a negative seed
+    top = GroupBatchSampler(groups, 6, seed=2**64 - 1)
+    top.set_epoch(1)
+    assert list(top) == list(GroupBatchSampler(groups, 6, seed=0))
+    assert list(GroupBatchSampler(groups, 6, seed=-1)) == list(GroupBatchSampler(groups, 6, seed=2**64 - 1))
 
 
 def test_replicas_default_to_torch_distributed(monkeypatch):

@@ -6,7 +6,8 @@ strategy's device once, batches cut as slices there, and under data parallelism 
 batches (round-robin, see :class:`~mlloss.data.GroupBatchSampler`):
 
 * training: users shuffled every epoch (``seed + epoch``); the last ``batches % ranks`` batches
-  are dropped so that every rank runs the same number of steps;
+  are dropped so that every rank runs the same number of steps (a split that packs into fewer
+  batches than ranks would give every rank none: a ValueError asks for a smaller ``batch_size``);
 * validation and test: users in id order, every row once; a rank left one batch short gets an
   empty batch, so that a collective forward (a sharded embedding) is joined by every rank.
 

@@ -16,6 +16,8 @@ from .._validation import check_field_ids
 
 __all__ = ["ImpressionData"]
 
+EMBEDDING_INDEX_DTYPES = (torch.int64, torch.int32)  # what torch.nn.Embedding takes as indices
+
 
 @dataclass(frozen=True)
 class ImpressionData:
@@ -24,21 +26,29 @@ class ImpressionData:
     The synthetic generator sorts rows by (user, timestamp); the real-data loaders in
     :mod:`mlloss.data.tabular` keep each file's row order.
 
+    The shapes, the dtypes (the kinds below: integer ids, floating-point values) and the id ranges
+    are checked once, at construction, so that the models need not check every batch; a field
+    of another dtype is a TypeError naming it and its dtype.
+
     Attributes:
-        sparse: (N, F) int64 ids, one column per name in ``field_names``; column f takes
-            values in ``[0, cardinalities[f])``.
-        dense: (N, D) float32 features, one column per name in ``dense_names``.
-        click: (N,) float32 0/1 click labels.
-        purchase: (N,) float32 0/1 purchase labels; purchase implies click (the generator
-            guarantees it; the real-data loaders do not check it).
-        user: (N,) int64 non-negative group ids for GAUC: users (the ``user`` sparse column
-            of the synthetic log, field ``101`` of Ali-CCP) or searches (AliExpress ``search_id``).
-        timestamp: (N,) float32 times in [0, 1); for real data the row's position in its
-            file divided by the file's number of rows.
+        sparse: (N, F) int64 ids (int32 accepted: the index dtypes of ``torch.nn.Embedding``),
+            one column per name in ``field_names``; column f takes values in
+            ``[0, cardinalities[f])``.
+        dense: (N, D) float32 features (a floating-point dtype), one column per name in
+            ``dense_names``.
+        click: (N,) float32 0/1 click labels (a floating-point dtype).
+        purchase: (N,) float32 0/1 purchase labels (a floating-point dtype); purchase implies
+            click (the generator guarantees it; the real-data loaders do not check it).
+        user: (N,) int64 non-negative group ids for GAUC (an integer dtype): users (the ``user``
+            sparse column of the synthetic log, field ``101`` of Ali-CCP) or searches
+            (AliExpress ``search_id``).
+        timestamp: (N,) float32 times in [0, 1) (a floating-point dtype); for real data the
+            row's position in its file divided by the file's number of rows.
         field_names: names of the sparse columns.
         cardinalities: number of distinct ids of each sparse column.
         dense_names: names of the dense columns.
-        p_click: (N,) float32 true P(click | impression), or None where unknown (real data).
+        p_click: (N,) float32 true P(click | impression), or None where unknown (real data);
+            a floating-point dtype, as ``p_purchase``.
         p_purchase: (N,) float32 true P(purchase | impression) = P(click) * P(purchase | click),
             or None where unknown (real data).
         item_field: name of the sparse column that holds the item id (for item-popularity
@@ -67,6 +77,7 @@ class ImpressionData:
         if self.sparse.dim() != 2 or self.sparse.shape[1] != len(self.cardinalities):
             raise ValueError(f"ImpressionData.sparse must have shape (N, {len(self.cardinalities)}); "
                              f"got {tuple(self.sparse.shape)}")
+        self._check_dtypes()
         num_rows = self.sparse.shape[0]
         for name in ("click", "purchase", "user", "timestamp", "p_click", "p_purchase"):
             value = getattr(self, name)
@@ -84,6 +95,21 @@ class ImpressionData:
             raise ValueError(
                 f"ImpressionData.item_field={self.item_field!r} is not one of field_names {self.field_names}"
             )
+
+    def _check_dtypes(self) -> None:
+        """Integer ids (``sparse`` in the dtypes ``nn.Embedding`` indexes with), floating-point
+        features, labels and times: a fractional id would otherwise pass the range check and
+        reach the models, which do not check it."""
+        if self.sparse.dtype not in EMBEDDING_INDEX_DTYPES:
+            raise TypeError(f"ImpressionData.sparse must hold integer ids of dtype torch.int64 (or torch.int32); "
+                            f"got dtype {self.sparse.dtype}")
+        if self.user.is_floating_point() or self.user.is_complex() or self.user.dtype == torch.bool:
+            raise TypeError(f"ImpressionData.user must hold integer ids (torch.int64); got dtype {self.user.dtype}")
+        for name in ("dense", "click", "purchase", "timestamp", "p_click", "p_purchase"):
+            value = getattr(self, name)
+            if value is not None and not value.is_floating_point():
+                raise TypeError(f"ImpressionData.{name} must be a floating-point tensor (torch.float32); "
+                                f"got dtype {value.dtype}")
 
     def __len__(self) -> int:
         return self.click.shape[0]

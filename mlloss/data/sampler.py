@@ -19,7 +19,8 @@ yields batches of item indices that hold whole groups:
   across ranks (a larger-than-batch group's pieces may be). Ranks left one batch short are padded
   with a repeat of the epoch's first batches (``pad="repeat"``, for training) or with empty batches
   (``pad="empty"``, for evaluation: every item once, every rank the same number of steps), or with
-  ``drop_last=True`` the last ``number of batches % R`` batches are dropped.
+  ``drop_last=True`` the last ``number of batches % R`` batches are dropped; an epoch that packs
+  into fewer batches than ranks would then leave every rank with none, which is a ValueError.
 
 The number of batches depends on the packing, so it can change by a few between epochs;
 ``len()`` is that of the current epoch (see docs/sampler.md for Lightning, which reads it once).
@@ -41,6 +42,8 @@ from mlloss._validation import check_bool, check_int, require_integer_ids
 __all__ = ["GroupBatchSampler"]
 
 PADS = ("repeat", "empty")
+SEEDS = (-(2**63), 2**64)  # the range of torch.Generator.manual_seed
+SEED_REQUIREMENT = "an integer in [-2**63, 2**64) (torch.Generator's seeds)"
 
 
 class GroupBatchSampler(Sampler[list[int]]):
@@ -56,9 +59,14 @@ class GroupBatchSampler(Sampler[list[int]]):
             any order).
         batch_size: target number of items per batch: batches hold at most this many.
         shuffle: put the groups in a new random order every epoch; if False, in increasing id order.
-        seed: seed of the shuffling; the order of epoch e is drawn from ``seed + e``.
+        seed: seed of the shuffling, an integer (Python's or NumPy's) in [-2**63, 2**64), the range of
+            ``torch.Generator.manual_seed``; the order of epoch e is drawn from ``seed + e`` (modulo
+            2**64, as ``manual_seed`` reads a negative seed).
         drop_last: drop the last ``number of batches % num_replicas`` batches of the epoch so that
-            every rank gets the same number without padding (a no-op with one replica).
+            every rank gets the same number without padding (a no-op with one replica). An epoch
+            of fewer batches than ``num_replicas`` (but at least one) would leave every rank
+            without a batch: ``len()`` and iteration raise a ValueError that asks for a smaller
+            ``batch_size``.
         pad: without ``drop_last``, how ranks one batch short are made up: ``"repeat"`` the
             epoch's first batches, or give them an ``"empty"`` batch (``[]``).
         num_replicas: number of data-parallel ranks; default: torch.distributed's world size when
@@ -86,15 +94,18 @@ class GroupBatchSampler(Sampler[list[int]]):
         self._group_sizes = torch.unique_consecutive(sorted_ids, return_counts=True)[1]
         self.batch_size = batch_size
         self.shuffle = check_bool("shuffle", shuffle)
-        self.seed = seed
+        self.seed = check_int("seed", seed, minimum=SEEDS[0], requirement=SEED_REQUIREMENT)
+        if not self.seed < SEEDS[1]:
+            raise ValueError(f"seed must be {SEED_REQUIREMENT}; got {seed!r}")
         self.drop_last = check_bool("drop_last", drop_last)
         self.pad = pad
         self.epoch = 0
         self._cache: tuple[tuple, Tensor, list[int]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the group order of ``epoch`` (call it before every epoch, as with ``DistributedSampler``)."""
-        self.epoch = epoch
+        """Use the group order of ``epoch``, an integer >= 0 (Python's or NumPy's); call it before
+        every epoch, as with ``DistributedSampler``."""
+        self.epoch = check_int("epoch", epoch, minimum=0)
 
     def __len__(self) -> int:
         """Number of batches this rank yields in the current epoch."""
@@ -124,8 +135,22 @@ class GroupBatchSampler(Sampler[list[int]]):
 
     def _own_slots(self, num_batches: int) -> range:
         """This rank's positions in the epoch's batch list; positions past its end are padding."""
+        if self.drop_last and 0 < num_batches < self.num_replicas:
+            raise ValueError(self._too_few_batches(num_batches))
         per_rank = num_batches // self.num_replicas if self.drop_last else -(-num_batches // self.num_replicas)
         return range(self.rank, per_rank * self.num_replicas, self.num_replicas)
+
+    def _too_few_batches(self, num_batches: int) -> str:
+        """Why ``drop_last`` leaves every rank without a batch, and what to change."""
+        num_items = len(self._items_by_group)
+        problem = (f"drop_last=True leaves every rank without a batch in epoch {self.epoch}: the {num_items} items "
+                   f"pack into {num_batches} batch(es) of at most batch_size={self.batch_size} items, fewer than "
+                   f"num_replicas={self.num_replicas}, so drop_last drops them all")
+        if num_items < self.num_replicas:
+            return f"{problem}; with fewer items than ranks no batch_size helps: use fewer ranks or drop_last=False"
+        # a batch holds at most batch_size items: batch_size <= items / ranks packs at least one batch per rank
+        return (f"{problem}; use a smaller batch_size, at most {num_items // self.num_replicas} (items / ranks), "
+                "or drop_last=False")
 
     def _cache_key(self) -> tuple:
         """Every attribute that :meth:`epoch_spans` depends on: a change of any re-packs the epoch
@@ -145,7 +170,8 @@ class GroupBatchSampler(Sampler[list[int]]):
         """Order the groups for the epoch, lay their items out in that order, pack the pieces."""
         num_groups = len(self._group_sizes)
         if self.shuffle:
-            order = torch.randperm(num_groups, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+            seed = (self.seed + self.epoch) % 2**64  # as manual_seed reads a negative seed; seed + epoch may pass 2**64
+            order = torch.randperm(num_groups, generator=torch.Generator().manual_seed(seed))
         else:
             order = torch.arange(num_groups)
         sizes = self._group_sizes.index_select(0, order)

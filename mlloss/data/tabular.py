@@ -23,7 +23,8 @@ float32 dense values, a one-character placeholder for the columns not used), eve
 many fields as the header. When it rejects a file, or a value fails the checks (ids >= 0, labels
 0 or 1, finite dense values), the file is read again with the ``csv`` module to name the
 file, the 1-based line number and the column of the first bad value (or the row's number of
-fields); that slower pass only runs on the error path.
+fields); that slower pass only runs on the error path. The files are UTF-8 text (a byte-order
+mark allowed): a byte that is not is a ValueError naming the file, line and byte.
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ def load_ali_ccp(
 
     Raises:
         FileNotFoundError: a file or the directory does not exist, or no file matches.
-        ValueError: several files match a split, a column is missing, the file is empty, or
-            a value is bad (the message names the file, line and column).
+        ValueError: several files match a split, a column is missing, the file is empty, a
+            value is bad (the message names the file, line and column), or the file is not
+            UTF-8 text (the message names the file, line and byte).
     """
     paths = _resolve_paths(_ALI_CCP, directory, {"train": train, "val": val, "test": test})
     tables = {split: _read_table(path, _ALI_CCP) for split, path in paths.items()}
@@ -230,6 +232,26 @@ def _find_split_file(layout: _Layout, directory: Path, split: str) -> Path:
 
 def _read_table(path: Path, layout: _Layout) -> dict[str, np.ndarray]:
     """The layout's columns of one CSV file as contiguous numpy arrays, checked."""
+    try:
+        return _read_utf8_table(path, layout)
+    except UnicodeDecodeError:  # from the header read, numpy or the csv pass, whichever reads the byte first
+        raise _encoding_error(path) from None
+
+
+def _encoding_error(path: Path) -> ValueError:
+    """A ValueError naming the line and the byte of the first non-UTF-8 byte of ``path``."""
+    with path.open("rb") as file:
+        for line_number, line in enumerate(file, start=1):  # b"\n" is never part of a UTF-8 multi-byte character
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return ValueError(f"{path}, line {line_number}: not UTF-8 text (byte {error.start + 1} of the line, "
+                                  f"{line[error.start]:#04x}: {error.reason}); save the file as UTF-8")
+    return ValueError(f"{path}: not UTF-8 text; save the file as UTF-8")
+
+
+def _read_utf8_table(path: Path, layout: _Layout) -> dict[str, np.ndarray]:
+    """:func:`_read_table` of a UTF-8 file (UnicodeDecodeError otherwise)."""
     columns = layout.columns()
     header = _read_header(path)
     missing = [name for name in columns if name not in header]
