@@ -8,9 +8,9 @@ A checkpoint at ``<dir>/<name>`` (``last.ckpt`` in recipes/ctr_cvr.py) is writte
 temporary name in ``<dir>/.partial/`` and only then moved to ``<dir>/<name>``:
 
 * a file (Lightning's ``.ckpt``): written, flushed and fsynced as ``.partial/<name>.<random>.tmp``
-  (a name of its own per write, locked with ``flock`` by its writer until it is published, so that
-  two writers never publish each other's parts), then ``os.replace``-d over the previous one
-  (atomic: a reader sees the old file or the new one);
+  (a name of its own per write, created with mode ``0666`` less the umask, locked with ``flock`` by
+  its writer until it is published, so that two writers never publish each other's parts), then
+  ``os.replace``-d over the previous one (atomic: a reader sees the old file or the new one);
 * a directory (TorchRec's ``torch.distributed.checkpoint`` shards plus ``meta.pt``, written by
   ``TorchRecStrategy``): every rank writes its shards into ``.partial/<name>``, then rank 0
   writes the completion marker ``COMPLETE`` last (the files and their sizes, as JSON) and swaps
@@ -22,8 +22,13 @@ temporary name in ``<dir>/.partial/`` and only then moved to ``<dir>/<name>``:
 (a directory with its marker: its writer was killed after it was complete, before it was moved),
 ``<name>`` (a file, or a directory with its marker) and ``.old/<name>`` (killed between the two
 moves), and reports each candidate it skips. A temporary file is never used: until it is
-renamed, the previous file is the newest complete one. A checkpoint replaces a file or a
-checkpoint directory only: :func:`publish` refuses a directory without the marker or ``meta.pt``.
+renamed, the previous file is the newest complete one. A write starts by clearing what crashed
+writes left at the temporary names (:func:`_clear_staging`): the files no writer holds, and a
+staging directory, which is first made visible when it is complete (the newest complete checkpoint
+is never removed before a newer one is complete). A checkpoint replaces a file or a checkpoint
+directory only: :func:`publish` refuses a directory without the marker or ``meta.pt``. The folders
+``.partial`` and ``.old`` are this module's: a checkpoint folder of either name is refused
+(:func:`_check_folder_name`), so that a path ``<folder>/.partial/<name>`` is always a staging copy.
 
 Pieces:
 
@@ -51,9 +56,9 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -119,7 +124,8 @@ def retired_path(final: str | os.PathLike) -> Path:
 
 def _temporary_files(final: Path) -> list[Path]:
     """The files that writes of the checkpoint file ``final`` have under way, or left when they
-    died: ``<dir>/.partial/<name>.<random>.tmp`` (``tempfile.mkstemp``'s random part has no dot)."""
+    died: ``<dir>/.partial/<name>.<random>.tmp`` (the random part has no dot: hex digits, or
+    ``tempfile.mkstemp``'s letters of earlier versions)."""
     folder = final.parent / STAGING_DIRNAME
     pattern = re.compile(re.escape(final.name) + r"\.\w+\.tmp")
     try:
@@ -130,8 +136,21 @@ def _temporary_files(final: Path) -> list[Path]:
 
 
 def _final_of(path: Path) -> Path | None:
-    """The visible name of a staging or retired copy; None for any other path."""
+    """The visible name of a staging or retired copy; None for any other path (unambiguous: no
+    checkpoint folder has the name of a staging or retired folder, :func:`_check_folder_name`)."""
     return path.parent.parent / path.name if path.parent.name in (STAGING_DIRNAME, RETIRED_DIRNAME) else None
+
+
+def _check_folder_name(final: Path) -> None:
+    """Raise ValueError when the checkpoint ``final`` is in a folder named ``.partial`` or ``.old``:
+    it would be taken for a staging or retired copy of ``<folder>/../<name>`` (skipped as an
+    unfinished write, or moved out of its folder by :func:`finish_interrupted_publish`)."""
+    folder = final.parent
+    if folder.name in (STAGING_DIRNAME, RETIRED_DIRNAME):
+        kind = "temporary" if folder.name == STAGING_DIRNAME else "retired"
+        raise ValueError(f"the checkpoint folder {folder} is named {folder.name}, which mlloss.checkpointing keeps for "
+                         f"the {kind} copies of the checkpoints in {folder.parent}: {final} would be taken for one; "
+                         "name the folder otherwise")
 
 
 # --------------------------------------------------------------------------- writing
@@ -240,31 +259,31 @@ def publish(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
 def _open_temporary_file(final: Path) -> tuple[IO[bytes], Path]:
     """A new file ``<dir>/.partial/<name>.<random>.tmp`` for a write of ``final``, open and locked
     (``flock``) until it is closed: :func:`_remove_abandoned_files` removes only unlocked ones.
-    Tried again when another writer removed the empty folder, or the file before it was locked."""
+    Created with mode ``0666``, which the kernel reduces by the umask (or the folder's default
+    ACL): the permissions of any file the user creates, not ``mkstemp``'s ``0600``, which would
+    hide the checkpoint from the group. The umask is never read by setting it (``os.umask``
+    changes it for every thread of the process, whose files would meanwhile be created ``0666``).
+    Tried again when the random name is taken, when another writer removed the empty folder, or
+    the file before it was locked."""
     folder = final.parent / STAGING_DIRNAME
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
     while True:
         folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{final.name}.{secrets.token_hex(6)}.tmp"  # hex: the \w+ of _temporary_files
         try:
-            descriptor, name = tempfile.mkstemp(prefix=final.name + ".", suffix=".tmp", dir=folder)
-        except FileNotFoundError:
+            descriptor = os.open(path, flags, 0o666)
+        except (FileExistsError, FileNotFoundError):
             continue
         stream = open(descriptor, "wb")
         try:
-            os.fchmod(descriptor, 0o666 & ~_umask())  # mkstemp's 0600 would hide the checkpoint from the group
             _lock(stream, blocking=True)
         except BaseException:
             stream.close()
-            Path(name).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             raise
-        if os.path.exists(name):
-            return stream, Path(name)
+        if path.exists():
+            return stream, path
         stream.close()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _lock(stream: IO[bytes], *, blocking: bool) -> None:
@@ -293,13 +312,13 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]
     (``<dir>/.partial/<name>.<random>.tmp``), flush and fsync it, then :func:`publish` it: ``path``
     holds the previous file or the complete new one of one writer, never a part, also when several
     processes write it at once. A failed write removes its temporary file; errors name ``path``.
-    Before writing it removes what crashed writes left: their temporary files, and a directory
-    at :func:`staging_path`, which the resolver would take for newer than this file."""
+    Before writing it clears what crashed writes left (:func:`_clear_staging`). ValueError when
+    the folder of ``path`` is named ``.partial`` or ``.old`` (:func:`_check_folder_name`)."""
     final = Path(path)
     try:
+        _check_folder_name(final)
         _check_replaceable(final)
-        _remove(staging_path(final))
-        _remove_abandoned_files(final)
+        _clear_staging(final)
         stream, staging = _open_temporary_file(final)
     except BaseException as error:
         _name_the_path(error, f"while writing the checkpoint {final}")
@@ -325,13 +344,29 @@ def save_atomically(obj: Any, path: str | os.PathLike) -> Path:
     return write_atomically(path, lambda stream: torch.save(obj, stream))
 
 
-def begin_directory(final: str | os.PathLike) -> Path:
-    """Start writing the checkpoint directory ``final``: an empty :func:`staging_path` (a stale one,
-    left by a crash, is removed). Call on one process; the others write after a barrier.
-    IsADirectoryError when ``final`` is a directory that is not a checkpoint (:func:`publish`)."""
-    _check_replaceable(Path(final))
+def _clear_staging(final: Path) -> None:
+    """Clear what crashed writes of ``final`` left at the temporary names, before a new write: the
+    temporary files no writer holds (:func:`_remove_abandoned_files`) and a directory at
+    :func:`staging_path`. A complete one (its writer was killed after the marker, before the swap)
+    is the newest complete checkpoint: it is made visible first (:func:`finish_interrupted_publish`),
+    so that a crash of the new write still resumes from it; an incomplete one is removed."""
     staging = staging_path(final)
+    finish_interrupted_publish(staging)  # a complete directory only; leaves anything else where it is
     _remove(staging)
+    _remove_abandoned_files(final)
+
+
+def begin_directory(final: str | os.PathLike) -> Path:
+    """Start writing the checkpoint directory ``final``: an empty :func:`staging_path`, after
+    clearing what crashed writes left (:func:`_clear_staging`: a complete staging copy is made
+    visible first). Call on one process; the others write after a barrier. IsADirectoryError when
+    ``final`` is a directory that is not a checkpoint (:func:`publish`); ValueError when its folder
+    is named ``.partial`` or ``.old`` (:func:`_check_folder_name`)."""
+    final = Path(final)
+    _check_folder_name(final)
+    _check_replaceable(final)
+    _clear_staging(final)
+    staging = staging_path(final)
     staging.mkdir(parents=True)
     return staging
 
@@ -460,7 +495,8 @@ def latest_complete_checkpoint(
     directory: str | os.PathLike, name: str = "last.ckpt", report: Optional[Callable[[str], None]] = None
 ) -> Path | None:
     """The newest complete checkpoint named ``name`` in ``directory``, or None (also when
-    ``directory`` does not exist yet: a first run; NotADirectoryError when it is a file).
+    ``directory`` does not exist yet: a first run; NotADirectoryError when it is a file;
+    ValueError when it is named ``.partial`` or ``.old``, :func:`_check_folder_name`).
 
     In order: ``.partial/<name>`` when it is a complete directory (killed after its marker, before
     the swap: newer than ``<name>``), ``<name>``, then ``.old/<name>`` (killed between the two
@@ -473,13 +509,14 @@ def latest_complete_checkpoint(
                                  f"of the checkpoints (pass its folder, and name= for a name other than {name})")
     report = _print_rank_zero if report is None else report
     final = Path(directory) / name
+    _check_folder_name(final)
     unfinished = f"a checkpoint file whose write did not finish (it is renamed to {final} when it is complete)"
     for temporary in _temporary_files(final):
         report(f"skipped {temporary}: {unfinished}")
     for candidate in (staging_path(final), final, retired_path(final)):
         if not (candidate.exists() or candidate.is_symlink()):
             continue
-        if candidate.parent.name == STAGING_DIRNAME and not candidate.is_dir():  # left by mlloss < temporary names
+        if candidate == staging_path(final) and not candidate.is_dir():  # left by mlloss < temporary names
             report(f"skipped {candidate}: {unfinished}")
             continue
         reason = incomplete_reason(candidate)

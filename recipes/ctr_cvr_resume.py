@@ -12,6 +12,7 @@ The checkpoints themselves (temporary names, atomic publication, the newest comp
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,18 +21,43 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_only
 
-from mlloss.checkpointing import (METADATA_FILENAME, is_checkpoint_directory, latest_complete_checkpoint, retired_path,
-                                 staging_path)
+from mlloss.checkpointing import (METADATA_FILENAME, RETIRED_DIRNAME, STAGING_DIRNAME, is_checkpoint_directory,
+                                 latest_complete_checkpoint, retired_path, staging_path)
 
 
 @rank_zero_only
 def _print_rank_zero(text: str) -> None:
     print(text, flush=True)
 
+
+def check_checkpoint_dir(args: argparse.Namespace) -> None:
+    """Refuse, before anything is trained, a ``--checkpoint-dir`` that the run would write its
+    checkpoints into or ``--resume last`` read, and that cannot be their folder: a file, or a path
+    under a file (NotADirectoryError, instead of one at the first checkpoint, after a whole epoch),
+    or a folder named ``.partial`` or ``.old``, which ``mlloss.checkpointing`` keeps for its
+    temporary and retired copies (ValueError)."""
+    if args.no_checkpoint and args.resume != "last":
+        return
+    folder = Path(args.checkpoint_dir)
+    if folder.name in (STAGING_DIRNAME, RETIRED_DIRNAME):
+        kind = "temporary" if folder.name == STAGING_DIRNAME else "retired"
+        raise ValueError(f"--checkpoint-dir {args.checkpoint_dir}: a folder named {folder.name} would be taken for the "
+                         f"{kind} copies that mlloss.checkpointing keeps beside the checkpoints of {folder.parent}; "
+                         "name another folder")
+    # os.path.exists, not Path.exists: False, not PermissionError, below a folder that cannot be searched
+    existing = next((path for path in (folder, *folder.parents) if os.path.exists(path)), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == folder else f"is under the file {existing}"
+        raise NotADirectoryError(f"--checkpoint-dir {args.checkpoint_dir} {where}: the checkpoints go into a folder "
+                                 "(last.ckpt in it); name a folder, new or existing")
+
+
 def resume_path(args: argparse.Namespace) -> Path | None:
     """The checkpoint ``--resume`` names: ``last`` is the newest complete checkpoint
-    (:func:`latest_complete_checkpoint` of ``<checkpoint-dir>/last.ckpt``; what it skips is printed),
-    a path must exist."""
+    (:func:`latest_complete_checkpoint` of ``<checkpoint-dir>/last.ckpt``; what it skips is printed;
+    a folder that cannot be read is an OSError naming ``--checkpoint-dir``), a path must exist.
+    First, on every run, :func:`check_checkpoint_dir` (the recipe calls this before training)."""
+    check_checkpoint_dir(args)
     if args.resume is None:
         return None
     if args.resume != "last":
@@ -41,7 +67,12 @@ def resume_path(args: argparse.Namespace) -> Path | None:
         return path
     last = Path(args.checkpoint_dir) / "last.ckpt"
     skipped: list[str] = []
-    path = latest_complete_checkpoint(args.checkpoint_dir, last.name, report=skipped.append)
+    try:
+        path = latest_complete_checkpoint(args.checkpoint_dir, last.name, report=skipped.append)
+    except OSError as error:  # e.g. a folder without read or search permission: the error names a path in it
+        detail = (f"{error.strerror} (while looking for {error.filename})" if error.strerror and error.filename
+                  else str(error))
+        raise type(error)(f"--resume last: cannot read --checkpoint-dir {args.checkpoint_dir}: {detail}") from error
     for message in skipped:
         _print_rank_zero(f"--resume last: {message}")
     if path is None:

@@ -43,6 +43,7 @@ from mlloss.checkpointing import (
     CHECKPOINT_PAUSE_ENV,
     MARKER_FILENAME,
     atomic_directory,
+    begin_directory,
     finish_interrupted_publish,
     incomplete_reason,
     latest_complete_checkpoint,
@@ -254,7 +255,7 @@ def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path
     assert (staging / "meta.pt").is_file() and not (staging / MARKER_FILENAME).exists()
     assert torch.load(final / "meta.pt", weights_only=False) == {"version": 1}, "the previous one is untouched"
 
-    args = argparse.Namespace(resume="last", checkpoint_dir=tmp_path)
+    args = argparse.Namespace(resume="last", checkpoint_dir=tmp_path, no_checkpoint=False)
     assert resume.resume_path(args) == final
     printed = capsys.readouterr().out
     assert f"--resume last: skipped {staging}: a directory without the completion marker COMPLETE" in printed
@@ -286,6 +287,69 @@ def _directory(path: Path, version: int, complete: bool = True) -> None:
     torch.save({"version": version}, path / "meta.pt")
     if complete:
         mark_complete(path)
+
+
+def test_a_directory_write_removes_the_temporary_file_a_killed_file_write_left(tmp_path):
+    """begin_directory removed only a staging directory: the killed file write's temporary file (a
+    whole checkpoint's bytes) stayed for good, and every --resume last reported it as unfinished."""
+    final = tmp_path / "last.ckpt"
+    save_atomically({"version": 1}, final)
+    _kill_when(_fork(_write_slowly, str(final)), lambda: Path(str(final) + ".started").exists())
+    Path(str(final) + ".started").unlink()
+    assert len(_temporary_files(final)) == 1
+    with atomic_directory(final) as tmp:
+        torch.save({"version": 2}, tmp / "meta.pt")
+    assert latest_complete_checkpoint(tmp_path, report=pytest.fail) == final
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "last.ckpt", "last.ckpt/COMPLETE", "last.ckpt/meta.pt"], "no temporary file, no empty .partial/"
+
+
+def _fail(stream) -> None:
+    raise RuntimeError("the write fails")
+
+
+def _write_directory_killed_midway(final: Path) -> None:
+    """What a directory write killed in the middle of its files leaves: begun, never finished."""
+    staging = begin_directory(final)
+    torch.save({"version": 3}, staging / "meta.pt")
+
+
+def _write_file_failing(final: Path) -> None:
+    with pytest.raises(RuntimeError, match="the write fails"):
+        write_atomically(final, _fail)
+
+
+@pytest.mark.parametrize("next_write", [_write_directory_killed_midway, _write_file_failing], ids=["directory", "file"])
+def test_a_complete_staging_copy_stays_the_newest_checkpoint_until_the_next_write_is_complete(
+        tmp_path, capsys, next_write):
+    """begin_directory (and write_atomically) removed a complete .partial/<name>, the newest complete
+    checkpoint (its writer was killed after the marker, before the swap), when the next write
+    began: a crash of that write then resumed from the older <name>. It is made visible first."""
+    final = tmp_path / "last.ckpt"
+    _directory(final, 1)
+    _directory(staging_path(final), 2)
+    next_write(final)
+    found = latest_complete_checkpoint(tmp_path, report=lambda message: None)
+    assert found == final and torch.load(final / "meta.pt", weights_only=False) == {"version": 2}
+    assert not retired_path(final).parent.exists(), "the previous one removed once the swap was done"
+    assert f"finished the interrupted write of {final} (moved {staging_path(final)} there)" in capsys.readouterr().out
+
+
+def test_a_checkpoint_folder_named_like_a_temporary_or_retired_folder_is_refused(tmp_path):
+    """A checkpoint file in a folder named .partial was skipped as an unfinished write, and one in a
+    folder named .old was moved out of its folder by finish_interrupted_publish, as a retired copy."""
+    for name in (".partial", ".old"):
+        final = tmp_path / name / "last.ckpt"
+        refused = re.escape(f"the checkpoint folder {final.parent} is named {name}, which mlloss.checkpointing keeps "
+                            f"for the {'temporary' if name == '.partial' else 'retired'} copies of the checkpoints "
+                            f"in {tmp_path}")
+        with pytest.raises(ValueError, match=refused):
+            save_atomically({"version": 1}, final)
+        with pytest.raises(ValueError, match=refused), atomic_directory(final) as tmp:
+            torch.save({"version": 1}, tmp / "meta.pt")
+        with pytest.raises(ValueError, match=refused):
+            latest_complete_checkpoint(final.parent, report=pytest.fail)
+    assert list(tmp_path.iterdir()) == [], "nothing written"
 
 
 @pytest.mark.parametrize(("state", "newest"), [
@@ -334,7 +398,8 @@ def test_errors_name_the_path(tmp_path):
     with pytest.raises(IsADirectoryError, match=re.escape(str(tmp_path))):
         AtomicCheckpointIO().load_checkpoint(tmp_path)
     with pytest.raises(FileNotFoundError, match=re.escape(f"no checkpoint at {tmp_path / 'missing'}")):
-        resume.resume_path(argparse.Namespace(resume=str(tmp_path / "missing"), checkpoint_dir=tmp_path))
+        resume.resume_path(argparse.Namespace(resume=str(tmp_path / "missing"), checkpoint_dir=tmp_path,
+                                                  no_checkpoint=False))
 
 
 # --------------------------------------------------------------------------- the recipe's --resume checks
@@ -433,14 +498,29 @@ def test_checkpoints_keep_the_cuda_generators_and_load_without_them(recipe, monk
     assert len(restored) == 1 and module.history == [{"epoch": 1}]
 
 
-def test_checkpoint_files_are_as_readable_as_any_file_the_user_writes(tmp_path):
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_checkpoint_files_are_as_readable_as_any_file_the_user_writes(tmp_path, umask, mode):
     # mkstemp's temporary file is 0600: published as it was, a group's evaluation job could not read it.
-    previous = os.umask(0o022)
+    previous = os.umask(umask)
     try:
         final = save_atomically({"a": 1}, tmp_path / "last.ckpt")
     finally:
         os.umask(previous)
-    assert final.stat().st_mode & 0o777 == 0o644
+    assert final.stat().st_mode & 0o777 == mode
+
+
+def test_writing_a_checkpoint_never_changes_the_umask(tmp_path, monkeypatch):
+    """The umask was read by setting it to 0 and back: a file that another thread of the process
+    (a logger's) created in between was world-writable. Every umask the write sets is recorded."""
+    set_masks, real_umask = [], os.umask
+    monkeypatch.setattr(os, "umask", lambda mask: set_masks.append(mask) or real_umask(mask))
+    previous = real_umask(0o022)
+    try:
+        save_atomically({"a": 1}, tmp_path / "last.ckpt")
+        save_atomically({"a": 2}, tmp_path / "last.ckpt")  # over a file
+    finally:
+        real_umask(previous)
+    assert [oct(mask) for mask in set_masks if mask != 0o022] == [], "the process's umask changed during the write"
 
 
 def test_a_file_system_without_locks_still_gets_its_checkpoint(tmp_path, monkeypatch):
@@ -482,6 +562,56 @@ def test_resume_takes_options_the_run_does_not_use(recipe, two_epochs, tmp_path)
     assert len(resumed["history"]) == 3
     with pytest.raises(ValueError, match="was trained with --num-experts 4; this run has --num-experts 2"):
         recipe.main([*RUN, "--epochs", "4", "--num-experts", "2", "--output-dir", str(run), "--resume", "last"])
+
+
+@pytest.mark.parametrize("resume_option", [(), ("--resume", "last")], ids=["new run", "resume last"])
+def test_a_checkpoint_dir_that_is_a_file_is_refused_before_training(recipe, tmp_path, resume_option):
+    """A new run trained a whole epoch, then failed at its first checkpoint (NotADirectoryError naming
+    <file>/.partial); --resume last gave the library's message, which names its name= argument."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    out_dir = tmp_path / "run"
+    with pytest.raises(NotADirectoryError, match=re.escape(f"--checkpoint-dir {a_file} is a file: the checkpoints go "
+                                                           "into a folder (last.ckpt in it)")) as error:
+        recipe.main([*RUN, "--epochs", "1", "--output-dir", str(out_dir), "--checkpoint-dir", str(a_file),
+                     *resume_option])
+    assert "name=" not in str(error.value)
+    assert not (out_dir / "results.json").exists() and a_file.read_text() == "mine"
+
+
+def test_a_checkpoint_dir_under_a_file_or_with_a_reserved_name_is_refused(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    args = argparse.Namespace(resume=None, checkpoint_dir=tmp_path / "a-file" / "checkpoints", no_checkpoint=False)
+    with pytest.raises(NotADirectoryError, match=re.escape(f"--checkpoint-dir {args.checkpoint_dir} is under the file "
+                                                           f"{tmp_path / 'a-file'}")):
+        resume.resume_path(args)
+    args.no_checkpoint = True  # nothing is written there, nor read
+    assert resume.resume_path(args) is None
+    args.resume = "last"  # read
+    with pytest.raises(NotADirectoryError, match="is under the file"):
+        resume.resume_path(args)
+    for name, kind in ((".partial", "temporary"), (".old", "retired")):
+        args = argparse.Namespace(resume=None, checkpoint_dir=tmp_path / name, no_checkpoint=False)
+        with pytest.raises(ValueError, match=re.escape(f"--checkpoint-dir {tmp_path / name}: a folder named {name} "
+                                                       f"would be taken for the {kind} copies")):
+            resume.resume_path(args)
+    args = argparse.Namespace(resume=None, checkpoint_dir=tmp_path / "new" / "checkpoints", no_checkpoint=False)
+    assert resume.resume_path(args) is None, "a folder that does not exist yet is created by the first checkpoint"
+
+
+def test_resume_last_names_the_checkpoint_dir_it_cannot_read(tmp_path, monkeypatch):
+    """A folder without read or search permission gave a raw PermissionError naming a path inside it
+    (<dir>/.partial/last.ckpt, which does not exist). The library's error is mocked: permissions do
+    not stop root, whom tests may run as."""
+    inside = tmp_path / ".partial" / "last.ckpt"
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(inside))
+
+    monkeypatch.setattr(resume, "latest_complete_checkpoint", unreadable)
+    with pytest.raises(PermissionError, match=re.escape(f"--resume last: cannot read --checkpoint-dir {tmp_path}: "
+                                                        f"Permission denied (while looking for {inside})")):
+        resume.resume_path(argparse.Namespace(resume="last", checkpoint_dir=tmp_path, no_checkpoint=False))
 
 
 def test_a_folder_that_is_not_a_checkpoint_is_not_removed_for_one(recipe, tmp_path):
