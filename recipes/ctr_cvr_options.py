@@ -172,9 +172,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if moot[name] and name not in typed:
             setattr(args, name, unset)
     for name in ("epochs", "batch_size", "num_users", "num_items", "embedding_dim", "cpu_threads", "num_nodes",
-                 "steps_per_call"):
+                 "steps_per_call", "num_experts", "num_shared_experts", "num_levels"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if args.num_task_experts < 0:  # 0: a CGC level without task experts, an MMoE
+        p.error(f"--num-task-experts must be >= 0; got {args.num_task_experts}")
+    if not 0 < args.lr < math.inf:
+        p.error(f"--lr must be finite and > 0; got {args.lr}")
+    if not 0 <= args.weight_decay < math.inf:
+        p.error(f"--weight-decay must be finite and >= 0; got {args.weight_decay}")
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout must be in [0, 1); got {args.dropout}")
     for name in ("expert_hidden", "tower_hidden"):  # checked before the data are made
         if any(width < 1 for width in getattr(args, name)):
             p.error(f"--{name.replace('_', '-')} widths must be >= 1; got {getattr(args, name)}")

@@ -197,6 +197,23 @@ def test_recipe_beats_the_popularity_baseline(recipe, tmp_path):
     assert results["model/auc/click"] < results["oracle/auc/click"]
 
 
+@pytest.mark.parametrize("option,value,message", [
+    ("--num-experts", "0", "--num-experts must be >= 1; got 0"),
+    ("--num-shared-experts", "0", "--num-shared-experts must be >= 1; got 0"),
+    ("--num-task-experts", "-1", "--num-task-experts must be >= 0; got -1"),
+    ("--lr", "0", "--lr must be finite and > 0; got 0.0"),
+    ("--lr", "nan", "--lr must be finite and > 0; got nan"),
+    ("--weight-decay", "-1", "--weight-decay must be finite and >= 0; got -1.0"),
+    ("--dropout", "1", "--dropout must be in [0, 1); got 1.0"),
+])
+def test_model_and_optimizer_options_are_checked_before_the_data_are_made(recipe, capsys, option, value, message):
+    # These reached the towers (an error naming num_experts, after the data were generated) or
+    # trained nothing (--lr 0) without a word.
+    with pytest.raises(SystemExit):
+        recipe.parse_args([option, value])
+    assert message in capsys.readouterr().err
+
+
 def test_recipe_rejects_bad_arguments(recipe, capsys):
     with pytest.raises(SystemExit):
         recipe.parse_args(["--epochs", "0"])
