@@ -131,6 +131,29 @@ def test_ple_gates_follow_the_paper():
     assert len(CGC(8, num_tasks=2).levels) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_esmm_logits_keep_their_order_and_gradient_at_large_logits(dtype):
+    # log(1 - p) was taken from p capped at 1 - 1e-7: every CTCVR logit past ~16 was 16.118 (items
+    # with high CTR and CVR logits tied on the CTCVR head), with a gradient of 1e-8 or less.
+    from decimal import Decimal, getcontext
+
+    getcontext().prec = 60
+
+    def reference(a: float, b: float) -> float:  # logit(sigmoid(a) sigmoid(b)), 60 digits
+        p = 1 / (1 + (-Decimal(a)).exp()) / (1 + (-Decimal(b)).exp())
+        return float((p / (1 - p)).ln())
+
+    pairs = [(16.0, 16.0), (17.0, 17.0), (20.0, 20.0), (30.0, 30.0), (40.0, 2.0), (-30.0, 25.0), (0.3, -0.7), (-50.0, -50.0)]
+    ctr = torch.tensor([a for a, _ in pairs], dtype=dtype, requires_grad=True)
+    cvr = torch.tensor([b for _, b in pairs], dtype=dtype, requires_grad=True)
+    logits = esmm_logits(ctr, cvr)
+    expected = torch.tensor([reference(a, b) for a, b in pairs], dtype=dtype)
+    torch.testing.assert_close(logits, expected, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0)
+    # BCE with label 0 on a confident CTCVR: the gradient pulls the CTR logit down by about p_cvr / 2
+    torch.nn.functional.binary_cross_entropy_with_logits(logits[3], torch.zeros((), dtype=dtype)).backward()
+    assert 0.49 < ctr.grad[3] < 0.51
+
+
 def test_esmm_returns_ctr_and_ctcvr_logits():
     ctr, cvr = torch.randn(50) * 4, torch.randn(50) * 4
     expected = torch.sigmoid(ctr) * torch.sigmoid(cvr)

@@ -293,10 +293,12 @@ class MMoE(PLE):
 
 
 def esmm_logits(ctr_logit: Tensor, cvr_logit: Tensor) -> Tensor:
-    """The logit of pCTCVR = sigmoid(ctr_logit) * sigmoid(cvr_logit), computed in log space."""
+    """The logit of pCTCVR = sigmoid(ctr_logit) * sigmoid(cvr_logit), computed in log space:
+    log p - log(1 - p), with 1 - p = sigmoid(-a) + sigmoid(a) sigmoid(-b) summed as logarithms, so
+    that it stays exact, finite and differentiable for logits of any size (log(1 - p) from p itself
+    capped p below 1: every logit past ~16 gave the same 16.1, and almost no gradient)."""
     log_p = F.logsigmoid(ctr_logit) + F.logsigmoid(cvr_logit)
-    # log(1 - p) = log(-expm1(log p)); clamp keeps p < 1 so the logarithm stays finite.
-    log_not_p = torch.log(-torch.expm1(log_p.clamp_max(-1e-7)))
+    log_not_p = torch.logaddexp(F.logsigmoid(-ctr_logit), F.logsigmoid(ctr_logit) + F.logsigmoid(-cvr_logit))
     return log_p - log_not_p
 
 
