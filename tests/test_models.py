@@ -266,3 +266,28 @@ def test_a_model_compiles_as_one_graph_equal_to_eager(backbone, validate_args):
     if validate_args:
         with pytest.raises(RuntimeError):  # the device assert, on the CPU at once
             compiled(ids.clone().fill_(6), dense)
+
+
+def test_a_model_made_on_the_meta_device_and_loaded_equals_the_original():
+    # FSDP-style deferred init: build on "meta", to_empty(), load_state_dict. The index buffers
+    # (field offsets, DotInteraction's pick, the gates' expert lists) are not in the state_dict:
+    # they held uninitialised memory after to_empty (offsets [94374747191920, ...]), and the model
+    # crashed or read other fields' rows. They are rebuilt on every move now.
+    from mlloss.models import DotInteraction, MultiTaskModel
+
+    def make():
+        embedding = FieldEmbedding([50, 60, 80], dim=4)
+        return MultiTaskModel(embedding, PLE(3 * 4 + 3, num_tasks=2, num_levels=2, expert_hidden=(8,)),
+                              DotInteraction(3, 4))
+
+    torch.manual_seed(0)
+    original = make()
+    with torch.device("meta"):
+        deferred = make()
+    deferred.to_empty(device="cpu")
+    deferred.load_state_dict(original.state_dict())
+    for name, buffer in original.named_buffers():
+        assert torch.equal(dict(deferred.named_buffers())[name], buffer), name
+    ids = torch.stack([torch.randint(50, (16,)), torch.randint(60, (16,)), torch.randint(80, (16,))], dim=1)
+    torch.testing.assert_close(deferred(ids), original(ids), rtol=0, atol=0)
+    assert deferred.double().backbone.levels[0].gated_experts.dtype == torch.int64  # moves keep index dtypes

@@ -19,11 +19,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_cardinalities, check_field_ids, check_sizes
+from ._constants import ConstantBuffers
 
 __all__ = ["FieldEmbedding", "DotInteraction"]
 
 
-class FieldEmbedding(nn.Module):
+class FieldEmbedding(ConstantBuffers):
     """One ``dim``-dimensional embedding table per sparse field (one id per field and row).
 
     ``forward(ids)`` with ids (B, F), ``ids[:, f]`` in ``[0, cardinalities[f])``, returns the
@@ -46,13 +47,15 @@ class FieldEmbedding(nn.Module):
         check_sizes(dim=dim)
         self.cardinalities = [int(c) for c in cardinalities]
         self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim).normal_(std=0.05))
-        sizes = torch.tensor(self.cardinalities)
-        self.register_buffer("sizes", sizes, persistent=False)
-        self.register_buffer("offsets", sizes.cumsum(0) - sizes, persistent=False)
+        self.register_constant_buffers()  # sizes, offsets
         self.combine = combine
         self.validate_args = validate_args
         self.output_dim = dim * len(self.cardinalities) if combine == "concat" else dim
         self.register_load_state_dict_pre_hook(_join_per_field_tables)
+
+    def constant_buffers(self) -> dict[str, Tensor]:
+        sizes = torch.tensor(self.cardinalities)
+        return {"sizes": sizes, "offsets": sizes.cumsum(0) - sizes}  # each field's first row in ``weight``
 
     def tables(self, weight: Tensor | None = None) -> tuple[Tensor, ...]:
         """Each field's rows of ``weight`` (default: the parameter; e.g. its ``.grad``), as views."""
@@ -82,7 +85,7 @@ def _join_per_field_tables(module: FieldEmbedding, state_dict: dict, prefix: str
         state_dict[f"{prefix}weight"] = torch.cat([state_dict.pop(key) for key in keys])
 
 
-class DotInteraction(nn.Module):
+class DotInteraction(ConstantBuffers):
     """Appends the pairwise dot products of the field embeddings (as in FM and DLRM).
 
     Reads (B, num_fields * dim) concatenated field embeddings and returns
@@ -94,12 +97,15 @@ class DotInteraction(nn.Module):
         super().__init__()
         check_sizes(num_fields=num_fields, dim=dim)
         self.num_fields, self.dim = num_fields, dim
-        rows, cols = torch.triu_indices(num_fields, num_fields, offset=1)
+        self.register_constant_buffers()  # pick
+        self.output_dim = num_fields * dim + self.pick.shape[1]
+
+    def constant_buffers(self) -> dict[str, Tensor]:
+        rows, cols = torch.triu_indices(self.num_fields, self.num_fields, offset=1)
         # picks <e_i, e_j>, i < j, out of all F * F dots: a matmul, whose backward is one too
-        pick = torch.zeros(num_fields * num_fields, rows.numel())
-        pick[rows * num_fields + cols, torch.arange(rows.numel())] = 1.0
-        self.register_buffer("pick", pick, persistent=False)
-        self.output_dim = num_fields * dim + rows.numel()
+        pick = torch.zeros(self.num_fields * self.num_fields, rows.numel())
+        pick[rows * self.num_fields + cols, torch.arange(rows.numel())] = 1.0
+        return {"pick": pick}
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 2 or x.shape[1] != self.num_fields * self.dim:

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_finite_number, check_int, check_sizes, check_widths
+from ._constants import ConstantBuffers
 
 __all__ = [
     "mlp",
@@ -158,7 +159,7 @@ class SharedBottom(nn.Module):
         return _logits(self.towers, h.expand(self.num_tasks, *h.shape))
 
 
-class ExtractionLevel(nn.Module):
+class ExtractionLevel(ConstantBuffers):
     """One CGC/PLE extraction level (an MMoE when it has no task-specific experts).
 
     Reads ``num_tasks + 1`` inputs stacked as (T + 1, B, input_dim): one per task, then the
@@ -194,9 +195,15 @@ class ExtractionLevel(nn.Module):
         self.experts = mlp(input_dim, expert_hidden, dropout, copies=num_experts)
         self.task_gates = StackedLinear(num_tasks, input_dim, num_task_experts + num_shared_experts)
         self.shared_gate = nn.Linear(input_dim, num_experts) if shared_gate else None
-        shared = list(range(num_tasks * num_task_experts, num_experts))
-        gated = [[t * num_task_experts + i for i in range(num_task_experts)] + shared for t in range(num_tasks)]
-        self.register_buffer("gated_experts", torch.tensor(gated).unsqueeze(1), persistent=False)  # (T, 1, E_t)
+        self.register_constant_buffers()  # gated_experts
+
+    def constant_buffers(self) -> dict[str, Tensor]:
+        """``gated_experts`` (T, 1, E_t): the experts task t's gate mixes, its own then the shared."""
+        num_experts = self.num_tasks * self.num_task_experts + self.num_shared_experts
+        shared = list(range(self.num_tasks * self.num_task_experts, num_experts))
+        gated = [[t * self.num_task_experts + i for i in range(self.num_task_experts)] + shared
+                 for t in range(self.num_tasks)]
+        return {"gated_experts": torch.tensor(gated).unsqueeze(1)}
 
     def forward(self, inputs: Tensor) -> Tensor:
         tasks = self.num_tasks

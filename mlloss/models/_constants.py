@@ -1,0 +1,33 @@
+"""Index tables that a module derives from its construction arguments, kept as buffers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+
+class ConstantBuffers(nn.Module):
+    """Base of a module whose buffers are functions of its construction arguments, not state
+    (field offsets, index maps): :meth:`constant_buffers` computes them, they stay out of the
+    ``state_dict`` (``persistent=False``), and every move (``to``, ``cuda``, ``to_empty``)
+    rebuilds them on the buffer's new device and dtype. A model made on the meta device and
+    materialised with ``to_empty()`` (FSDP's deferred init) then holds their values, which
+    ``load_state_dict`` would not restore, instead of uninitialised memory."""
+
+    def constant_buffers(self) -> dict[str, Tensor]:
+        """The buffers' values (on the CPU), from the module's construction arguments."""
+        raise NotImplementedError
+
+    def register_constant_buffers(self) -> None:
+        """Register :meth:`constant_buffers`; call at the end of ``__init__``."""
+        for name, value in self.constant_buffers().items():
+            self.register_buffer(name, value, persistent=False)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> ConstantBuffers:
+        super()._apply(fn, recurse)
+        for name, value in self.constant_buffers().items():
+            moved = self._buffers[name]
+            if moved is not None and moved.device.type != "meta":
+                self._buffers[name] = value.to(device=moved.device, dtype=moved.dtype)
+        return self
