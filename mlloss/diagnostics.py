@@ -28,7 +28,9 @@ DICTATORSHIP_RATIO = 2.0
 # Below this ratio no label dominates; from it up to the threshold the top label tilts the ranking.
 TILT_RATIO = 1.25
 
-_HEADER = "label            prior   a_k    a_k/(pi(1-pi))  share"
+# The printed table: the name and a_k columns are at least this wide, and wider for longer entries.
+_NAME_WIDTH = 15
+_MIXING_WIDTH = 6
 _TAKING_PART = "a label needs both classes and a_k > 0"
 
 
@@ -102,26 +104,44 @@ class DictatorshipReport:
         return flat
 
     def __str__(self) -> str:
-        return "\n".join([_HEADER, *(self._row(k) for k in range(len(self.label_names))), self._verdict()])
+        # Whole names (two names may share their first 15 characters) and a_k to 4 significant digits
+        # (a fixed-point column printed 1e-4 as 0.000 and 1e300 with 300 digits).
+        name_width = max([_NAME_WIDTH, *(len(name) for name in self.label_names)])
+        mixing = [_significant(weight) for weight in self.mixing_weights]
+        mixing_width = max([_MIXING_WIDTH, *(len(text) + 1 for text in mixing)])  # two spaces after the prior
+        header = f"{'label':<{name_width}} {'prior':>6} {'a_k':>{mixing_width - 1}}    a_k/(pi(1-pi))  share"
+        rows = [self._row(k, name_width, f"{mixing[k]:>{mixing_width}}") for k in range(len(self.label_names))]
+        return "\n".join([header, *rows, self._verdict()])
 
-    def _row(self, k: int) -> str:
+    def _row(self, k: int, name_width: int, mixing: str) -> str:
         weight = f"{self.effective_weights[k]:14.4g}" if self.has_both_classes[k] else f"{'no pairs':>14}"
-        return (
-            f"{self.label_names[k][:15]:<15} {self.priors[k]:6.4f} {self.mixing_weights[k]:6.3f} "
-            f"{weight}  {self.shares[k]:5.1%}"
-        )
+        return f"{self.label_names[k]:<{name_width}} {self.priors[k]:6.4f} {mixing} {weight}  {self.shares[k]:5.1%}"
+
+    def _advice(self) -> str:
+        """The losses whose Bayes-optimal scorer weighs the labels by the asked a_k (up to a common factor).
+
+        LaA's scorer is sum_k w_k eta_k whatever the priors (Prop. 5.4), so w_k = a_k; LoA's effective
+        weight is a_k' / (pi_k (1 - pi_k)) (Prop. 5.2), so a_k' = a_k pi_k (1 - pi_k), which
+        ``LoALoss("balanced")`` gives only when the a_k are all equal. LaA needs w_k > 0."""
+        if len(set(self.mixing_weights)) == 1:
+            return "LaALoss or LoALoss(weights='balanced') weigh labels as asked"
+        loa = [weight * spread for weight, spread in zip(self.mixing_weights, self.balanced_weights)]
+        advice = f"LoALoss(weights={_listed(loa)}) (a_k pi_k (1 - pi_k) at these priors)"
+        if min(self.mixing_weights) > 0:
+            return f"LaALoss(weights={_listed(self.mixing_weights)}) or {advice} weigh labels as asked"
+        return f"{advice} weighs labels as asked"
 
     def _verdict(self) -> str:
         if self.dominant is None:
             return f"no label takes part in the LoA ranking ({_TAKING_PART})"
         if sum(self.takes_part) < 2:
             return f"only '{self.dominant}' takes part in the LoA ranking ({_TAKING_PART}): no label dictates"
-        ratio = f"ratio {self.dominance_ratio:.2f} ± {self.dominance_ratio_se:.2f}"
+        ratio = f"ratio {_decimals(self.dominance_ratio)} ± {_decimals(self.dominance_ratio_se)}"
         if self.is_dictatorship:
             verdict = f"'{self.dominant}' dictates the LoA ranking ({ratio} to the next label; threshold {self.threshold:g})"
             if self.dominance_ratio <= self._asked_ratio() * (1 + 1e-9):
                 return f"{verdict}, as its mixing weights a_k ask: its prior adds nothing to it"
-            return f"{verdict}; LaALoss or LoALoss(weights='balanced') weigh labels as asked"
+            return f"{verdict}; {self._advice()}"
         if self.dominance_ratio >= self.threshold:
             return (
                 f"'{self.dominant}' tilts the LoA ranking ({ratio} to the next label, but a share of "
@@ -152,7 +172,9 @@ def label_dictatorship(
     at least twice as much as any other and more than all the others together. The report says "tilts"
     from ``TILT_RATIO`` (1.25) up to the threshold (or above it, for a label that does not outweigh the
     others together), and "no label dominates" below. A dictating label is either asked for (its ratio is
-    no more than the mixing weights' own a_top / a_next) or made by the priors, and the verdict says which.
+    no more than the mixing weights' own a_top / a_next) or made by the priors, and the verdict says which;
+    for one made by the priors it names the losses that weigh the labels as the a_k ask: ``LaALoss`` with
+    w_k = a_k, or ``LoALoss`` with a_k pi_k (1 - pi_k) (``weights="balanced"`` when the a_k are all equal).
 
     The priors are estimated from the N items, so the ratio is uncertain. ``dominance_ratio_se`` is its
     first-order (delta-method) standard error: with :math:`g_k = (1 - 2\pi_k) / (\pi_k (1 - \pi_k))`, the
@@ -201,6 +223,22 @@ def label_dictatorship(
         dominance_ratio_se=ratio_se,
         threshold=threshold,
     )
+
+
+def _significant(value: float) -> str:
+    """``value`` to 4 significant digits, trailing zeros kept (1.000, 0.04750, 1.000e-05), no bare point."""
+    return f"{value:#.4g}".removesuffix(".")
+
+
+def _decimals(value: float) -> str:
+    """Two decimals for an ordinary ratio (5.26); 3 significant digits from a million on (3.33e+299, where
+    two decimals would print 300 digits)."""
+    return f"{value:.2f}" if abs(value) < 1e6 else f"{value:.3g}"
+
+
+def _listed(values: Sequence[float]) -> str:
+    """A Python list of ``values`` to 4 significant digits, for advice the user can paste."""
+    return "[" + ", ".join(f"{value:.4g}" for value in values) + "]"
 
 
 def _check_threshold(threshold: object) -> float:

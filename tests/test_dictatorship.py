@@ -37,7 +37,8 @@ def squared_optimum(loss: torch.nn.Module) -> torch.Tensor:
     slope = gradient(origin)
     # The gradient is affine in theta, so unit steps give the Hessian's columns exactly.
     hessian = torch.stack([gradient(unit) - slope for unit in torch.eye(4, dtype=torch.float64)], 1)
-    optimum = -torch.linalg.pinv(hessian) @ slope
+    # rtol: the shift direction's eigenvalue is rounding noise (~1e-15), which pinv's default cutoff can keep.
+    optimum = -torch.linalg.pinv(hessian, rtol=1e-9, hermitian=True) @ slope
     # It is a stationary point of the real loss, not only of the quadratic model.
     assert gradient(optimum).abs().max() < 1e-10
     return optimum
@@ -263,6 +264,100 @@ def test_with_more_labels_a_dictator_must_outweigh_the_others_together():
     assert str(mlloss.label_dictatorship(LABELS)).splitlines()[-1].endswith(
         "LaALoss or LoALoss(weights='balanced') weigh labels as asked"
     )
+
+
+def advised_losses(report: mlloss.DictatorshipReport) -> dict[str, torch.nn.Module]:
+    """The loss calls the verdict advises, run as printed (a bare ``LaALoss`` is its default weights)."""
+    verdict = str(report).splitlines()[-1]
+    calls = re.findall(r"\b(?:LaALoss|LoALoss)\([^()]*\)", verdict)
+    losses = {call.split("(")[0]: eval(call, {"LaALoss": mlloss.LaALoss, "LoALoss": mlloss.LoALoss}) for call in calls}
+    if re.search(r"\bLaALoss or\b", verdict):
+        losses["LaALoss"] = mlloss.LaALoss()
+    return losses
+
+
+def skewed_labels(priors: list[float], n: int = 20000) -> torch.Tensor:
+    return (torch.rand(n, len(priors), generator=torch.Generator().manual_seed(0)) < torch.tensor(priors)).int()
+
+
+@pytest.mark.parametrize(
+    "labels, asked",
+    [
+        (LABELS, [1.5, 1.0]),
+        (skewed_labels([0.5, 0.03]), [3.0, 1.0]),  # the reviewer's case: advised 'balanced', which weighs 1:1
+        (skewed_labels([0.5, 0.3, 0.02]), [2.0, 0.0, 1.0]),  # a_k = 0: LaALoss cannot leave a label out
+        (LABELS, [2.0, 2.0]),  # equal a_k: 'balanced' is right
+    ],
+)
+def test_the_advised_losses_weigh_the_labels_as_the_mixing_weights_ask(labels, asked):
+    """A dictator made by the priors gets advice whose losses run and give effective weights proportional
+    to the asked a_k (LoA: a_k' / (pi_k (1 - pi_k)), Prop. 5.2; LaA: w_k, Prop. 5.4). The advice was
+    LaALoss or LoALoss('balanced') whatever the a_k: both weigh every label alike, not as asked."""
+    report = mlloss.label_dictatorship(labels, asked)
+    assert report.is_dictatorship and report.dominance_ratio > report._asked_ratio()
+    advised = advised_losses(report)
+    assert set(advised) == ({"LaALoss", "LoALoss"} if min(asked) > 0 else {"LoALoss"})
+    asked = torch.tensor(asked, dtype=torch.float64)
+    loa_weights = advised["LoALoss"].mixing_weights(labels)
+    effective = torch.tensor(mlloss.label_dictatorship(labels, loa_weights).effective_weights, dtype=torch.float64)
+    scale = effective[0] / asked[0]  # label 0 takes part in every case
+    torch.testing.assert_close(effective, scale * asked, rtol=1e-3, atol=0)  # 4 significant digits printed
+    if "LaALoss" in advised:
+        laa_weights = advised["LaALoss"].weights
+        laa_weights = torch.ones_like(asked) if laa_weights is None else laa_weights
+        torch.testing.assert_close(laa_weights / laa_weights[0], asked / asked[0], rtol=1e-12, atol=0)
+
+
+def test_the_advice_prints_the_weights_to_paste_and_they_undo_the_dictatorship():
+    """pi = (0.5, 0.05) and a = (1.5, 1): effective weights 6 and 21.05, so plain LoA ranks (0,1) above (1,0)
+    although the user asked label 1 to count 1.5 times label 2; the advised losses rank (1,0) first."""
+    report = mlloss.label_dictatorship(LABELS, [1.5, 1.0], label_names=["click", "purchase"])
+    assert str(report).splitlines()[-1] == (
+        "'purchase' dictates the LoA ranking (ratio 3.51 ± 1.02 to the next label; threshold 2); "
+        "LaALoss(weights=[1.5, 1]) or LoALoss(weights=[0.375, 0.0475]) (a_k pi_k (1 - pi_k) at these priors) "
+        "weigh labels as asked"
+    )
+    asked = squared_optimum(mlloss.LoALoss([1.5, 1.0], surrogate="squared"))
+    assert asked[ZERO_ONE] - asked[ONE_ZERO] > 0.1  # the priors override the request
+    advised = advised_losses(report)
+    laa = squared_optimum(mlloss.LaALoss(advised["LaALoss"].weights, surrogate="squared"))
+    loa = squared_optimum(mlloss.LoALoss(advised["LoALoss"].weights, surrogate="squared"))
+    for optimum in (laa, loa):
+        assert optimum[ONE_ZERO] - optimum[ZERO_ONE] > 0.1
+
+
+def test_the_table_prints_whole_names_and_any_mixing_weight():
+    """Names were cut to 15 characters (two labels printed as 'purchase_within'), a_k printed as 6.3f
+    (1e-4 as 0.000, 1e300 with 300 digits) and the ratio as .2f (300 digits again)."""
+    labels = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
+    names = ["purchase_within_7d", "purchase_within_30d", "refund", "never"]
+    report = mlloss.label_dictatorship(labels, [1e-4, 1e300, 3.0, 1.0], label_names=names)
+    assert str(report).splitlines() == [
+        "label                prior        a_k    a_k/(pi(1-pi))  share",
+        "purchase_within_7d  0.5000   0.0001000         0.0004   0.0%",
+        "purchase_within_30d 0.2500  1.000e+300     5.333e+300  100.0%",
+        "refund              0.2500       3.000             16   0.0%",
+        "never               0.0000       1.000       no pairs   0.0%",
+        (
+            "'purchase_within_30d' dictates the LoA ranking (ratio 3.33e+299 ± 3.14e+299 to the next label; "
+            "threshold 2), as its mixing weights a_k ask: its prior adds nothing to it"
+        ),
+    ]
+
+
+def test_short_names_keep_the_fixed_layout_and_a_wider_a_k_widens_its_column():
+    """The README's layout (names padded to 15, a_k to 6) holds for short names and a_k like 1.000; a
+    longer a_k (0.2500) widens its column and keeps two spaces after the prior."""
+    assert str(mlloss.label_dictatorship(LABELS, label_names=["click", "purchase"])).splitlines()[:3] == [
+        "label            prior   a_k    a_k/(pi(1-pi))  share",
+        "click           0.5000  1.000              4  16.0%",
+        "purchase        0.0500  1.000          21.05  84.0%",
+    ]
+    assert str(mlloss.label_dictatorship(LABELS, [0.25, 1.0], label_names=["click", "purchase"])).splitlines()[:3] == [
+        "label            prior    a_k    a_k/(pi(1-pi))  share",
+        "click           0.5000  0.2500              1   4.5%",
+        "purchase        0.0500   1.000          21.05  95.5%",
+    ]
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.5, -3, math.inf, math.nan, True, "2", None])
