@@ -24,7 +24,12 @@ The seeds of one (pi_2, objective) cell are trained together as one batched mode
 its own data, initialisation, batch order and MLP weights (tensors with a leading seed axis), and
 the loss sees the seed index as its ``groups`` with ``reduction="sum"``, so that each seed's
 parameters receive exactly the gradient of its own loss (Adam is elementwise, so the optimiser is
-unchanged too). Cells (a tau of the Bayes study, a (pi_2, objective) pair of the trained one) are
+unchanged too). Seed s draws its data from a generator seeded with ``DATA_SEED_OFFSET + s`` and its
+initialisation and batch order from one seeded with ``MODEL_SEED_OFFSET + s``, and balanced LoA
+keeps one running prior estimate per seed (one loss module per seed), so that a seed's model and
+test AUCs are the same whichever other seeds are listed: ``--seeds 3`` reruns seed 3 of
+``--seeds 0 1 2 3 4`` alone. rho is found for each pi_2 on ``--rho-seed``'s reference sample, shared
+by all seeds. Cells (a tau of the Bayes study, a (pi_2, objective) pair of the trained one) are
 independent and seed their own generators; ``--workers`` spreads them over processes of
 ``--threads`` threads each, with results identical for any number of workers.
 
@@ -74,6 +79,12 @@ PAPER_TABLE6 = {
     "loa": {0.5: 0.05, 0.6: 0.13, 0.7: 0.09, 0.8: 0.11, 0.9: 0.10},
 }
 SCORER_NAMES = {"loa": "LoA", "laa": "LaA"}
+# Generator seeds of the trained study's seed s: its data set (train and test points and labels)
+# and its MLP (initialisation, then the batch order of every epoch). The offsets keep the streams
+# apart, so that no seed's model stream is another seed's data stream.
+DATA_SEED_OFFSET = 10_000
+MODEL_SEED_OFFSET = 1 << 32
+RHO_SAMPLES = 100_000  # size of the reference sample on which rho is found for the trained study
 
 
 # --------------------------------------------------------------------------- synthetic distribution
@@ -286,25 +297,29 @@ def plot_bayes(rows: list[dict], path: Path) -> bool:
 
 
 class BatchedMLP(nn.Module):
-    """``num_models`` independent MLPs 2 -> hidden -> hidden -> 1 (ReLU), evaluated together:
-    input (M, B, 2) -> scores (M, B). Initialised like ``nn.Linear`` (uniform +-1/sqrt(fan_in))."""
+    """One independent MLP 2 -> hidden -> hidden -> 1 (ReLU) per generator, evaluated together:
+    input (M, B, 2) -> scores (M, B). Initialised like ``nn.Linear`` (uniform +-1/sqrt(fan_in));
+    model m's weights are drawn from ``generators[m]`` alone (layer by layer, weight then bias), so
+    they do not depend on the other generators."""
 
-    def __init__(self, num_models: int, hidden: int, generator: torch.Generator) -> None:
+    def __init__(self, hidden: int, generators: Sequence[torch.Generator]) -> None:
         super().__init__()
         widths = [2, hidden, hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(widths[:-1], widths[1:]):
             bound = 1 / math.sqrt(fan_in)
-            self.weights.append(nn.Parameter(_uniform((num_models, fan_in, fan_out), bound, generator)))
-            self.biases.append(nn.Parameter(_uniform((num_models, 1, fan_out), bound, generator)))
+            for params, shape in ((self.weights, (fan_in, fan_out)), (self.biases, (1, fan_out))):
+                params.append(nn.Parameter(torch.stack([_uniform(shape, bound, g) for g in generators])))
 
     def forward(self, x: Tensor) -> Tensor:
         last = len(self.weights) - 1
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(bias, x, weight)
             if i < last:
-                x = torch.relu(x)
+                x = torch.relu(torch.baddbmm(bias, x, weight))
+            else:  # output width 1: a product and a sum, as a batched matrix-vector product of
+                # one model rounds differently from the same model's among several
+                x = (x * weight.transpose(1, 2)).sum(-1, keepdim=True) + bias
         return x.squeeze(-1)
 
 
@@ -328,10 +343,11 @@ def objective_labels(name: str, labels: Tensor) -> Tensor:
 def make_datasets(
     seeds: Sequence[int], tau: float, rho: float, num_train: int, num_test: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-seed train/test inputs (S, n, 2) float32 and labels (S, n, 2) float32."""
+    """Per-seed train/test inputs (S, n, 2) float32 and labels (S, n, 2) float32; seed s's from a
+    generator seeded with ``DATA_SEED_OFFSET + s``."""
     xs, ys = [], []
     for seed in seeds:
-        generator = torch.Generator().manual_seed(10_000 + seed)
+        generator = torch.Generator().manual_seed(DATA_SEED_OFFSET + seed)
         x = sample_inputs(num_train + num_test, generator)
         xs.append(x.float())
         ys.append(draw_labels(class_probabilities(x, tau, rho), generator).float())
@@ -343,23 +359,33 @@ def train_seeds(
     objective_name: str, x: Tensor, y: Tensor, seeds: Sequence[int], args: argparse.Namespace
 ) -> BatchedMLP:
     """Train one MLP per seed on (x[s], y[s]) with mini-batch Adam; returns the batched model.
-    The seeds' initialisations and batch orders are drawn from one generator seeded by ``seeds[0]``.
-    Adam's fused kernel does the same elementwise update as the default loop over parameters, in
-    one call (a fifth of the step time at this size)."""
+    Seed s's initialisation and batch orders come from its own generator, seeded with
+    ``MODEL_SEED_OFFSET + s``; balanced LoA keeps its running priors per seed (one loss module per
+    seed, the seeds' losses summed), the other objectives are one call with the seeds as groups.
+    So seed s trains the same model whichever other seeds train beside it. Adam's fused kernel does
+    the same elementwise update as the default loop over parameters, in one call (a fifth of the
+    step time at this size)."""
     num_models, num_train = x.shape[0], x.shape[1]
-    generator = torch.Generator().manual_seed(seeds[0])
-    model = BatchedMLP(num_models, args.hidden, generator)
-    objective = build_objective(objective_name)
+    if len(seeds) != num_models:
+        raise ValueError(f"{len(seeds)} seeds for {num_models} data sets")
+    generators = [torch.Generator().manual_seed(MODEL_SEED_OFFSET + seed) for seed in seeds]
+    model = BatchedMLP(args.hidden, generators)
+    per_seed = objective_name == "balanced-loa"  # its running label means must not pool the seeds
+    objectives = [build_objective(objective_name) for _ in range(num_models if per_seed else 1)]
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
     seed_ids = torch.arange(num_models)
     for _ in range(args.epochs):
-        orders = torch.stack([torch.randperm(num_train, generator=generator) for _ in range(num_models)])
+        orders = torch.stack([torch.randperm(num_train, generator=g) for g in generators])
         for batch in orders.split(args.batch_size, dim=1):
             xb = torch.gather(x, 1, batch[..., None].expand(-1, -1, 2))
             yb = torch.gather(y, 1, batch[..., None].expand(-1, -1, 2))
-            scores = model(xb).reshape(-1)
-            groups = seed_ids.repeat_interleave(batch.shape[1])
-            loss = objective(scores, objective_labels(objective_name, yb.reshape(-1, 2)), groups)
+            scores = model(xb)
+            if per_seed:
+                loss = sum(objective(scores[s], objective_labels(objective_name, yb[s]))
+                           for s, objective in enumerate(objectives))
+            else:
+                groups = seed_ids.repeat_interleave(batch.shape[1])
+                loss = objectives[0](scores.reshape(-1), objective_labels(objective_name, yb.reshape(-1, 2)), groups)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -387,7 +413,7 @@ def trained_cell(
 
 def trained_study(args: argparse.Namespace) -> list[dict]:
     """One row per (pi_2, objective): per-seed and summarised test metrics of the trained MLPs."""
-    reference = sample_inputs(100_000, torch.Generator().manual_seed(args.seed))
+    reference = sample_inputs(RHO_SAMPLES, torch.Generator().manual_seed(args.rho_seed))
     cells, weight_ratios = [], []
     for prior in args.train_priors:
         rho = shift_for_prior(reference, args.train_tau, prior)
@@ -427,7 +453,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--study", choices=("bayes", "trained", "both"), default="both")
     p.add_argument("--quick", action="store_true", help="small sizes for the tests (seconds)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the Bayes-optimal samples")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the Bayes-optimal study's points and labels (not used by the trained study)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes the independent cells are spread over (None: the available cores; 1 with --quick)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every worker")
@@ -441,7 +468,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--train-tau", type=float, default=20.0, help="tau of both labels' eta")
     g.add_argument("--train-priors", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.8, 0.9])
     g.add_argument("--objectives", choices=OBJECTIVES, nargs="+", default=["loa", "laa", "balanced-loa"])
-    g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="one data set and MLP per seed")
+    g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                   help="one data set and MLP per seed; each seed's results are the same whichever other seeds are listed")
+    g.add_argument("--rho-seed", type=int, default=0,
+                   help=f"seed of the {RHO_SAMPLES:,} reference points on which rho is found for each pi_2 (shared by all seeds)")
     g.add_argument("--train-size", type=int, default=8000)
     g.add_argument("--test-size", type=int, default=2000)
     g.add_argument("--epochs", type=int, default=50)

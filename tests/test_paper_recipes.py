@@ -156,6 +156,23 @@ def test_cells_give_the_same_results_in_worker_processes(dictatorship, tmp_path)
     assert parallel["provenance"]["workers"] == 2
 
 
+def test_a_seeds_model_does_not_depend_on_the_other_seeds(dictatorship, tmp_path):
+    """Seed s has its own generators (data, then initialisation and batch order) and, for balanced
+    LoA, its own running priors, so ``--seeds 1`` reruns seed 1 of ``--seeds 2 0 1`` bit for bit.
+    They came from one generator seeded by the first seed, drawn in blocks sized by the number of
+    seeds, and balanced LoA pooled the seeds' label means. ``--seed`` (the Bayes study's) no longer
+    moves the trained study's rho: ``--rho-seed`` does."""
+    quick = ["--quick", "--study", "trained", "--train-priors", "0.9", "--objectives", "loa", "laa", "balanced-loa"]
+    together = dictatorship.main(quick + ["--seeds", "2", "0", "1", "--output-dir", str(tmp_path / "together")])
+    alone = dictatorship.main(quick + ["--seeds", "1", "--seed", "7", "--output-dir", str(tmp_path / "alone")])
+    for many, one in zip(together["trained"], alone["trained"], strict=True):
+        assert one["rho"] == many["rho"]
+        assert one["per_seed"] == [many["per_seed"][2]]
+    other_rho = dictatorship.main(quick + ["--seeds", "1", "--objectives", "loa", "--rho-seed", "7",
+                                           "--output-dir", str(tmp_path / "rho")])
+    assert other_rho["trained"][0]["rho"] != alone["trained"][0]["rho"]
+
+
 # --------------------------------------------------------------------------- banking
 
 
@@ -179,6 +196,20 @@ def test_bank_quick_run_gives_finite_aucs_for_every_objective(bank, bank_results
     text = (out / "results.md").read_text()
     assert text.startswith("Produced by `python recipes/bank_marketing.py --quick")
     assert "| LaA | paper | 0.616" in text
+
+
+def test_bank_trials_do_not_depend_on_the_number_of_trials(bank, tmp_path):
+    """Trial t has its own generators (rows and split, then initialisation and batch order) and, for
+    balanced LoA, its own running priors, so ``--trials 2`` gives the first two trials of
+    ``--trials 3`` bit for bit (the initialisations and batch orders came from one generator,
+    drawn in blocks sized by the number of trials)."""
+    if not BANK_DATA.is_file():
+        pytest.skip(f"Bank Marketing data not found at {BANK_DATA}")
+    quick = ["--quick", "--data", str(BANK_DATA), "--no-sweep", "--rows", "1000", "--epochs", "2"]
+    three = bank.main(quick + ["--trials", "3", "--output-dir", str(tmp_path / "three")])
+    two = bank.main(quick + ["--trials", "2", "--output-dir", str(tmp_path / "two")])
+    for many, few in zip(three["table3"], two["table3"], strict=True):
+        assert few["per_trial"] == many["per_trial"][:2]
 
 
 def test_bank_resample_hits_the_rate_exactly(bank):
