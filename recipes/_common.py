@@ -1,5 +1,5 @@
-"""Pieces shared by the paper recipes: summaries over seeds, independent cells run in parallel
-processes, the optional matplotlib import, and the output files with their provenance (the command
+"""Pieces shared by the paper recipes: summaries over seeds, the loss of models trained side by
+side (``SideBySideLoss``), independent cells run in parallel processes, the optional matplotlib import, and the output files with their provenance (the command
 that made them, its wall time and the machine's load average).
 
 Recipes import this module from their own directory (``sys.path`` gets that directory first), so
@@ -25,9 +25,38 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 RECIPES = Path(__file__).resolve().parent
 REPOSITORY = RECIPES.parent
+
+
+class SideBySideLoss:
+    """The summed loss of M independent models trained side by side: scores (M, B), labels (M, B, K).
+
+    One call of the loss with the models as groups (``reduction="sum"`` gives each model the
+    gradient of its own loss), or with ``per_model`` one loss module per model, their losses
+    summed: for balanced LoA, whose running label priors must not pool the models. Either way
+    model m trains the same whichever models run beside it.
+
+    Args:
+        build: a new loss module (``reduction="sum"``), called once, or once per model.
+        labels: the label columns the loss takes, from a (n, K) block of them.
+        num_models: M.
+        per_model: one loss module per model.
+    """
+
+    def __init__(self, build: Callable[[], nn.Module], labels: Callable[[Tensor], Tensor], num_models: int,
+                 per_model: bool) -> None:
+        self.losses = [build() for _ in range(num_models if per_model else 1)]
+        self.labels = labels
+        self.model_ids = torch.arange(num_models)
+
+    def __call__(self, scores: Tensor, labels: Tensor) -> Tensor:
+        if len(self.losses) > 1:
+            return sum(loss(scores[m], self.labels(labels[m])) for m, loss in enumerate(self.losses))
+        groups = self.model_ids.repeat_interleave(scores.shape[1])
+        return self.losses[0](scores.reshape(-1), self.labels(labels.reshape(-1, labels.shape[2])), groups)
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:

@@ -43,6 +43,7 @@ the load average) and (with matplotlib) ``sweep.png`` to ``--output-dir``.
 from __future__ import annotations
 
 import argparse
+import functools
 import csv
 import math
 import sys
@@ -58,8 +59,8 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Provenance, available_cores, check_ranges, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
-                     summarize, write_outputs)
+from _common import (Provenance, SideBySideLoss, available_cores, check_ranges, config_dict,  # noqa: E402
+                     parse_with_quick, pyplot, run_cells, summarize, write_outputs)
 
 NUMERIC_FEATURES = ("age", "balance", "day", "duration", "campaign", "pdays", "previous")
 LABELS = ("housing", "loan")  # housing is the paper's "mortgage"
@@ -197,21 +198,15 @@ def train_linear(name: str, x: Tensor, y: Tensor, args: argparse.Namespace) -> T
     generators = [torch.Generator().manual_seed(MODEL_SEED_OFFSET + trial_seed(args.seed, t)) for t in range(num_trials)]
     bound = 1 / math.sqrt(dim)
     weights = nn.Parameter(torch.stack([(torch.rand(dim, generator=g) * 2 - 1) * bound for g in generators]))
-    per_trial = name == "balanced-loa"  # its running label means must not pool the trials
-    objectives = [build_objective(name) for _ in range(num_trials if per_trial else 1)]
+    objective = SideBySideLoss(functools.partial(build_objective, name), functools.partial(objective_labels, name),
+                               num_trials, per_model=name == "balanced-loa")  # its running priors: per trial
     optimizer = torch.optim.Adam([weights], lr=args.lr)
-    trial_ids = torch.arange(num_trials)
     for _ in range(args.epochs):
         orders = torch.stack([torch.randperm(num_train, generator=g) for g in generators])
         for batch in orders.split(args.batch_size, dim=1):
             xb = torch.gather(x, 1, batch[..., None].expand(-1, -1, dim))
             yb = torch.gather(y, 1, batch[..., None].expand(-1, -1, y.shape[2]))
-            scores = linear_scores(xb, weights)
-            if per_trial:
-                loss = sum(objective(scores[t], objective_labels(name, yb[t])) for t, objective in enumerate(objectives))
-            else:
-                groups = trial_ids.repeat_interleave(batch.shape[1])
-                loss = objectives[0](scores.reshape(-1), objective_labels(name, yb.reshape(-1, y.shape[2])), groups)
+            loss = objective(linear_scores(xb, weights), yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

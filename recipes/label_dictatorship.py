@@ -44,6 +44,7 @@ the load average) and (with matplotlib) ``bayes_optimal.png`` to ``--output-dir`
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -58,8 +59,8 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Provenance, available_cores, check_ranges, config_dict, parse_with_quick, pyplot, run_cells,  # noqa: E402
-                     summarize, write_outputs)
+from _common import (Provenance, SideBySideLoss, available_cores, check_ranges, config_dict,  # noqa: E402
+                     parse_with_quick, pyplot, run_cells, summarize, write_outputs)
 
 W1 = (1 / math.sqrt(2), 1 / math.sqrt(2))
 W2 = (0.0, 1.0)
@@ -370,22 +371,16 @@ def train_seeds(
         raise ValueError(f"{len(seeds)} seeds for {num_models} data sets")
     generators = [torch.Generator().manual_seed(MODEL_SEED_OFFSET + seed) for seed in seeds]
     model = BatchedMLP(args.hidden, generators)
-    per_seed = objective_name == "balanced-loa"  # its running label means must not pool the seeds
-    objectives = [build_objective(objective_name) for _ in range(num_models if per_seed else 1)]
+    objective = SideBySideLoss(functools.partial(build_objective, objective_name),
+                               functools.partial(objective_labels, objective_name), num_models,
+                               per_model=objective_name == "balanced-loa")  # its running priors: per seed
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
-    seed_ids = torch.arange(num_models)
     for _ in range(args.epochs):
         orders = torch.stack([torch.randperm(num_train, generator=g) for g in generators])
         for batch in orders.split(args.batch_size, dim=1):
             xb = torch.gather(x, 1, batch[..., None].expand(-1, -1, 2))
             yb = torch.gather(y, 1, batch[..., None].expand(-1, -1, 2))
-            scores = model(xb)
-            if per_seed:
-                loss = sum(objective(scores[s], objective_labels(objective_name, yb[s]))
-                           for s, objective in enumerate(objectives))
-            else:
-                groups = seed_ids.repeat_interleave(batch.shape[1])
-                loss = objectives[0](scores.reshape(-1), objective_labels(objective_name, yb.reshape(-1, 2)), groups)
+            loss = objective(model(xb), yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
