@@ -197,7 +197,7 @@ def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor
     by_score = tie_blocks(scores, groups)
     concordance = centered_rank_sum(by_score, centred)
     total_cost = centered_rank_sum(by_level, centred)
-    concordance = torch.minimum(torch.maximum(concordance, -total_cost), total_cost)
+    concordance = torch.clamp(concordance, -total_cost, total_cost)
     return ratio(concordance + total_cost, 2 * total_cost), by_score.counts
 
 
