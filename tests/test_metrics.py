@@ -707,6 +707,53 @@ def test_merge_state_equals_one_shot() -> None:
     assert torch.allclose(left.compute(), whole.compute(), equal_nan=True)
 
 
+def test_merge_state_of_grouped_label_columns_equals_one_shot_from_a_metric_and_from_its_state_dict() -> None:
+    scores, labels, groups = random_case(4, max_n=120, k=3)
+    s, y, g = t(scores), t(labels, torch.long), t(groups, torch.long)
+    half = len(s) // 2
+    options = {"label_weights": [1.0, 2.0, 0.5], "grouped": True}
+    whole = MultipartiteAUC(**options)
+    whole.update(s, y, g)
+    for incoming_as_state in (False, True):
+        left, right = MultipartiteAUC(**options), MultipartiteAUC(**options)
+        left.update(s[:half], y[:half], g[:half])
+        right.update(s[half:], y[half:], g[half:])
+        left.merge_state(right.metric_state if incoming_as_state else right)
+        assert torch.equal(left.compute(), whole.compute())
+
+
+_SCORES = torch.linspace(-1, 1, 10, dtype=torch.float64)
+_COLUMNS = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1]] * 2)
+_GROUPS = torch.arange(10) // 4
+# case: (this metric, its batch, the incoming metric, its batch)
+_UNMERGEABLE = {
+    "2 columns beside 3": (MultipartiteAUC(), (_COLUMNS[:, :2],), MultipartiteAUC(), (_COLUMNS,)),
+    "ordinal beside columns": (MultipartiteAUC(), (_COLUMNS.sum(1).double(),), MultipartiteAUC(), (_COLUMNS,)),
+    "groups missing": (MultipartiteAUC(grouped=True), (_COLUMNS, _GROUPS), MultipartiteAUC(), (_COLUMNS,)),
+    "groups extra": (MultipartiteAUC(), (_COLUMNS,), MultipartiteAUC(grouped=True), (_COLUMNS, _GROUPS)),
+    "num_labels": (MultiLabelAUC(num_labels=2), (_COLUMNS[:, :2],), MultiLabelAUC(num_labels=3), (_COLUMNS,)),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNMERGEABLE))
+def test_merge_state_refuses_batches_that_cannot_join_and_keeps_its_own(case: str) -> None:
+    """A merged state whose batches cannot be concatenated with the kept ones (2 label columns beside 3,
+    ordinal levels beside label columns), or that lacks the group ids this metric needs, failed only at
+    compute with torch.cat's shape error, after the merge had already changed the metric."""
+    template, batch, incoming_template, incoming_batch = _UNMERGEABLE[case]
+    metric, incoming = template.clone(), incoming_template.clone()
+    metric.update(_SCORES, *batch)
+    incoming.update(_SCORES, *incoming_batch)
+    before = metric.compute()
+    for merged in (incoming, incoming.metric_state):
+        with pytest.raises(ValueError, match=r"merge_state: .*(labels|levels|groups)"):
+            metric.merge_state(merged)
+    after = metric.compute()
+    assert (after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in after)
+            if isinstance(before, dict) else torch.equal(after, before))
+    assert sum(kept.shape[0] for kept in metric.scores) == len(_SCORES)
+
+
 @IGNORE_UNDEFINED
 def test_metrics_with_different_options_in_one_collection_keep_their_own_values() -> None:
     """MetricCollection lets metrics whose states are equal after the first batch share one state. The

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
@@ -66,6 +66,11 @@ def _common_dtype(dtypes: list[torch.dtype]) -> torch.dtype:
     if common.is_floating_point and not all(dtype.is_floating_point for dtype in dtypes):
         return torch.promote_types(common, torch.float64)
     return common
+
+
+def _batches(state: Union[list[Tensor], Tensor]) -> list[Tensor]:
+    """A list state's batches: the list, or the one tensor torchmetrics gathered it into."""
+    return state if isinstance(state, list) else [state]
 
 
 def _rows(trailing: tuple[int, ...]) -> str:
@@ -129,6 +134,37 @@ class _PairMetric(Metric):
                 raise ValueError(f"{type(self).__name__} needs {name} of one layout on every process; got shape "
                                  f"{_rows(trailing)} on rank {first} and {_rows(other)} on rank {rank}")
         return _common_dtype([dtype for _, (dtype, _) in found]), trailing
+
+    def merge_state(self, incoming_state: Union[dict[str, Any], Metric]) -> None:
+        """Add another metric's batches (an instance of this class, or its ``metric_state``) to this one's,
+        as :meth:`torchmetrics.Metric.merge_state` does, after checking that they can join: the same layout
+        per state (label columns) and a row of each state this metric keeps per score."""
+        if isinstance(incoming_state, type(self)):
+            self._check_mergeable(incoming_state.metric_state)
+        elif isinstance(incoming_state, dict):
+            self._check_mergeable(incoming_state)
+        super().merge_state(incoming_state)  # refuses other types and other classes
+
+    def _check_mergeable(self, states: dict[str, Any]) -> None:
+        metric = type(self).__name__
+        incoming = {name: _batches(states[name]) for name in self._cat_states if name in states}
+        if "scores" not in incoming:
+            return
+        num_scores = sum(batch.shape[0] for batch in incoming["scores"])
+        for name, batches in incoming.items():
+            rows = sum(batch.shape[0] for batch in batches)
+            expected = num_scores if name in self._kept_per_score() else 0
+            if rows != expected:
+                raise ValueError(f"{metric}.merge_state: the incoming state holds {rows} rows of {name} for "
+                                 f"{num_scores} scores; this metric keeps {'one per score' if expected else 'none'}")
+            mine, theirs = _layout(_batches(getattr(self, name))), _layout(batches)
+            if mine is not None and theirs is not None and mine[1] != theirs[1]:
+                raise ValueError(f"{metric}.merge_state: {name} of shape {_rows(theirs[1])} cannot join the kept "
+                                 f"{name} of shape {_rows(mine[1])}")
+
+    def _kept_per_score(self) -> tuple[str, ...]:
+        """The states that hold a row per score (the others stay empty)."""
+        return self._cat_states
 
     def _has_no_samples(self) -> bool:
         """Whether no item has been seen: no update since construction or ``reset()``, or empty batches only.
@@ -287,6 +323,13 @@ class MultiLabelAUC(_PairMetric):
         per_label = multilabel_auc(dim_zero_cat(self.scores), dim_zero_cat(self.labels))
         return {"per_label_auc": per_label, "diff_auc": per_label.max() - per_label.min(), "min_auc": per_label.min()}
 
+    def _check_mergeable(self, states: dict[str, Any]) -> None:
+        super()._check_mergeable(states)
+        for batch in _batches(states.get("labels", [])):
+            if batch.ndim != 2 or batch.shape[1] != self.num_labels:
+                raise ValueError(f"MultiLabelAUC.merge_state: labels of shape {tuple(batch.shape)} in the incoming "
+                                 f"state; this metric has num_labels={self.num_labels}")
+
     def _no_samples_value(self) -> dict[str, Tensor]:
         return {"per_label_auc": self._nan(self.num_labels), "diff_auc": self._nan(), "min_auc": self._nan()}
 
@@ -354,6 +397,9 @@ class MultipartiteAUC(_PairMetric):
         if columns != kept_columns:
             raise ValueError(f"levels must keep their layout across batches: {kept_columns} column(s) before, "
                              f"got shape {tuple(levels.shape)}")
+
+    def _kept_per_score(self) -> tuple[str, ...]:
+        return ("scores", "levels", "groups") if self.grouped else ("scores", "levels")
 
     def forward(self, scores: Tensor, levels: Tensor, groups: Optional[Tensor] = None) -> Tensor:
         """Keep the batch and return its multipartite AUC (see :meth:`torchmetrics.Metric.forward`).
