@@ -109,13 +109,16 @@ class DictatorshipReport:
         name_width = max([_NAME_WIDTH, *(len(name) for name in self.label_names)])
         mixing = [_significant(weight) for weight in self.mixing_weights]
         mixing_width = max([_MIXING_WIDTH, *(len(text) + 1 for text in mixing)])  # two spaces after the prior
-        header = f"{'label':<{name_width}} {'prior':>6} {'a_k':>{mixing_width - 1}}    a_k/(pi(1-pi))  share"
-        rows = [self._row(k, name_width, f"{mixing[k]:>{mixing_width}}") for k in range(len(self.label_names))]
+        priors = [_prior(prior) for prior in self.priors]
+        prior_width = max(6, *(len(text) for text in priors))
+        header = f"{'label':<{name_width}} {'prior':>{prior_width}} {'a_k':>{mixing_width - 1}}    a_k/(pi(1-pi))  share"
+        rows = [self._row(k, name_width, f"{priors[k]:>{prior_width}}", f"{mixing[k]:>{mixing_width}}")
+                for k in range(len(self.label_names))]
         return "\n".join([header, *rows, self._verdict()])
 
-    def _row(self, k: int, name_width: int, mixing: str) -> str:
+    def _row(self, k: int, name_width: int, prior: str, mixing: str) -> str:
         weight = f"{self.effective_weights[k]:14.4g}" if self.has_both_classes[k] else f"{'no pairs':>14}"
-        return f"{self.label_names[k]:<{name_width}} {self.priors[k]:6.4f} {mixing} {weight}  {self.shares[k]:5.1%}"
+        return f"{self.label_names[k]:<{name_width}} {prior} {mixing} {weight}  {self.shares[k]:5.1%}"
 
     def _advice(self) -> str:
         """The losses whose Bayes-optimal scorer weighs the labels by the asked a_k (up to a common factor).
@@ -228,6 +231,12 @@ def label_dictatorship(
 def _significant(value: float) -> str:
     """``value`` to 4 significant digits, trailing zeros kept (1.000, 0.04750, 1.000e-05), no bare point."""
     return f"{value:#.4g}".removesuffix(".")
+
+
+def _prior(value: float) -> str:
+    """A prior to 4 decimals (0.0500), or to 2 significant digits below 5e-5 (3.0e-05), where 4 decimals
+    would print a label with positives (a rare purchase, the label that dictates) as 0.0000."""
+    return f"{value:.1e}" if 0 < value < 5e-5 else f"{value:.4f}"
 
 
 def _decimals(value: float) -> str:

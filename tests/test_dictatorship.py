@@ -400,3 +400,18 @@ def test_the_ratio_standard_error_matches_a_parametric_bootstrap_of_correlated_l
     assert report.dominance_ratio_se == pytest.approx(float(ratios.std()), rel=0.02)
     independent = report.dominance_ratio * math.sqrt(((0.4 / 0.21) ** 2 * 0.21 + (0.8 / 0.09) ** 2 * 0.09) / n)
     assert abs(report.dominance_ratio_se - independent) > 0.1 * independent  # the covariance term matters here
+
+
+def test_a_rare_label_prints_its_prior_not_zero():
+    """Priors were printed to 4 decimals: a purchase rate of 3 in 100,000, the label that dictates, read
+    0.0000 beside an effective weight of 3e4."""
+    labels = torch.zeros(100_000, 2, dtype=torch.long)
+    labels[:50_000, 0] = 1
+    labels[:3, 1] = 1
+    report = mlloss.label_dictatorship(labels, label_names=["click", "purchase"])
+    header, *rows = str(report).splitlines()[:3]
+    prior_end = header.index("prior") + len("prior")
+    for row, prior in zip(rows, [0.5, 3 / 100_000]):
+        printed = row.split()[1]
+        assert row.index(printed) + len(printed) == prior_end  # right-aligned under its header
+        assert float(printed) == pytest.approx(prior, rel=0.05)
