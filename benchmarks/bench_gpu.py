@@ -42,7 +42,8 @@ second), so that Triton's JIT, Inductor and cuBLAS set-up stay outside the timin
 ``first_call_s`` records the first call's wall time (the compile time for compiled rows). Then
 forward + backward steps, each between two ``torch.cuda.Event``s: at least ``--min-repeats``
 (5; quick 3), more for fast steps, up to about ``--target-s`` seconds of timing or
-``--max-repeats`` steps, and at most three for steps over a second; ``time_s`` is the median,
+``--max-repeats`` steps, and at most three for steps over a second (one for section 6's float64
+reference rows, whose time is no target); ``time_s`` is the median,
 ``time_min_s`` the minimum, ``wall_s`` the median host wall time. Memory: before the
 first timed step the gradient is cleared, ``torch.cuda.reset_peak_memory_stats()`` is called and
 the baseline is ``torch.cuda.memory_allocated()`` (the inputs and whatever the warm-up keeps);
@@ -117,6 +118,9 @@ SLOW_STEP_S = 1.0  # a first call slower than this is the only warm-up; slower s
 
 # Per mode: (min repeats, max repeats, seconds of timing aimed at, max projected step s, run budget s).
 REPEATS = {"full": (5, 20, 1.0, 10.0, 500.0), "quick": (3, 10, 0.5, 2.0, 400.0), "smoke": (2, 3, 0.05, 30.0, 600.0)}
+# Section 6's float64 reference rows ("-f64"): one timed step. Their value and gradient are what the
+# section needs, and at N = 1,048,576 a float64 step takes seconds that section 7 can use.
+REFERENCE_ONLY_REPEATS = (1, 1, 0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,7 +313,7 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
             try:
                 step = cases.build_step(dict(spec_base, impl=impl), inputs, args.compile_backend)
                 result = measure_row(step, inputs[0], clock, compiled=impl == "naive-compile",
-                                     repeats=args.repeats)
+                                     repeats=REFERENCE_ONLY_REPEATS if impl.endswith("-f64") else args.repeats)
                 grad = inputs[0].grad.detach().clone()
                 if impl == "naive-compile":
                     result.update(cases.compile_counters())
@@ -421,10 +425,7 @@ def run(args: argparse.Namespace) -> None:
             case["impls"] = [impl for impl in case["impls"] if impl in args.impl_list]
     libauc_missing = None
     if any(impl.startswith("libauc") for case in planned for impl in case["impls"]):
-        try:
-            import libauc.losses  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 -- optional peer: its rows are skipped with the reason
-            libauc_missing = f"libauc not importable ({type(exc).__name__}: {exc})"
+        libauc_missing = cases.libauc_missing()  # optional peer: its rows are skipped with the reason
 
     device = describe_device(args.device)
     device["mlloss"] = mlloss.__version__

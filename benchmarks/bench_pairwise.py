@@ -115,7 +115,11 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
     import torch
 
     rows: list[dict[str, Any]] = []
-    for case in cases.cpu_cases(section, args.quick):
+    planned = cases.cpu_cases(section, args.quick)
+    libauc_missing = None
+    if any(impl.startswith("libauc") for case in planned for impl in case["impls"]):
+        libauc_missing = cases.libauc_missing()  # optional peer: its rows are skipped with the reason
+    for case in planned:
         measured_per_element: dict[str, tuple[float, float]] = {}  # impl -> (elements, MB)
         for n in case["sizes"]:
             spec_base = {k: v for k, v in case.items() if k not in ("sizes", "impls", "max_n")}
@@ -128,6 +132,11 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
                 spec = dict(spec_base, impl=impl)
                 row = dict(section=section, case=case["case"], n=n, impl=impl, pairs=pairs)
                 elements = cases.quadratic_elements(impl, n, pairs)
+                if impl.startswith("libauc") and libauc_missing:
+                    row["skipped"] = libauc_missing
+                    rows.append(row)
+                    print(f"  skip {case['case']} N={n} {impl}: {libauc_missing}", flush=True)
+                    continue
                 if elements is not None:
                     projected_mb = cases.projected_peak_mb(impl, elements, measured_per_element.get(impl))
                     row["projected_peak_mb"] = projected_mb

@@ -36,8 +36,10 @@ Usage::
     python benchmarks/bench_recipe.py [--device cpu|cuda] [--batch-sizes 1024 8192] [--steps 100]
         [--output benchmarks/results/recipe-<device>.json]
 
-Prints a table and writes JSON and Markdown next to each other. Numbers from one machine, one run:
-compare rows of the same run.
+Prints a table and writes JSON and Markdown next to each other, rewritten after every row so that a
+run stopped by a time limit keeps what it measured. ``--rounds 0`` leaves out the framework overhead
+(its stand-in model is never compiled: a ``--compile`` run would repeat the plain run's figures).
+Numbers from one machine, one run: compare rows of the same run.
 """
 
 from __future__ import annotations
@@ -342,11 +344,12 @@ def markdown(result: dict) -> str:
              + " | vs bce | kernel ops | syncing ops |",
              "|---|---:|---:|---:|" + "---:|" * (len(PARTS) + 3)]
     for row in result["training"]:
-        bce = next(r for r in result["training"] if r["loss"] == "bce" and r["batch_size"] == row["batch_size"])
+        # "-" where this run has no bce row at the batch size (--losses without bce, or stopped early)
+        bce = next((r for r in result["training"] if r["loss"] == "bce" and r["batch_size"] == row["batch_size"]), None)
         split = " | ".join(f"{row['split_ms'][p]:.3f}" for p in PARTS)
+        versus = "-" if bce is None else f"{row['impressions_per_s'] / bce['impressions_per_s']:.2f}"
         lines.append(f"| {row['loss']} | {row['batch_size']} | {row['impressions_per_s']:,.0f} | {row['step_ms']:.2f} | "
-                     f"{split} | {row['impressions_per_s'] / bce['impressions_per_s']:.2f} | "
-                     f"{_or_dash(row['kernel_ops'])} | {_or_dash(row['syncing_ops'])} |")
+                     f"{split} | {versus} | {_or_dash(row['kernel_ops'])} | {_or_dash(row['syncing_ops'])} |")
     lines += ["", "`other`: the profiled step minus the parts (Lightning, the recipe's bookkeeping and the profiler's "
               "own cost of timing each region). `kernel ops`, `syncing ops`: aten ops of one step (forward, loss, "
               "backward, Adam) that run a kernel, and that would wait for a GPU, on this device's path (on the CPU "
@@ -378,7 +381,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=10, help="steps before the measurement")
     parser.add_argument("--num-users", type=int, default=None, help="users of the synthetic log (recipe default)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the recipe's default: 1)")
-    parser.add_argument("--rounds", type=int, default=5, help="paired rounds of the framework-overhead runs")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="paired rounds of the framework-overhead runs (0: leave them out)")
     parser.add_argument("--steps-per-call", type=int, default=ctr_cvr.parse_args([]).steps_per_call,
                         help="the recipe's --steps-per-call (optimizer steps per call of its training step)")
     parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
@@ -386,8 +390,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--fixed-batches", action="store_true", help="the recipe's --fixed-batches (padded, one shape)")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default results/recipe-<device>.json)")
     args = parser.parse_args(argv)
+    if args.rounds < 0:
+        parser.error(f"--rounds must be >= 0 (0: no framework-overhead runs); got {args.rounds}")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.compile:
+        # One graph of the recipe's step per (loss, batch size) in this process (the modules share the
+        # step's code); past dynamo's recompile limit (8) later rows would silently run eagerly.
+        config, graphs = torch._dynamo.config, 2 * len(args.losses) * len(args.batch_sizes)
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+        setattr(config, limit, max(getattr(config, limit), graphs))
+    output = args.output or ROOT / "benchmarks" / "results" / f"recipe-{'cuda' if device.type == 'cuda' else 'cpu'}.json"
     data_argv = [] if args.num_users is None else ["--num-users", str(args.num_users)]
     data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(data_argv))
     result = {"device": device_name(device), "torch": torch.__version__, "train_impressions": len(data[0]),
@@ -395,8 +408,10 @@ def main(argv: list[str] | None = None) -> dict:
               "fixed_batches": args.fixed_batches,
               "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": [],
               "framework": []}
-    for batch_size in args.batch_sizes:
+    write(result, output)
+    for batch_size in args.batch_sizes if args.rounds else ():
         result["framework"].append(row := framework_overhead(args, batch_size, data))
+        write(result, output)
         for clock, r in ((c, row[c]) for c in ("cpu", "wall")):
             print(f"framework overhead, batch {batch_size:>5}, {clock:>4} time: {r['framework_ms']:.3f} ms/step (rounds "
                   f"{r['smallest_ms']:.3f} to {r['largest_ms']:.3f}; Lightning step {r['lightning_step_ms']:.3f} ms, "
@@ -406,17 +421,23 @@ def main(argv: list[str] | None = None) -> dict:
             row = train(args, loss, batch_size, data, profile=False)
             row["split_ms"] = train(args, loss, batch_size, data, profile=True)["split_ms"]
             result["training"].append(row)
+            write(result, output)
             split = " ".join(f"{p} {row['split_ms'][p]:.3f}" for p in PARTS)
             print(f"{loss:>10} batch {batch_size:>5}: {row['impressions_per_s']:>12,.0f} imp/s, "
                   f"{row['step_ms']:.2f} ms/step ({split} ms)", flush=True)
-    text = markdown(result)
-    print("\n" + text)
-    output = args.output or ROOT / "benchmarks" / "results" / f"recipe-{'cuda' if device.type == 'cuda' else 'cpu'}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=2))
-    output.with_suffix(".md").write_text(text)
+    print("\n" + markdown(result))
     print(f"wrote {output} and {output.with_suffix('.md')}")
     return result
+
+
+def write(result: dict, output: Path) -> None:
+    """The JSON at ``output`` and its Markdown beside it, each replaced whole (a run stopped while
+    writing leaves the previous version)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    for path, text in ((output, json.dumps(result, indent=2)), (output.with_suffix(".md"), markdown(result))):
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(text)
+        partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -333,6 +333,16 @@ def naive_pdaom_loss(scores, labels, groups):
     return torch.exp(-(low_pos[valid] - high_neg[valid])).sum()
 
 
+def libauc_missing() -> str | None:
+    """Why the LibAUC rows cannot run (``libauc.losses`` not importable), or None: both runners
+    record it as the rows' skip reason (the peer is optional)."""
+    try:
+        import libauc.losses  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 -- e.g. its scikit-learn / pandas needs missing too
+        return f"libauc not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
 def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor"):
     """A closure computing the loss of ``inputs`` (scores made to require grad) for ``spec["impl"]``.
 

@@ -11,8 +11,11 @@
 #   bash benchmarks/gpu_session.sh step [OPTION...]  # python benchmarks/bench_recipe.py --device cuda (the step's split)
 #        e.g. step --compile reduce-overhead --fixed-batches
 #   bash benchmarks/gpu_session.sh kernels   # tests, then bench: issue 10's GPU lines in one device command
-#   bash benchmarks/gpu_session.sh training  # step (CUDA graphs, then plain), recipe-compiled, recipe: issue 12's
+#   bash benchmarks/gpu_session.sh training  # step (plain, then CUDA graphs), then recipe: issue 12's
 #
+# A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
+# included): kernels and training, run back to back, are sized to fit it together, 380 + 320 s of
+# stage limits (see the plans below). Pass the device tool a timeout_s of at most what is left.
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
 # The device image has torch, triton and pytorch-lightning but no network: nothing is installed from
 # a registry. Wheels in .whl/ (git-ignored, carried with the device tool's `carry: [".whl"]`) are
@@ -36,16 +39,20 @@ print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee -i "$out/
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" GPU_SESSION_READY=1
 fi
 
+# The console's tail of a stage's log; it ignores the SIGINT that stops a stage at its time limit, so
+# that what the program prints on its way out (pytest's summary) still reaches the log (tee -p) and it.
+quiet_tail() { (trap '' INT; exec tail -n "$1"); }
+
 case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step|kernels|training}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0); 8 workers
     # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
-        tests/test_compile.py 2>&1 | tee -i "$out/tests.txt" | tail -5
+        tests/test_compile.py 2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
     ;;
 bench)
-    python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -ia "$out/bench.log" | tail -30
+    python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -iap "$out/bench.log" | quiet_tail 30
     ;;
 recipe|recipe-compiled)
     # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term, at
@@ -56,8 +63,13 @@ recipe|recipe-compiled)
     else mode=${2:-default}; tag=gpu-compiled-$mode; extra=(--compile "$mode" "${@:3}"); losses="bce bce+pdaom"
         if [ $# -gt 2 ]; then tag=$tag$(printf '%s' "${@:3}" | tr -c 'a-z0-9' '-'); fi; fi
     summary="$out/$tag-recipe-throughput.json"
+    # Stopped by a composite stage's time limit (SIGINT), the run in flight exits (Lightning turns the
+    # interrupt into exit 1) and the loop would go on with the next run: stop after the summary instead.
+    stopped=
+    trap 'stopped=1' INT
     for batch in 1024 8192; do
         for loss in $losses; do
+            [ -z "$stopped" ] || break 2
             run="runs/$tag-$loss-$batch"
             python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" --batch-size "$batch" \
                 --no-progress-bar --no-checkpoint "${extra[@]}" --output-dir "$run" > "$run.log" 2>&1 \
@@ -79,7 +91,9 @@ for batch in (1024, 8192):
                 **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
         elif os.path.exists(f"{run}.log"):  # failed
             rows[f"{loss} batch {batch}"] = {"log_tail": open(f"{run}.log").read()[-2000:]}
-json.dump(rows, open(output, "w"), indent=2)
+with open(output + ".partial", "w") as handle:  # replaced whole: a stop while writing keeps the last version
+    json.dump(rows, handle, indent=2)
+os.replace(output + ".partial", output)
 print(os.environ["CURRENT"], str(rows.get(os.environ["CURRENT"]))[:300])
 EOF
         done
@@ -89,29 +103,36 @@ step)
     # The options name the output: recipe-cuda.json, recipe-cuda-compile-reduce-overhead-fixed-batches.json.
     suffix=$(printf '%s ' "${@:2}" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
     python benchmarks/bench_recipe.py --device cuda "${@:2}" --output "$out/recipe-cuda${suffix:+-$suffix}.json" 2>&1 \
-        | tee -ia "$out/recipe-step.log" | tail -40
+        | tee -iap "$out/recipe-step.log" | quiet_tail 40
     ;;
 kernels|training)
-    # Several stages in one device command (a cold start costs minutes of the session's 30), each
-    # under its own time limit so that one that hangs leaves the others their time; at most 8 files.
-    # kernels: tests, then bench_gpu.py --quick (issue 10: sections 1-5, then 6-7); training: bench_recipe.py's step split
-    # with CUDA graphs and without, the recipe with CUDA graphs, then the plain recipe (issue 12).
+    # Several stages in one device command (a cold start costs a minute or two of the session's 15),
+    # each under its own time limit so that one that hangs leaves the others their time; at most 8
+    # files. Limits (H100, 16 cores): kernels 200 + 115 + 65 = 380 s, training 90 + 110 + 120 = 320 s,
+    # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
+    # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
-        # Sections 6 and 7 (accuracy, tiles) in a file of their own, so that a slow float64
-        # reference cannot take the time of the timing sections.
-        plan=("270 tests" "190 bench --budget-s 160 --sections 2,5,3,1,4" \
-              "110 bench --budget-s 85 --sections 6,7 --output $out/accuracy-and-tiles.json")
+        # tests, then bench_gpu.py --quick (issue 10): sections 1-5, then 6 and 7 (accuracy, tiles) in
+        # a file of their own, so that a slow float64 reference cannot take the timing sections' time.
+        # A budget leaves its limit room for the start (imports, ~10 s) and the row in flight.
+        plan=("200 tests" "115 bench --budget-s 90 --sections 2,5,3,1,4" \
+              "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json")
     else
-        # Three epochs per recipe run: the first warms up (and compiles), the other two are timed.
-        plan=("140 step --compile reduce-overhead --fixed-batches" "90 step" \
-              "150 recipe-compiled reduce-overhead --fixed-batches --epochs 3" "180 recipe --epochs 3")
+        # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
+        # training rows fit), then with CUDA graphs at the launch-bound batch of 1,024 (a compile per
+        # loss; its framework overhead, that of an uncompiled stand-in model, left out: the plain run
+        # has it); then the plain recipe, three epochs a run (the first warms up), as far as its limit
+        # goes. recipe-compiled runs in a command of its own.
+        plan=("90 step --rounds 3" "110 step --compile reduce-overhead --fixed-batches --rounds 0 --batch-sizes 1024" \
+              "120 recipe --epochs 3")
     fi
     for entry in "${plan[@]}"; do
         read -r limit stage <<< "$entry"
         echo "== $stage (limit ${limit} s)"
         # shellcheck disable=SC2086 -- the stage's words are its arguments
-        timeout --signal=INT "$limit" bash "$0" $stage || echo "== $stage stopped with status $?"
+        timeout --signal=INT --kill-after=15 "$limit" bash "$0" $stage || echo "== $stage stopped with status $?"
     done
+    rm -f "$out"/*.partial  # a file being replaced when its stage was killed
     ;;
 *)
     echo "unknown stage $1: tests, bench, recipe, recipe-compiled, step, kernels or training" >&2

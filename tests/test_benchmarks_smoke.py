@@ -96,8 +96,8 @@ def test_accuracy_section_compares_the_float32_path_with_float64_scores(bench_gp
     import torch
 
     output = tmp_path / "accuracy.json"
-    bench_gpu.main(["--device", "cpu", "--sections", "6", "--sizes", "96", "--min-repeats", "1",
-                    "--max-repeats", "1", "--output", str(output)])
+    bench_gpu.main(["--device", "cpu", "--sections", "6", "--sizes", "96", "--min-repeats", "2",
+                    "--max-repeats", "2", "--output", str(output)])
     report = json.loads(output.read_text())
     rows = {(r["case"], r["impl"]): r for r in report["results"]}
     names = [case["case"] for case in cases.accuracy_cases()]
@@ -106,6 +106,8 @@ def test_accuracy_section_compares_the_float32_path_with_float64_scores(bench_gp
         reference, row = rows[name, "mlloss-triton-f64"], rows[name, "mlloss-triton"]
         assert reference["reference"] and reference["f64_rel_diff"] < 1e-12  # float64 sums: not float32's
         assert 0 < row["value_rel_diff"] < 1e-6 and row["grad_rel_diff"] < 1e-6
+        # the float64 reference is timed once (at N = 1,048,576 on a GPU its steps take seconds)
+        assert len(reference["times_s"]) == 1 and len(row["times_s"]) == 2
     lines = [line for line in report["acceptance"] if "float32 Triton loss vs float64" in line]
     assert len(lines) == 3 and all("no verdict: not on a GPU" in line for line in lines)
 
@@ -250,3 +252,194 @@ def test_recipe_losses_benchmark_reads_the_recipes_runs(tmp_path):
     assert all(0 <= value <= 1 for value in row["test"].values())
     assert json.loads(out.read_text())["rows"][0]["loss"] == "bce"
     assert "| `bce` |" in out.with_suffix(".md").read_text()
+
+
+def test_recipe_benchmark_keeps_its_rows_when_stopped_and_runs_without_bce(tmp_path, monkeypatch):
+    """bench_recipe.py rewrites its JSON and .md after every row, so that gpu_session.sh's stage
+    stopped at its time limit (SIGINT: KeyboardInterrupt) keeps the rows measured; ``--rounds 0``
+    leaves out the framework overhead (the compiled stage's), and a run without bce writes "-" for
+    "vs bce" (it raised StopIteration)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_recipe_stopped", BENCHMARKS / "bench_recipe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    real_train, calls = bench.train, []
+
+    def train(*args, **kwargs):  # the second loss's first run is where the time limit falls
+        calls.append(args[1])
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "train", train)
+    out = tmp_path / "recipe.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--device", "cpu", "--losses", "laa", "bce+auc", "--batch-sizes", "256", "--steps", "4",
+                    "--warmup", "2", "--num-users", "300", "--rounds", "0", "--steps-per-call", "2",
+                    "--output", str(out)])
+    saved = json.loads(out.read_text())
+    assert [row["loss"] for row in saved["training"]] == ["laa"] and saved["framework"] == []
+    assert "| laa | 256 |" in out.with_suffix(".md").read_text()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+# --------------------------------------------------------------------------------------------
+# benchmarks/gpu_session.sh, with a stand-in `python` (no GPU): what each stage runs, what it
+# leaves in $OUT, and how a stage stopped at its time limit ends.
+# --------------------------------------------------------------------------------------------
+
+FAKE_PYTHON = r'''#!{python}
+"""gpu_session.sh's `python` in the tests: records each call, writes what the real program would."""
+import json, os, signal, sys, time
+
+argv = sys.argv[1:]
+with open(os.environ["FAKE_CALLS"], "a") as log:
+    log.write(json.dumps(argv) + "\n")
+behaviour = os.environ.get("FAKE_BEHAVIOUR", "")
+if argv[:1] == ["-"] or (argv[:1] == ["-c"] and "cuda" not in argv[1] and "mlloss" not in argv[1]):
+    os.execv({python!r}, [{python!r}, *argv])  # the stage's own inline scripts
+if argv[:1] == ["-c"] or argv[:2] == ["-m", "pip"]:
+    print("FAKE GPU")
+    sys.exit(0)
+
+
+def value(flag, default=None):  # the last occurrence wins, as with argparse
+    found = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
+    return found[-1] if found else default
+
+
+def stop_on_interrupt(seconds, exit_status):  # a program that ends gracefully on SIGINT
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        print("summary printed after the interrupt", flush=True)
+        sys.exit(exit_status)
+
+
+if argv[:2] == ["-m", "pytest"]:
+    print("tests started", flush=True)
+    if behaviour == "slow":
+        stop_on_interrupt(30, 2)
+    print("606 passed")
+elif argv[0].endswith("bench_gpu.py"):
+    output = value("--output")
+    path = os.path.join(output, "nvidia-h100-80gb-hbm3-quick.json") if os.path.isdir(output) else output
+    for suffix in (".json", ".md"):
+        open(os.path.splitext(path)[0] + suffix, "w").write("{{}}")
+elif argv[0].endswith("bench_recipe.py"):
+    output = value("--output")
+    for suffix in (".json", ".md"):
+        open(os.path.splitext(output)[0] + suffix, "w").write("{{}}")
+elif argv[0].endswith("ctr_cvr.py"):
+    if behaviour == "slow":
+        stop_on_interrupt(3, 1)  # Lightning ends fit on an interrupt with exit(1)
+    run = value("--output-dir")
+    os.makedirs(run, exist_ok=True)
+    epochs = int(value("--epochs", "5"))
+    history = [dict(train_samples_per_s=1000.0 * (epoch + 1)) for epoch in range(epochs)]
+    test = {{f"model/{{k}}": 0.75 for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
+    json.dump(dict(history=history, results=dict(test=test)), open(os.path.join(run, "results.json"), "w"))
+else:
+    sys.exit(f"fake python: unexpected call {{argv}}")
+'''
+
+
+@pytest.fixture()
+def gpu_session(tmp_path):
+    """Run benchmarks/gpu_session.sh from a copy of the checkout's layout with the stand-in python;
+    returns a function(stage args, behaviour, limit) -> (calls, $OUT, seconds, completed process)."""
+    import shutil
+    import subprocess
+    import time
+
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    shutil.copy(BENCHMARKS / "gpu_session.sh", repo / "benchmarks")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON.format(python=sys.executable))
+    (bin_dir / "python").chmod(0o755)
+
+    def run(*stage: str, behaviour: str = "", limit: float | None = None, ready: bool = False):
+        out = tmp_path / f"out-{stage[0]}-{behaviour or 'plain'}"
+        out.mkdir()
+        calls = tmp_path / f"calls-{stage[0]}-{behaviour or 'plain'}.jsonl"
+        env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(out),
+                   FAKE_CALLS=str(calls), FAKE_BEHAVIOUR=behaviour)
+        env.pop("GPU_SESSION_READY", None)
+        if ready:  # a stage called by a composite one: the set-up is done
+            env["GPU_SESSION_READY"] = "1"
+        command = ["bash", str(repo / "benchmarks" / "gpu_session.sh"), *stage]
+        if limit is not None:  # as the composite stages call a stage
+            command = ["timeout", "--signal=INT", str(limit), *command]
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        return [json.loads(line) for line in lines], out, time.perf_counter() - started, done
+
+    return run
+
+
+def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_files(gpu_session):
+    """kernels and training: every stage runs (each under its limit, summed within the 15 minutes of a
+    loan), and $OUT holds at most the 8 files the device tool returns, with names it accepts."""
+    import re
+
+    runs = {}
+    for composite in ("kernels", "training"):
+        calls, out, _, done = gpu_session(composite)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "stopped with status" not in done.stdout, done.stdout
+        files = {path.name for path in out.iterdir()}
+        assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in files), files
+        assert not any(name.endswith(".partial") for name in files)
+        limits = [int(limit) for limit in re.findall(r"\(limit (\d+) s\)", done.stdout)]
+        assert sum(limits) <= 400, limits
+        runs[composite] = [call for call in calls if call[0].endswith(".py")], files, out
+    kernels_calls, kernels_files, _ = runs["kernels"]
+    assert [call[0] for call in kernels_calls] == ["benchmarks/bench_gpu.py"] * 2
+    assert {"tests.txt", "bench.log", "accuracy-and-tiles.json"} <= kernels_files
+    training_calls, _, training_out = runs["training"]
+    assert len([call for call in training_calls if call[0] == "recipes/ctr_cvr.py"]) == 8
+    summary = json.loads((training_out / "gpu-recipe-throughput.json").read_text())
+    assert summary["bce batch 1024"]["impressions_per_s_median"] == 2500.0  # epochs 2-3: the first warms up
+    compiled_step = [call for call in training_calls if call[0] == "benchmarks/bench_recipe.py" and "--compile" in call]
+    assert len(compiled_step) == 1 and "--rounds" in compiled_step[0]
+
+
+def test_gpu_session_recipe_stage_stops_at_its_time_limit(gpu_session):
+    """A recipe run interrupted by the stage's limit exits 1 (as Lightning does): the stage writes the
+    summary, with that run's log, and stops; it went on with the next run, past its limit."""
+    calls, out, seconds, _ = gpu_session("recipe", behaviour="slow", limit=1.5, ready=True)
+    assert [c[0] for c in calls if c[0].endswith(".py")] == ["recipes/ctr_cvr.py"]
+    summary = json.loads((out / "gpu-recipe-throughput.json").read_text())
+    assert list(summary) == ["bce batch 1024"] and "log_tail" in summary["bce batch 1024"]
+    assert seconds < 10
+
+
+def test_gpu_session_keeps_what_a_stopped_stage_prints_on_its_way_out(gpu_session):
+    """pytest stopped at the stage's limit prints its summary after the interrupt: it reaches
+    tests.txt (the console tail used to die with the interrupt, and tee with it)."""
+    _, out, _, done = gpu_session("tests", behaviour="slow", limit=1.5, ready=True)
+    assert "summary printed after the interrupt" in (out / "tests.txt").read_text()
+    assert "summary printed after the interrupt" in done.stdout
+
+
+def test_cpu_runner_skips_libauc_rows_when_libauc_is_not_importable(tmp_path):
+    """bench_pairwise.py --quick without LibAUC (an optional peer): its rows say why they were
+    skipped and the run goes on (the in-process quick run stopped with ModuleNotFoundError)."""
+    import subprocess
+
+    hidden = tmp_path / "hidden"
+    (hidden / "libauc").mkdir(parents=True)
+    (hidden / "libauc" / "__init__.py").write_text('raise ImportError("libauc hidden by the test")\n')
+    out = tmp_path / "cpu.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hidden), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_pairwise.py"), "--quick", "--sections", "1",
+                           "--output", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["results"]
+    libauc_rows = [row for row in rows if row["impl"] == "libauc"]
+    assert libauc_rows and all("libauc not importable" in row["skipped"] for row in libauc_rows)
+    assert all("time_s" in row for row in rows if row["impl"] == "mlloss")
