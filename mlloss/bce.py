@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _validation as check
+from .distributed import refusing_together
 from .ops.pointwise import binary_cross_entropy
 from .parts import LossParts
 
@@ -118,12 +119,15 @@ class BCEPlusRanking(nn.Module):
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         """``mask`` (N,) bool: True for the items that count, as in ``BCELoss`` and the ranking losses."""
-        scores, labels = _task_columns(scores, labels)
-        num_tasks = scores.shape[1]
-        weights = self.lam if isinstance(self.lam, tuple) else (self.lam,) * num_tasks
-        if len(weights) != num_tasks:
-            raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
-        bce = self.bce(scores, labels, mask=mask)
+        # The cross-entropy checks this rank's batch alone: a rank it refuses tells the others, who
+        # are in the ranking loss's gather by then (``mlloss.distributed.refusing_together``).
+        with refusing_together(getattr(self.ranking, "cross_device", False) is True, getattr(scores, "device", None)):
+            scores, labels = _task_columns(scores, labels)
+            num_tasks = scores.shape[1]
+            weights = self.lam if isinstance(self.lam, tuple) else (self.lam,) * num_tasks
+            if len(weights) != num_tasks:
+                raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
+            bce = self.bce(scores, labels, mask=mask)
         terms, task_parts, items = [], [], None
         for task in range(num_tasks):
             ranking_args = {} if mask is None else {"mask": mask}  # ranking losses of other libraries take none

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from . import _validation as check
-from .distributed import gather_batch, gather_batch_with_rows, partition, sum_over_ranks, sum_partials
-from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss
+from .distributed import gather_batch, gather_batch_with_rows, partition, refusing_together, share_failed, sum_shares
+from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, _splits_pair_work, pair_loss, resolve_tier
 from .parts import LossParts, pair_parts
 from .surrogates import USES_MARGIN
 
@@ -71,7 +71,12 @@ class _PairwiseLoss(nn.Module):
         real_levels: bool = False,
     ) -> PairLossResult:
         # With cross_device, each rank may compute only its share of the groups' pairs; the shares
-        # are then summed (distributed.sum_partials).
+        # are then summed (distributed.sum_shares), and a share that raises makes every rank raise.
+        shares = partition() if self.cross_device else None
+        splits = shares is not None and _splits_pair_work(
+            resolve_tier(self.backend, self.surrogate, self.pairs, scores.device, scores.shape[0]),
+            self.pairs, groups, shares[1],
+        )
         try:
             result = pair_loss(
                 scores, labels, groups, mask,
@@ -86,11 +91,14 @@ class _PairwiseLoss(nn.Module):
                 backend=self.backend,
                 validate=self.validate_args,
                 real_levels=real_levels,
-                partition=partition() if self.cross_device else None,
+                partition=shares,
             )
-        except ValueError as error:  # the data check names an entry of the gathered batch
-            if self._own_rows is None:
+        except Exception as error:
+            if splits:  # the other ranks wait in sum_shares for this rank's share
+                share_failed(error, 1 if label_weights is not None else labels.shape[1], scores.device)
+            if self._own_rows is None or not isinstance(error, ValueError):
                 raise
+            # the data check names an entry of the gathered batch
             start, end = self._own_rows
             own = f"this rank's items are positions {start} to {end - 1}" if end > start else "this rank has no items"
             raise ValueError(
@@ -100,8 +108,9 @@ class _PairwiseLoss(nn.Module):
             return result
         # The problems' losses (LoA's parts) are this rank's shares too; the valid pairs and the
         # groups with pairs are counted on the whole gathered batch already.
-        stats = torch.cat([sum_over_ranks(result.problem_losses), result.stats[result.num_problems :]])
-        return replace(result, loss=sum_partials(result.loss), stats=stats, partial=False)
+        loss, problem_losses = sum_shares(result.loss, result.problem_losses)
+        stats = torch.cat([problem_losses, result.stats[result.num_problems :]])
+        return replace(result, loss=loss, stats=stats, partial=False)
 
     def _checked_batch(
         self, scores: object, labels: object, groups: object, mask: object = None
@@ -110,10 +119,11 @@ class _PairwiseLoss(nn.Module):
         bool or None), shapes and dtypes checked, gathered across processes when
         ``cross_device=True`` (see ``mlloss.distributed``). The values are checked by the op
         (``validate_args``), which also sets the items outside the mask apart."""
-        scores = check.scores_vector(scores, finite=False)
-        labels = check.label_columns(labels, scores.shape[0])
-        groups = check.group_vector(groups, scores.shape[0])
-        mask = check.mask_vector(mask, scores)
+        with refusing_together(self.cross_device, getattr(scores, "device", None)):
+            scores = check.scores_vector(scores, finite=False)
+            labels = check.label_columns(labels, scores.shape[0])
+            groups = check.group_vector(groups, scores.shape[0])
+            mask = check.mask_vector(mask, scores)
         self._own_rows = None
         if self.cross_device:
             (scores, labels, groups, mask), self._own_rows = gather_batch_with_rows(scores, labels, groups, mask)
@@ -169,7 +179,8 @@ class AUCLoss(_PairwiseLoss):
             ``"triton"`` (fused kernel; CUDA, or the CPU under ``TRITON_INTERPRET=1``).
         cross_device: take pairs across the processes of a distributed job: the loss (and, after
             DDP's gradient averaging, the parameter gradients) equal the single-process ones on
-            the concatenation of the ranks' batches. Every rank must call the loss.
+            the concatenation of the ranks' batches. Every rank must call the loss. An error on
+            one rank (its own batch's checks, or its share of the pairs) is raised on every rank.
         validate_args: check the batch's values (finite scores, 0/1 labels) and that the loss
             is finite, raising ``ValueError`` / ``OverflowError`` that name the offending entry.
             On the Triton kernels the check is fused into their launches and read once per call:
@@ -347,7 +358,8 @@ class LoALoss(_PairwiseLoss):
         ``forward`` adds it, then restored). With ``cross_device=True`` the labels are this
         rank's, gathered from every rank as ``forward`` gathers them: a collective, which every
         rank calls, and all get the same a_k."""
-        labels = check.label_columns(labels, None)
+        with refusing_together(self.cross_device, getattr(labels, "device", None)):
+            labels = check.label_columns(labels, None)
         if self.cross_device:  # the scores are a placeholder: only the labels are read
             _, labels, _, _ = gather_batch(labels.new_zeros(labels.shape[0], dtype=torch.float32), labels, None)
         before = (self.seen_positives, self.seen_items)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
@@ -152,3 +153,36 @@ def dtype_run(rank: int, world: int, port: int, out_dir: str) -> None:
         results["nan"] = str(error)
     torch.save(results, os.path.join(out_dir, f"dtype-rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def errors_run(rank: int, world: int, port: int, out_dir: str) -> None:
+    """A batch that only rank 1 gets wrong (labels of the wrong length), a share of the pairs that
+    only its owner finds not finite (rank 0's user 0), a bce+auc batch in whose scores only rank 1
+    has infinities, then a good batch: which error each rank raised, and the good batch's loss.
+    (A short timeout: a rank left waiting fails the test.)"""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=10))
+    scores, labels, groups = error_batch(rank)
+    results = {}
+    calls = {
+        "refused": lambda: mlloss.AUCLoss(cross_device=True)(scores, labels if rank == 0 else labels[:1], groups),
+        # users 0 and 1 are equal work: rank 0 computes user 0's pairs, rank 1 user 1's
+        "overflow": lambda: mlloss.AUCLoss(cross_device=True)(scores * (1e308 if rank == 0 else 1.0), labels, groups),
+        # the cross-entropy, a per-rank term, refuses rank 1's infinities before the ranking term's gather
+        "bce": lambda: mlloss.build_loss("bce+auc", cross_device=True)(scores / (1 - rank), labels, groups),
+        "good": lambda: mlloss.AUCLoss(cross_device=True)(scores, labels, groups),
+    }
+    for name, call in calls.items():
+        try:
+            results[name] = call()
+        except Exception as error:  # the test reads which kind each rank raised
+            results[name] = f"{type(error).__name__}: {error}"
+    torch.save(results, os.path.join(out_dir, f"errors-rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def error_batch(rank: int):
+    """Rank r's (scores, labels, groups): user r's two items, one positive and one negative."""
+    scores = torch.tensor([-1.0, 1.0], dtype=torch.float64) * (rank + 1)
+    return scores, torch.tensor([1.0, 0.0]), torch.full((2,), rank)

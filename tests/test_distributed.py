@@ -168,3 +168,23 @@ def test_a_masks_fillers_do_not_count_as_pair_work_in_the_split():
     torch.testing.assert_close(sum(shares), whole, rtol=1e-12, atol=0)
     # each rank's share of the loss is about half (60 groups of similar size), not all or nothing
     assert all(0.25 < float(share / whole) < 0.75 for share in shares), [float(share / whole) for share in shares]
+
+
+def test_a_rank_that_fails_makes_every_rank_raise_and_the_job_goes_on(tmp_path):
+    # Rank 1's own batch check (or its cross-entropy's), or rank 0's overflowing share of the pairs,
+    # raised on that rank only: the other rank waited in the gather (or the sum of the shares)
+    # until the job died, or, when the failed rank went on, paired its next batch with this one.
+    mp.spawn(ddp_worker.errors_run, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    results = [torch.load(tmp_path / f"errors-rank{rank}.pt") for rank in range(2)]
+    raised = [{name: str(value) for name, value in result.items()} for result in results]
+    assert raised[1]["refused"].startswith("ValueError: labels have 1 rows but scores have 2 items")
+    assert raised[0]["refused"].startswith("ValueError: cross_device=True: rank(s) [1] refused their local batch")
+    assert raised[0]["overflow"].startswith("OverflowError: the pairwise loss is not finite")
+    assert raised[1]["overflow"].startswith("OverflowError: cross_device=True: rank(s) [0] failed to compute")
+    assert raised[1]["bce"].startswith("ValueError: scores must be finite; scores[0, 0] = ")
+    assert raised[0]["bce"].startswith("ValueError: cross_device=True: rank(s) [1] refused their local batch")
+    # the good batch after both errors: float64 brute force, mean over users of softplus(-(s_pos - s_neg))
+    batches = [ddp_worker.error_batch(rank) for rank in range(2)]
+    expected = torch.stack([torch.nn.functional.softplus(-(s[0] - s[1])) for s, _, _ in batches]).mean()
+    for result in results:
+        torch.testing.assert_close(result["good"], expected, rtol=1e-12, atol=0)
