@@ -167,9 +167,24 @@ def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Ten
         return None
     if isinstance(weights, str):
         raise ValueError(f"{name} must be a sequence of numbers or None; got {weights!r}")
+    if isinstance(weights, Tensor) and weights.is_meta:
+        raise ValueError(f"{name} must hold values; got a meta tensor {weights!r}: pass a list of numbers")
+    if isinstance(weights, Tensor) and weights.requires_grad:
+        # The losses hold their weights as constants and never differentiate them: a Parameter
+        # would silently stay unlearned (and a graph node held by the module breaks deepcopy).
+        raise TypeError(
+            f"{name} must be constants (the loss does not differentiate them); got a tensor that requires grad, "
+            f"{weights.tolist()}: pass {name}.detach() for fixed values"
+        )
+    # Numbers go to the default device, except the meta device (a model built under
+    # ``torch.device("meta")``), where the checks below could not read them: the CPU then.
+    device = "cpu" if torch.get_default_device().type == "meta" else None
     try:
-        given = torch.as_tensor(weights)  # its own dtype (a bool?); the values read in float64 (1e-320 is no float32)
-        tensor = torch.as_tensor(weights, dtype=torch.float64)
+        # Its own dtype (a bool?); the values read in float64 (1e-320 is no float32). A tensor is
+        # copied: the module's constants must not change with the caller's tensor.
+        given = torch.as_tensor(weights, device=device)
+        tensor = given.to(torch.float64, copy=True) if isinstance(weights, Tensor) else torch.as_tensor(
+            weights, dtype=torch.float64, device=device)
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"{name} must be a sequence of numbers; got {weights!r}") from error
     if given.dim() != 1 or given.dtype == torch.bool:

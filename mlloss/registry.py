@@ -9,6 +9,7 @@ Names: ``"auc"``, ``"loa"``, ``"balanced-loa"``, ``"laa"``, ``"pdaom"``, ``"bce"
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from torch import nn
@@ -85,9 +86,40 @@ def build_loss(name: str, **kwargs) -> nn.Module:
                 f"'bce+' combines with a single-label pairwise loss ({', '.join(sorted(SINGLE_LABEL))}); "
                 f"got name={name!r}"
             )
-        options = {key: kwargs.pop(key) for key in ("lam", "ranking_input", "inputs") if key in kwargs}
+        options = {key: kwargs.pop(key) for key in COMBINED_OPTIONS if key in kwargs}
+        _check_options(name, LOSSES[ranking_name], kwargs, also=COMBINED_OPTIONS)
         return BCEPlusRanking(LOSSES[ranking_name](**kwargs), **options)
     if key not in LOSSES:
         known = sorted(LOSSES) + [f"bce+{n}" for n in sorted(SINGLE_LABEL)]
         raise ValueError(f"unknown loss name {name!r}; known: {', '.join(known)}")
+    _check_options(name, LOSSES[key], kwargs)
     return LOSSES[key](**kwargs)
+
+
+# The options "bce+<name>" takes for itself (BCEPlusRanking's); the others go to the pairwise loss.
+COMBINED_OPTIONS = ("lam", "ranking_input", "inputs")
+
+
+def _check_options(name: str, factory: Callable[..., nn.Module], options: dict, also: tuple[str, ...] = ()) -> None:
+    """Raise, naming the loss and what it takes, for an option ``factory`` has no parameter for
+    (a config's typo, or ``lam`` given to a loss without ``"bce+"``). Factories that take
+    ``**kwargs`` (``"balanced-loa"``, a user's) or whose signature cannot be read are trusted."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    accepted = [parameter.name for parameter in parameters if parameter.kind in named]
+    unknown = [option for option in options if option not in accepted]
+    if unknown:
+        combined = [option for option in unknown if option in COMBINED_OPTIONS]
+        hint = ""
+        if combined:
+            hint = (f" ({', '.join(map(repr, combined))} {'is an option' if len(combined) == 1 else 'are options'} "
+                    "of 'bce+<name>', e.g. build_loss('bce+pdaom', lam=...))")
+        raise TypeError(
+            f"build_loss({name!r}) got unknown option(s) {', '.join(map(repr, unknown))}; "
+            f"it takes {', '.join(list(also) + accepted)}{hint}"
+        )

@@ -3,7 +3,9 @@
 A fused-loss op's forward returns ``(loss, *statistics, grad)``: the gradient of the loss with
 respect to the op's first input is computed in the forward pass (Liger-Kernel's fused losses)
 and backward only scales it by the incoming gradient. The statistics are not differentiable,
-and the gradient only once: a second derivative raises (``SECOND_DERIVATIVE_MESSAGE``).
+and the gradient only once: a second derivative raises (``SECOND_DERIVATIVE_MESSAGE``). Of the
+``torch.func`` transforms, ``grad`` and ``jacrev`` work; ``vmap`` over the inputs and forward
+mode (``jvp``, ``jacfwd``, ``hessian``) raise with what to do instead.
 
 ``fused_loss_op`` registers the Python implementation as a ``torch.library`` operator
 (``define``, one ``impl`` for every device, a fake and the autograd formula), which
@@ -61,16 +63,27 @@ def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
     op = getattr(torch.ops.mlloss, name).default
 
     class FusedGradient(torch.autograd.Function):
+        # forward without ctx and a separate setup_context: the form torch.func.grad accepts
         @staticmethod
-        def forward(ctx, *inputs):
-            outputs = implementation(*inputs)
+        def forward(*inputs):
+            return implementation(*inputs)
+
+        @staticmethod
+        def setup_context(ctx, inputs, outputs):
             _save_gradient(ctx, inputs, outputs)
             # For a second derivative's error (``_scale_gradient``) only, so not saved for
             # backward: scores changed in place after the call (logits.sigmoid_()) keep working.
             ctx.scores = inputs[0]
-            return outputs
 
         backward = staticmethod(_scale_gradient)
+
+        @staticmethod
+        def vmap(info, in_dims, *inputs):
+            raise RuntimeError(BATCHING_MESSAGE)
+
+        @staticmethod
+        def jvp(ctx, *tangents):
+            raise RuntimeError(FORWARD_MODE_MESSAGE)
 
     def fused_loss(*inputs):
         scores = inputs[0]
@@ -109,14 +122,31 @@ SECOND_DERIVATIVE_MESSAGE = (
 )
 
 
+# What the eager path (``FusedGradient``) says to the torch.func transforms it does not support.
+BATCHING_MESSAGE = (
+    "mlloss losses do not support torch.vmap over their inputs (per-sample gradients, a batch of batches): "
+    "their pairs, groups and data check depend on each batch's values. Call the loss once per batch in a loop"
+)
+FORWARD_MODE_MESSAGE = (
+    "mlloss losses support reverse-mode autograd only (loss.backward(), torch.autograd.grad, torch.func.grad, "
+    "torch.func.jacrev); forward-mode AD (torch.func.jvp, jacfwd, hessian, torch.autograd.forward_ad) is not supported"
+)
+
+
 class _NoSecondDerivative(torch.autograd.Function):
     """The first derivative as it is, tied to the scores by a node that raises when a second
     derivative reaches it (``torch.autograd.function.once_differentiable`` ties it only to the
     incoming gradient, which is a constant in ``loss.backward(create_graph=True)``)."""
 
+    generate_vmap_rule = True  # torch.func.jacrev batches the backward pass over the loss's cotangents
+
     @staticmethod
-    def forward(ctx, scores: Tensor, gradient: Tensor) -> Tensor:
+    def forward(scores: Tensor, gradient: Tensor) -> Tensor:
         return gradient.view_as(gradient)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
 
     @staticmethod
     def backward(ctx, *_):
