@@ -319,6 +319,8 @@ class LoALoss(_PairwiseLoss):
         # Running prior estimate for weights="balanced": positives per label and items seen.
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
+        # The constants' values, from which every move rebuilds their buffers (``_apply``).
+        self._constants = {"weights": fixed, "priors": given_priors}
 
     def extra_repr(self) -> str:
         options = ["weights='balanced'" if self.balanced else f"weights={_listed(self.weights)}"] if (
@@ -400,6 +402,12 @@ class LoALoss(_PairwiseLoss):
         running label means of weights='balanced'."""
         if not (self.balanced and self.priors is None and self.training):
             return
+        if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():  # training mode under inference_mode
+            # The new counts would be inference tensors, which no later in-place write may touch
+            # (load_state_dict, DDP's buffer broadcast): they are built as normal tensors.
+            with torch.inference_mode(False):
+                self._update_running_priors(labels, num_items)
+            return
         positives = labels.sum(0, dtype=torch.float64).to(self.seen_items.device)
         if self.seen_positives.numel() == 0:
             self.seen_positives = torch.zeros_like(positives)
@@ -425,12 +433,26 @@ class LoALoss(_PairwiseLoss):
         # The buffers (weights, priors, running counts) follow the module to a device but stay
         # float64: .half() or a bf16 precision plugin would round the weights and make the item
         # count inf after 65,504 items (float16), the priors 0 and the loss silently 0.
+        # A module built on the meta device and materialised (``to_empty``: FSDP's deferred init,
+        # Lightning's empty_init) would hold uninitialised memory, which load_state_dict does not
+        # restore for the constants (not in the state dict): the constants are rebuilt from their
+        # values after every move, and running counts leaving the meta device start at zero, as a
+        # new module's do (a checkpoint loaded next restores them).
         kept = {name: buffer for name, buffer in self._buffers.items() if buffer is not None}
         super()._apply(fn, recurse)
         for name, original in kept.items():
             moved = self._buffers[name]
-            if moved.dtype != original.dtype:
-                self._buffers[name] = original.to(moved.device)
+            if moved.is_meta:
+                value = original.to("meta")
+            elif name in self._constants:
+                value = self._constants[name]
+            elif original.is_meta:
+                value = torch.zeros(original.shape, dtype=torch.float64)
+            elif moved.dtype != original.dtype:
+                value = original
+            else:
+                continue
+            self._buffers[name] = value.to(moved.device)
         return self
 
 
