@@ -146,6 +146,41 @@ def test_embedding_names_the_field_of_an_id_outside_its_table_like_field_embeddi
         module(torch.tensor([[-1, 2]]))
 
 
+def test_embedding_names_the_key_of_a_keyed_id_outside_its_table():
+    # A KeyedJaggedTensor's ids went unchecked: TorchRec's error ("Index 1 of input takes value 9 ...")
+    # named no key (and a table-wise sharded table embedded the id without one: edge_results).
+    import torchrec
+
+    module = TorchRecEmbedding([6, 4], 4, ["a", "b"])
+    for key, values, bad in (("a", [1, 6, 3, 0], 6), ("b", [1, -1, 3, 0], -1)):  # keys ("b", "a") for "b"
+        kjt = torchrec.KeyedJaggedTensor(keys=["b", "a"] if key == "b" else ["a", "b"], values=torch.tensor(values),
+                                         lengths=torch.tensor([2, 0, 1, 1]))
+        with pytest.raises(ValueError, match=rf"ids of key '{key}' must be in \[0, {6 if key == 'a' else 4}\); got {bad}"):
+            module(kjt)
+    # a key without a table is not read, whatever its ids; empty bags embed to zeros
+    kjt = torchrec.KeyedJaggedTensor(keys=["other", "a", "b"], values=torch.tensor([99, 5, 3]),
+                                     lengths=torch.tensor([1, 0, 0, 1, 1, 0]))  # a: {}, {5}; b: {3}, {}
+    a, b = (module.ebc.embedding_bags[f"t_{k}"].weight.detach() for k in "ab")
+    torch.testing.assert_close(module(kjt), torch.stack([torch.cat([torch.zeros(4), b[3]]),
+                                                         torch.cat([a[5], torch.zeros(4)])]))
+
+
+def test_embedding_refuses_a_weighted_keyed_jagged_tensor():
+    # The unsharded collection dropped the weights without a word (a sharded one does not).
+    import torchrec
+
+    module = TorchRecEmbedding([6, 4], 4, ["a", "b"])
+    kjt = torchrec.KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 0, 1, 0]),
+                                     weights=torch.tensor([2.0, 3.0, 5.0]))
+    variable_batch = torchrec.KeyedJaggedTensor(  # keys in another order, "a" one id for both rows
+        keys=["b", "a"], values=torch.tensor([1, 2, 3]), lengths=torch.ones(3, dtype=torch.int32),
+        weights=torch.tensor([2.0, 3.0, 5.0]), stride_per_key_per_rank=[[2], [1]],
+        inverse_indices=(["b", "a"], torch.tensor([[0, 1], [0, 0]])))
+    for weighted in (kjt, variable_batch):
+        with pytest.raises(ValueError, match="sparse is a weighted KeyedJaggedTensor"):
+            module(weighted)
+
+
 def test_embedding_output_has_the_tables_dtype_like_field_embedding():
     """``.double()``: float64 out, as FieldEmbedding gives (TorchRec's collection returned float32,
     which a float64 head refused); the values keep TorchRec's float32 pooling."""
@@ -274,6 +309,16 @@ def test_sharded_embedding_reads_keyed_jagged_tensors_in_any_key_order(edge_resu
         for name in torchrec_worker.KEY_ORDERS:
             torch.testing.assert_close(result["orders"][name], expected, rtol=0, atol=0, msg=name)
         assert result["orders"]["missing key"].startswith("ValueError: the KeyedJaggedTensor must hold the keys")
+
+
+@pytest.mark.distributed
+def test_sharded_embedding_refuses_an_id_outside_its_table_and_weights(edge_results):
+    # A table-wise sharded table on the CPU embedded the id one past its last row without an
+    # error, and did not ignore the weights as the unsharded collection does: two models for one batch.
+    for result in edge_results:
+        assert result["id_outside_its_table"] == (
+            "ValueError: the KeyedJaggedTensor's ids of key 'slot' must be in [0, 7); got 7"), result["id_outside_its_table"]
+        assert str(result["weighted"]).startswith("ValueError: sparse is a weighted KeyedJaggedTensor"), result["weighted"]
 
 
 @pytest.mark.distributed

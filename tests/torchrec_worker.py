@@ -1,6 +1,6 @@
-"""Worker for tests/test_torchrec.py: one rank of a 2-process gloo job that shards a small model
-with mlloss.integrations.torchrec.shard_model (or trains it under TorchRecStrategy) and records
-what the test compares with an unsharded copy."""
+"""Worker for tests/test_torchrec.py and tests/test_torchrec_ranking.py: one rank of a 2-process
+gloo job that shards a small model with mlloss.integrations.torchrec.shard_model (or trains it
+under TorchRecStrategy) and records what the test compares with an unsharded copy."""
 
 from __future__ import annotations
 
@@ -150,6 +150,16 @@ def keyed_ids(keys, ids: torch.Tensor):
                                       lengths=torch.ones(len(keys) * len(ids), dtype=torch.int32))
 
 
+def weighted_keyed_ids(ids: torch.Tensor):
+    """:func:`keyed_ids` in FIELDS order with a weight of 2 + row on every id."""
+    import torchrec
+
+    unweighted = keyed_ids(FIELDS, ids)
+    weights = (2.0 + torch.arange(len(ids), dtype=torch.float32)).repeat(len(FIELDS))
+    return torchrec.KeyedJaggedTensor(keys=unweighted.keys(), values=unweighted.values(),
+                                      lengths=unweighted.lengths(), weights=weights)
+
+
 KEY_ORDERS = {  # the first call fixes a sharded collection's feature order
     "swapped first": ("slot", "user", "item"),
     "in order": FIELDS,
@@ -160,9 +170,10 @@ KEY_ORDERS = {  # the first call fixes a sharded collection's feature order
 
 def run_edge_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Records, on each rank: a table-wise sharded embedding fed KeyedJaggedTensors in other
-    key orders; the replicas of a model built with a seed of each rank's own; 12-column tables
-    cut column-wise over 2 ranks; a table of 6 columns, table-wise (refused) and data-parallel;
-    and a sharding that fails after the fused optimizers were attached."""
+    key orders, one with an id outside its table and one with weights; the replicas of a model
+    built with a seed of each rank's own; 12-column tables cut column-wise over 2 ranks; a table
+    of 6 columns, table-wise (refused) and data-parallel; and a sharding that fails after the
+    fused optimizers were attached."""
     _init(rank, world_size, port)
     try:
         ids, _ = global_batch()
@@ -173,6 +184,10 @@ def run_edge_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
         result["orders"] = {name: _outcome(lambda: embedding(keyed_ids(keys, local)).detach())
                             for name, keys in KEY_ORDERS.items()}
         result["orders"]["missing key"] = _outcome(lambda: embedding(keyed_ids(("user", "slot"), local)))
+        outside = local.clone()
+        outside[0, FIELDS.index("slot")] = CARDINALITIES[FIELDS.index("slot")]  # one past the table's last row
+        result["id_outside_its_table"] = _outcome(lambda: embedding(keyed_ids(FIELDS, outside)).detach())
+        result["weighted"] = _outcome(lambda: embedding(weighted_keyed_ids(local)).detach())
 
         torch.manual_seed(rank)  # an unseeded script: each rank initialises its own way
         replicated = shard_model(replica_model(rank), "data_parallel")
@@ -270,3 +285,50 @@ def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int,
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- a cross-device ranking loss
+
+
+RANKING_ROWS = (20, 12)  # rank r's rows of global_batch(): uneven local batches
+
+
+def ranking_model() -> nn.Module:
+    """TorchRec tables under an MMoE of two tasks (mlloss.models), seeded."""
+    from mlloss.models import MMoE, MultiTaskModel
+
+    torch.manual_seed(0)
+    embedding = TorchRecEmbedding(CARDINALITIES, DIM, FIELDS)
+    return MultiTaskModel(embedding, MMoE(embedding.output_dim, 2, num_experts=3, expert_hidden=(8,), tower_hidden=(4,)))
+
+
+def ranking_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ids of global_batch(), two label columns and user ids (users span both ranks)."""
+    ids, _ = global_batch()
+    gen = torch.Generator().manual_seed(4)
+    labels = (torch.rand(len(ids), 2, generator=gen) < 0.4).float()
+    return ids, labels, torch.randint(0, 4, (len(ids),), generator=gen)
+
+
+def run_ranking_loss(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """For table-wise and column-wise shards: one step of ``LaALoss(cross_device=True)`` on the
+    first logit of a sharded :func:`ranking_model`, the tables trained by fused SGD; records the
+    loss, the tables after the step and the dense gradients."""
+    from mlloss import LaALoss
+
+    _init(rank, world_size, port)
+    try:
+        ids, labels, groups = ranking_batch()
+        start = sum(RANKING_ROWS[:rank])
+        local = slice(start, start + RANKING_ROWS[rank])
+        result = {}
+        for sharding in ("table_wise", "column_wise"):
+            model = shard_model(ranking_model(), sharding, sparse_optimizer="sgd", sparse_lr=SPARSE_LR)
+            loss = LaALoss(cross_device=True)(model(ids[local])[:, 0], labels[local], groups[local])
+            loss.backward()
+            gradients = {name.removeprefix("module."): p.grad.detach().clone() for name, p in model.named_parameters()
+                         if "embedding_bags" not in name}
+            result[sharding] = {"loss": loss.detach(), "after": full_tables(model), "gradients": gradients}
+        torch.save(result, os.path.join(out_dir, f"ranking-rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()

@@ -86,7 +86,9 @@ class TorchRecEmbedding(nn.Module):
     per row are then sum-pooled; other keys are ignored), and returns the (B, F * dim)
     concatenation of the field embeddings in ``field_names`` order, whatever order a sharded
     collection returns them in. The weights are initialised N(0, 0.05^2) like
-    :class:`mlloss.models.FieldEmbedding`.
+    :class:`mlloss.models.FieldEmbedding`. On the CPU an id outside its table is a ValueError
+    naming its field, for both inputs; a weighted ``KeyedJaggedTensor`` is a ValueError (the
+    tables sum-pool unweighted ids).
 
     The output has the tables' dtype, as FieldEmbedding's does (``.double()`` gives float64),
     but TorchRec pools in float32 whatever the tables' dtype: the values carry float32
@@ -136,6 +138,15 @@ class TorchRecEmbedding(nn.Module):
                 check_field_ids(sparse, self.cardinalities, "ids", self.keys)
         else:
             kjt = self._in_key_order(sparse)
+            if kjt.weights_or_none() is not None:
+                # The unsharded collection ignores the weights and a sharded one does not:
+                # the same batch would give two models.
+                raise ValueError(
+                    "sparse is a weighted KeyedJaggedTensor, but TorchRecEmbedding's tables sum-pool "
+                    "unweighted ids; pass the KeyedJaggedTensor without weights"
+                )
+            if not (kjt.values().is_cuda or torch.compiler.is_compiling()):
+                self._check_keyed_ids(kjt)
         if kjt.stride() == 0:
             # A KeyedJaggedTensor of zero rows breaks TorchRec's unsharded collection (the short
             # rank's empty batch under DDP): embed one row of id 0 and keep none of it. The
@@ -184,6 +195,22 @@ class TorchRecEmbedding(nn.Module):
             lengths=permuted.lengths(), stride_per_key_per_rank=permuted.stride_per_key_per_rank(),
             inverse_indices=(permuted.keys(), torch.stack([rows_by_key[key] for key in self.keys])),
         )
+
+    def _check_keyed_ids(self, kjt) -> None:
+        """FieldEmbedding's check of the ids, key by key, for a CPU ``kjt`` in field order (it
+        reads the host): an id outside its table is an error naming the key. TorchRec's own
+        error named no key, and a table-wise sharded table on the CPU embedded such an id
+        without any error."""
+        values, offsets = kjt.values(), kjt.offset_per_key()
+        for key, cardinality, start, end in zip(self.keys, self.cardinalities, offsets[:-1], offsets[1:]):
+            if end == start:
+                continue
+            low, high = values[start:end].aminmax()
+            if low < 0 or high >= cardinality:
+                raise ValueError(
+                    f"the KeyedJaggedTensor's ids of key {key!r} must be in [0, {cardinality}); "
+                    f"got {int(low) if low < 0 else int(high)}"
+                )
 
     def _table_dtype(self) -> torch.dtype:
         weight = next(self.ebc.parameters(), None)
