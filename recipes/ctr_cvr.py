@@ -43,8 +43,9 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own mod
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
                              check_batches, load_data, parse_args)
-from ctr_cvr_resume import (OptimizerOptions, check_resume, checkpoint_record, recorded_options,  # noqa: E402
-                            replace_other_kind_of_checkpoint, restore_rng_states, resume_path, rng_states)
+from ctr_cvr_resume import (OptimizerOptions, check_output_folder, check_resume, checkpoint_record,  # noqa: E402
+                            recorded_options, replace_other_kind_of_checkpoint, restore_rng_states, resume_path,
+                            rng_states)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
                             scorer_results, write_report)
 
@@ -247,7 +248,8 @@ def run(args: argparse.Namespace) -> dict:
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
     module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=recorded_options(args),
                           compile=args.compile, steps_per_call=args.steps_per_call)
-    ckpt_path = resume_path(args)
+    ckpt_path = resume_path(args)  # and --checkpoint-dir checked, as --output-dir here: before any training
+    check_output_folder("--output-dir", args.output_dir, "results.json, results.md and curves.png go into a folder")
     callbacks = [] if args.no_checkpoint else [
         ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last", save_top_k=1, enable_version_counter=False)
     ]
@@ -266,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
         check_resume(args, ckpt_path, trainer)
     replace_other_kind_of_checkpoint(args, trainer)
     dictatorship = mlloss.label_dictatorship(train.labels, label_names=TASKS)
-    _print_rank_zero(f"{describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
+    rank_zero_only(print)(f"{describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
     datamodule = GroupDataModule(train.columns(), val.columns(), test.columns(), batch_size=args.batch_size,
                                  group_key="user", seed=args.seed, fixed_size=args.fixed_batches)
     with warnings.catch_warnings():
@@ -293,11 +295,6 @@ def run(args: argparse.Namespace) -> dict:
     if trainer.is_global_zero:
         write_report(report, args.output_dir)
     return report
-
-
-@rank_zero_only
-def _print_rank_zero(text: str) -> None:
-    print(text)
 
 
 if __name__ == "__main__":

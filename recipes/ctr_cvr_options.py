@@ -175,6 +175,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  "steps_per_call", "num_experts", "num_shared_experts", "num_levels"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if not 0 <= args.seed < 2**32:  # pl.seed_everything's range (numpy's seeds); its error named no option
+        p.error(f"--seed must be in [0, 2**32 - 1]; got {args.seed}")
     if args.num_task_experts < 0:  # 0: a CGC level without task experts, an MMoE
         p.error(f"--num-task-experts must be >= 0; got {args.num_task_experts}")
     if not 0 < args.lr < math.inf:
@@ -293,12 +295,22 @@ def _option_tokens(option: str, action: argparse.Action, value: Any, where: str,
 def build_model(args: argparse.Namespace, data: ImpressionData, num_heads: int) -> MultiTaskModel:
     """The tower selected by ``args.model`` over the concatenated field embeddings (with
     their pairwise dot products unless ``--interaction none``) and the dense features."""
-    if args.embedding == "torchrec":
-        from mlloss.integrations.torchrec import TorchRecEmbedding
+    try:
+        if args.embedding == "torchrec":
+            from mlloss.integrations.torchrec import TorchRecEmbedding
 
-        embedding = TorchRecEmbedding(data.cardinalities, args.embedding_dim, data.field_names)
-    else:
-        embedding = FieldEmbedding(data.cardinalities, args.embedding_dim, validate_args=False)  # ImpressionData checked the ids
+            embedding = TorchRecEmbedding(data.cardinalities, args.embedding_dim, data.field_names)
+        else:  # ImpressionData checked the ids
+            embedding = FieldEmbedding(data.cardinalities, args.embedding_dim, validate_args=False)
+    except (RuntimeError, MemoryError) as error:  # the allocator's error names no field
+        if "alloc" not in str(error).lower() and not isinstance(error, MemoryError):
+            raise
+        largest = max(range(len(data.cardinalities)), key=data.cardinalities.__getitem__)
+        raise MemoryError(
+            f"the embedding tables do not fit in memory: {sum(data.cardinalities):,} rows (max id + 1 of each "
+            f"field) of --embedding-dim {args.embedding_dim}; the largest is field {data.field_names[largest]!r} "
+            f"with ids up to {data.cardinalities[largest] - 1:,}. The ids are rows of the tables: label-encode "
+            f"them 0, 1, 2, ... (--data {args.data}), or lower --embedding-dim") from error
     interaction = DotInteraction(len(data.cardinalities), args.embedding_dim) if args.interaction == "dot" else None
     input_dim = (interaction or embedding).output_dim + data.dense.shape[1]
     expert_hidden, tower_hidden = tuple(args.expert_hidden), tuple(args.tower_hidden)
@@ -340,10 +352,14 @@ def build_strategy(args: argparse.Namespace) -> str | pl.strategies.Strategy:
 
 def check_batches(splits: Sequence[ImpressionData], args: argparse.Namespace, world_size: int) -> None:
     """A ValueError, in the command line's terms and before any training, for a run that would
-    report nothing: an empty (train, val, test) split, or a training split packed into fewer
-    batches than there are processes, which then get none (GroupDataModule drops the last
-    ``batches % processes``; Lightning only warns "No training batches"). Checks epoch 0's packing;
-    a later epoch that packs into fewer batches stops the run with the sampler's error."""
+    report nothing: an empty (train, val, test) split, or a training split packed, in any epoch of
+    the run, into fewer batches than there are processes, which then get none (GroupDataModule
+    drops the last ``batches % processes``; Lightning only warns "No training batches").
+
+    The number of batches depends on the epoch's order of the users (next-fit packing of whole
+    users): it is at least ``ceil(impressions / --batch-size)``, and when that is below the
+    processes every epoch of ``--epochs`` is packed here, as the run will pack it (its seed and
+    epoch), so that a later epoch does not stop the run after hours of training."""
     train = splits[0]
     sizes = "/".join(str(len(split)) for split in splits)
     for name, split in zip(("training", "validation", "test"), splits):
@@ -351,11 +367,20 @@ def check_batches(splits: Sequence[ImpressionData], args: argparse.Namespace, wo
             more = "--num-users, --mean-impressions" if args.data == "synthetic" else f"the files in {args.data_dir}"
             raise ValueError(f"the {name} split is empty (train/val/test: {sizes} impressions): it needs more data "
                              f"({more})")
-    num_batches = len(GroupBatchSampler(train.user, args.batch_size, seed=args.seed))  # of all processes
-    if num_batches < world_size:
-        fix = (f"give --batch-size {len(train) // world_size} or less" if len(train) >= world_size
-               else "use fewer processes")
-        raise ValueError(
-            f"--batch-size {args.batch_size} packs the training split's {len(train)} impressions into {num_batches} "
-            f"batch(es), fewer than the {world_size} processes (--devices x --num-nodes): every process would train "
-            f"on none (the last batches % processes are dropped, so that all take the same steps); {fix}")
+    if -(-len(train) // args.batch_size) >= world_size:  # a batch holds at most --batch-size impressions
+        return
+    sampler = GroupBatchSampler(train.user, args.batch_size, seed=args.seed)  # the batches of all processes
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        if len(sampler) < world_size:
+            break
+    else:
+        return
+    fix = (f"give --batch-size {len(train) // world_size} or less"
+           if len(train) >= world_size else "use fewer processes")
+    raise ValueError(
+        f"--batch-size {args.batch_size} packs the training split's {len(train)} impressions into {len(sampler)} "
+        f"batch(es), fewer than the {world_size} processes (--devices x --num-nodes), in epoch {epoch + 1} of "
+        f"--epochs {args.epochs} (the packing of whole users depends on their order, shuffled every epoch): every "
+        f"process would train on none (the last batches % processes are dropped, so that all take the same "
+        f"steps); {fix}")

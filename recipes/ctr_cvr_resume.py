@@ -34,8 +34,9 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
     """Refuse, before anything is trained, a ``--checkpoint-dir`` that the run would write its
     checkpoints into or ``--resume last`` read, and that cannot be their folder: a file, or a path
     under a file (NotADirectoryError, instead of one at the first checkpoint, after a whole epoch),
-    or a folder named ``.partial`` or ``.old``, which ``mlloss.checkpointing`` keeps for its
-    temporary and retired copies (ValueError)."""
+    a folder named ``.partial`` or ``.old``, which ``mlloss.checkpointing`` keeps for its
+    temporary and retired copies (ValueError), or, when the run writes checkpoints, a folder it
+    cannot write in or create (PermissionError, :func:`check_output_folder`)."""
     if args.no_checkpoint and args.resume != "last":
         return
     folder = Path(args.checkpoint_dir)
@@ -44,12 +45,26 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
         raise ValueError(f"--checkpoint-dir {args.checkpoint_dir}: a folder named {folder.name} would be taken for the "
                          f"{kind} copies that mlloss.checkpointing keeps beside the checkpoints of {folder.parent}; "
                          "name another folder")
+    check_output_folder("--checkpoint-dir", folder, "the checkpoints go into a folder (last.ckpt in it)",
+                        writes=not args.no_checkpoint)
+
+
+def check_output_folder(option: str, folder: Path, contents: str, writes: bool = True) -> None:
+    """Refuse, before training, a folder ``option`` names that the run cannot write ``contents``
+    into: a file or a path under a file (NotADirectoryError), or, when ``writes``, a folder
+    without write and search permission, or whose nearest existing parent has none, so that it
+    cannot be created (PermissionError; also a read-only file system). Without this the error
+    came when the run first wrote there: after an epoch (a checkpoint) or after the whole run
+    (results.json)."""
     # os.path.exists, not Path.exists: False, not PermissionError, below a folder that cannot be searched
     existing = next((path for path in (folder, *folder.parents) if os.path.exists(path)), None)
     if existing is not None and not existing.is_dir():
         where = "is a file" if existing == folder else f"is under the file {existing}"
-        raise NotADirectoryError(f"--checkpoint-dir {args.checkpoint_dir} {where}: the checkpoints go into a folder "
-                                 "(last.ckpt in it); name a folder, new or existing")
+        raise NotADirectoryError(f"{option} {folder} {where}: {contents}; name a folder, new or existing")
+    if writes and existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        what = "is a folder" if existing == folder else f"would be created in {existing}, a folder"
+        raise PermissionError(f"{option} {folder} {what} this process cannot write in (no write or search "
+                              f"permission, or a read-only file system): {contents}; name a folder it can write")
 
 
 def resume_path(args: argparse.Namespace) -> Path | None:
