@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from . import _validation as check
 from .distributed import gather_batch, gather_batch_with_rows, partition, refusing_together, share_failed, sum_shares
-from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, _splits_pair_work, pair_loss, resolve_tier
+from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss, resolve_tier, splits_pair_work
 from .parts import LossParts, pair_parts
 from .surrogates import USES_MARGIN
 
@@ -73,7 +73,7 @@ class _PairwiseLoss(nn.Module):
         # With cross_device, each rank may compute only its share of the groups' pairs; the shares
         # are then summed (distributed.sum_shares), and a share that raises makes every rank raise.
         shares = partition() if self.cross_device else None
-        splits = shares is not None and _splits_pair_work(
+        splits = shares is not None and splits_pair_work(
             resolve_tier(self.backend, self.surrogate, self.pairs, scores.device, scores.shape[0]),
             self.pairs, groups, shares[1],
         )

@@ -161,7 +161,7 @@ def pair_loss(
              int(validate), int(real_levels), rank, world_size]
     values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
     loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
-    partial = _splits_pair_work(tier, pairs, groups, world_size)
+    partial = splits_pair_work(tier, pairs, groups, world_size)
     return PairLossResult(loss, stats, partial)
 
 
@@ -204,7 +204,7 @@ def _pair_loss_op(
     options, tier, validate, real_levels, rank, world_size = _decoded(tuple(flags), tuple(values))
     cost, surrogate, margin, pairs, temperature, reduction = options
     # decided on the caller's groups (a mask gives ungrouped items a group of their own below)
-    owned = (rank, world_size) if _splits_pair_work(tier, pairs, groups, world_size) else None
+    owned = (rank, world_size) if splits_pair_work(tier, pairs, groups, world_size) else None
     aggregated = label_weights is not None
     label_rule = _label_rule(labels, aggregated, real_levels)
     on_kernels = tier == "triton" and scores.shape[0] >= 2
@@ -297,7 +297,7 @@ def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: 
     return scores.masked_fill(dropped, 0), labels.masked_fill(dropped[:, None], 0), groups
 
 
-def _splits_pair_work(tier: str, pairs: str, groups: Tensor | None, world_size: int) -> bool:
+def splits_pair_work(tier: str, pairs: str, groups: Tensor | None, world_size: int) -> bool:
     """Whether each rank computes only its share of a gathered batch's groups (``pair_loss``'s
     ``partition``): the PyTorch tier's blocked sums over all pairs, with groups to split."""
     return tier == "torch" and pairs == "all" and groups is not None and world_size > 1
