@@ -90,10 +90,12 @@ def _cell_extremes_and_slopes(
         lowest, lowest_slope = _hard_extreme(scores, lengths, "min")
         highest, highest_slope = _hard_extreme(scores, lengths, "max")
         return lowest, lowest_slope, highest, highest_slope
-    log_count = torch.log(lengths.to(scores.dtype))
-    log_low, lowest_slope = _segment_logsumexp_and_softmax(-scores / temperature, lengths)
-    log_high, highest_slope = _segment_logsumexp_and_softmax(scores / temperature, lengths)
-    return -temperature * (log_low - log_count), lowest_slope, temperature * (log_high - log_count), highest_slope
+    # In score units, from each cell's own extreme (as the Triton tier does): a cell of equal
+    # scores has mean exp 1 and its soft extremes are its score exactly, not off by the roundings
+    # of dividing by tau and adding log n back (which moved a pair at a hinge's kink).
+    lowest, lowest_slope = _segment_log_mean_exp(scores, lengths, -temperature)
+    highest, highest_slope = _segment_log_mean_exp(scores, lengths, temperature)
+    return lowest, lowest_slope, highest, highest_slope
 
 
 def _hard_extreme(values: Tensor, lengths: Tensor, extreme: str) -> tuple[Tensor, Tensor]:
@@ -104,9 +106,12 @@ def _hard_extreme(values: Tensor, lengths: Tensor, extreme: str) -> tuple[Tensor
     return value, attains / ties.repeat_interleave(lengths)
 
 
-def _segment_logsumexp_and_softmax(values: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """(log sum exp per segment, exp(v_i) / sum exp over its segment), shifted by the segment max."""
-    shift = torch.segment_reduce(values, "max", lengths=lengths)
-    exps = torch.exp(values - shift.repeat_interleave(lengths))
+def _segment_log_mean_exp(scores: Tensor, lengths: Tensor, signed_temperature: float) -> tuple[Tensor, Tensor]:
+    """(t log mean exp(s / t) per segment at t = ``signed_temperature`` (the soft max for t > 0,
+    the soft min for t < 0), its slope exp(s_i / t) / sum exp over the segment), from the
+    segment's extreme e: e + t log(mean exp((s - e) / t)), every term in (0, 1]."""
+    extreme = torch.segment_reduce(scores, "max" if signed_temperature > 0 else "min", lengths=lengths)
+    exps = torch.exp((scores - extreme.repeat_interleave(lengths)) / signed_temperature)
     total = torch.segment_reduce(exps, "sum", lengths=lengths)
-    return torch.log(total) + shift, exps / total.repeat_interleave(lengths)
+    value = extreme + signed_temperature * torch.log(total / lengths.to(scores.dtype))
+    return value, exps / total.repeat_interleave(lengths)
