@@ -423,9 +423,7 @@ def run(args: argparse.Namespace) -> None:
     for case in planned:
         if args.impl_list:
             case["impls"] = [impl for impl in case["impls"] if impl in args.impl_list]
-    libauc_missing = None
-    if any(impl.startswith("libauc") for case in planned for impl in case["impls"]):
-        libauc_missing = cases.libauc_missing()  # optional peer: its rows are skipped with the reason
+    libauc_missing = cases.libauc_missing(planned)  # optional peer: its rows are skipped with the reason
 
     device = describe_device(args.device)
     device["mlloss"] = mlloss.__version__

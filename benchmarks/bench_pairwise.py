@@ -116,9 +116,7 @@ def run_section(section: int, args, tmpdir: str, env_extra: dict[str, str]) -> l
 
     rows: list[dict[str, Any]] = []
     planned = cases.cpu_cases(section, args.quick)
-    libauc_missing = None
-    if any(impl.startswith("libauc") for case in planned for impl in case["impls"]):
-        libauc_missing = cases.libauc_missing()  # optional peer: its rows are skipped with the reason
+    libauc_missing = cases.libauc_missing(planned)  # optional peer: its rows are skipped with the reason
     for case in planned:
         measured_per_element: dict[str, tuple[float, float]] = {}  # impl -> (elements, MB)
         for n in case["sizes"]:

@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> dict:
               "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": [],
               "framework": []}
     write(result, output)
-    for batch_size in args.batch_sizes if args.rounds else ():
+    overhead_batch_sizes = args.batch_sizes if args.rounds else []  # --rounds 0: no framework-overhead runs
+    for batch_size in overhead_batch_sizes:
         result["framework"].append(row := framework_overhead(args, batch_size, data))
         write(result, output)
         for clock, r in ((c, row[c]) for c in ("cpu", "wall")):

@@ -333,9 +333,12 @@ def naive_pdaom_loss(scores, labels, groups):
     return torch.exp(-(low_pos[valid] - high_neg[valid])).sum()
 
 
-def libauc_missing() -> str | None:
-    """Why the LibAUC rows cannot run (``libauc.losses`` not importable), or None: both runners
-    record it as the rows' skip reason (the peer is optional)."""
+def libauc_missing(planned: list[dict[str, Any]]) -> str | None:
+    """Why the LibAUC rows of the ``planned`` cases cannot run (``libauc.losses`` not importable),
+    or None (none planned, or importable): both runners record it as the rows' skip reason (the
+    peer is optional)."""
+    if not any(impl.startswith("libauc") for case in planned for impl in case["impls"]):
+        return None
     try:
         import libauc.losses  # noqa: F401
     except Exception as exc:  # noqa: BLE001 -- e.g. its scikit-learn / pandas needs missing too

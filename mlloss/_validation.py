@@ -183,8 +183,10 @@ def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Ten
         # Its own dtype (a bool?); the values read in float64 (1e-320 is no float32). A tensor is
         # copied: the module's constants must not change with the caller's tensor.
         given = torch.as_tensor(weights, device=device)
-        tensor = given.to(torch.float64, copy=True) if isinstance(weights, Tensor) else torch.as_tensor(
-            weights, dtype=torch.float64, device=device)
+        if isinstance(weights, Tensor):
+            tensor = given.to(torch.float64, copy=True)
+        else:
+            tensor = torch.as_tensor(weights, dtype=torch.float64, device=device)
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"{name} must be a sequence of numbers; got {weights!r}") from error
     if given.dim() != 1 or given.dtype == torch.bool:

@@ -28,8 +28,9 @@ DICTATORSHIP_RATIO = 2.0
 # Below this ratio no label dominates; from it up to the threshold the top label tilts the ranking.
 TILT_RATIO = 1.25
 
-# The printed table: the name and a_k columns are at least this wide, and wider for longer entries.
+# The printed table: the name, prior and a_k columns are at least this wide, and wider for longer entries.
 _NAME_WIDTH = 15
+_PRIOR_WIDTH = 6
 _MIXING_WIDTH = 6
 _TAKING_PART = "a label needs both classes and a_k > 0"
 
@@ -110,7 +111,7 @@ class DictatorshipReport:
         mixing = [_significant(weight) for weight in self.mixing_weights]
         mixing_width = max([_MIXING_WIDTH, *(len(text) + 1 for text in mixing)])  # two spaces after the prior
         priors = [_prior(prior) for prior in self.priors]
-        prior_width = max(6, *(len(text) for text in priors))
+        prior_width = max([_PRIOR_WIDTH, *(len(text) for text in priors)])
         header = f"{'label':<{name_width}} {'prior':>{prior_width}} {'a_k':>{mixing_width - 1}}    a_k/(pi(1-pi))  share"
         rows = [self._row(k, name_width, f"{priors[k]:>{prior_width}}", f"{mixing[k]:>{mixing_width}}")
                 for k in range(len(self.label_names))]

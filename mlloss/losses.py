@@ -95,15 +95,11 @@ class _PairwiseLoss(nn.Module):
             )
         except Exception as error:
             if splits:  # the other ranks wait in sum_shares for this rank's share
-                share_failed(error, 1 if label_weights is not None else labels.shape[1], scores.device)
-            if self._own_rows is None or not isinstance(error, ValueError):
-                raise
-            # the data check names an entry of the gathered batch
-            start, end = self._own_rows
-            own = f"this rank's items are positions {start} to {end - 1}" if end > start else "this rank has no items"
-            raise ValueError(
-                f"{error} (cross_device=True: positions count in the batch gathered from every rank in rank order; {own})"
-            ) from error
+                num_problems = 1 if label_weights is not None else labels.shape[1]  # LaA: one; else one per label
+                share_failed(error, num_problems, scores.device)
+            if isinstance(error, ValueError) and self._own_rows is not None:
+                raise self._naming_own_rows(error) from error
+            raise
         if not result.partial:
             return result
         # The problems' losses (LoA's parts) are this rank's shares too; the valid pairs and the
@@ -111,6 +107,15 @@ class _PairwiseLoss(nn.Module):
         loss, problem_losses = sum_shares(result.loss, result.problem_losses)
         stats = torch.cat([problem_losses, result.stats[result.num_problems :]])
         return replace(result, loss=loss, stats=stats, partial=False)
+
+    def _naming_own_rows(self, error: ValueError) -> ValueError:
+        """The data check's ``error``, which names an entry of the gathered batch, with the positions
+        of this rank's items in it."""
+        start, end = self._own_rows
+        own = f"this rank's items are positions {start} to {end - 1}" if end > start else "this rank has no items"
+        return ValueError(
+            f"{error} (cross_device=True: positions count in the batch gathered from every rank in rank order; {own})"
+        )
 
     def _checked_batch(
         self, scores: object, labels: object, groups: object, mask: object = None
@@ -319,8 +324,10 @@ class LoALoss(_PairwiseLoss):
         # Running prior estimate for weights="balanced": positives per label and items seen.
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
-        # The constants' values, from which every move rebuilds their buffers (``_apply``).
-        self._constants = {"weights": fixed, "priors": given_priors}
+        # The constants' values, from which every move rebuilds their buffers (``_apply``); copies,
+        # so that the buffers are the only tensors a caller can reach.
+        self._constants = {name: None if value is None else value.clone()
+                           for name, value in (("weights", fixed), ("priors", given_priors))}
 
     def extra_repr(self) -> str:
         options = ["weights='balanced'" if self.balanced else f"weights={_listed(self.weights)}"] if (

@@ -41,6 +41,8 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
 }
 # Pairwise losses that take one binary label and so combine with BCE on the same logits.
 SINGLE_LABEL = {"auc", "pdaom"}
+# The options "bce+<name>" takes for itself (BCEPlusRanking's); the others go to the pairwise loss.
+COMBINED_OPTIONS = ("lam", "ranking_input", "inputs")
 
 
 def register_loss(
@@ -86,7 +88,7 @@ def build_loss(name: str, **kwargs) -> nn.Module:
                 f"'bce+' combines with a single-label pairwise loss ({', '.join(sorted(SINGLE_LABEL))}); "
                 f"got name={name!r}"
             )
-        options = {key: kwargs.pop(key) for key in COMBINED_OPTIONS if key in kwargs}
+        options = {option: kwargs.pop(option) for option in COMBINED_OPTIONS if option in kwargs}
         _check_options(name, LOSSES[ranking_name], kwargs, also=COMBINED_OPTIONS)
         return BCEPlusRanking(LOSSES[ranking_name](**kwargs), **options)
     if key not in LOSSES:
@@ -94,10 +96,6 @@ def build_loss(name: str, **kwargs) -> nn.Module:
         raise ValueError(f"unknown loss name {name!r}; known: {', '.join(known)}")
     _check_options(name, LOSSES[key], kwargs)
     return LOSSES[key](**kwargs)
-
-
-# The options "bce+<name>" takes for itself (BCEPlusRanking's); the others go to the pairwise loss.
-COMBINED_OPTIONS = ("lam", "ranking_input", "inputs")
 
 
 def _check_options(name: str, factory: Callable[..., nn.Module], options: dict, also: tuple[str, ...] = ()) -> None:
@@ -113,13 +111,14 @@ def _check_options(name: str, factory: Callable[..., nn.Module], options: dict, 
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     accepted = [parameter.name for parameter in parameters if parameter.kind in named]
     unknown = [option for option in options if option not in accepted]
-    if unknown:
-        combined = [option for option in unknown if option in COMBINED_OPTIONS]
-        hint = ""
-        if combined:
-            hint = (f" ({', '.join(map(repr, combined))} {'is an option' if len(combined) == 1 else 'are options'} "
-                    "of 'bce+<name>', e.g. build_loss('bce+pdaom', lam=...))")
-        raise TypeError(
-            f"build_loss({name!r}) got unknown option(s) {', '.join(map(repr, unknown))}; "
-            f"it takes {', '.join(list(also) + accepted)}{hint}"
-        )
+    if not unknown:
+        return
+    combined = [option for option in unknown if option in COMBINED_OPTIONS]  # given to a loss without "bce+"
+    hint = ""
+    if combined:
+        hint = (f" ({', '.join(map(repr, combined))} {'is an option' if len(combined) == 1 else 'are options'} "
+                "of 'bce+<name>', e.g. build_loss('bce+pdaom', lam=...))")
+    raise TypeError(
+        f"build_loss({name!r}) got unknown option(s) {', '.join(map(repr, unknown))}; "
+        f"it takes {', '.join(list(also) + accepted)}{hint}"
+    )

@@ -248,7 +248,8 @@ def run(args: argparse.Namespace) -> dict:
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
     module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=recorded_options(args),
                           compile=args.compile, steps_per_call=args.steps_per_call)
-    ckpt_path = resume_path(args)  # and --checkpoint-dir checked, as --output-dir here: before any training
+    # Folders the run cannot write are refused before any training: --checkpoint-dir (by resume_path), --output-dir.
+    ckpt_path = resume_path(args)
     check_output_folder("--output-dir", args.output_dir, "results.json, results.md and curves.png go into a folder")
     callbacks = [] if args.no_checkpoint else [
         ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last", save_top_k=1, enable_version_counter=False)

@@ -367,20 +367,29 @@ def check_batches(splits: Sequence[ImpressionData], args: argparse.Namespace, wo
             more = "--num-users, --mean-impressions" if args.data == "synthetic" else f"the files in {args.data_dir}"
             raise ValueError(f"the {name} split is empty (train/val/test: {sizes} impressions): it needs more data "
                              f"({more})")
-    if -(-len(train) // args.batch_size) >= world_size:  # a batch holds at most --batch-size impressions
+    short = _first_short_epoch(train, args, world_size)
+    if short is None:
         return
-    sampler = GroupBatchSampler(train.user, args.batch_size, seed=args.seed)  # the batches of all processes
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        if len(sampler) < world_size:
-            break
-    else:
-        return
+    epoch, num_batches = short
     fix = (f"give --batch-size {len(train) // world_size} or less"
            if len(train) >= world_size else "use fewer processes")
     raise ValueError(
-        f"--batch-size {args.batch_size} packs the training split's {len(train)} impressions into {len(sampler)} "
+        f"--batch-size {args.batch_size} packs the training split's {len(train)} impressions into {num_batches} "
         f"batch(es), fewer than the {world_size} processes (--devices x --num-nodes), in epoch {epoch + 1} of "
         f"--epochs {args.epochs} (the packing of whole users depends on their order, shuffled every epoch): every "
         f"process would train on none (the last batches % processes are dropped, so that all take the same "
         f"steps); {fix}")
+
+
+def _first_short_epoch(train: ImpressionData, args: argparse.Namespace, world_size: int) -> tuple[int, int] | None:
+    """(epoch, batches) of the first epoch of ``--epochs`` whose training batches, of all processes,
+    are fewer than the processes, or None when every epoch has enough."""
+    # A batch holds at most --batch-size impressions: every epoch packs at least ceil(impressions / it).
+    if -(-len(train) // args.batch_size) >= world_size:
+        return None
+    sampler = GroupBatchSampler(train.user, args.batch_size, seed=args.seed)  # packs as the run will
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        if len(sampler) < world_size:
+            return epoch, len(sampler)
+    return None

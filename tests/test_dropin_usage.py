@@ -152,14 +152,17 @@ def test_loa_materialised_from_the_meta_device_holds_its_constants_and_empty_cou
     # Found by review: to_empty() (FSDP's deferred init, Lightning's empty_init) left the weights,
     # the priors and the running counts uninitialised (about 1e-310: the loss about 0), and
     # load_state_dict restores only the counts (the constants are not in the state dict).
-    options = {"fixed": ([1.0, 3.0],), "balanced": ("balanced",), "given priors": ("balanced",)}
-    keywords = {"fixed": {}, "balanced": {"num_labels": 2}, "given priors": {"priors": [0.4, 0.05]}}
+    constructions = {  # name: LoALoss's (weights, other options)
+        "fixed": ([1.0, 3.0], {}),
+        "balanced": ("balanced", {"num_labels": 2}),
+        "given priors": ("balanced", {"priors": [0.4, 0.05]}),
+    }
     scores, labels, groups = batch()
     two_labels = torch.stack([labels, (torch.arange(len(labels)) % 5 == 0).float()], dim=1)
-    for name in options:
-        fresh = mlloss.LoALoss(*options[name], **keywords[name])
+    for name, (weights, options) in constructions.items():
+        fresh = mlloss.LoALoss(weights, **options)
         with torch.device("meta"):
-            materialised = mlloss.LoALoss(*options[name], **keywords[name])
+            materialised = mlloss.LoALoss(weights, **options)
         materialised.to_empty(device="cpu")
         for buffer in ("weights", "priors", "seen_positives", "seen_items"):
             got, expected = getattr(materialised, buffer), getattr(fresh, buffer)
@@ -190,9 +193,12 @@ def test_balanced_loa_in_training_mode_under_inference_mode_keeps_normal_buffers
 @pytest.mark.parametrize(
     "name,options,message",
     [
-        ("auc", {"lam": 1.0}, r"build_loss\('auc'\) got unknown option\(s\) 'lam'; it takes surrogate, .*'lam' is an option of 'bce\+<name>'"),
-        ("bce+auc", {"lamda": 1.0}, r"build_loss\('bce\+auc'\) got unknown option\(s\) 'lamda'; it takes lam, ranking_input, inputs, surrogate"),
-        ("pdaom", {"pairs": "all"}, r"build_loss\('pdaom'\) got unknown option\(s\) 'pairs'; it takes surrogate, margin, temperature"),
+        ("auc", {"lam": 1.0},
+         r"build_loss\('auc'\) got unknown option\(s\) 'lam'; it takes surrogate, .*'lam' is an option of 'bce\+<name>'"),
+        ("bce+auc", {"lamda": 1.0},
+         r"build_loss\('bce\+auc'\) got unknown option\(s\) 'lamda'; it takes lam, ranking_input, inputs, surrogate"),
+        ("pdaom", {"pairs": "all"},
+         r"build_loss\('pdaom'\) got unknown option\(s\) 'pairs'; it takes surrogate, margin, temperature"),
     ],
 )
 def test_build_loss_names_the_unknown_option_and_what_the_loss_takes(name, options, message):

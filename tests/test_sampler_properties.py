@@ -88,11 +88,13 @@ def test_batches_are_the_documented_ones_for_every_rank(groups, batch_size, worl
     for batches in ranks:
         for batch in batches:
             assert len(batch) <= batch_size
+    if not drop_last and pad == "repeat":
+        return  # the repeated batches that pad the short ranks put their groups on a second rank
     owner = {}
     for rank, batches in enumerate(ranks):
         for batch in batches:
             for i in batch:
-                if groups.count(groups[i]) <= batch_size and not (not drop_last and pad == "repeat"):
+                if groups.count(groups[i]) <= batch_size:  # a larger group is split into pieces
                     assert owner.setdefault(groups[i], rank) == rank, "a group is on one rank"
 
 
