@@ -4,22 +4,15 @@ parameter gradients equal the single-process ones on the concatenated batch (los
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 import ddp_worker
 import mlloss
+from ports import free_port
 
 pytestmark = pytest.mark.distributed
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

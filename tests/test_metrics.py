@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import socket
 import subprocess
 import sys
 import warnings
@@ -29,6 +28,7 @@ from mlloss.metrics import (
     multilabel_auc,
     multipartite_auc,
 )
+from ports import free_port
 
 IGNORE_UNDEFINED = pytest.mark.filterwarnings("ignore::mlloss.metrics.UndefinedMetricWarning")
 SEEDS = range(12)
@@ -843,12 +843,6 @@ except ValueError as error:
 torch.save(results, f"{out}/rank{rank}.pt")
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @IGNORE_UNDEFINED

@@ -6,7 +6,6 @@ gloo processes: tests/test_checkpoints.py."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,11 @@ import torch.multiprocessing as mp
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
 
 import torchrec_worker  # noqa: E402
+from ports import free_port  # noqa: E402
 from recipe_util import load_recipe  # noqa: E402
 from mlloss.integrations.torchrec import SHARDING_TYPES, TorchRecEmbedding, ids_to_kjt, shard_model  # noqa: E402
 from mlloss.integrations.torchrec_strategy import TorchRecStrategy  # noqa: E402
 from mlloss.models import FieldEmbedding  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- the embedding module

@@ -5,8 +5,6 @@ with a pointwise loss)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -14,16 +12,14 @@ import torch.multiprocessing as mp
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
 
 import torchrec_worker  # noqa: E402
+from ports import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Each rank's record of torchrec_worker.run_ranking_loss."""
     out_dir = tmp_path_factory.mktemp("torchrec-ranking")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(torchrec_worker.run_ranking_loss, args=(2, port, str(out_dir)), nprocs=2, join=True)
+    mp.spawn(torchrec_worker.run_ranking_loss, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
     return [torch.load(out_dir / f"ranking-rank{rank}.pt", weights_only=False) for rank in range(2)]
 
 
