@@ -243,14 +243,14 @@ def run(args: argparse.Namespace) -> dict:
     """Load or generate the data, train, evaluate and write the report of ``main``."""
     start = time.perf_counter()
     pl.seed_everything(args.seed, verbose=False)
+    # Folders the run cannot write are refused before the data load: --checkpoint-dir (resume_path), --output-dir.
+    ckpt_path = resume_path(args)
+    check_output_folder("--output-dir", args.output_dir, "results.json, results.md and curves.png go into a folder")
     (train, val, test), data_info = load_data(args)
     objective = MultiTaskObjective(args.loss, args.lam, args.cross_device, validate_args=False)
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
     module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=recorded_options(args),
                           compile=args.compile, steps_per_call=args.steps_per_call)
-    # Folders the run cannot write are refused before any training: --checkpoint-dir (by resume_path), --output-dir.
-    ckpt_path = resume_path(args)
-    check_output_folder("--output-dir", args.output_dir, "results.json, results.md and curves.png go into a folder")
     callbacks = [] if args.no_checkpoint else [
         ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last", save_top_k=1, enable_version_counter=False)
     ]

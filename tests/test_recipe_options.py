@@ -150,12 +150,14 @@ TINY = ["--num-users", "60", "--num-items", "50", "--mean-impressions", "10", "-
 @pytest.mark.parametrize("below", [False, True])  # the folder itself, or a new folder in a read-only one
 def test_a_folder_the_run_cannot_write_is_refused_before_training(recipe, tmp_path, monkeypatch, option, below):
     """A --checkpoint-dir without write permission failed at the first checkpoint, after a whole
-    epoch of training, and an --output-dir at the end of the run, losing every result."""
+    epoch of training, and an --output-dir at the end of the run, losing every result. Both are
+    checked before the data are loaded (a large CSV takes minutes)."""
     locked = tmp_path / "locked"
     locked.mkdir()
     folder = locked / "new" if below else locked
     refuse_writes(monkeypatch, locked)
     monkeypatch.setattr(recipe.CtrCvrModule, "training_step", lambda *a: pytest.fail("trained before the check"))
+    monkeypatch.setattr(recipe, "load_data", lambda *a: pytest.fail("loaded the data before the check"))
     other = "--output-dir" if option == "--checkpoint-dir" else "--checkpoint-dir"
     try:
         with pytest.raises(PermissionError) as error:
