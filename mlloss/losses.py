@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _validation as check
+from ._constants import ConstantBuffers
 from .distributed import gather_batch, gather_batch_with_rows, partition, refusing_together, share_failed, sum_shares
 from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss, resolve_tier, splits_pair_work
 from .parts import LossParts, pair_parts
@@ -253,7 +254,7 @@ class PDAOMLoss(AUCLoss):
         )
 
 
-class LoALoss(_PairwiseLoss):
+class LoALoss(_PairwiseLoss, ConstantBuffers):
     r"""Loss aggregation: :math:`\sum_k a_k L_k`, L_k the AUC loss of label k alone
     (Lukasik et al. 2025, Sec. 5.1).
 
@@ -280,6 +281,8 @@ class LoALoss(_PairwiseLoss):
     ``AUCLoss`` (the balanced priors count only the items of the mask). ``parts["label_loss/k"]``
     holds the term L_k (unweighted) of label k (see ``mlloss.parts``).
     """
+
+    constants_keep_dtype = True  # float64 weights and priors (see _apply)
 
     def __init__(
         self,
@@ -312,9 +315,11 @@ class LoALoss(_PairwiseLoss):
         given_priors = check.check_weights("priors", priors, strictly_positive=True)
         if given_priors is not None and bool((given_priors >= 1).any()):
             raise ValueError(f"priors must lie in (0, 1); got {given_priors.tolist()}")
-        # Constants as buffers: they follow the module to the device and cost no copy per call.
-        self.register_buffer("weights", fixed, persistent=False)
-        self.register_buffer("priors", given_priors, persistent=False)
+        # Constants as buffers: they follow the module to the device and cost no copy per call, and
+        # every move rebuilds them from copies of the values (ConstantBuffers), in float64.
+        self._given = {name: None if value is None else value.clone()
+                       for name, value in (("weights", fixed), ("priors", given_priors))}
+        self.register_constant_buffers()
         if num_labels is not None:
             num_labels = check.check_int("num_labels", num_labels, minimum=1, requirement="a positive int or None")
             for name, given in (("weights", fixed), ("priors", given_priors)):
@@ -324,10 +329,6 @@ class LoALoss(_PairwiseLoss):
         # Running prior estimate for weights="balanced": positives per label and items seen.
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
-        # The constants' values, from which every move rebuilds their buffers (``_apply``); copies,
-        # so that the buffers are the only tensors a caller can reach.
-        self._constants = {name: None if value is None else value.clone()
-                           for name, value in (("weights", fixed), ("priors", given_priors))}
 
     def extra_repr(self) -> str:
         options = ["weights='balanced'" if self.balanced else f"weights={_listed(self.weights)}"] if (
@@ -436,30 +437,24 @@ class LoALoss(_PairwiseLoss):
             self.seen_positives = self.seen_items.new_zeros(state_dict[key].shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def constant_buffers(self) -> dict[str, Tensor | None]:
+        return self._given
+
     def _apply(self, fn, recurse=True):
-        # The buffers (weights, priors, running counts) follow the module to a device but stay
-        # float64: .half() or a bf16 precision plugin would round the weights and make the item
-        # count inf after 65,504 items (float16), the priors 0 and the loss silently 0.
-        # A module built on the meta device and materialised (``to_empty``: FSDP's deferred init,
-        # Lightning's empty_init) would hold uninitialised memory, which load_state_dict does not
-        # restore for the constants (not in the state dict): the constants are rebuilt from their
-        # values after every move, and running counts leaving the meta device start at zero, as a
-        # new module's do (a checkpoint loaded next restores them).
-        kept = {name: buffer for name, buffer in self._buffers.items() if buffer is not None}
+        # Every buffer follows the module to a device but stays float64: .half() or a bf16 precision
+        # plugin would round the weights and make the item count inf after 65,504 items (float16),
+        # the priors 0 and the loss silently 0. The constants (weights, priors) are rebuilt by
+        # ConstantBuffers; the running counts, materialised from the meta device (``to_empty``: FSDP's
+        # deferred init, Lightning's empty_init), start at zero as a new module's do instead of
+        # holding uninitialised memory (a checkpoint loaded next restores them).
+        counts = {name: self._buffers[name] for name in ("seen_positives", "seen_items")}
         super()._apply(fn, recurse)
-        for name, original in kept.items():
+        for name, original in counts.items():
             moved = self._buffers[name]
-            if moved.is_meta:
-                value = original.to("meta")
-            elif name in self._constants:
-                value = self._constants[name]
-            elif original.is_meta:
-                value = torch.zeros(original.shape, dtype=torch.float64)
+            if original.is_meta and not moved.is_meta:
+                self._buffers[name] = torch.zeros(original.shape, dtype=torch.float64, device=moved.device)
             elif moved.dtype != original.dtype:
-                value = original
-            else:
-                continue
-            self._buffers[name] = value.to(moved.device)
+                self._buffers[name] = original.to(moved.device)
         return self
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_cardinalities, check_field_ids, check_sizes
-from ._constants import ConstantBuffers
+from .._constants import ConstantBuffers
 
 __all__ = ["FieldEmbedding", "DotInteraction"]
 

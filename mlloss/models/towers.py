@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_finite_number, check_int, check_sizes, check_widths
-from ._constants import ConstantBuffers
+from .._constants import ConstantBuffers
 
 __all__ = [
     "mlp",

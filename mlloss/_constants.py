@@ -1,4 +1,5 @@
-"""Index tables that a module derives from its construction arguments, kept as buffers."""
+"""Constants that a module derives from its construction arguments, kept as buffers: the models'
+index tables, the mixing weights and priors of ``LoALoss``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ class ConstantBuffers(nn.Module):
     ``state_dict`` (``persistent=False``), and every move (``to``, ``cuda``, ``to_empty``)
     rebuilds them on the buffer's new device and dtype. A model made on the meta device and
     materialised with ``to_empty()`` (FSDP's deferred init) then holds their values, which
-    ``load_state_dict`` would not restore, instead of uninitialised memory."""
+    ``load_state_dict`` would not restore, instead of uninitialised memory.
+
+    The buffers take the dtype of the move (``.double()`` of a model casts its float tables),
+    unless ``constants_keep_dtype``: then each keeps the dtype :meth:`constant_buffers` gives it."""
+
+    constants_keep_dtype: bool = False
 
     def constant_buffers(self) -> dict[str, Tensor]:
         """The buffers' values (on the CPU), from the module's construction arguments."""
@@ -28,6 +34,7 @@ class ConstantBuffers(nn.Module):
         super()._apply(fn, recurse)
         for name, value in self.constant_buffers().items():
             moved = self._buffers[name]
-            if moved is not None and moved.device.type != "meta":
-                self._buffers[name] = value.to(device=moved.device, dtype=moved.dtype)
+            if moved is not None:
+                dtype = value.dtype if self.constants_keep_dtype else moved.dtype
+                self._buffers[name] = value.to(device=moved.device, dtype=dtype)
         return self
