@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mlloss._validation import check_choice, check_label_names
+from mlloss._validation import check_choice, check_label_names, require_tensor
 from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc, multilabel_auc, multipartite_auc
 from mlloss.metrics.functional import WEIGHTINGS
 
@@ -54,6 +54,8 @@ def ranking_metrics(
     """
     check_choice("group_weighting", group_weighting, WEIGHTINGS)  # also without groups: a typo is not ignored
     names = check_label_names("label_names", label_names, required=True)
+    require_tensor(scores, "scores")
+    require_tensor(labels, "labels")
     if labels.dim() > 2 or scores.dim() > 2:
         raise ValueError(f"scores and labels must be (N,) or (N, K); got scores {tuple(scores.shape)} and "
                          f"labels {tuple(labels.shape)}")

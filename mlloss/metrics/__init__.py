@@ -12,7 +12,8 @@ Every metric counts ordered pairs :math:`(i, j)` with scores :math:`s_i, s_j` an
 so that ties count one half. Counting is done by sorting, never by enumerating pairs: the items are sorted
 once by ``(group, score)`` and, for each item, the number of items of a given kind ranked strictly below it
 and tied with it in its group is read off a prefix sum. Every function is :math:`O(N \log N)` (the uniform
-multipartite cost adds :math:`O(N L)` for :math:`L` distinct levels), exact (pair counts are ``int64``;
+multipartite cost takes :math:`O(N L)` for :math:`L` distinct levels, and :math:`O(N \log^2 N)` once
+:math:`L` exceeds :math:`\log_2 N`), exact (pair counts are ``int64``;
 real-valued levels are summed in ``float64``, so the linear multipartite cost of non-integer levels is exact
 up to float64 rounding, and kept within :math:`[0, 1]`) and deterministic on CPU and CUDA: the only
 reductions are sorts, integer prefix sums and segmented sums over sorted data (no floating-point atomics).

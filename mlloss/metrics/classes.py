@@ -12,6 +12,9 @@ what ``torchmetrics.MetricCollection``'s compute groups assume when they let suc
 Each batch is kept as a tensor of its own: where the validated input would share memory with the caller's
 tensor (a float score vector, int64 group ids), it is copied. A caller may therefore refill one buffer in
 place between batches (fixed-size batches, a CUDA graph's static output) without changing the items kept.
+Likewise ``load_state_dict`` gives each state a list of its own: later batches never reach the state dict
+it was loaded from. At :meth:`compute` the batches are concatenated in the dtype the processes gather them
+in (float64 where integer scores meet float ones), so that batches of different dtypes keep their values.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.utilities.data import dim_zero_cat
 
 from .. import _validation as check
 from .counting import UndefinedMetricWarning, Weighting
@@ -71,6 +73,18 @@ def _common_dtype(dtypes: list[torch.dtype]) -> torch.dtype:
 def _batches(state: Union[list[Tensor], Tensor]) -> list[Tensor]:
     """A list state's batches: the list, or the one tensor torchmetrics gathered it into."""
     return state if isinstance(state, list) else [state]
+
+
+def _concatenated(state: Union[list[Tensor], Tensor]) -> Tensor:
+    """A list state's batches as one tensor, in the dtype the processes gather them in (:func:`_common_dtype`).
+
+    ``torch.cat`` alone promotes int64 scores beside fp16 ones to fp16 (rounding them above 2048, and
+    above 65504 to ``inf``) and beside fp32 ones to fp32 (rounding them above 2^24): ties the items did
+    not have.
+    """
+    batches = _batches(state)
+    dtype = _common_dtype([batch.dtype for batch in batches])
+    return torch.cat([batch.to(dtype) for batch in batches])
 
 
 def _rows(trailing: tuple[int, ...]) -> str:
@@ -136,14 +150,36 @@ class _PairMetric(Metric):
         return _common_dtype([dtype for _, (dtype, _) in found]), trailing
 
     def merge_state(self, incoming_state: Union[dict[str, Any], Metric]) -> None:
-        """Add another metric's batches (an instance of this class, or its ``metric_state``) to this one's,
-        as :meth:`torchmetrics.Metric.merge_state` does, after checking that they can join: the same layout
-        per state (label columns) and a row of each state this metric keeps per score."""
+        """Add another metric's batches (an instance of this class, or its ``metric_state``, gathered across
+        processes or not) to this one's, as :meth:`torchmetrics.Metric.merge_state` does, after checking that
+        they can join: the same layout per state (label columns) and a row of each state this metric keeps
+        per score."""
         if isinstance(incoming_state, type(self)):
-            self._check_mergeable(incoming_state.metric_state)
-        elif isinstance(incoming_state, dict):
+            incoming_state = incoming_state.metric_state
+        if isinstance(incoming_state, dict):
             self._check_mergeable(incoming_state)
+            # A state gathered across processes is one tensor, which torchmetrics' merge cannot join to a
+            # list of batches (nor a list to it): both sides are taken as lists of batches.
+            incoming_state = {name: list(_batches(state)) if name in self._cat_states else state
+                              for name, state in incoming_state.items()}
+            self._as_lists_of_batches()
         super().merge_state(incoming_state)  # refuses other types and other classes
+
+    def _as_lists_of_batches(self) -> None:
+        """Make every state a list of batches of its own (a gathered state is one tensor)."""
+        for name in self._cat_states:
+            if isinstance(state := getattr(self, name), Tensor):
+                setattr(self, name, [state])
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # torchmetrics sets each state to the very list the state dict holds: the updates that follow
+        # would append to the caller's checkpoint, and so to every metric loaded from it later. Each
+        # state gets a list of its own; a state saved gathered (one tensor) becomes a list of one batch,
+        # which update can append to. ``state_dict`` is load_state_dict's own copy of the caller's.
+        for name in self._cat_states:
+            if prefix + name in state_dict:
+                state_dict[prefix + name] = list(_batches(state_dict[prefix + name]))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _check_mergeable(self, states: dict[str, Any]) -> None:
         metric = type(self).__name__
@@ -229,7 +265,7 @@ class AUC(_PairMetric):
         """Return the AUC of all items seen."""
         if self._has_no_samples():
             return self._undefined_without_samples()
-        return binary_auc(dim_zero_cat(self.scores), dim_zero_cat(self.labels))
+        return binary_auc(_concatenated(self.scores), _concatenated(self.labels))
 
 
 class GroupAUC(_PairMetric):
@@ -272,7 +308,7 @@ class GroupAUC(_PairMetric):
         if self._has_no_samples():
             return self._undefined_without_samples()
         return group_auc(
-            dim_zero_cat(self.scores), dim_zero_cat(self.labels), dim_zero_cat(self.groups), self.weighting
+            _concatenated(self.scores), _concatenated(self.labels), _concatenated(self.groups), self.weighting
         )
 
 
@@ -320,7 +356,7 @@ class MultiLabelAUC(_PairMetric):
         """Return ``{"per_label_auc", "diff_auc", "min_auc"}`` over all items seen."""
         if self._has_no_samples():
             return self._undefined_without_samples()
-        per_label = multilabel_auc(dim_zero_cat(self.scores), dim_zero_cat(self.labels))
+        per_label = multilabel_auc(_concatenated(self.scores), _concatenated(self.labels))
         return {"per_label_auc": per_label, "diff_auc": per_label.max() - per_label.min(), "min_auc": per_label.min()}
 
     def _check_mergeable(self, states: dict[str, Any]) -> None:
@@ -432,10 +468,10 @@ class MultipartiteAUC(_PairMetric):
         """Return the multipartite AUC of all items seen."""
         if self._has_no_samples():
             return self._undefined_without_samples()
-        groups = dim_zero_cat(self.groups) if self.grouped else None
-        levels = dim_zero_cat(self.levels)
+        groups = _concatenated(self.groups) if self.grouped else None
+        levels = _concatenated(self.levels)
         if levels.ndim == 1 and self.label_weights is not None:  # (N, 1) levels given with their one weight
             levels = levels[:, None]
         return multipartite_auc(
-            dim_zero_cat(self.scores), levels, groups, self.cost, self.label_weights, self.weighting
+            _concatenated(self.scores), levels, groups, self.cost, self.label_weights, self.weighting
         )

@@ -101,6 +101,27 @@ def twice_wins(blocks: TieBlocks, positive: Tensor, negative: Tensor) -> Tensor:
     return segment_sum(positive * twice_below, blocks.counts)
 
 
+def prefix_dominance(ranks: Tensor, stops: Tensor, bounds: Tensor) -> Tensor:
+    r"""For every query :math:`i`, :math:`\#\{q < \text{stops}_i : \text{ranks}_q < \text{bounds}_i\}`, as ``int64``.
+
+    ``ranks`` ``(N,)`` are the points' ranks (in ``[0, N]``) by position; ``stops`` in ``[0, N]`` and
+    ``bounds`` in ``[0, N + 1]`` the queries. The prefix :math:`[0, \text{stop})` is the union of one
+    aligned block of :math:`2^k` positions per set bit :math:`k` of ``stop``, the positions :math:`q`
+    with :math:`q \gg k = (\text{stop} \gg k) - 1`. Per bit, one sort of the points by ``(block, rank)``
+    answers every query by two binary searches: :math:`O((N + Q) \log^2 N)` in all, whatever the ranks.
+    """
+    n = ranks.numel()
+    width = n + 2  # a key (block, rank) is block * width + rank, rank and bound in [0, n + 1]
+    positions = torch.arange(n, device=ranks.device)
+    counts = torch.zeros_like(stops)
+    for bit in range(n.bit_length()):
+        keys = torch.sort((positions >> bit) * width + ranks).values
+        block = (stops >> bit) - 1
+        below = torch.searchsorted(keys, block * width + bounds) - torch.searchsorted(keys, block * width)
+        counts += torch.where((stops >> bit) & 1 == 1, below, 0)
+    return counts
+
+
 def pair_count(blocks: TieBlocks, positive: Tensor, negative: Tensor) -> Tensor:
     """Per group and column, the number of (positive, negative) pairs, as ``int64 (G, K)``."""
     return segment_sum(positive[blocks.order], blocks.counts) * segment_sum(negative[blocks.order], blocks.counts)

@@ -21,7 +21,9 @@ from .counting import (
     centered_rank_sum,
     group_mean,
     pair_count,
+    prefix_dominance,
     ratio,
+    segment_sum,
     tie_blocks,
     twice_wins,
     warn_if_undefined,
@@ -174,6 +176,20 @@ def multilabel_auc(scores: Tensor, labels: Tensor) -> Tensor:
     return warn_if_undefined(auc, "AUC of a label is undefined unless its column contains both 0 and 1")
 
 
+HUGE_LEVEL = 2.0**512  # sums of N^2 level differences stay finite below this magnitude
+
+
+def _scaled_below_overflow(levels: Tensor) -> Tensor:
+    """``levels``, times the power of two that brings their largest magnitude below 1 if it is at least
+    ``HUGE_LEVEL``. The linear-cost value does not change with the scale of the levels (nor its float64
+    rounding, for a power of two), but its sums of differences of levels near the float64 maximum
+    (``1e308`` and ``-1e308``) overflow to ``inf`` and made it ``NaN``."""
+    largest = levels.abs().max() if levels.numel() else levels.new_zeros(())
+    if largest < HUGE_LEVEL:
+        return levels
+    return levels * 2.0 ** -int(torch.frexp(largest).exponent)
+
+
 def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     r"""Per-group multipartite AUC with cost :math:`c_{ij} = \bar y_i - \bar y_j`, in closed form.
 
@@ -188,6 +204,7 @@ def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor
     :math:`|S|` a few ulps above :math:`D` (1.0000000000000002 for a perfect ranking). :math:`S` is clamped
     to :math:`[-D, D]`, which keeps every value within :math:`[0, 1]` and changes no value that was inside.
     """
+    levels = _scaled_below_overflow(levels)
     by_level = tie_blocks(levels, groups)
     # Both sums are unchanged by a shift of a group's levels; measured from each group's median level
     # they keep their precision for levels far from 0 (1e15 + k) instead of cancelling.
@@ -202,7 +219,41 @@ def _linear_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor
 
 
 def _uniform_multipartite(scores: Tensor, levels: Tensor, groups: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """Per-group multipartite AUC with unit cost: each level against all lower levels, one level at a time."""
+    """Per-group multipartite AUC with unit cost: one level at a time when there are few levels (O(N L)),
+    else by dominance counting (O(N log^2 N), whatever L). Both count in ``int64``: the same value."""
+    if torch.unique(levels).numel() <= max(scores.numel(), 2).bit_length():
+        return _uniform_multipartite_by_level(scores, levels, groups)
+    return _uniform_multipartite_by_dominance(scores, levels, groups)
+
+
+def _uniform_multipartite_by_dominance(
+    scores: Tensor, levels: Tensor, groups: Optional[Tensor]
+) -> tuple[Tensor, Tensor]:
+    r"""The unit-cost multipartite AUC of many levels (real-valued ones, all distinct, say).
+
+    Sorted by ``(group, level)``, the items an item outranks in level are the positions
+    :math:`[\text{group start}, \text{tie block start})` before it; twice its credit is
+    :math:`F_< + F_\le`, the numbers of items in that range of smaller and of not greater score, which
+    :func:`prefix_dominance` counts for all items at once from the score ranks (``below``: the number of
+    smaller scores; :math:`s_q < s_p` iff :math:`\text{below}_q < \text{below}_p`, :math:`s_q \le s_p` iff
+    :math:`\text{below}_q < \text{below}_p + 1`).
+    """
+    by_level = tie_blocks(levels, groups)
+    keys = scores.to(torch.uint8) if scores.dtype == torch.bool else scores.contiguous()
+    below = torch.searchsorted(torch.sort(keys).values, keys)[by_level.order]  # items of smaller score
+    starts, stops = by_level.group_start, by_level.block_start
+    queries = prefix_dominance(below, torch.cat([stops, stops, starts, starts]),
+                               torch.cat([below, below + 1, below, below + 1])).view(4, -1)
+    twice_credit = queries[0] + queries[1] - queries[2] - queries[3]
+    wins = segment_sum(twice_credit, by_level.counts)
+    pairs = segment_sum(stops - starts, by_level.counts)
+    return ratio(wins, 2 * pairs), by_level.counts
+
+
+def _uniform_multipartite_by_level(
+    scores: Tensor, levels: Tensor, groups: Optional[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """The unit-cost multipartite AUC of few levels: each level against all lower levels, one level at a time."""
     blocks = tie_blocks(scores, groups)
     wins = torch.zeros(blocks.counts.numel(), 1, dtype=torch.long, device=scores.device)
     pairs = torch.zeros_like(wins)
@@ -233,8 +284,9 @@ def multipartite_auc(
     With 0/1 levels both costs give :func:`binary_auc`. With ``groups`` the value is the mean of the per-group
     values over groups with at least one pair, weighted as in :func:`group_auc`.
 
-    Cost: :math:`O(N \log N)` for the linear cost; the uniform cost adds :math:`O(N L)` for :math:`L` distinct
-    levels (one prefix sum per level).
+    Cost: :math:`O(N \log N)` for the linear cost; the uniform cost takes :math:`O(N L)` for :math:`L` distinct
+    levels up to :math:`\log_2 N` (one prefix sum per level) and :math:`O(N \log^2 N)` for more (real-valued
+    levels, all distinct, say), by dominance counting.
 
     Exactness: the uniform cost counts pairs in ``int64`` and is exact; so is the linear cost for integer
     levels (of moderate size). With other real levels the linear cost is exact up to float64 rounding of
