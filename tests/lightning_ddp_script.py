@@ -11,8 +11,9 @@ both ranks, with ``RankingMetrics`` logging the validation metrics. Rank 0 then 
 
 Sharding: ``use_distributed_sampler=False`` and each rank takes the items ``rank, rank + W, ...``
 (``shard``). Validation (``NUM_VAL`` odd) is split without padding or duplication, so that the
-metrics are those of the validation set; Lightning's ``DistributedSampler`` would repeat an item to
-even out the ranks. Training has the same number of batches on every rank (every rank must call a
+metrics are those of the validation set (Lightning's ``DistributedSampler`` would repeat an item to
+even out the ranks, which ``RankingMetrics`` leaves out: tests/test_lightning_probe.py runs that
+path). Training has the same number of batches on every rank (every rank must call a
 ``cross_device`` loss, and DDP's backward, the same number of times).
 
 The test imports this module (``Ranker``, ``make_data``, ``shard``) for its single-process checks.

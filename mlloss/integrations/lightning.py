@@ -21,8 +21,9 @@ validation epoch logs, computed once over the whole validation set:
   (priors, LoA effective weights and shares per label, ``dominance_ratio``), with the name of the
   dominant label logged as ``dominant_index`` (its position in ``label_names``) and the full report
   printed on rank zero;
-- ``{prefix}num_items``: the number of validation items seen over all ranks (check it against the
-  size of the validation set: a ``DistributedSampler`` pads it by repeating items).
+- ``{prefix}num_items``: the number of validation items counted over all ranks (the size of the
+  validation set when each item is seen once: the items a ``DistributedSampler`` repeats to even out
+  the ranks are left out).
 """
 
 from __future__ import annotations
@@ -34,34 +35,38 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
+from torch.utils.data import BatchSampler, DistributedSampler
 from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
 from .._validation import check_label_names, check_weights, require_integer_ids
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
+from ..metrics.classes import _PairMetric
 
 with needs_extra("lightning", "mlloss.integrations.lightning"):
     import pytorch_lightning as pl
+    from pytorch_lightning.utilities import CombinedLoader
     from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 __all__ = ["RankingMetrics"]
 
 
-class _Predictions(Metric):
+class _Predictions(_PairMetric):
     """The (scores, labels, groups) seen by :meth:`update`; :meth:`compute` returns them concatenated
-    over every process (``dist_reduce_fx="cat"``), in rank order."""
+    over every process (``dist_reduce_fx="cat"``), in rank order. The gather is that of the streaming
+    metrics (:class:`mlloss.metrics.AUC`'s): every process first agrees on each state's dtype and
+    row shape, so that a rank that saw no batch (or no groups) takes part with an empty tensor of the
+    right layout (torchmetrics alone gathers an empty float32 vector beside float64 scores, and gloo
+    aborts the job), and a layout that differs between ranks raises the same error on every rank."""
 
-    full_state_update = False
     scores: list[Tensor]
     labels: list[Tensor]
     groups: list[Tensor]
 
     def __init__(self) -> None:
         super().__init__()
-        for name in ("scores", "labels", "groups"):
-            self.add_state(name, default=[], dist_reduce_fx="cat")
+        self._add_cat_states("scores", "labels", "groups")
 
     def update(self, scores: Tensor, labels: Tensor, groups: Optional[Tensor]) -> None:
         self.scores.append(scores)
@@ -71,13 +76,40 @@ class _Predictions(Metric):
 
     def compute(self) -> tuple[Tensor, Tensor, Optional[Tensor]]:
         scores, labels = dim_zero_cat(self.scores), dim_zero_cat(self.labels)
-        # Without groups the state is [] in one process, or one empty tensor per rank after a sync.
+        # Without groups the state is [] in one process, or one empty tensor after a sync.
         groups = dim_zero_cat(self.groups) if len(self.groups) > 0 else None
         if groups is None or groups.numel() == 0:
             return scores, labels, None
         if groups.numel() != scores.shape[0]:
             raise ValueError("RankingMetrics: either every validation batch, on every rank, has groups or none has")
         return scores, labels, groups.long()
+
+
+def _padding_sampler(loader: Any) -> Optional[DistributedSampler]:
+    """The ``DistributedSampler`` of ``loader`` when it repeats items to even out the ranks (Lightning's
+    default for validation and test under DDP), else None. Only a sampler whose items reach the step
+    in its own order, in batches of the DataLoader's ``BatchSampler``, counts: there the repeated items
+    are known by position. A padding sampler behind another batch sampler gets a warning."""
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    padding = [candidate for candidate in (sampler, inner) if isinstance(candidate, DistributedSampler)
+               and not candidate.drop_last and candidate.total_size > len(candidate.dataset)]
+    if not padding:
+        return None
+    if padding[0] is sampler and type(batch_sampler) is BatchSampler:
+        return sampler
+    rank_zero_warn(f"RankingMetrics: a validation/test DataLoader's {type(padding[0]).__name__} repeats "
+                   f"{padding[0].total_size - len(padding[0].dataset)} items to even out the ranks, behind a "
+                   f"{type(batch_sampler).__name__} that may reorder them, so the metrics count the repeated "
+                   "items; shard the data yourself (Trainer(use_distributed_sampler=False)): docs/lightning.md")
+    return None
+
+
+def _real_items(sampler: DistributedSampler) -> int:
+    """How many of this rank's ``sampler.num_samples`` items are not repeats: the rank's j-th item is
+    item ``rank + j * num_replicas`` of the padded epoch, a repeat from ``len(dataset)`` on."""
+    return max(0, -(-(len(sampler.dataset) - sampler.rank) // sampler.num_replicas))
 
 
 class RankingMetrics(pl.Callback):
@@ -94,6 +126,8 @@ class RankingMetrics(pl.Callback):
     - ``outputs[groups_key]``, optional: integer group (user) ids of shape ``(N,)``. Give them in
       every batch or in none. Without them, GAUC is not logged.
 
+    N is the number of items of the batch, one row each, in the batch's order.
+
     Other keys (a validation loss, say) are ignored. The callback keeps the detached predictions of
     the epoch (O(N) numbers per rank) in a ``torchmetrics`` metric that, at the end of the epoch,
     gathers every rank's predictions, so each rank computes the metrics of the whole validation set
@@ -106,10 +140,11 @@ class RankingMetrics(pl.Callback):
     with ``test_prefix``. The metrics are computed by :func:`mlloss.evaluation.ranking_metrics`
     (the function the recipes use for their baselines).
 
-    Under DDP the metrics are exact only if every validation item is seen exactly once: Lightning's
-    default ``DistributedSampler`` pads the set by repeating items unless its size is a multiple of
-    the number of ranks; ``{prefix}num_items`` shows what was seen. Every rank must run at least
-    one validation batch. See ``docs/lightning.md``.
+    Under DDP the items that Lightning's default ``DistributedSampler`` repeats to even out the
+    ranks (the last item of some ranks, unless the set's size is a multiple of the number of ranks)
+    are left out, so that every item counts once; a padding ``DistributedSampler`` behind a batch
+    sampler of another class gets a warning instead. ``{prefix}num_items`` shows what was counted.
+    Every rank must run at least one validation batch. See ``docs/lightning.md``.
 
     Args:
         label_names: one name per label column, used in the logged names.
@@ -175,6 +210,8 @@ class RankingMetrics(pl.Callback):
         self._batches_seen = 0
         self._all_pairs = True  # whether the training loss sums over every valid pair (not the hardest)
         self._warned_starved = False
+        self._padding: list[Optional[DistributedSampler]] = []  # per dataloader: its sampler if it repeats items
+        self._rows_seen: list[int] = []  # per dataloader: rows of this epoch so far, on this rank
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # The values are global already; Lightning would still recommend sync_dist=True for each.
@@ -216,8 +253,15 @@ class RankingMetrics(pl.Callback):
             )
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start_epoch(pl_module, trainer.val_dataloaders)
+
+    def _start_epoch(self, pl_module: pl.LightningModule, dataloaders: Any) -> None:
+        """Empty the predictions, and find the samplers that repeat items under DDP, per dataloader."""
         self._predictions.reset()
         self._predictions.to(pl_module.device)
+        loaders = [] if dataloaders is None else CombinedLoader(dataloaders, "sequential").flattened
+        self._padding = [_padding_sampler(loader) for loader in loaders]
+        self._rows_seen = [0] * len(loaders)
 
     def on_validation_batch_end(
         self,
@@ -228,7 +272,28 @@ class RankingMetrics(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._predictions.update(*self._batch(outputs))
+        scores, labels, groups = self._batch(outputs)
+        kept = self._not_repeated(dataloader_idx, scores.shape[0])
+        if kept < scores.shape[0]:  # slices: no host synchronisation
+            scores, labels = scores[:kept], labels[:kept]
+            groups = None if groups is None else groups[:kept]
+        self._predictions.update(scores, labels, groups)
+
+    def _not_repeated(self, dataloader_idx: int, rows: int) -> int:
+        """How many of the ``rows`` of this batch (the first ones) are not items that the dataloader's
+        ``DistributedSampler`` repeated: the repeats are the last items of a rank's epoch."""
+        sampler = self._padding[dataloader_idx] if dataloader_idx < len(self._padding) else None
+        if sampler is None:
+            return rows
+        first = self._rows_seen[dataloader_idx]
+        self._rows_seen[dataloader_idx] = first + rows
+        if first + rows > sampler.num_samples:
+            raise ValueError(
+                f"RankingMetrics: dataloader {dataloader_idx} gives this rank {sampler.num_samples} items "
+                f"(its DistributedSampler repeats some to even out the ranks) but the steps returned "
+                f"{first + rows} rows: to drop the repeats, the outputs must hold one row per item of the "
+                f"batch, in its order")
+        return min(rows, max(0, _real_items(sampler) - first))
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -236,7 +301,7 @@ class RankingMetrics(pl.Callback):
         self._predictions.reset()
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.on_validation_epoch_start(trainer, pl_module)
+        self._start_epoch(pl_module, trainer.test_dataloaders)
 
     on_test_batch_end = on_validation_batch_end  # the same contract for test_step outputs
 
