@@ -171,7 +171,7 @@ def _ali_ccp_row(index: int) -> list[str]:
 
 
 def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
-    path.write_text("\n".join(",".join(line) for line in [header, *rows]) + "\n")
+    path.write_text("\n".join(",".join(line) for line in [header, *rows]) + "\n", encoding="utf-8")
     return path
 
 
@@ -237,6 +237,12 @@ def test_missing_columns_are_named_with_the_file(tmp_path):
         ("205", str(2**63), f"'{2**63}' is larger than the largest int64 id ({2**63 - 1})"),
         ("D508", "1e39", "'1e39' overflows float32, which dense values are stored in"),
         ("D508", "-1e39", "'-1e39' overflows float32, which dense values are stored in"),
+        # Python's int() and float() read these, numpy does not: numpy's message (a 0-based row and a
+        # column number, not the line and the column's name) came through
+        ("205", "1_000", "'1_000' is not a non-negative integer id"),
+        ("D508", "1_000", "'1_000' is not a number"),
+        ("101", "\u0663", "'\u0663' is not a non-negative integer id"),  # ARABIC-INDIC DIGIT THREE
+        ("click", "\uff11", "'\uff11' is not a 0/1 label"),  # FULLWIDTH DIGIT ONE
     ],
 )
 def test_bad_value_names_file_line_and_column(tmp_path, column, value, problem):
@@ -247,6 +253,42 @@ def test_bad_value_names_file_line_and_column(tmp_path, column, value, problem):
     with pytest.raises(ValueError) as error:
         load_ali_ccp(tmp_path)
     assert str(error.value) == f"{paths['test']}, line 4, column {column!r}: {problem}"
+
+
+def test_a_column_named_twice_is_ambiguous(tmp_path):
+    # the first of the two was read, whichever the user meant
+    paths = _write_ali_ccp(tmp_path)
+    _write_csv(paths["val"], [*ALI_CCP_HEADER, "click"], [[*_ali_ccp_row(i), "1"] for i in range(2)])
+    with pytest.raises(ValueError) as error:
+        load_ali_ccp(tmp_path)
+    assert str(error.value) == (f"{paths['val']}: column 'click' appears 2 times in the header (fields 1, 34); which "
+                                "one to read is ambiguous: rename or drop the others")
+
+
+def test_a_missing_column_error_shows_the_header_it_read(tmp_path):
+    # a ;-separated file (as Bank Marketing's) reads as one field: every column was reported missing, not why
+    paths = _write_ali_ccp(tmp_path)
+    paths["test"].write_text("\n".join(";".join(line) for line in (ALI_CCP_HEADER, _ali_ccp_row(0))) + "\n")
+    with pytest.raises(ValueError) as error:
+        load_ali_ccp(tmp_path)
+    assert str(error.value).startswith(f"{paths['test']}: missing column(s) '101', '121',")
+    assert str(error.value).endswith("of the Ali-CCP layout; the header line has 1 comma-separated field(s): "
+                                     f"{';'.join(ALI_CCP_HEADER)!r}")
+
+
+def test_windows_line_endings_quotes_and_a_byte_order_mark_read_the_same_values(tmp_path):
+    for folder in ("plain", "windows"):
+        (tmp_path / folder).mkdir()
+    _write_ali_ccp(tmp_path / "plain")
+    plain = load_ali_ccp(tmp_path / "plain")
+    lines = [ALI_CCP_HEADER, *(_ali_ccp_row(i) for i in range(4))]
+    for split in ("train", "val", "test"):  # every field quoted, CRLF line ends, UTF-8 with a byte-order mark
+        text = "\r\n".join(",".join(f'"{field}"' for field in line) for line in lines) + "\r\n"
+        (tmp_path / "windows" / f"ali_ccp_{split}.csv").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    for ours, reference in zip(load_ali_ccp(tmp_path / "windows"), plain):
+        for name in ("sparse", "dense", "click", "purchase", "user", "timestamp"):
+            assert torch.equal(getattr(ours, name), getattr(reference, name)), name
+        assert ours.cardinalities == reference.cardinalities
 
 
 def test_line_numbers_count_blank_lines_and_short_rows_are_named(tmp_path):

@@ -181,7 +181,8 @@ def test_group_data_module_refuses_a_training_split_of_fewer_batches_than_ranks(
 
     columns = {"groups": torch.arange(100).repeat_interleave(40), "x": torch.zeros(4000)}
     module = GroupDataModule(columns, columns, batch_size=8192)
-    module.trainer = types.SimpleNamespace(global_rank=1, world_size=2, current_epoch=0,
+    module.trainer = types.SimpleNamespace(global_rank=1, world_size=2, current_epoch=0, max_epochs=3,
+                                           reload_dataloaders_every_n_epochs=1,
                                            strategy=types.SimpleNamespace(root_device=torch.device("cpu")))
     with pytest.raises(ValueError, match="batch_size=8192 items, fewer than num_replicas=2"):
         len(module.train_dataloader())
@@ -241,11 +242,17 @@ def test_empty_input(world):
         ({"groups": torch.zeros(2, 3, dtype=torch.long)}, r"groups must be 1-D .*got shape \(2, 3\)"),
         ({"groups": torch.tensor([0.5, 1.0])}, "groups must hold integer ids; got dtype torch.float32"),
         ({"groups": torch.tensor([True, False])}, "groups must hold integer ids; got dtype torch.bool"),
+        # ids torch cannot convert: its messages ("too many dimensions 'str'", "Overflow when unpacking
+        # long long") named neither groups nor the id
+        ({"groups": [7, "u2", 7]}, r"groups must hold integer ids; got 'u2' \(str\) at index 1: map the ids"),
+        ({"groups": np.array(["u1", "u2"])}, "groups must hold integer ids; got a NumPy array of dtype <U2: map the ids"),
+        ({"groups": np.array([1, 2], dtype=object)}, "groups must hold integer ids; got a NumPy array of dtype object"),
+        ({"groups": [1, 2**64 - 1]}, f"groups must hold integer ids in the int64 range; got {2**64 - 1} at index 1"),
     ],
 )
 def test_errors_name_the_argument_and_value(kwargs, message):
     arguments = {"groups": torch.tensor([0, 1]), "batch_size": 2, **kwargs}
-    error = TypeError if "dtype" in message else ValueError  # a wrong dtype is a TypeError, as in the losses
+    error = TypeError if "integer ids;" in message else ValueError  # a wrong dtype or type is a TypeError, as in the losses
     with pytest.raises(error, match=message):
         GroupBatchSampler(**arguments)
 

@@ -18,8 +18,9 @@ the loss. Validation and test batches stay exact (metrics take every row of a ba
 
 The number of batches depends on how the shuffled users pack, so it changes by a few between
 epochs, and Lightning reads a loader's length when it loads it: build the trainer with
-``reload_dataloaders_every_n_epochs=1`` (cheap here: no copy of the data) and
-``use_distributed_sampler=False`` (the batches are sharded already).
+``reload_dataloaders_every_n_epochs=1`` (cheap here: no copy of the data; without it a later epoch
+would stop before its last batches or skip its validation, so a fit of more than one epoch is a
+ValueError) and ``use_distributed_sampler=False`` (the batches are sharded already).
 """
 
 from __future__ import annotations
@@ -97,7 +98,25 @@ class GroupDataModule(pl.LightningDataModule):
         return batches
 
     def train_dataloader(self) -> TensorBatches:
+        self._check_reloaded_every_epoch()
         return self.batches("train")
+
+    def _check_reloaded_every_epoch(self) -> None:
+        """Refuse a fit of several epochs whose trainer keeps the first epoch's loader: Lightning reads
+        ``len()`` once, and an epoch that packs into more batches is cut short (its last users never
+        train), one that packs into fewer skips the epoch-end validation, both without a word."""
+        trainer = self.trainer
+        if trainer is None or trainer.reload_dataloaders_every_n_epochs == 1:
+            return
+        max_epochs = trainer.max_epochs
+        if max_epochs is not None and 0 <= max_epochs - trainer.current_epoch <= 1:
+            return  # one epoch left: the loader is read for that epoch only
+        raise ValueError(
+            f"GroupDataModule needs Trainer(reload_dataloaders_every_n_epochs=1) to train more than one epoch; got "
+            f"reload_dataloaders_every_n_epochs={trainer.reload_dataloaders_every_n_epochs} with max_epochs={max_epochs}: "
+            "the number of batches changes between epochs and Lightning reads it when it loads the batches, so "
+            "later epochs would skip rows or their validation (reloading is cheap here: no copy of the data)"
+        )
 
     def val_dataloader(self) -> TensorBatches | list:
         # Without a validation split: no batches, so Lightning runs no validation loop (a module

@@ -72,6 +72,8 @@ class SyntheticConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "seed" else 1):
                 raise ValueError(f"SyntheticConfig.{name} must be an int >= {0 if name == 'seed' else 1}; got {value!r}")
+        if not self.seed < 2**64:  # torch.Generator.manual_seed's range; its own error names no seed
+            raise ValueError(f"SyntheticConfig.seed must be an int in [0, 2**64) (torch.Generator's seeds); got {self.seed}")
         # the comparisons below are written so that NaN fails them; inf is refused as well
         if not 1 <= self.mean_impressions < math.inf:
             raise ValueError(f"SyntheticConfig.mean_impressions must be finite and >= 1; got {self.mean_impressions}")

@@ -137,9 +137,10 @@ def load_ali_ccp(
 
     Raises:
         FileNotFoundError: a file or the directory does not exist, or no file matches.
-        ValueError: several files match a split, a column is missing, the file is empty, a
-            value is bad (the message names the file, line and column), or the file is not
-            UTF-8 text (the message names the file, line and byte).
+        ValueError: several files match a split, a column is missing (the message shows the
+            header line's fields) or named twice, the file is empty, a value is bad (the message
+            names the file, line and column), or the file is not UTF-8 text (the message names
+            the file, line and byte).
     """
     paths = _resolve_paths(_ALI_CCP, directory, {"train": train, "val": val, "test": test})
     tables = {split: _read_table(path, _ALI_CCP) for split, path in paths.items()}
@@ -254,11 +255,7 @@ def _read_utf8_table(path: Path, layout: _Layout) -> dict[str, np.ndarray]:
     """:func:`_read_table` of a UTF-8 file (UnicodeDecodeError otherwise)."""
     columns = layout.columns()
     header = _read_header(path)
-    missing = [name for name in columns if name not in header]
-    if missing:
-        raise ValueError(
-            f"{path}: missing column(s) {', '.join(map(repr, missing))} of the {layout.name} layout"
-        )
+    _check_header(path, header, columns, layout)
     # Every field is read (the unused ones as one character, a cheap placeholder), so that numpy
     # rejects a row with a field too many, which with usecols it would read shifted.
     kinds = {header.index(name): kind for name, kind in columns.items()}
@@ -298,6 +295,22 @@ def _read_header(path: Path) -> list[str]:
     return [name.strip() for name in header]
 
 
+def _check_header(path: Path, header: list[str], columns: Mapping[str, ColumnKind], layout: _Layout) -> None:
+    """Every column the loader reads is in the header exactly once."""
+    missing = [name for name in columns if name not in header]
+    if missing:
+        shown = ", ".join(repr(name) for name in header[:5]) + (", ..." if len(header) > 5 else "")
+        raise ValueError(
+            f"{path}: missing column(s) {', '.join(map(repr, missing))} of the {layout.name} layout; the header line "
+            f"has {len(header)} comma-separated field(s): {shown or 'none'}"
+        )
+    for name in columns:
+        if header.count(name) > 1:
+            fields = ", ".join(str(i + 1) for i, field in enumerate(header) if field == name)
+            raise ValueError(f"{path}: column {name!r} appears {header.count(name)} times in the header (fields "
+                             f"{fields}); which one to read is ambiguous: rename or drop the others")
+
+
 def _all_valid(values: np.ndarray, kind: ColumnKind) -> bool:
     if kind == "id":
         return bool((values >= 0).all())
@@ -330,6 +343,8 @@ def _bad_value_error(
 def _value_problem(raw: str, kind: ColumnKind) -> str | None:
     """Why one CSV cell is not a valid value of its kind, or None if it is one; ids are stored as
     int64 and dense values as float32, so a value out of their range is a problem too."""
+    if "_" in raw or not raw.isascii():  # Python's int() and float() read 1_000 and non-ASCII digits, numpy does not
+        return f"{raw!r} is not a number" if kind == "dense" else _integer_problem(raw, None, kind)
     if kind == "dense":
         try:
             value = float(raw)
@@ -343,6 +358,11 @@ def _value_problem(raw: str, kind: ColumnKind) -> str | None:
         integer: int | None = int(raw)
     except ValueError:
         integer = None
+    return _integer_problem(raw, integer, kind)
+
+
+def _integer_problem(raw: str, integer: int | None, kind: ColumnKind) -> str | None:
+    """Why the cell ``raw``, read as ``integer`` (None: not an integer), is not a valid id or label."""
     if kind == "id" and (integer is None or integer < 0):
         return f"{raw!r} is not a non-negative integer id"
     if kind == "id" and integer > _INT64_MAX:
