@@ -6,7 +6,9 @@ kernels are tested against (``tests/test_tiers.py``).
 
 * ``pairwise``: the all-pairs losses: kernel 1 (the pair partials) and the host entry;
 * ``reduce``: their finalize and combine steps (``combine`` also reduces ``hardest``'s sums);
-* ``hardest``: the max-violation pairs of binary problems;
+* ``dense``: binary labels (and LaA's aggregated levels of at most 4 values) of up to ``dense.MAX_ITEMS``
+  items, every pair compared in registers without the sorted layout;
+* ``hardest``: the max-violation pairs, hard or soft, of binary labels and of LaA's levels;
 * ``check``: the fused data check;
 * ``_common``: the surrogate terms (``reverse_margin_terms``, one branch per row of
   ``mlloss.surrogates.TABLE``) and launch plumbing;

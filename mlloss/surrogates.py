@@ -18,7 +18,7 @@ gap z = m + x = m - t; the others of z = x:
 The logistic value is exact in float64 for every x (``logaddexp``, not ``softplus``, whose
 threshold returns x itself past x = 20 and drops up to 2e-9 per pair).
 
-Each formula takes an optional ``out`` buffer: the blocked all-pairs path (``ops.reference``)
+Each formula takes an optional ``out`` buffer: the blocked all-pairs path (``ops.allpairs``)
 writes a tile's values into one reused buffer, sums them, then writes the pulls over them
 (``tile_sum_and_pull``), with the same arithmetic as ``surrogate_value_and_pull``.
 """

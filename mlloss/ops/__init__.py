@@ -9,7 +9,7 @@
   ``allpairs`` (blocked exact all-pairs sums), ``closed_form`` (O(N log N) closed forms) and
   ``hardest`` (max-violation pairs).
 * The Triton tier: the top-level folder ``kernels/``, installed as ``mlloss.kernels``
-  (``kernels.pairwise``, ``kernels.hardest``); imported only when a call runs on it.
+  (``kernels.pairwise``, ``kernels.dense``, ``kernels.hardest``); imported only when a call runs on it.
 * ``fused``: the dtype rule, the registration and the autograd formula every op shares (the
   gradient is computed in the forward pass); ``pointwise``: the binary cross-entropy op.
 
