@@ -5,6 +5,8 @@ Per group u and every pair of levels a > b present in u, the hardest pair is
 sum_{a > b} c_ab * phi(min_a - max_b) / sum_{a > b} c_ab (loss spec, "Max-violation variants").
 With ``temperature`` tau the min and max become log-mean-exp:
 softmin = -tau * log(mean exp(-s / tau)), softmax = tau * log(mean exp(s / tau)).
+The work is O(N) plus each group's level pairs (sum_u L_u^2: a real-valued LaA label has a level
+per item), which are held ``BLOCK_ELEMENTS`` at a time, never as one (L_u, L_u) table.
 
 ``hardest_pair_loss_and_grad`` works on one problem's dense tables (``layout.dense_tables``) and
 returns the loss with its gradient, computed in the same pass from plain tensor arithmetic (no
@@ -15,13 +17,15 @@ the soft version's to every item of the cell, by its softmax weight.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull
 from .layout import LevelCosts, OrdinalLayout, cell_buckets
 
-# Level pairs per block of groups (float64 temporaries of 32 MB).
+# Level pairs per block of groups, or per tile of one wide group (float64 temporaries of 32 MB).
 BLOCK_ELEMENTS = 1 << 22
 
 
@@ -50,25 +54,21 @@ def hardest_pair_loss_and_grad(
     normaliser = scores.new_zeros(num_groups)
     # Each group's level pairs on its own cells: (groups, width, width) blocks, not (G, L, L) tables
     # over every level of the batch (a real-valued label has a level per item: 10 GB at 2,048 items
-    # in 40 groups).
+    # in 40 groups); a group too wide for one block is cut into tiles of level pairs.
     for groups, cells in cell_buckets(layout, BLOCK_ELEMENTS, lambda width: width * width):
         present = cells.table(torch.ones_like(lengths, dtype=torch.bool))
         level = cells.table(layout.cell_level)
         cell_min, cell_max = cells.table(lowest), cells.table(highest)
-        pair_cost = torch.where(present[:, :, None] & present[:, None, :],
-                                costs.between(level[:, :, None], level[:, None, :]), 0.0)
-        valid = pair_cost > 0
-        # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
-        margins = torch.where(valid, cell_min[:, :, None] - cell_max[:, None, :], 0.0)
-        value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
-        block_normaliser = pair_cost.sum((1, 2))
-        divisor = torch.where(block_normaliser > 0, block_normaliser, 1.0)
+        if cells.width * cells.width <= BLOCK_ELEMENTS:
+            block = _whole_block(present, level, cell_min, cell_max, costs, surrogate, margin)
+        else:
+            block = _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin)
+        block_normaliser, block_loss, block_min_grad, block_max_grad = block
         normaliser[groups] = block_normaliser
-        per_group[groups] = (pair_cost * torch.where(valid, value, 0.0)).sum((1, 2)) / divisor
-        margin_grad = pair_cost * torch.where(valid, -pull, 0.0) / divisor[:, None, None]  # d loss / d t_uab
+        per_group[groups] = block_loss
         at = (cells.rows, cells.slot)
-        min_grad[cells.cells] = margin_grad.sum(2)[at]
-        max_grad[cells.cells] = -margin_grad.sum(1)[at]
+        min_grad[cells.cells] = block_min_grad[at]
+        max_grad[cells.cells] = block_max_grad[at]
     num_groups_with_pairs = (normaliser > 0).sum()
     loss = per_group.sum()
     if reduction == "mean":
@@ -76,6 +76,57 @@ def hardest_pair_loss_and_grad(
         loss, min_grad, max_grad = loss / groups_counted, min_grad / groups_counted, max_grad / groups_counted
     grad = min_grad.repeat_interleave(lengths) * lowest_slope + max_grad.repeat_interleave(lengths) * highest_slope
     return loss, num_groups_with_pairs, grad
+
+
+def _whole_block(present, level, cell_min, cell_max, costs, surrogate, margin):
+    """(normaliser Z_u, loss, d loss / d cell min, d loss / d cell max) of the groups of one block,
+    from their (groups, width, width) table of level pairs."""
+    pair_cost = _pair_costs(present, level, present, level, costs)
+    normaliser = pair_cost.sum((1, 2))
+    divisor = torch.where(normaliser > 0, normaliser, 1.0)
+    loss_sum, margin_grad = _pair_terms(pair_cost, cell_min, cell_max, divisor, surrogate, margin)
+    return normaliser, loss_sum / divisor, margin_grad.sum(2), -margin_grad.sum(1)
+
+
+def _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin):
+    """``_whole_block`` for one group whose (width, width) table of level pairs exceeds
+    ``BLOCK_ELEMENTS`` (a real-valued label, a level per item: 12 GB at 16,384 items, N x N at
+    any N): tiles of at most ``BLOCK_ELEMENTS`` level pairs, the normaliser first, then the terms.
+    Slots hold ascending levels, so a tile whose upper slots all lie below its lower ones has no
+    valid pair and is skipped."""
+    side = math.isqrt(BLOCK_ELEMENTS)
+    width = present.shape[1]
+    tiles = [(slice(upper, upper + side), slice(lower, lower + side))
+             for upper in range(0, width, side) for lower in range(0, upper + side, side)]
+    normaliser = sum(_pair_costs(present[:, a], level[:, a], present[:, b], level[:, b], costs).sum((1, 2))
+                     for a, b in tiles)
+    divisor = torch.where(normaliser > 0, normaliser, 1.0)
+    loss_sum = torch.zeros_like(divisor)
+    min_grad, max_grad = torch.zeros_like(cell_min), torch.zeros_like(cell_max)
+    for a, b in tiles:
+        pair_cost = _pair_costs(present[:, a], level[:, a], present[:, b], level[:, b], costs)
+        tile_sum, margin_grad = _pair_terms(pair_cost, cell_min[:, a], cell_max[:, b], divisor, surrogate, margin)
+        loss_sum += tile_sum
+        min_grad[:, a] += margin_grad.sum(2)
+        max_grad[:, b] -= margin_grad.sum(1)
+    return normaliser, loss_sum / divisor, min_grad, max_grad
+
+
+def _pair_costs(upper_present, upper_level, lower_present, lower_level, costs: LevelCosts) -> Tensor:
+    """(groups, upper slots, lower slots) c_ab of the level pairs present in a group, else 0."""
+    return torch.where(upper_present[:, :, None] & lower_present[:, None, :],
+                       costs.between(upper_level[:, :, None], lower_level[:, None, :]), 0.0)
+
+
+def _pair_terms(pair_cost, upper_min, lower_max, divisor, surrogate, margin) -> tuple[Tensor, Tensor]:
+    """(sum of c_ab phi(min_a - max_b) per group, d loss / d t_uab = -c_ab pull / Z_u) of a table of
+    level pairs (``_pair_costs``)."""
+    valid = pair_cost > 0
+    # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
+    margins = torch.where(valid, upper_min[:, :, None] - lower_max[:, None, :], 0.0)
+    value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
+    loss_sum = (pair_cost * torch.where(valid, value, 0.0)).sum((1, 2))
+    return loss_sum, pair_cost * torch.where(valid, -pull, 0.0) / divisor[:, None, None]
 
 
 def _cell_extremes_and_slopes(
