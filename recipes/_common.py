@@ -105,6 +105,20 @@ def check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace, *, c
                              f"got {value}")
 
 
+def check_seeds(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str], high: int = 2**32,
+                why: str = "") -> None:
+    """``parser.error`` (naming the option and its value) for a seed option outside [0, ``high``), a list
+    option entry by entry, before any work. The default is recipes/ctr_cvr.py's range, [0, 2**32 - 1];
+    seeds far outside it overflowed ``torch.Generator.manual_seed`` after the data had loaded, with an
+    error that named no option. ``why`` says where a lower ``high`` comes from."""
+    for name in names:
+        value = getattr(args, name)
+        if not all(0 <= v < high for v in (value if isinstance(value, list) else [value])):
+            bound = "2**32 - 1" if high == 2**32 else f"{high - 1}"
+            parser.error(f"--{name.replace('_', '-')} must be in [0, {bound}]{' (each value)' if isinstance(value, list) else ''}"
+                         f"{why}; got {value}")
+
+
 def available_cores() -> int:
     """CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

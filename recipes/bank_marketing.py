@@ -59,12 +59,13 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Provenance, SideBySideLoss, available_cores, check_ranges, config_dict,  # noqa: E402
+from _common import (Provenance, SideBySideLoss, available_cores, check_ranges, check_seeds, config_dict,  # noqa: E402
                      parse_with_quick, pyplot, run_cells, summarize, write_outputs)
 
 NUMERIC_FEATURES = ("age", "balance", "day", "duration", "campaign", "pdays", "previous")
 LABELS = ("housing", "loan")  # housing is the paper's "mortgage"
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bank-marketing" / "bank-full.csv"
+DATA_SOURCE = "the UCI Machine Learning Repository (Bank Marketing, https://archive.ics.uci.edu/dataset/222/bank+marketing)"
 OBJECTIVES = ("auc-mortgage", "auc-loan", "laa", "loa", "balanced-loa")
 OBJECTIVE_NAMES = {
     "auc-mortgage": "AUC(mortgage)",
@@ -92,7 +93,8 @@ def load_bank(path: Path) -> tuple[Tensor, Tensor]:
     the ';'-separated ``bank-full.csv``; errors name the file and the offending line (and the column
     of a feature that is not a finite number)."""
     if not path.is_file():
-        raise FileNotFoundError(f"Bank Marketing data not found at {path}; pass --data PATH/TO/bank-full.csv")
+        raise FileNotFoundError(f"Bank Marketing data not found at {path}; download bank-full.csv from {DATA_SOURCE} "
+                                "and pass --data PATH/TO/bank-full.csv")
     with path.open(newline="") as handle:
         reader = csv.reader(handle, delimiter=";")
         header = next(reader, None)
@@ -327,11 +329,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.workers = 1 if args.quick else available_cores()
     check_ranges(p, args, counts=("trials", "rows", "epochs", "batch_size", "sweep_trials", "threads", "workers"),
                  positive=("lr",))
+    check_seeds(p, args, ("seed",))
     for rate in [args.rate, *args.sweep_rates]:
         if not 0 < rate < 1:
             p.error(f"mortgage rates must lie in (0, 1); got {rate}")
     if not 0 < args.test_fraction < 1:
         p.error(f"--test-fraction must lie in (0, 1); got {args.test_fraction}")
+    num_test = round(args.rows * args.test_fraction)
+    if min(num_test, args.rows - num_test) < 2:  # a trial's standardisation and AUCs need two rows in each part
+        p.error(f"--rows {args.rows} with --test-fraction {args.test_fraction} gives {num_test} test and "
+                f"{args.rows - num_test} training rows; each part needs at least 2")
     return args
 
 

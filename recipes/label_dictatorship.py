@@ -59,7 +59,7 @@ from mlloss.metrics import multilabel_auc
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Provenance, SideBySideLoss, available_cores, check_ranges, config_dict,  # noqa: E402
+from _common import (Provenance, SideBySideLoss, available_cores, check_ranges, check_seeds, config_dict,  # noqa: E402
                      parse_with_quick, pyplot, run_cells, summarize, write_outputs)
 
 W1 = (1 / math.sqrt(2), 1 / math.sqrt(2))
@@ -479,6 +479,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.workers = 1 if args.quick else available_cores()
     check_ranges(p, args, counts=("samples", "train_size", "test_size", "epochs", "batch_size", "hidden", "threads", "workers"),
                  positive=("lr",))
+    check_seeds(p, args, ("seed", "rho_seed"))
+    check_seeds(p, args, ("seeds",), high=MODEL_SEED_OFFSET - DATA_SEED_OFFSET,
+                why=f" (from 2**32 - {DATA_SEED_OFFSET} on, a seed's data stream would be another seed's model stream)")
     for tau in args.taus + [args.train_tau]:
         if not tau > 0:
             p.error(f"taus must be positive; got {tau}")

@@ -60,7 +60,8 @@ from mlloss.models import DotInteraction, FieldEmbedding, MultiTaskModel, Shared
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Provenance, check_ranges, config_dict, parse_with_quick, pyplot, sample_std, write_outputs  # noqa: E402
+from _common import (Provenance, check_ranges, check_seeds, config_dict, parse_with_quick, pyplot, sample_std,  # noqa: E402
+                     write_outputs)
 
 TASKS = ("click", "purchase")
 OBJECTIVES = ("bce", "bce+pel", "bce+daom", "bce+pdaom")
@@ -254,6 +255,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     check_ranges(p, args, counts=("users", "items", "epochs", "batch_size", "embedding_dim", "threads", "sweep_batch_sizes",
                                   "bottom_hidden", "tower_hidden"),
                  positive=("lr", "mean_impressions"), non_negative=("lam", "sweep_lams"))
+    check_seeds(p, args, ("seeds", "data_seed"))
     if not 0 < args.test_fraction < 1:
         p.error(f"--test-fraction must lie in (0, 1); got {args.test_fraction}")
     return args

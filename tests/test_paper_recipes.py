@@ -221,9 +221,12 @@ def test_bank_resample_hits_the_rate_exactly(bank):
         bank.resample(mortgage, 0.9, 80, torch.Generator().manual_seed(0))
 
 
-def test_bank_missing_file_names_the_path(bank, tmp_path):
+def test_bank_missing_file_names_the_path_the_source_and_the_option(bank, tmp_path):
+    # A fresh clone has no ../shared: the message said to pass --data, not where the file comes from.
     missing = tmp_path / "nope.csv"
-    with pytest.raises(FileNotFoundError, match="nope.csv"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.csv; download bank-full\.csv from the UCI Machine Learning Repository "
+                                                r"\(Bank Marketing, https://archive\.ics\.uci\.edu/dataset/222/bank\+marketing\) "
+                                                r"and pass --data PATH/TO/bank-full\.csv"):
         bank.load_bank(missing)
 
 
@@ -295,6 +298,19 @@ def test_quick_sets_defaults_that_the_command_line_still_overrides(dictatorship,
     ("pdaom", ["--lr", "0"], r"--lr must be finite and > 0; got 0.0"),
     ("dictatorship", ["--lr", "-1"], r"--lr must be finite and > 0; got -1.0"),
     ("bank", ["--lr", "inf"], r"--lr must be finite and > 0; got inf"),
+    # Seeds outside torch.Generator's range failed in manual_seed ("Overflow when unpacking long long", no
+    # option named), the banking one after the data had loaded; too small training or test parts failed
+    # in training ("scores must be finite") or gave NaN AUCs.
+    ("dictatorship", ["--seed", str(2**64)], r"--seed must be in \[0, 2\*\*32 - 1\]; got 18446744073709551616"),
+    ("dictatorship", ["--rho-seed", "-1"], r"--rho-seed must be in \[0, 2\*\*32 - 1\]; got -1"),
+    ("dictatorship", ["--seeds", "0", str(2**32 - 10_000)],
+     r"--seeds must be in \[0, 4294957295\] \(each value\) \(from 2\*\*32 - 10000 on, .*; got \[0, 4294957296\]"),
+    ("bank", ["--seed", str(2**50)], r"--seed must be in \[0, 2\*\*32 - 1\]; got 1125899906842624"),
+    ("bank", ["--rows", "5", "--test-fraction", "0.05"],
+     r"--rows 5 with --test-fraction 0.05 gives 0 test and 5 training rows; each part needs at least 2"),
+    ("bank", ["--rows", "3"], r"--rows 3 with --test-fraction 0.2 gives 1 test and 2 training rows"),
+    ("pdaom", ["--seeds", "0", str(2**64)], r"--seeds must be in \[0, 2\*\*32 - 1\] \(each value\); got \[0, 18446744073709551616\]"),
+    ("pdaom", ["--data-seed", "-1"], r"--data-seed must be in \[0, 2\*\*32 - 1\]; got -1"),
 ])
 def test_paper_recipe_options_are_checked_before_any_work(recipe, argv, message, request, capsys):
     # --lam -1 failed after the CE runs had trained, naming lam / batch_size; --sweep-batch-sizes 0
