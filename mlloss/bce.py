@@ -153,9 +153,12 @@ class BCEPlusRanking(nn.Module):
             # The rows left out take part in no pair whatever they hold, but sigmoid / logit of a
             # NaN filler would make their zero gradient NaN (0 * NaN): they enter as a neutral value.
             column = column.masked_fill(~mask, 0.0 if self.inputs == "logits" else 0.5)
-        if self.inputs == "logits":
-            return torch.sigmoid(column) if self.ranking_input == "probability" else column
-        return column if self.ranking_input == "probability" else torch.logit(column, eps=1e-7)
+        if (self.inputs == "logits") == (self.ranking_input == "logit"):
+            return column
+        # In float32 at least: half-precision probabilities tie (bfloat16 keeps 8 bits) and clamp
+        # 1 - 1e-7 to 1, whose logit is inf.
+        column = column.to(torch.promote_types(column.dtype, torch.float32))
+        return torch.sigmoid(column) if self.inputs == "logits" else torch.logit(column, eps=1e-7)
 
     def extra_repr(self) -> str:
         options = f"lam={self.lam}, ranking_input={self.ranking_input!r}"

@@ -66,6 +66,24 @@ def test_probability_outputs_equal_the_logit_model_they_come_from():
     torch.testing.assert_close(as_probabilities[1], as_logits[1], rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("inputs", ["logits", "probabilities"])
+def test_half_precision_scores_change_form_for_the_ranking_term_in_float32(inputs, dtype):
+    # The ranking term of half-precision scores is that of their sigmoid (or logit) taken in float32:
+    # a bfloat16 sigmoid keeps 8 bits (ties the scores did not have), and a float16 logit clamps
+    # 1 - 1e-7 to 1 (inf).
+    logits, labels, groups = batch(2, n=200, tasks=1)
+    scores = (logits[:, 0] if inputs == "logits" else torch.sigmoid(3 * logits[:, 0])).to(dtype)
+    if inputs == "probabilities":
+        scores[:2] = torch.tensor([0.0, 1.0])  # clamped to [1e-7, 1 - 1e-7]
+    loss = mlloss.build_loss("bce+auc", inputs=inputs, ranking_input="logit" if inputs == "probabilities" else "probability")
+    loss(scores.clone().requires_grad_(True), labels[:, 0], groups)
+    wide = scores.to(torch.float64)
+    low, high = torch.tensor([1e-7, 1 - 1e-7], dtype=torch.float32).tolist()  # the clamp, in float32
+    ranked = torch.sigmoid(wide) if inputs == "logits" else torch.logit(wide.clamp(low, high))
+    torch.testing.assert_close(loss.parts["ranking"].double(), pair_loss(ranked, labels[:, 0], groups), rtol=1e-5, atol=0)
+
+
 def test_inputs_of_the_other_kind_raise_or_warn(monkeypatch):
     monkeypatch.setattr(mlloss._validation, "_probability_like_batches", 0)  # counted per process
     logits, labels, groups = batch(2)
