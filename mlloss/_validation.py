@@ -68,6 +68,19 @@ def check_sizes(**sizes: int) -> None:
         check_int(name, value, minimum=1)
 
 
+MAX_LOSS_ITEMS = 2**31 - 1
+
+
+def check_loss_items(num_items: int) -> None:
+    """A pairwise loss's batch (gathered across ranks with ``cross_device``) fits its layout's int32
+    positions: a larger one would index past them (a shape check: no host read)."""
+    if num_items > MAX_LOSS_ITEMS:
+        raise ValueError(
+            f"a pairwise loss takes at most 2**31 - 1 = {MAX_LOSS_ITEMS:,} items per call (its pair layout holds "
+            f"int32 positions); got {num_items:,} items: split the batch"
+        )
+
+
 def at_least_one(count: int | Tensor) -> int | Tensor:
     """max(count, 1) of an item count, a host int or (with a mask) a device tensor, without a sync:
     the denominator of a mean over the items that count."""
@@ -419,12 +432,12 @@ def raise_for_status(status: int, scores: Tensor, labels: Tensor, label_rule: st
         raise_for_bad_batch(scores, labels, label_rule)
     if status & STATUS_OVERFLOW:
         raise OverflowError(
-            "the pairwise loss is not finite in the scores' dtype: with the exponential surrogate some "
-            "valid pair has s_j - s_i above about 88 (float32) or 709 (float64), whose exp overflows (the "
-            "squared surrogate overflows past |s_j - s_i| of about 1e19 in float32); with float16 scores, "
-            "the loss is float32 but an item's gradient, returned in float16, must stay below 65504; "
-            "LoALoss weights near the dtype's largest number overflow the weighted sum of the labels' terms. Use "
-            "float64 scores, a surrogate of linear growth ('logistic', 'hinge'), or scale the scores (or weights) down."
+            "the pairwise loss is not finite in the scores' dtype. The causes: the exponential surrogate's "
+            "exp overflows for a valid pair with s_j - s_i above about 88 (float32) or 709 (float64); the squared "
+            "surrogate's square past |s_j - s_i| of about 1e19 in float32; float16 scores keep a float32 loss but "
+            "an item's gradient, returned in float16, must stay below 65504; LoALoss weights near the dtype's "
+            "largest number overflow the weighted sum of the labels' terms. Use float64 scores, a surrogate of "
+            "linear growth ('logistic', 'hinge'), or scale the scores (or weights) down."
         )
 
 

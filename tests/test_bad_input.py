@@ -96,6 +96,16 @@ def test_weights_of_the_wrong_length_name_both_sizes():
         mlloss.LoALoss("balanced", priors=[0.2, 0.5])(SCORES, labels)
 
 
+@pytest.mark.parametrize("build", [mlloss.AUCLoss, mlloss.LaALoss, mlloss.PDAOMLoss, lambda: mlloss.LoALoss("balanced")])
+def test_a_batch_beyond_the_int32_layout_is_refused_by_its_size(build):
+    # 2^31 items as a stride-0 view (no memory): the size is refused before the layout would index
+    # past its int32 positions.
+    scores = torch.zeros(1).expand(2**31)
+    labels = torch.zeros(1, dtype=torch.long).expand(2**31)
+    with pytest.raises(ValueError, match=r"at most 2\*\*31 - 1 = 2,147,483,647 items per call .*got 2,147,483,648"):
+        build()(scores, labels)
+
+
 def test_several_label_columns_must_be_binary_for_laa_but_one_column_may_be_ordinal():
     ratings = torch.tensor([4.0, 0.0, 2.0, 3.0])
     assert mlloss.LaALoss()(SCORES, ratings) > 0

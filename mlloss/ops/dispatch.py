@@ -155,6 +155,7 @@ def pair_loss(
     equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
     the loss); other tiers compute the whole batch.
     """
+    check.check_loss_items(scores.shape[0])
     tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0])
     rank, world_size = partition if partition is not None else (0, 1)
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
