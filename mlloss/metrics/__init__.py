@@ -13,7 +13,9 @@ so that ties count one half. Counting is done by sorting, never by enumerating p
 once by ``(group, score)`` and, for each item, the number of items of a given kind ranked strictly below it
 and tied with it in its group is read off a prefix sum. Every function is :math:`O(N \log N)` (the uniform
 multipartite cost takes :math:`O(N L)` for :math:`L` distinct levels, and :math:`O(N \log^2 N)` once
-:math:`L` exceeds :math:`\log_2 N`), exact (pair counts are ``int64``;
+:math:`L` exceeds :math:`\log_2 N`), exact (pair counts are ``int64``, and a value is their float64
+quotient, the correctly rounded fraction up to :math:`2^{52}` pairs in a group, about 6.7e7 positives
+against as many negatives, and within two ulps above;
 real-valued levels are summed in ``float64``, so the linear multipartite cost of non-integer levels is exact
 up to float64 rounding, and kept within :math:`[0, 1]`) and deterministic on CPU and CUDA: the only
 reductions are sorts, integer prefix sums and segmented sums over sorted data (no floating-point atomics).
