@@ -87,19 +87,35 @@ def at_least_one(count: int | Tensor) -> int | Tensor:
     return count.clamp(min=1) if isinstance(count, Tensor) else max(count, 1)
 
 
-def check_widths(name: str, widths: Sequence[int], *, allow_empty: bool = False) -> None:
-    """The hidden-layer widths ``name`` of a model part: each >= 1, and at least one unless
-    ``allow_empty`` (a task tower may be a single linear layer)."""
+def sequence_of(name: str, values: object, what: str = "integers") -> list:
+    """``values`` (a list, tuple, NumPy array or tensor) as a list. A bare number or a string is named:
+    it failed in a loop over it ("'int' object is not iterable"), or read "64" as 6 and 4."""
+    try:
+        items = None if isinstance(values, (str, bytes)) else list(values)
+    except TypeError:
+        items = None
+    if items is None:
+        raise ValueError(f"{name} must be a sequence of {what}; got {values!r}")
+    return items
+
+
+def check_widths(name: str, widths: Sequence[int], *, allow_empty: bool = False) -> list[int]:
+    """The hidden-layer widths ``name`` of a model part as a list of ints: each >= 1, and at least one
+    unless ``allow_empty`` (a task tower may be a single linear layer)."""
+    widths = sequence_of(name, widths, "integer widths")
     if (not widths and not allow_empty) or not all(_is_count(w) for w in widths):
         what = "integer widths >= 1" if allow_empty else "one or more integer widths >= 1"
         raise ValueError(f"{name} must be {what}; got {list(widths)}")
+    return [int(width) for width in widths]
 
 
-def check_cardinalities(cardinalities: Sequence[int]) -> None:
-    """The numbers of ids of an embedding's fields: at least one field, each an integer >= 1."""
+def check_cardinalities(cardinalities: Sequence[int]) -> list[int]:
+    """The numbers of ids of an embedding's fields as a list of ints: at least one field, each >= 1."""
+    cardinalities = sequence_of("cardinalities", cardinalities)
     if not cardinalities:
         raise ValueError(f"cardinalities must name at least one field; got {list(cardinalities)}")
     check_sizes(**{f"cardinalities[{f}]": c for f, c in enumerate(cardinalities)})
+    return [int(c) for c in cardinalities]
 
 
 def check_field_ids(ids: Tensor, cardinalities: Sequence[int], name: str, field_names: Sequence[str] = ()) -> None:

@@ -59,7 +59,7 @@ def _ple(backbone, x):
 
 
 def _mmoe(backbone, x):
-    """Ma et al. (2018), Eq. 5: y_t = h_t(sum_e softmax(W_t x)_e f_e(x))."""
+    """Ma et al. (2018), Eq. 5-6: y_t = h_t(sum_e softmax(W_t x + b_t)_e f_e(x)) (the gates carry a bias)."""
     (level,) = backbone.levels
     experts = [_mlp(level.experts, x, e) for e in range(level.num_shared_experts)]
     mixed = []

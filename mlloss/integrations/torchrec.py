@@ -111,7 +111,7 @@ class TorchRecEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         torchrec = import_torchrec()
-        check_cardinalities(cardinalities)
+        cardinalities = check_cardinalities(cardinalities)
         check_sizes(dim=dim)
         keys = [f"f{i}" for i in range(len(cardinalities))] if field_names is None else [str(k) for k in field_names]
         if len(keys) != len(cardinalities) or len(set(keys)) != len(keys):

@@ -18,21 +18,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validation import check_cardinalities, check_field_ids, check_sizes
+from .._validation import check_bool, check_cardinalities, check_field_ids, check_sizes
 from .._constants import ConstantBuffers
 
 __all__ = ["FieldEmbedding", "DotInteraction"]
+
+_PARAMETER = object()  # tables()' default: the parameter's rows
 
 
 class FieldEmbedding(ConstantBuffers):
     """One ``dim``-dimensional embedding table per sparse field (one id per field and row).
 
-    ``forward(ids)`` with ids (B, F), ``ids[:, f]`` in ``[0, cardinalities[f])``, returns the
-    concatenation (B, F * dim), or with ``combine="sum"`` the sum over fields (B, dim).
+    ``forward(ids)`` with integer ids (B, F) (int64, int32, ...), ``ids[:, f]`` in
+    ``[0, cardinalities[f])``, returns the concatenation (B, F * dim), or with ``combine="sum"``
+    the sum over fields (B, dim).
 
     The tables are stored as one parameter ``weight`` (sum(cardinalities), dim), field f's
     rows after the fields before it (``tables()`` gives each field's rows), so that a step
-    costs one gather and one backward whatever the number of fields. Ids are checked against
+    costs one gather and one backward whatever the number of fields; they are drawn from
+    N(0, 0.05^2) (:meth:`reset_parameters`, as ``TorchRecEmbedding``'s). Ids are checked against
     their field's table (``validate_args=False`` skips that, for data checked once): on the
     CPU with a ValueError naming the field, on a GPU without waiting for it (a device assert).
     """
@@ -43,27 +47,41 @@ class FieldEmbedding(ConstantBuffers):
         super().__init__()
         if combine not in ("concat", "sum"):
             raise ValueError(f"combine must be 'concat' or 'sum'; got {combine!r}")
-        check_cardinalities(cardinalities)
+        self.cardinalities = check_cardinalities(cardinalities)
         check_sizes(dim=dim)
-        self.cardinalities = [int(c) for c in cardinalities]
-        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim).normal_(std=0.05))
+        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim))
+        self.reset_parameters()
         self.register_constant_buffers()  # sizes, offsets
         self.combine = combine
-        self.validate_args = validate_args
+        self.validate_args = check_bool("validate_args", validate_args)
         self.output_dim = dim * len(self.cardinalities) if combine == "concat" else dim
         self.register_load_state_dict_pre_hook(_join_per_field_tables)
+
+    def reset_parameters(self) -> None:
+        """Draws the tables from N(0, 0.05^2). FSDP's deferred init (a model made on the meta
+        device, ``to_empty``) calls it: without it the tables held uninitialised memory."""
+        nn.init.normal_(self.weight, std=0.05)
 
     def constant_buffers(self) -> dict[str, Tensor]:
         sizes = torch.tensor(self.cardinalities)
         return {"sizes": sizes, "offsets": sizes.cumsum(0) - sizes}  # each field's first row in ``weight``
 
-    def tables(self, weight: Tensor | None = None) -> tuple[Tensor, ...]:
-        """Each field's rows of ``weight`` (default: the parameter; e.g. its ``.grad``), as views."""
-        return torch.split(self.weight if weight is None else weight, self.cardinalities)
+    def tables(self, weight: Tensor = _PARAMETER) -> tuple[Tensor, ...]:
+        """Each field's rows of ``weight`` (default: the parameter; e.g. its ``.grad``), as views.
+        A ``weight`` of None is an error: ``tables(embedding.weight.grad)`` before a backward
+        returned the parameter's rows as if they were the gradient."""
+        if weight is _PARAMETER:
+            weight = self.weight
+        elif weight is None:
+            raise ValueError("weight is None (a .grad before any backward?); call tables() for the parameter's rows")
+        return torch.split(weight, self.cardinalities)
 
     def forward(self, ids: Tensor) -> Tensor:
         if ids.dim() != 2 or ids.shape[1] != len(self.cardinalities):
             raise ValueError(f"ids must have shape (B, {len(self.cardinalities)}); got {tuple(ids.shape)}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            # float ids failed inside F.embedding, naming no argument; bool ids read rows 0 and 1
+            raise TypeError(f"ids must be an integer tensor (int64, int32, ...); got dtype {ids.dtype}")
         if self.validate_args:
             self._check_ids(ids)
         vectors = F.embedding(ids + self.offsets, self.weight)  # (B, F, dim)
@@ -99,6 +117,11 @@ class DotInteraction(ConstantBuffers):
         self.num_fields, self.dim = num_fields, dim
         self.register_constant_buffers()  # pick
         self.output_dim = num_fields * dim + self.pick.shape[1]
+
+    def reset_parameters(self) -> None:
+        """Nothing to draw: no parameters, and ``pick`` is a constant that every move (``to_empty``)
+        rebuilds. FSDP's deferred init calls it on each module holding a parameter or a buffer,
+        and failed with an AttributeError here."""
 
     def constant_buffers(self) -> dict[str, Tensor]:
         rows, cols = torch.triu_indices(self.num_fields, self.num_fields, offset=1)

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validation import check_finite_number, check_int, check_sizes, check_widths
+from .._validation import check_bool, check_finite_number, check_int, check_sizes, check_widths
 from .._constants import ConstantBuffers
 
 __all__ = [
@@ -77,7 +77,7 @@ def mlp(
     (experts, towers) that map (G, B, input_dim) to (G, B, hidden[-1]) with one batched matmul
     per layer instead of G.
     """
-    check_widths("hidden", hidden)
+    hidden = check_widths("hidden", hidden)
     check_sizes(input_dim=input_dim, **{f"hidden[{i}]": width for i, width in enumerate(hidden)})
     if not 0 <= check_finite_number("dropout", dropout, requirement="a number in [0, 1)") < 1:
         raise ValueError(f"dropout must be a number in [0, 1); got {dropout!r}")
@@ -105,9 +105,17 @@ class StackedLinear(nn.Module):
     def __init__(self, copies: int, in_features: int, out_features: int) -> None:
         super().__init__()
         check_sizes(copies=copies, in_features=in_features, out_features=out_features)
-        bound = in_features ** -0.5  # nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in)) for both
-        self.weight = nn.Parameter(torch.empty(copies, in_features, out_features).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(copies, 1, out_features).uniform_(-bound, bound))
+        self.weight = nn.Parameter(torch.empty(copies, in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(copies, 1, out_features))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's default init, U(-1/sqrt(in), 1/sqrt(in)) for the weight and the bias. FSDP's
+        deferred init (a model made on the meta device, ``to_empty``) calls it to fill the weights,
+        which held uninitialised memory without it."""
+        bound = self.weight.shape[1] ** -0.5
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.baddbmm(self.bias, x, self.weight)
@@ -119,7 +127,7 @@ class StackedLinear(nn.Module):
 
 def _task_towers(input_dim: int, num_tasks: int, tower_hidden: Sequence[int], dropout: float) -> nn.Sequential:
     """One MLP per task ending in a single logit, stacked: (T, B, input_dim) -> (T, B, 1)."""
-    check_widths("tower_hidden", tower_hidden, allow_empty=True)
+    tower_hidden = check_widths("tower_hidden", tower_hidden, allow_empty=True)
     return mlp(input_dim, [*tower_hidden, 1], dropout, last_activation=False, copies=num_tasks)
 
 
@@ -148,7 +156,7 @@ class SharedBottom(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes(num_tasks=num_tasks)
-        check_widths("bottom_hidden", bottom_hidden)
+        bottom_hidden = check_widths("bottom_hidden", bottom_hidden)
         self.input_dim, self.num_tasks = input_dim, num_tasks
         self.bottom = mlp(input_dim, bottom_hidden, dropout)
         self.towers = _task_towers(bottom_hidden[-1], num_tasks, tower_hidden, dropout)
@@ -169,6 +177,9 @@ class ExtractionLevel(ConstantBuffers):
     the shared output: the level returns (T + 1, B, H) then, (T, B, H) otherwise, H being
     ``expert_hidden[-1]``.
 
+    A gate is softmax(W h + b): a linear layer with a bias, where the papers' softmax(W h) has
+    none (the bias lets a gate prefer some experts whatever its input).
+
     All the level's experts are one stacked MLP and all task gates one stacked linear layer,
     so a level costs a few kernels whatever its number of experts. A task's gate gives weight
     0 to the experts it does not mix.
@@ -186,7 +197,7 @@ class ExtractionLevel(ConstantBuffers):
     ) -> None:
         super().__init__()
         check_sizes(num_tasks=num_tasks, num_shared_experts=num_shared_experts)
-        check_widths("expert_hidden", expert_hidden)
+        expert_hidden = check_widths("expert_hidden", expert_hidden)
         check_int("num_task_experts", num_task_experts, minimum=0)  # 0 in an MMoE
         self.num_tasks, self.num_task_experts, self.num_shared_experts = num_tasks, num_task_experts, num_shared_experts
         self.output_dim = expert_hidden[-1]
@@ -196,6 +207,12 @@ class ExtractionLevel(ConstantBuffers):
         self.task_gates = StackedLinear(num_tasks, input_dim, num_task_experts + num_shared_experts)
         self.shared_gate = nn.Linear(input_dim, num_experts) if shared_gate else None
         self.register_constant_buffers()  # gated_experts
+
+    def reset_parameters(self) -> None:
+        """Nothing of its own to draw: its weights are its children's (StackedLinear, nn.Linear,
+        each with its reset_parameters), and ``gated_experts`` is a constant that every move
+        (``to_empty``) rebuilds. FSDP's deferred init calls it on each module holding a parameter
+        or a buffer, and failed with an AttributeError here."""
 
     def constant_buffers(self) -> dict[str, Tensor]:
         """``gated_experts`` (T, 1, E_t): the experts task t's gate mixes, its own then the shared."""
@@ -244,7 +261,7 @@ class PLE(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes(num_levels=num_levels)
-        check_widths("expert_hidden", expert_hidden)
+        expert_hidden = check_widths("expert_hidden", expert_hidden)
         self.input_dim, self.num_tasks = input_dim, num_tasks
         dims = [input_dim] + [expert_hidden[-1]] * (num_levels - 1)
         self.levels = nn.ModuleList(
@@ -283,7 +300,8 @@ class CGC(PLE):
 
 
 class MMoE(PLE):
-    """Multi-gate mixture of experts: shared experts, one softmax gate and tower per task.
+    """Multi-gate mixture of experts: shared experts, one softmax gate and tower per task,
+    y_t = tower_t(sum_e softmax(W_t x + b_t)_e expert_e(x)) (the paper's gates have no bias b_t).
     It is a CGC without task-specific experts."""
 
     def __init__(
@@ -309,6 +327,15 @@ def esmm_logits(ctr_logit: Tensor, cvr_logit: Tensor) -> Tensor:
     return log_p - log_not_p
 
 
+def _constants_beside_the_weights(model: MultiTaskModel, incompatible_keys: object) -> None:
+    """After ``load_state_dict(sd, assign=True)`` into a model made on the meta device: the constants
+    of its parts without tensors of their own (``DotInteraction``'s ``pick``) go where its weights are."""
+    device = next((p.device for p in model.parameters() if not p.is_meta), None)
+    for part in model.modules():
+        if isinstance(part, ConstantBuffers):
+            part.rebuild_meta_constants(device)
+
+
 class MultiTaskModel(nn.Module):
     """``backbone(cat(interaction(embedding(sparse)), dense))``: per-task logits (B, T).
 
@@ -328,10 +355,15 @@ class MultiTaskModel(nn.Module):
         super().__init__()
         if not hasattr(embedding, "output_dim"):
             raise TypeError(f"embedding must have an output_dim attribute; got {type(embedding).__name__}")
+        check_bool("esmm", esmm)  # a truthy string ("no") turned ESMM on
+        num_tasks = getattr(backbone, "num_tasks", None)
+        if esmm and num_tasks is not None and num_tasks < 2:
+            raise ValueError(f"esmm needs a backbone of at least 2 tasks (ctr, cvr); got num_tasks={num_tasks}")
         self.embedding = embedding
         self.interaction = interaction
         self.backbone = backbone
         self.esmm = esmm
+        self.register_load_state_dict_post_hook(_constants_beside_the_weights)
 
     def forward(self, sparse: Tensor, dense: Tensor | None = None) -> Tensor:
         x = self.embedding(sparse)
