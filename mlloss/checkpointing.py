@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import os
 import re
@@ -170,6 +171,17 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _make_folder(folder: Path) -> None:
+    """``folder.mkdir(parents=True, exist_ok=True)``, fsyncing the parent of each folder it creates:
+    a checkpoint's rename is made durable by an fsync of its folder, but a folder created for the
+    first checkpoint is itself a new name in its parent, which a power loss could otherwise take
+    with the checkpoint in it."""
+    created = list(itertools.takewhile(lambda path: not os.path.isdir(path), (folder, *folder.parents)))
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in reversed(created):
+        _fsync_directory(path.parent)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -268,7 +280,7 @@ def _open_temporary_file(final: Path) -> tuple[IO[bytes], Path]:
     folder = final.parent / STAGING_DIRNAME
     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
     while True:
-        folder.mkdir(parents=True, exist_ok=True)
+        _make_folder(folder)
         path = folder / f"{final.name}.{secrets.token_hex(6)}.tmp"  # hex: the \w+ of _temporary_files
         try:
             descriptor = os.open(path, flags, 0o666)
@@ -367,7 +379,8 @@ def begin_directory(final: str | os.PathLike) -> Path:
     _check_replaceable(final)
     _clear_staging(final)
     staging = staging_path(final)
-    staging.mkdir(parents=True)
+    _make_folder(staging.parent)
+    staging.mkdir()
     return staging
 
 
@@ -410,9 +423,21 @@ def mark_complete(directory: str | os.PathLike, **info: Any) -> Path:
 
 def finish_directory(staging: str | os.PathLike, final: str | os.PathLike, **info: Any) -> Path:
     """Mark the written ``staging`` directory complete and :func:`publish` it as ``final``. Call on
-    one process once every process has written its part."""
+    one process once every process has written its part. When the marker cannot be written (a
+    full disk, a failed fsync) ``staging``, :func:`begin_directory`'s copy, is removed, as a
+    failed file write removes its temporary file, and the error names ``final`` and ``staging``;
+    once it is marked, a failed publish leaves it, the newest complete checkpoint, for
+    :func:`latest_complete_checkpoint`."""
     staging = Path(staging)
-    mark_complete(staging, **info)
+    try:
+        mark_complete(staging, **info)
+    except BaseException as error:  # no marker: never published, and as large as a checkpoint
+        if staging == staging_path(final):  # begin_directory's copy: the library's to remove
+            with contextlib.suppress(OSError):
+                _remove(staging)
+            _remove_if_empty(staging.parent)
+        _name_the_path(error, f"while writing the checkpoint {final} (at its temporary name {staging})")
+        raise
     _pause_before_publishing(staging)
     return publish(staging, final)
 
@@ -453,6 +478,8 @@ def incomplete_reason(path: str | os.PathLike) -> str | None:
     otherwise why not."""
     path = Path(path)
     if not path.exists():
+        if path.is_symlink():  # e.g. ModelCheckpoint(save_last="link") whose target top-k file was removed
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
         return "it does not exist"
     if not path.is_dir():
         return None

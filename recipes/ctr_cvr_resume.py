@@ -130,13 +130,17 @@ def layout_options(args: argparse.Namespace) -> dict[str, Any]:
             "--num-nodes": args.num_nodes}
 
 
-def training_options(args: argparse.Namespace) -> dict[str, Any]:
+def training_options(args: argparse.Namespace, *, unused: bool = False) -> dict[str, Any]:
     """The command-line options that define what a run trains, by option name: its objective,
-    model and data (the generator's options for synthetic data, else ``--data-dir``)."""
+    model and data (the generator's options for synthetic data, else ``--data-dir``). With
+    ``unused``, also those the run does not use (:data:`USED_WHEN`, the other data's), with the
+    values it gives them: what a resumed run needs to match of a checkpoint's other model or data."""
     data = SYNTHETIC_DATA_OPTIONS if args.data == "synthetic" else ("data_dir",)
+    if unused:
+        data = (*SYNTHETIC_DATA_OPTIONS, "data_dir")
     options = {}
     for name in (*OBJECTIVE_OPTIONS, *MODEL_OPTIONS, *DATA_OPTIONS, *data):
-        if not USED_WHEN.get(name, lambda args: True)(args):
+        if not unused and not USED_WHEN.get(name, lambda args: True)(args):
             continue
         value = getattr(args, name)
         if name == "lam" and value is None:
@@ -283,12 +287,17 @@ def check_training_options(args: argparse.Namespace, path: Path, saved: dict[str
     differ = [option for option in here if option in saved and saved[option] != here[option]]
     if not differ:
         return
+    # The checkpoint's options that this run does not use (the expert counts of the checkpoint's
+    # model, the files of its data) and gives other values: "resume with" names them too, so that
+    # the command it suggests resumes, rather than fail next on one of them.
+    given = training_options(args, unused=True)
+    also = [option for option in saved if option not in here and option in given and saved[option] != given[option]]
     raise ValueError(
         f"--resume {args.resume}: the checkpoint {path} was trained with "
         f"{', '.join(as_typed(option, saved[option]) for option in differ)}; this run has "
         f"{', '.join(as_typed(option, here[option]) for option in differ)}. A checkpoint resumes only with the "
         "objective, model and data it was trained with (--lr, --weight-decay and --epochs may change): resume with "
-        f"{' '.join(as_typed(option, saved[option]) for option in differ)}, or start a new run with another "
+        f"{' '.join(as_typed(option, saved[option]) for option in (*differ, *also))}, or start a new run with another "
         "--output-dir (or --checkpoint-dir)"
     )
 

@@ -27,17 +27,24 @@ from ..checkpointing import BATCH_PAUSE_ENV, remove_checkpoint, save_atomically
 
 with needs_extra("lightning", "mlloss.integrations.lightning_checkpoints"):
     import pytorch_lightning as pl
+    from fsspec.core import split_protocol, url_to_fs  # Lightning's file systems
     from lightning_fabric.plugins import TorchCheckpointIO
 
 __all__ = ["AtomicCheckpointIO", "BatchPause", "fault_test_callbacks"]
 
+LOCAL_PROTOCOLS = ("file", "local")  # fsspec's LocalFileSystem.protocol
+
 
 def _local_path(path: str | os.PathLike) -> Path | None:
-    """``path`` as a local path (a ``file://`` URL's path), or None for a URL of another file system."""
-    protocol, separator, rest = os.fspath(path).partition("://")
-    if not separator:
+    """``path`` as the local file that Lightning's loading (fsspec) reads for it, or None for a URL
+    of another file system: a plain path as it is; a URL of fsspec's local file system by fsspec's
+    reading (``file:///x``, also ``file:/x`` and ``local:///x``, which a split at ``://`` wrote
+    as the relative path ``./file:/x`` or refused, while loading read ``/x``)."""
+    text = os.fspath(path)
+    protocol = split_protocol(text)[0]
+    if protocol is None and not text.startswith(tuple(f"{name}:" for name in LOCAL_PROTOCOLS)):
         return Path(path)
-    return Path(rest) if protocol == "file" else None
+    return Path(url_to_fs(text)[1]) if protocol in (None, *LOCAL_PROTOCOLS) else None
 
 
 def _writable_path(path: str | os.PathLike, method: str) -> Path:
