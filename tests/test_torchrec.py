@@ -17,6 +17,7 @@ pytest.importorskip("torchrec", reason="the torchrec extra is not installed (REA
 import torchrec_worker  # noqa: E402
 from ports import free_port  # noqa: E402
 from recipe_util import load_recipe  # noqa: E402
+from mlloss.checkpointing import incomplete_reason  # noqa: E402
 from mlloss.integrations.torchrec import SHARDING_TYPES, TorchRecEmbedding, ids_to_kjt, shard_model  # noqa: E402
 from mlloss.integrations.torchrec_strategy import TorchRecStrategy  # noqa: E402
 from mlloss.models import FieldEmbedding  # noqa: E402
@@ -384,6 +385,23 @@ def test_strategy_averages_the_gradients_of_parameters_outside_the_sharded_model
         torch.testing.assert_close(result["scale_grads"], ranks[0]["scale_grads"], rtol=0, atol=0)
         torch.testing.assert_close(result["scale"], ranks[0]["scale"], rtol=0, atol=0)
     assert ranks[0]["scale"] != 1  # it trained
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_that_fails_on_rank_zero_raises_on_every_rank(tmp_path):
+    """A full disk on rank 0 while it starts or finishes a TorchRecStrategy checkpoint: rank 0
+    raises its error, the other rank an error that names the checkpoint, and the next checkpoint
+    is written (the job's collectives stay in step). The other rank waited in a barrier for the
+    collective timeout (30 minutes by default; 60 s here)."""
+    mp.spawn(torchrec_worker.run_strategy_checkpoint_failures, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"checkpoint-failures-rank{rank}.pt") for rank in range(2)]
+    for step, what in (("begin_directory", "start"), ("finish_directory", "finish")):
+        assert ranks[0][step].startswith("OSError: [Errno 28] No space left on device (injected)"), ranks[0][step]
+        assert ranks[1][step] == (f"RuntimeError: TorchRecStrategy.save_checkpoint: rank 0 could not {what} the checkpoint "
+                                  f"{tmp_path / (step + '.ckpt')} (its error is raised there)")
+        assert not (tmp_path / f"{step}.ckpt").exists()
+    assert ranks[0][None] is None and ranks[1][None] is None
+    assert incomplete_reason(tmp_path / "None.ckpt") is None
 
 
 def test_an_empty_batch_embeds_to_zero_rows_that_reach_the_tables():

@@ -287,6 +287,70 @@ def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int,
             dist.destroy_process_group()
 
 
+def run_strategy_checkpoint_failures(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """One Lightning step under TorchRecStrategy, then checkpoint writes whose rank-0 part fails (a
+    full disk while starting the directory, then while finishing it), then one that succeeds:
+    records each rank's outcome. Every rank must raise, not wait for rank 0 in a barrier (the
+    60-second timeout stands in for the default 30 minutes)."""
+    import datetime
+    import errno
+
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from mlloss.integrations import torchrec_strategy
+    from mlloss.integrations.torchrec import dense_parameters
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = make_model()
+
+        def configure_model(self) -> None:
+            if self.trainer.strategy.sharded_model is None:
+                self.model = self.trainer.strategy.shard(self.model)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD([p for _, p in dense_parameters(self)], lr=SPARSE_LR)
+
+        def training_step(self, batch, batch_index):
+            ids, target = batch
+            return nn.functional.mse_loss(self.model(ids), target)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0", LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), RANK=str(rank))
+    torch.set_num_threads(1)
+    ids, target = global_batch()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world_size, max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        strategy=torchrec_strategy.TorchRecStrategy("table_wise", sparse_optimizer="sgd", sparse_lr=SPARSE_LR,
+                                                    timeout=datetime.timedelta(seconds=60)),
+    )
+    outcomes = {}
+    try:
+        trainer.fit(Module(), DataLoader(TensorDataset(ids, target), batch_size=BATCH))
+        for step in ("begin_directory", "finish_directory", None):
+            original = getattr(torchrec_strategy, step) if step else None
+            if step and rank == 0:
+                setattr(torchrec_strategy, step, full_disk)
+            try:
+                trainer.save_checkpoint(os.path.join(out_dir, f"{step}.ckpt"))
+                outcomes[step] = None
+            except Exception as error:
+                outcomes[step] = f"{type(error).__name__}: {error}"
+            finally:
+                if step:
+                    setattr(torchrec_strategy, step, original)
+        torch.save(outcomes, os.path.join(out_dir, f"checkpoint-failures-rank{rank}.pt"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 # --------------------------------------------------------------------------- a cross-device ranking loss
 
 

@@ -197,19 +197,34 @@ class TorchRecStrategy(DDPStrategy):
             raise TypeError("TorchRecStrategy.save_checkpoint does not take storage_options")
         path = Path(self.broadcast(str(filepath)))
         staging = staging_path(path)
-        if self.is_global_zero:
-            begin_directory(path)  # an empty <folder>/.partial/<name>
-        self.barrier("TorchRecStrategy.save_checkpoint")
+        self._on_rank_zero_together(lambda: begin_directory(path), f"start the checkpoint {path}")  # an empty .partial/<name>
         checkpoint = dict(checkpoint)
         state = {"model": checkpoint.pop("state_dict"), "sparse_optimizer": self._fused_optimizer().state_dict()}
         dcp.save(state, checkpoint_id=staging)  # returns on rank 0 (the coordinator) once every shard is written
-        if self.is_global_zero:
+
+        def finish() -> None:
             with open(staging / METADATA_FILENAME, "wb") as stream:
                 torch.save(checkpoint, stream)
             # the marker last, then the swap into `path`
             finish_directory(staging, path, epoch=checkpoint.get("epoch"), global_step=checkpoint.get("global_step"),
                              world_size=self.world_size)
-        self.barrier("TorchRecStrategy.save_checkpoint: published")
+
+        self._on_rank_zero_together(finish, f"finish the checkpoint {path}")
+
+    def _on_rank_zero_together(self, step: Any, what: str) -> None:
+        """Run ``step`` on rank 0, the others waiting for it, and raise on every rank if it raised:
+        a barrier would keep the others waiting for the collective timeout (30 minutes by default)
+        after rank 0's error (a full disk, say)."""
+        error = None
+        if self.is_global_zero:
+            try:
+                step()
+            except Exception as caught:  # raised below, after the others know
+                error = caught
+        if not self.reduce_boolean_decision(error is None, all=True):
+            if error is not None:
+                raise error
+            raise RuntimeError(f"TorchRecStrategy.save_checkpoint: rank 0 could not {what} (its error is raised there)")
 
     def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
