@@ -63,6 +63,7 @@ class _Predictions(_PairMetric):
     scores: list[Tensor]
     labels: list[Tensor]
     groups: list[Tensor]
+    _display_name = "RankingMetrics"  # in the errors: the class users know
 
     def __init__(self) -> None:
         super().__init__()

@@ -103,6 +103,11 @@ class _PairMetric(Metric):
 
     scores: list[Tensor]
 
+    @property
+    def _display_name(self) -> str:
+        """The name the errors give the metric (a subclass inside another public class names that one)."""
+        return type(self).__name__
+
     def _add_cat_states(self, *names: str) -> None:
         for name in names:
             self.add_state(name, default=[], dist_reduce_fx="cat")
@@ -145,7 +150,7 @@ class _PairMetric(Metric):
         first, (_, trailing) = found[0]
         for rank, (_, other) in found:
             if other != trailing:
-                raise ValueError(f"{type(self).__name__} needs {name} of one layout on every process; got shape "
+                raise ValueError(f"{self._display_name} needs {name} of one layout on every process; got shape "
                                  f"{_rows(trailing)} on rank {first} and {_rows(other)} on rank {rank}")
         return _common_dtype([dtype for _, (dtype, _) in found]), trailing
 
@@ -182,7 +187,7 @@ class _PairMetric(Metric):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _check_mergeable(self, states: dict[str, Any]) -> None:
-        metric = type(self).__name__
+        metric = self._display_name
         incoming = {name: _batches(states[name]) for name in self._cat_states if name in states}
         if "scores" not in incoming:
             return
@@ -220,7 +225,7 @@ class _PairMetric(Metric):
 
     def _undefined_without_samples(self) -> Any:
         warnings.warn(
-            f"{type(self).__name__} has seen no samples (compute before any update, after reset() or after "
+            f"{self._display_name} has seen no samples (compute before any update, after reset() or after "
             "empty batches only); returning NaN.",
             UndefinedMetricWarning,
             stacklevel=3,
