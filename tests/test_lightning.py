@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import lightning_ddp_script as script
+from ports import run_ranks
 from mlloss import AUCLoss, DictatorshipReport, LaALoss, PDAOMLoss, build_loss, label_dictatorship
 from mlloss.integrations.lightning import RankingMetrics
 from mlloss.metrics import binary_auc, group_auc, multipartite_auc
@@ -183,16 +181,8 @@ def ddp_run(tmp_path_factory):
     """Run tests/lightning_ddp_script.py (Trainer(devices=2, strategy="ddp") re-launches it for rank 1)."""
     out_dir = tmp_path_factory.mktemp("lightning_ddp")
     command = [sys.executable, str(SCRIPT), str(out_dir)]
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    ) as process:
-        try:
-            output, _ = process.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # rank 1 too: it is in the script's session
-            output, _ = process.communicate()
-            pytest.fail(f"the DDP script timed out:\n{output[-5000:]}")
-    assert process.returncode == 0, output[-5000:]
+    returncode, output = run_ranks(command)
+    assert returncode == 0, output[-5000:]
     return json.loads((out_dir / "metrics.json").read_text()), torch.load(out_dir / "run.pt")
 
 

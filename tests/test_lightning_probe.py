@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import signal
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -23,6 +20,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Subset, TensorDataset
 
 import lightning_probe_script as script
+from ports import run_ranks
 from mlloss import AUCLoss, LoALoss
 from mlloss.integrations.lightning import RankingMetrics
 from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO
@@ -158,17 +156,10 @@ def ddp_results(tmp_path_factory):
     (empty if it wrote none), the exit status and the end of the output."""
     out_dir = tmp_path_factory.mktemp("lightning_probe")
     command = [sys.executable, str(Path(__file__).with_name("lightning_probe_script.py")), str(out_dir)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True, cwd=out_dir) as process:
-        try:
-            output, _ = process.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # rank 1 too: it is in the script's session
-            output, _ = process.communicate()
-            pytest.fail(f"the DDP script timed out:\n{output[-5000:]}")
+    returncode, output = run_ranks(command, cwd=out_dir)
     results = [json.loads(path.read_text()) if (path := out_dir / f"rank{rank}.json").exists() else {}
                for rank in range(2)]
-    return results, process.returncode, output[-5000:]
+    return results, returncode, output[-5000:]
 
 
 @pytest.mark.distributed

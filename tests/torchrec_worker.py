@@ -236,22 +236,17 @@ def _fail_while_sharding() -> dict:
 # --------------------------------------------------------------------------- TorchRecStrategy
 
 
-def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Two Lightning training steps with TorchRecStrategy of a module whose learnable ``scale``
-    lies outside the sharded model and starts at a value of each rank's own; records its
-    gradient at each step and its final value. Lightning sets up the process group."""
+def _sharded_lightning_module() -> type:
+    """A LightningModule class of ``make_model()``, sharded by TorchRecStrategy in ``configure_model``,
+    its dense parameters trained by SGD on the mean squared error (Lightning imported when asked for)."""
     import pytorch_lightning as pl
-    from torch.utils.data import DataLoader, TensorDataset
 
     from mlloss.integrations.torchrec import dense_parameters
-    from mlloss.integrations.torchrec_strategy import TorchRecStrategy
 
-    class ScaledModel(pl.LightningModule):
+    class ShardedModule(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.model = make_model()
-            self.scale = nn.Parameter(torch.full((), 1.0 + rank))  # rank 0's value is 1
-            self.scale_grads: list[torch.Tensor] = []
 
         def configure_model(self) -> None:
             if self.trainer.strategy.sharded_model is None:
@@ -259,6 +254,28 @@ def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int,
 
         def configure_optimizers(self):
             return torch.optim.SGD([p for _, p in dense_parameters(self)], lr=SPARSE_LR)
+
+        def training_step(self, batch, batch_index):
+            ids, target = batch
+            return nn.functional.mse_loss(self.model(ids), target)
+
+    return ShardedModule
+
+
+def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Two Lightning training steps with TorchRecStrategy of a module whose learnable ``scale``
+    lies outside the sharded model and starts at a value of each rank's own; records its
+    gradient at each step and its final value. Lightning sets up the process group."""
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from mlloss.integrations.torchrec_strategy import TorchRecStrategy
+
+    class ScaledModel(_sharded_lightning_module()):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.full((), 1.0 + rank))  # rank 0's value is 1
+            self.scale_grads: list[torch.Tensor] = []
 
         def training_step(self, batch, batch_index):
             ids, target = batch
@@ -299,23 +316,6 @@ def run_strategy_checkpoint_failures(rank: int, world_size: int, port: int, out_
     from torch.utils.data import DataLoader, TensorDataset
 
     from mlloss.integrations import torchrec_strategy
-    from mlloss.integrations.torchrec import dense_parameters
-
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = make_model()
-
-        def configure_model(self) -> None:
-            if self.trainer.strategy.sharded_model is None:
-                self.model = self.trainer.strategy.shard(self.model)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD([p for _, p in dense_parameters(self)], lr=SPARSE_LR)
-
-        def training_step(self, batch, batch_index):
-            ids, target = batch
-            return nn.functional.mse_loss(self.model(ids), target)
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
@@ -332,7 +332,7 @@ def run_strategy_checkpoint_failures(rank: int, world_size: int, port: int, out_
     )
     outcomes = {}
     try:
-        trainer.fit(Module(), DataLoader(TensorDataset(ids, target), batch_size=BATCH))
+        trainer.fit(_sharded_lightning_module()(), DataLoader(TensorDataset(ids, target), batch_size=BATCH))
         for step in ("begin_directory", "finish_directory", None):
             original = getattr(torchrec_strategy, step) if step else None
             if step and rank == 0:
