@@ -77,6 +77,16 @@ def surrogate_value_and_pull(reverse_margin: Tensor, surrogate: str, margin: flo
     return value, pull.to(z.dtype) if pull.dtype == torch.bool else pull
 
 
+def surrogate_value_and_pull_(reverse_margin: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
+    """``surrogate_value_and_pull`` with x overwritten by the pulls (no temporary beside the
+    value's; the same arithmetic, so the same bits). The pull may be the value tensor itself (the
+    exponential's): a caller that scales both in place checks ``pull is value``."""
+    row = lookup(surrogate)
+    z = reverse_margin.add_(margin) if row.uses_margin else reverse_margin
+    value = row.value(z, None)
+    return value, row.pull(z, value, z)
+
+
 def tile_sum_and_pull(reverse_margin: Tensor, work: Tensor, surrogate: str, margin: float) -> tuple[Tensor, Tensor]:
     """(sum of phi over a tile, -dphi/dt per pair) from x = s_j - s_i, written into ``work`` (a
     buffer of x's shape and dtype, which holds the pulls afterwards); x may be overwritten. The

@@ -35,10 +35,23 @@ import math
 import torch
 from torch import Tensor
 
-from ..surrogates import surrogate_value_and_pull, tile_sum_and_pull
+from ..surrogates import surrogate_value_and_pull_, tile_sum_and_pull
 from .layout import LevelCosts, OrdinalLayout, next_power_of_two
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
+# On the CPU, a rectangle between two level runs is cut into tiles of about CPU_TILE_SIDE^2 pairs
+# (4 MB per float32 buffer): its six passes over a tile (difference, value, sum, pull, row and
+# column sums) then run from the cache. Tiles of TILE_ELEMENTS pairs (16 MB buffers) took 1.3x as
+# long on one CPU thread (65 against 50 ms for AUC at N = 8,192; benchmarks/bench_cpu_path.py).
+# Square tiles also bound the float32 additions into a gradient entry by n / 1,024 on both sides
+# (full-width rows of 2^22 / n made n^2 / 2^22 of them into each lower item's entry). On a GPU,
+# where each tile costs launches and not cache, the tiles stay TILE_ELEMENTS wide.
+CPU_TILE_SIDE = 1 << 10
+# On the CPU, the groups of one size bucket are processed this many padded pairs at a time (1 MB
+# per float32 temporary): chunks of TILE_ELEMENTS pairs made their temporaries in fresh memory,
+# whose page faults took a quarter of a grouped call's CPU time (N = 65,536 in groups of about 20
+# items, benchmarks/bench_cpu_path.py); at this size the allocator reuses them.
+CPU_BUCKET_CHUNK_ELEMENTS = 1 << 18
 MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
 # A large group is cut into masked tiles instead of rectangles when its level pairs times this
 # exceed n^2: a rectangle's few tensor operations cost about as much as 2^11-2^12 pairs of a masked
@@ -77,7 +90,7 @@ def all_pairs_loss_and_grad(
     linear_cost = costs.linear
     for side in torch.unique(bucket_sides[bucketed]).tolist():
         group_ids = torch.nonzero(bucketed & (bucket_sides == side)).flatten()
-        chunk = max(1, TILE_ELEMENTS // (side * side))
+        chunk = max(1, _bucket_chunk_elements(scores.device) // (side * side))
         for start in range(0, group_ids.numel(), chunk):
             ids = group_ids[start : start + chunk]
             partial_sums.append(
@@ -104,6 +117,11 @@ def all_pairs_loss_and_grad(
 
     loss = torch.stack(partial_sums).sum() if partial_sums else scores.new_zeros(())
     return loss, grad
+
+
+def _bucket_chunk_elements(device: torch.device) -> int:
+    """Padded pairs per chunk of a size bucket's groups (see ``CPU_BUCKET_CHUNK_ELEMENTS``)."""
+    return CPU_BUCKET_CHUNK_ELEMENTS if device.type == "cpu" else TILE_ELEMENTS
 
 
 def _padded_groups(
@@ -185,15 +203,21 @@ def _weighted_pairs(
     """(w phi, w pull) of a block of candidate pairs (upper item i, lower item j, broadcast), with
     w = c_ij * coefficient for the valid pairs (``above``: level_i > level_j, both ``real``) and 0
     for the others, whose surrogate is evaluated at 0 instead of their scores: an exponential that
-    overflows there would make 0 * inf = NaN."""
-    valid = above if real is None else above & real
+    overflows there would make 0 * inf = NaN.
+
+    ``above`` (a temporary of the block's shape) is overwritten. Every step after the first of each
+    block-sized temporary writes into it (the same arithmetic as out of place, so the same bits):
+    a block of 2^22 pairs made nine fresh 16 MB temporaries, and the page faults of their fresh
+    memory took about 40% of a grouped call's CPU time (benchmarks/bench_cpu_path.py)."""
+    valid = above if real is None else above.logical_and_(real)
+    invalid = valid.logical_not()
     if linear_cost:
-        gap = upper_values - lower_values
-        weight = torch.where(valid, gap, 0) * coefficient
+        weight = (upper_values - lower_values).masked_fill_(invalid, 0).mul_(coefficient)
     else:
-        weight = valid.to(coefficient.dtype) * coefficient
-    value, pull = surrogate_value_and_pull((lower_scores - upper_scores).masked_fill_(~valid, 0), surrogate, margin)
-    return weight * value, weight * pull
+        weight = valid.to(coefficient.dtype).mul_(coefficient)
+    value, pull = surrogate_value_and_pull_((lower_scores - upper_scores).masked_fill_(invalid, 0), surrogate, margin)
+    weighted_pull = pull * weight if pull is value else pull.mul_(weight)  # the exponential's pull is its value
+    return value.mul_(weight), weighted_pull
 
 
 def _level_rectangles(
@@ -245,13 +269,20 @@ def _rectangle(
     margin: float,
     grad: Tensor,
 ) -> list[Tensor]:
-    """weight * sum over the rectangle of phi(s_i - s_j), in tiles of at most TILE_ELEMENTS.
+    """weight * sum over the rectangle of phi(s_i - s_j), in tiles of at most TILE_ELEMENTS pairs
+    of full rows, or on the CPU of about CPU_TILE_SIDE^2 pairs (square where both runs are that
+    long; a short run is taken whole and the other cut to keep the tile's size).
 
     Two tile buffers are allocated once and reused: allocating fresh 16 MB temporaries per tile
     made glibc keep gigabytes of freed memory in long runs (benchmarks/README.md).
     """
-    num_cols = min(lower_end - lower_start, TILE_ELEMENTS)
-    num_rows = max(1, TILE_ELEMENTS // num_cols)
+    if scores.device.type == "cpu":
+        tile = CPU_TILE_SIDE * CPU_TILE_SIDE
+        num_cols = min(lower_end - lower_start, max(CPU_TILE_SIDE, tile // (upper_end - upper_start)))
+    else:
+        tile = TILE_ELEMENTS
+        num_cols = min(lower_end - lower_start, tile)
+    num_rows = max(1, tile // num_cols)
     size = min(num_rows, upper_end - upper_start) * num_cols
     reverse_buffer, work_buffer = scores.new_empty(size), scores.new_empty(size)
     partial_sums = []

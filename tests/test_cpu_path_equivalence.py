@@ -1,0 +1,116 @@
+"""The PyTorch tier's blocked all-pairs sum after its allocation and tiling changes.
+
+``ops.allpairs._weighted_pairs`` writes its block temporaries in place (the pull of the exponential
+surrogate *is* its value, so aliasing would corrupt one of them), and on the CPU the rectangles
+between level runs are cut into square tiles and the padded groups into small chunks. Checked
+here: each path of the blocked sum (size buckets of small groups, rectangles between level runs,
+masked tiles of a group with a level per item), with tiles and chunks cut small, against the
+float64 brute force of ``tests/reference.py`` for every surrogate and both costs; float32 scores
+within float32 rounding of it; the block arithmetic against its out-of-place formula, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mlloss
+from mlloss.ops import allpairs
+from mlloss.surrogates import NAMES, surrogate_value_and_pull
+from reference import laa_loss
+
+# (groups drawn with about this many items each or None, level kind): each picks one path of allpairs
+PATHS = {
+    "buckets": (20, "ordinal"),  # groups of at most MAX_BUCKETED_GROUP items: padded (G, m, m) blocks
+    "rectangles": (None, "ordinal"),  # one group of 400 items, 5 levels: rectangles between level runs
+    "tiles": (None, "real"),  # one group, a level per item: masked square tiles
+}
+
+
+def _batch(path: str, dtype: torch.dtype, seed: int = 0):
+    per_group, kind = PATHS[path]
+    gen = torch.Generator().manual_seed(seed)
+    num_items = 400
+    scores = (torch.randn(num_items, generator=gen, dtype=torch.float64) * 2).to(dtype)
+    if kind == "ordinal":
+        labels = torch.randint(0, 5, (num_items,), generator=gen).to(torch.float64)
+    else:
+        labels = torch.rand(num_items, generator=gen, dtype=torch.float64) * 4
+    groups = None if per_group is None else torch.randint(0, num_items // per_group, (num_items,), generator=gen)
+    return scores, labels, groups
+
+
+def _loss_and_grad(loss_fn, scores, *args):
+    x = scores.detach().clone().requires_grad_(True)
+    value = loss_fn(x, *args)
+    value.backward()
+    return value.detach(), x.grad
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("cost", ["linear", "uniform"])
+@pytest.mark.parametrize("surrogate", NAMES)
+def test_blocked_pairs_match_the_float64_brute_force(path, cost, surrogate):
+    scores, labels, groups = _batch(path, torch.float64)
+    real = PATHS[path][1] == "real"
+    loss = mlloss.LaALoss(backend="torch", cost=cost, surrogate=surrogate, margin=0.5, real_levels=real)
+    value, grad = _loss_and_grad(lambda x: loss(x, labels, groups), scores)
+    expected, expected_grad = _loss_and_grad(
+        lambda x: laa_loss(x, labels, groups, cost=cost, surrogate=surrogate, margin=0.5), scores
+    )
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("surrogate", NAMES)
+@pytest.mark.parametrize("positives", [3, 150, 397])
+def test_rectangles_and_bucket_chunks_cut_small_match_the_float64_brute_force(surrogate, positives, monkeypatch):
+    # Tiles of 16 x 16 pairs: a rectangle of 150 x 250 is cut both ways, one of 3 x 397 (or 397 x 3)
+    # takes its short run whole and cuts the long one; groups of up to 20 items in chunks of one
+    # or a few groups. Every tile's and chunk's sums and gradient updates must add up exactly once.
+    monkeypatch.setattr(allpairs, "CPU_TILE_SIDE", 16)
+    monkeypatch.setattr(allpairs, "CPU_BUCKET_CHUNK_ELEMENTS", 1 << 10)
+    gen = torch.Generator().manual_seed(positives)
+    scores = torch.randn(400, generator=gen, dtype=torch.float64)
+    labels = (torch.randperm(400, generator=gen) < positives).to(torch.float64)
+    for groups in (None, torch.randint(0, 25, (400,), generator=gen)):
+        loss = mlloss.AUCLoss(backend="torch", surrogate=surrogate)
+        value, grad = _loss_and_grad(lambda x: loss(x, labels, groups), scores)
+        expected, expected_grad = _loss_and_grad(lambda x: laa_loss(x, labels, groups, surrogate=surrogate), scores)
+        torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_float32_blocked_pairs_stay_within_float32_rounding(path):
+    scores, labels, groups = _batch(path, torch.float32, seed=1)
+    real = PATHS[path][1] == "real"
+    loss = mlloss.LaALoss(backend="torch", surrogate="exponential", real_levels=real)
+    value, grad = _loss_and_grad(lambda x: loss(x, labels, groups), scores)
+    expected, expected_grad = _loss_and_grad(
+        lambda x: laa_loss(x, labels, groups, surrogate="exponential"), scores.to(torch.float64)
+    )
+    torch.testing.assert_close(value.to(torch.float64), expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grad.to(torch.float64), expected_grad, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("linear_cost", [True, False])
+@pytest.mark.parametrize("surrogate", NAMES)
+def test_block_arithmetic_equals_its_out_of_place_formula_bit_for_bit(surrogate, linear_cost):
+    gen = torch.Generator().manual_seed(3)
+    upper, lower = torch.randn(6, 1, generator=gen) * 3, torch.randn(1, 9, generator=gen) * 3
+    upper_values, lower_values = torch.rand(6, 1, generator=gen) * 2, torch.rand(1, 9, generator=gen) * 2
+    upper[0, 0] = 80.0  # exp(s_j - s_i) of an invalid pair would overflow: must be evaluated at 0
+    above = upper_values > lower_values
+    real = torch.rand(6, 9, generator=gen) > 0.2
+    coefficient = torch.tensor(0.37)
+    # the formula written out of place: w = valid * c * coef, (w phi(x), w pull(x)) at x = 0 off the valid pairs
+    valid = above & real
+    weight = (torch.where(valid, upper_values - lower_values, 0) if linear_cost else valid.float()) * coefficient
+    value, pull = surrogate_value_and_pull((lower - upper).masked_fill(~valid, 0), surrogate, 1.0)
+    weighted_value, weighted_pull = allpairs._weighted_pairs(
+        upper, lower, upper_values, lower_values, above.clone(), real, coefficient, linear_cost, surrogate, 1.0
+    )
+    assert torch.equal(weighted_value, weight * value)
+    assert torch.equal(weighted_pull, weight * pull)
+    assert weighted_value.isfinite().all() and weighted_pull.isfinite().all()
