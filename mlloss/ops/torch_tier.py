@@ -1,9 +1,9 @@
 """The PyTorch tier of ``mlloss::pair_loss``: every problem on its sorted cells (``layout.dense_tables``).
 
 The dispatcher (``dispatch``) sends a call here for ``backend="torch"`` and ``"exact"`` (and
-``"auto"`` on the CPU), and for the pairs the Triton tier (``kernels/``, ``mlloss.kernels``)
-has no kernel for (LaA's max-violation pairs). This tier is also the reference the kernels are
-tested against (``tests/test_tiers.py``). Per problem it builds the tables of
+``"auto"`` on the CPU), and for a ``"triton"`` call of fewer than two items (no pair: the Triton
+tier, ``kernels/`` or ``mlloss.kernels``, has a kernel for every other). This tier is also the
+reference the kernels are tested against (``tests/test_tiers.py``). Per problem it builds the tables of
 ``layout.dense_tables`` (reading sizes on the host) and runs one of its three paths:
 
 * ``allpairs``: the blocked exact sum over every valid pair, any surrogate, O(valid pairs);
