@@ -443,3 +443,23 @@ def test_cpu_runner_skips_libauc_rows_when_libauc_is_not_importable(tmp_path):
     libauc_rows = [row for row in rows if row["impl"] == "libauc"]
     assert libauc_rows and all("libauc not importable" in row["skipped"] for row in libauc_rows)
     assert all("time_s" in row for row in rows if row["impl"] == "mlloss")
+
+
+def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(tmp_path):
+    """bench_cpu_path.py at a tiny N: a row per (case, N, groups) with its times and op counts,
+    and the naive broadcast's rows, eager and compiled."""
+    import subprocess
+
+    out = tmp_path / "cpu-path.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_cpu_path.py"), "--sizes", "64", "--repeats", "1",
+                           "--threads", "1", "--cases", "AUCLoss/torch", "PDAOM", "--naive", "--output", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["records"]
+    cases = {(row["case"], row["grouped"]) for row in rows}
+    assert {("AUCLoss/torch", False), ("AUCLoss/torch", True), ("naive-broadcast-fixed/compiled", True)} <= cases
+    assert any(case.startswith("PDAOM") for case, _ in cases)
+    for row in rows:
+        assert row["n"] == 64 and row["wall_s"] > 0 and row["cpu_s"] >= 0
+        if not row["case"].startswith("naive"):
+            assert row["ops"] > 0, row

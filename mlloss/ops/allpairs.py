@@ -47,11 +47,12 @@ TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 # (full-width rows of 2^22 / n made n^2 / 2^22 of them into each lower item's entry). On a GPU,
 # where each tile costs launches and not cache, the tiles stay TILE_ELEMENTS wide.
 CPU_TILE_SIDE = 1 << 10
-# On the CPU, the groups of one size bucket are processed this many padded pairs at a time (1 MB
+# On the CPU, the groups of one size bucket are processed this many padded pairs at a time (4 MB
 # per float32 temporary): chunks of TILE_ELEMENTS pairs made their temporaries in fresh memory,
 # whose page faults took a quarter of a grouped call's CPU time (N = 65,536 in groups of about 20
-# items, benchmarks/bench_cpu_path.py); at this size the allocator reuses them.
-CPU_BUCKET_CHUNK_ELEMENTS = 1 << 18
+# items, benchmarks/bench_cpu_path.py); at this size the allocator reuses them. Chunks of 2^18
+# pairs took 10-20% longer at N = 8,192 (more operations for the same work).
+CPU_BUCKET_CHUNK_ELEMENTS = 1 << 20
 MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
 # A large group is cut into masked tiles instead of rectangles when its level pairs times this
 # exceed n^2: a rectangle's few tensor operations cost about as much as 2^11-2^12 pairs of a masked
