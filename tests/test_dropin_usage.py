@@ -176,6 +176,22 @@ def test_loa_materialised_from_the_meta_device_holds_its_constants_and_empty_cou
     torch.testing.assert_close(loa(scores, two_labels, groups), expected, rtol=1e-9, atol=1e-12)
 
 
+def test_balanced_loa_made_on_the_meta_device_loads_a_state_dict_by_assignment():
+    # load_state_dict(sd, assign=True) (loading without a copy) takes the running counts; the weights
+    # and priors, which no state dict holds, are rebuilt beside them (they stayed on "meta").
+    scores, labels, groups = batch()
+    two_labels = torch.stack([labels, (torch.arange(len(labels)) % 5 == 0).float()], dim=1)
+    trained = mlloss.LoALoss("balanced", priors=[0.3, 0.1])
+    trained(scores, two_labels, groups)  # running counts to load
+    with torch.device("meta"):
+        loaded = mlloss.LoALoss("balanced", priors=[0.3, 0.1])
+    loaded.load_state_dict(trained.state_dict(), assign=True)
+    for name, buffer in loaded.named_buffers():
+        assert not buffer.is_meta and torch.equal(buffer, getattr(trained, name)), name
+    torch.testing.assert_close(loaded.eval()(scores, two_labels, groups), trained.eval()(scores, two_labels, groups),
+                               rtol=0, atol=0)
+
+
 def test_balanced_loa_in_training_mode_under_inference_mode_keeps_normal_buffers():
     # Found by review: the running counts became inference tensors, so a later in-place write failed
     # ("Inplace update to inference tensor outside InferenceMode"): load_state_dict, DDP's broadcast.
