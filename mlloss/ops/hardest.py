@@ -84,32 +84,32 @@ def _whole_block(present, level, cell_min, cell_max, costs, surrogate, margin):
     pair_cost = _pair_costs(present, level, present, level, costs)
     normaliser = pair_cost.sum((1, 2))
     divisor = torch.where(normaliser > 0, normaliser, 1.0)
-    loss_sum, margin_grad = _pair_terms(pair_cost, cell_min, cell_max, divisor, surrogate, margin)
+    loss_sum, pulls = _pair_terms(pair_cost, cell_min, cell_max, surrogate, margin)
+    margin_grad = pulls / divisor[:, None, None]  # d loss / d t_uab
     return normaliser, loss_sum / divisor, margin_grad.sum(2), -margin_grad.sum(1)
 
 
 def _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin):
     """``_whole_block`` for one group whose (width, width) table of level pairs exceeds
     ``BLOCK_ELEMENTS`` (a real-valued label, a level per item: 12 GB at 16,384 items, N x N at
-    any N): tiles of at most ``BLOCK_ELEMENTS`` level pairs, the normaliser first, then the terms.
-    Slots hold ascending levels, so a tile whose upper slots all lie below its lower ones has no
-    valid pair and is skipped."""
+    any N): tiles of at most ``BLOCK_ELEMENTS`` level pairs, their sums divided by the normaliser
+    at the end. Slots hold ascending levels, so a tile whose upper slots all lie below its lower
+    ones has no valid pair and is skipped."""
     side = math.isqrt(BLOCK_ELEMENTS)
     width = present.shape[1]
-    tiles = [(slice(upper, upper + side), slice(lower, lower + side))
-             for upper in range(0, width, side) for lower in range(0, upper + side, side)]
-    normaliser = sum(_pair_costs(present[:, a], level[:, a], present[:, b], level[:, b], costs).sum((1, 2))
-                     for a, b in tiles)
-    divisor = torch.where(normaliser > 0, normaliser, 1.0)
-    loss_sum = torch.zeros_like(divisor)
+    normaliser = loss_sum = 0  # tensors of the tiles' dtypes after the first tile
     min_grad, max_grad = torch.zeros_like(cell_min), torch.zeros_like(cell_max)
-    for a, b in tiles:
-        pair_cost = _pair_costs(present[:, a], level[:, a], present[:, b], level[:, b], costs)
-        tile_sum, margin_grad = _pair_terms(pair_cost, cell_min[:, a], cell_max[:, b], divisor, surrogate, margin)
-        loss_sum += tile_sum
-        min_grad[:, a] += margin_grad.sum(2)
-        max_grad[:, b] -= margin_grad.sum(1)
-    return normaliser, loss_sum / divisor, min_grad, max_grad
+    for upper in range(0, width, side):
+        for lower in range(0, upper + side, side):
+            a, b = slice(upper, upper + side), slice(lower, lower + side)
+            pair_cost = _pair_costs(present[:, a], level[:, a], present[:, b], level[:, b], costs)
+            tile_sum, pulls = _pair_terms(pair_cost, cell_min[:, a], cell_max[:, b], surrogate, margin)
+            normaliser = normaliser + pair_cost.sum((1, 2))
+            loss_sum = loss_sum + tile_sum
+            min_grad[:, a] += pulls.sum(2)
+            max_grad[:, b] -= pulls.sum(1)
+    divisor = torch.where(normaliser > 0, normaliser, 1.0)
+    return normaliser, loss_sum / divisor, min_grad / divisor[:, None], max_grad / divisor[:, None]
 
 
 def _pair_costs(upper_present, upper_level, lower_present, lower_level, costs: LevelCosts) -> Tensor:
@@ -118,15 +118,15 @@ def _pair_costs(upper_present, upper_level, lower_present, lower_level, costs: L
                        costs.between(upper_level[:, :, None], lower_level[:, None, :]), 0.0)
 
 
-def _pair_terms(pair_cost, upper_min, lower_max, divisor, surrogate, margin) -> tuple[Tensor, Tensor]:
-    """(sum of c_ab phi(min_a - max_b) per group, d loss / d t_uab = -c_ab pull / Z_u) of a table of
-    level pairs (``_pair_costs``)."""
+def _pair_terms(pair_cost, upper_min, lower_max, surrogate, margin) -> tuple[Tensor, Tensor]:
+    """(sum of c_ab phi(min_a - max_b) per group, -c_ab pull per level pair: Z_u d loss / d t_uab)
+    of a table of level pairs (``_pair_costs``)."""
     valid = pair_cost > 0
     # Margins of absent level pairs are set to 0 so that no inf (and no NaN from inf * 0) arises.
     margins = torch.where(valid, upper_min[:, :, None] - lower_max[:, None, :], 0.0)
     value, pull = surrogate_value_and_pull(-margins, surrogate, margin)
     loss_sum = (pair_cost * torch.where(valid, value, 0.0)).sum((1, 2))
-    return loss_sum, pair_cost * torch.where(valid, -pull, 0.0) / divisor[:, None, None]
+    return loss_sum, pair_cost * torch.where(valid, -pull, 0.0)
 
 
 def _cell_extremes_and_slopes(
