@@ -78,7 +78,7 @@ def mlp(
     per layer instead of G.
     """
     hidden = check_widths("hidden", hidden)
-    check_sizes(input_dim=input_dim, **{f"hidden[{i}]": width for i, width in enumerate(hidden)})
+    check_sizes(input_dim=input_dim)
     if not 0 <= check_finite_number("dropout", dropout, requirement="a number in [0, 1)") < 1:
         raise ValueError(f"dropout must be a number in [0, 1); got {dropout!r}")
     layers: list[nn.Module] = []
