@@ -347,17 +347,15 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
                 f"got label_names={self.label_names}"
             )
         num_items = self.num_items if self.balanced else None  # the balanced priors' denominator
-        counted, before = labels, (self.seen_positives, self.seen_items)
+        counted, counts = labels, None
         if num_items is not None:
             if mask is not None:  # the priors count the mask's items: the others' labels become 0
                 counted = labels.masked_fill(~mask[:, None], 0)
-            self._update_running_priors(counted, num_items)
-        mixing = self._mixing(counted, num_items)
-        try:
-            result = self._pair_loss(scores, labels, groups, mask, mixing=mixing)
-        except Exception:  # a batch the data check refuses is not counted in the priors
-            self.seen_positives, self.seen_items = before
-            raise
+            counts = self._counts_with(counted, num_items)
+        mixing = self._mixing(counted, num_items, counts)
+        result = self._pair_loss(scores, labels, groups, mask, mixing=mixing)
+        if counts is not None:  # stored once the batch is accepted: one the data check refuses is not counted
+            self._store_counts(*counts)
         names = self.label_names or tuple(str(k) for k in range(labels.shape[1]))
         self.parts = pair_parts(result, label_names=names, mixing=mixing)
         return result.loss
@@ -372,17 +370,15 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
             labels = check.label_columns(labels, None)
         if self.cross_device:  # the scores are a placeholder: only the labels are read
             _, labels, _, _ = gather_batch(labels.new_zeros(labels.shape[0], dtype=torch.float32), labels, None)
-        before = (self.seen_positives, self.seen_items)
-        try:
-            self._update_running_priors(labels, labels.shape[0])
-            mixing = self._mixing(labels)
-        finally:
-            self.seen_positives, self.seen_items = before
+        mixing = self._mixing(labels, None, self._counts_with(labels, labels.shape[0]))
         return _unit_weights(labels.shape[1]) if mixing is None else mixing.cpu()
 
-    def _mixing(self, labels: Tensor, num_items: int | Tensor | None = None) -> Tensor | None:
+    def _mixing(
+        self, labels: Tensor, num_items: int | Tensor | None = None, counts: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor | None:
         """The a_k (K,) float64 on the labels' device for (N, K) labels, of which ``num_items``
-        count (default all; masked rows hold zeros); None for all ones."""
+        count (default all; masked rows hold zeros); None for all ones. ``counts``: the running
+        counts with this batch added (``_counts_with``), in training mode."""
         num_labels = labels.shape[1]
         if not self.balanced:
             if self.weights is None:
@@ -394,7 +390,8 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         # Label means over at least one item: a batch (or a first training batch) whose mask keeps
         # nothing has prior 0, a_k = 0, and no valid pair: the loss is 0, not 0/0 = NaN.
         elif self.training:
-            priors = (self.seen_positives / self.seen_items.clamp(min=1)).to(labels.device)  # includes this batch
+            positives, items = counts  # this batch included
+            priors = (positives / items.clamp(min=1)).to(labels.device)
         else:  # evaluation: the running means once training has seen a batch, else this batch's
             batch = labels.to(torch.float64).sum(0) / check.at_least_one(labels.shape[0] if num_items is None else num_items)
             if self.seen_positives.numel() == 0:
@@ -405,29 +402,40 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         check.check_weights_length("priors", priors, num_labels)
         return torch.addcmul(priors, priors, priors, value=-1)  # pi (1 - pi)
 
-    def _update_running_priors(self, labels: Tensor, num_items: int | Tensor) -> None:
-        """Add a training batch of ``num_items`` counted items (masked rows hold zeros) to the
-        running label means of weights='balanced'."""
+    def _counts_with(self, labels: Tensor, num_items: int | Tensor) -> tuple[Tensor, Tensor] | None:
+        """The running counts of weights='balanced' (positives per label, items) with a training
+        batch of ``num_items`` counted items (masked rows hold zeros) added, as new tensors (stored
+        by ``_store_counts``); None when there are no running priors to update."""
         if not (self.balanced and self.priors is None and self.training):
-            return
+            return None
         if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():  # training mode under inference_mode
             # The new counts would be inference tensors, which no later in-place write may touch
             # (load_state_dict, DDP's buffer broadcast): they are built as normal tensors.
             with torch.inference_mode(False):
-                self._update_running_priors(labels, num_items)
-            return
+                return self._counts_with(labels, num_items)
         positives = labels.sum(0, dtype=torch.float64).to(self.seen_items.device)
-        if self.seen_positives.numel() == 0:
-            self.seen_positives = torch.zeros_like(positives)
-        elif self.seen_positives.numel() != positives.numel():
+        if self.seen_positives.numel() not in (0, positives.numel()):
             raise ValueError(
                 f"labels have {positives.numel()} columns but the running priors were estimated "
                 f"for {self.seen_positives.numel()} (num_labels, or the first training batch, or a "
                 f"loaded state dict); got labels of shape {tuple(labels.shape)}"
             )
-        # New tensors, not in-place sums: the caller restores the previous ones if the call fails.
-        self.seen_positives = self.seen_positives + positives
-        self.seen_items = self.seen_items + (num_items.to(self.seen_items.device) if isinstance(num_items, Tensor) else num_items)
+        if self.seen_positives.numel():  # else the first batch, which sizes them
+            positives = self.seen_positives + positives
+        items = self.seen_items + (num_items.to(self.seen_items.device) if isinstance(num_items, Tensor) else num_items)
+        return positives, items
+
+    def _store_counts(self, positives: Tensor, items: Tensor) -> None:
+        """Keep ``_counts_with``'s counts, in place: a step captured in a CUDA graph (or compiled
+        with mode="reduce-overhead") then adds each replay's batch to the buffers the graph reads.
+        (Assigned, the graph would go on reading the counts of its capture.) Written by indexing, not
+        ``copy_``: torch.compile (2.13, CPU) dropped a ``copy_`` or ``add_`` into the 0-dim float64
+        ``seen_items`` (tests/test_compile.py)."""
+        if self.seen_positives.numel() == positives.numel():
+            self.seen_positives[...] = positives
+        else:
+            self.seen_positives = positives
+        self.seen_items[...] = items
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The running priors have K entries, unknown until the first batch: take the saved size
