@@ -50,7 +50,10 @@ class BCELoss(nn.Module):
             scores, labels, check.mask_vector(mask, scores),
             probabilities=self.inputs == "probabilities", validate=self.validate_args,
         )
-        self.parts = LossParts(_task_entries({"bce": loss}, {"bce": task_losses}))
+        # The entries close over the op's statistics, never over the differentiable loss: kept until
+        # the next call, it would hold the step's autograd graph (and, in a step captured in a CUDA
+        # graph, nodes of an eager call outside it, which broke the capture).
+        self.parts = LossParts(_task_entries({"bce": task_losses.sum}, {"bce": task_losses}))
         return loss
 
     def extra_repr(self) -> str:
@@ -139,8 +142,10 @@ class BCEPlusRanking(nn.Module):
                 term = term / items
             terms.append(term)
             task_parts.append(getattr(self.ranking, "parts", {}))
-        ranking = sum(terms[1:], terms[0])
-        totals, per_task = {"bce": bce, "ranking": ranking}, {"bce": self.bce.parts, "ranking": terms}
+        # parts close over detached terms only (see BCELoss.forward)
+        detached, bce_parts = [term.detach() for term in terms], self.bce.parts
+        totals = {"bce": lambda: bce_parts["bce"], "ranking": lambda: sum(detached[1:], detached[0])}
+        per_task = {"bce": bce_parts, "ranking": detached}
         if all("valid_pairs" in p and "groups_with_pairs" in p for p in task_parts):  # a user's loss may count none
             totals["valid_pairs"] = lambda: sum(p["valid_pairs"] for p in task_parts)
             totals["groups_with_pairs"] = lambda: sum(p["groups_with_pairs"] for p in task_parts)

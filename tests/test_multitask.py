@@ -3,7 +3,9 @@ for every loss."""
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -154,3 +156,28 @@ def test_parts_are_scalars_that_log_dict_takes_for_every_loss(name):
     assert logged and all(value.dim() == 0 for value in logged.values())
     assert ("bce" in logged) == name.startswith("bce")
     assert ("valid_pairs" in logged) == (name != "bce")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parts_keep_no_autograd_graph_alive(name):
+    """A loss keeps its last call's ``parts`` until the next call; they hold statistics, not the
+    differentiable loss. (BCELoss and bce+<name> kept the loss and ranking terms: the step's
+    autograd graph stayed alive, and a later step captured in a CUDA graph reused its nodes' eager
+    streams and failed: "operation would make the legacy stream depend on a capturing blocking
+    stream", seen on an H100.)"""
+    logits, labels, groups = batch(2, tasks=2)
+    loss = mlloss.build_loss(name)
+    weights = torch.ones(2, requires_grad=True)
+    activations = logits.double() * weights  # the mul's backward saves logits; its output...
+    activations = activations.exp()  # ...is saved by the exp's backward: alive as long as the graph is
+    probe = weakref.ref(activations)
+    scores = activations if name.startswith("bce") else activations[:, 0]
+    y = labels[:, :2] if name.startswith("bce") or name in MULTI_LABEL else labels[:, 0]
+    value = loss(scores, y, groups)
+    expected = {key: part.clone() for key, part in loss.parts.items()}
+    del activations, scores, value
+    gc.collect()
+    assert probe() is None, f"{name}: its parts kept the autograd graph (and so its activations) alive"
+    assert {key: part for key, part in loss.parts.items()}.keys() == expected.keys()
+    for key, part in loss.parts.items():
+        assert torch.equal(part, expected[key]), key
