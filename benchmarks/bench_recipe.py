@@ -165,8 +165,12 @@ def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: b
     row = {"loss": loss, "batch_size": batch_size, "steps": window.steps, "impressions": impressions,
            "step_ms": 1e3 * seconds / window.steps, "impressions_per_s": impressions / seconds}
     if not profile:  # compiled, the step's kernels are Inductor's, not aten ops
-        row.update(step_ops(module, trainer.optimizers[0], next(iter(datamodule.train_dataloader())))
-                   if not args.compile else {"kernel_ops": None, "syncing_ops": None})
+        module.to(device)  # Lightning's teardown moved the module and the optimizer's state to the CPU
+        for state in trainer.optimizers[0].state.values():
+            state.update({key: value.to(device) for key, value in state.items() if torch.is_tensor(value)})
+        batch = module.transfer_batch_to_device(next(iter(datamodule.train_dataloader())), device, 0)
+        row.update(step_ops(module, trainer.optimizers[0], batch) if not args.compile
+                   else {"kernel_ops": None, "syncing_ops": None})
     if profile:
         p = profiler
         parts = {
