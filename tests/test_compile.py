@@ -183,3 +183,34 @@ def test_fake_and_meta_tensors_take_the_ops_fake() -> None:
         value = loss(scores, torch.ones(labels_shape, device="meta"))
         value.backward()
         assert value.is_meta and value.shape == () and scores.grad.shape == shape
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs: MLLOSS_TEST_DEVICE=cuda on a GPU")
+def test_reduce_overhead_step_with_laa_over_label_columns_builds_its_tables_outside_the_graph_pool() -> None:
+    """LaA over several label columns caches its level tables per weights and device; built during
+    the CUDA graph warm-up of torch.compile(mode="reduce-overhead"), they were allocated from the
+    graph's pool and the warm-up raised "tensor(s) in the cudagraph pool not tracked as outputs"
+    (the recipe's laa step on an H100). Replays equal eager steps on batches of other labels."""
+    from mlloss.ops import dispatch
+
+    torch._dynamo.reset()
+    dispatch._pattern_tables.cache_clear()  # built on this test's first call, inside the warm-up
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).to(DEVICE)
+    loss = mlloss.LaALoss(backend="triton", validate_args=False)
+
+    def step(features, labels, groups, mask):
+        return loss(model(features)[:, 0], labels, groups, mask)
+
+    compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)
+    for features, labels, groups in batches(5):
+        mask = torch.arange(NUM_ITEMS, device=DEVICE) % 7 != 3
+        model.zero_grad(set_to_none=True)
+        value = compiled(features, labels, groups, mask)
+        value.backward()
+        got = (value.detach().clone(), model.weight.grad.clone())
+        model.zero_grad(set_to_none=True)
+        expected = step(features, labels, groups, mask)
+        expected.backward()
+        torch.testing.assert_close(got[0], expected.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got[1], model.weight.grad, rtol=1e-5, atol=1e-7)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -391,4 +392,29 @@ def _pattern_tables(label_weights: tuple[float, ...], device: torch.device) -> t
     sums = rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64))
     values, rank = torch.unique(sums, return_inverse=True)
     powers = 2.0 ** torch.arange(num_labels, dtype=torch.float64)
-    return powers.to(device), rank.to(torch.int32).to(device), values[None].to(device)
+    return _cached_on_device((powers, rank.to(torch.int32), values[None]), device)
+
+
+def _cached_on_device(tensors: tuple[Tensor, ...], device: torch.device) -> tuple[Tensor, ...]:
+    """Copies of CPU ``tensors`` on ``device`` for a cache that outlives the call. On CUDA another
+    thread allocates them, on the caller's stream: torch.compile(mode="reduce-overhead") allocates
+    what the calling thread creates during a CUDA graph's warm-up run from the graph's private pool,
+    and requires every live tensor there to be an output of the graph (a cache filled inside
+    raised "Detected 3 tensor(s) in the cudagraph pool not tracked as outputs" on an H100)."""
+    if device.type != "cuda":
+        return tuple(t.to(device) for t in tensors)
+    with torch.cuda.device(device):
+        stream, capturing = torch.cuda.current_stream(), torch.cuda.is_current_stream_capturing()
+    if capturing:
+        raise RuntimeError(
+            "LaALoss over several label columns builds its level tables on its first call for each label "
+            "weights and device, which copies them to the GPU: make that call (a warm-up step) before "
+            "capturing a CUDA graph"
+        )
+
+    def copy() -> tuple[Tensor, ...]:
+        with torch.cuda.stream(stream):
+            return tuple(t.to(device) for t in tensors)  # from pageable memory: done when it returns
+
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        return worker.submit(copy).result()
