@@ -463,3 +463,18 @@ def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(t
         assert row["n"] == 64 and row["wall_s"] > 0 and row["cpu_s"] >= 0
         if not row["case"].startswith("naive"):
             assert row["ops"] > 0, row
+
+
+def test_profile_call_reports_each_loss_per_call(tmp_path):
+    """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line and a host-time table per loss."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_call", BENCHMARKS / "profile_call.py")
+    profile_call = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile_call)
+    report = profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1",
+                                "--output", str(tmp_path / "profile.txt")])
+    assert (tmp_path / "profile.txt").read_text() == report
+    for name in ("AUCLoss", "LaALoss"):
+        assert f"## {name}, N = 64, cpu:" in report
+    assert report.count("Self CPU time total") == 2

@@ -1,0 +1,104 @@
+"""Where one forward + backward of a loss spends its time: the host (Python, aten dispatch, kernel
+launches) or the device (the kernels), from ``torch.profiler``.
+
+What it is for: telling whether a call is bound by its kernels or by its host path, which decides
+what to speed up. It times ``--steps`` calls (wall clock, one synchronisation at the end, so that
+host work and kernels overlap as in training), then profiles ``--profiled`` more and prints the ops
+by device time and by host time, with the device time per call.
+
+Usage::
+
+    python benchmarks/profile_call.py                          # CUDA if available, N = 16,384
+    python benchmarks/profile_call.py --device cpu --num-items 256 --output /tmp/profile.txt
+
+On the CPU the kernels run on the host too (``TRITON_INTERPRET=1`` for ``backend="triton"``):
+only the CUDA figures separate the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import mlloss
+
+LOSSES = {
+    "AUCLoss": lambda: mlloss.AUCLoss(backend="triton"),
+    "LaALoss": lambda: mlloss.LaALoss(backend="triton"),
+}
+
+
+def inputs(name: str, num_items: int, device: torch.device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(num_items, generator=gen).to(device).requires_grad_()
+    click = (torch.rand(num_items, generator=gen) < 0.5).float()
+    purchase = (torch.rand(num_items, generator=gen) < 0.1).float()
+    labels = purchase if name == "AUCLoss" else torch.stack([click, purchase], 1)
+    return scores, labels.to(device)
+
+
+def profile_loss(name: str, num_items: int, device: torch.device, steps: int, profiled: int) -> str:
+    loss = LOSSES[name]()
+    scores, labels = inputs(name, num_items, device)
+
+    def step():
+        loss(scores, labels).backward()
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):  # compiles the kernels
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    per_step = (time.perf_counter() - start) / steps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(profiled):
+            step()
+        sync()
+    averages = prof.key_averages()
+    lines = [f"## {name}, N = {num_items:,}, {device.type}: {1e3 * per_step:.3f} ms per forward + backward "
+             f"(wall clock, {steps} calls)"]
+    if device.type == "cuda":
+        device_us = sum(e.self_device_time_total for e in averages) / profiled
+        lines.append(f"device time per call: {device_us / 1e3:.3f} ms (kernels and copies, from the profile)")
+        lines.append(averages.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
+    lines.append(averages.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+    return "\n".join(lines)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--num-items", type=int, default=16_384)
+    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    parser.add_argument("--steps", type=int, default=50, help="timed calls")
+    parser.add_argument("--profiled", type=int, default=10, help="profiled calls")
+    parser.add_argument("--output", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    header = f"# profile_call.py: {device_name(device)}, torch {torch.__version__}"
+    with contextlib.redirect_stderr(io.StringIO()):  # the profiler's warnings
+        sections = [profile_loss(name, args.num_items, device, args.steps, args.profiled) for name in args.losses]
+    report = "\n\n".join([header] + sections) + "\n"
+    print(report)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
