@@ -81,7 +81,8 @@ Usage::
 
 Run times: ``--quick`` of the library at 8a59113 took about 4 minutes on an H100 (most of it
 ``torch.compile`` and the slow kernel of that version; ../gpu-baseline and
-``results/nvidia-h100-80gb-hbm3-quick-before-8a59113.*``); the full run is meant to take 5-8
+``results/nvidia-h100-80gb-hbm3-quick-before-8a59113.*``); at da5adbf sections 1-5 took 74 s and
+sections 6-7 their 40 s budget (``results/*-da5adbf.*``); the full run is meant to take 5-8
 minutes; ``--budget-s`` (500 s, quick 400 s) skips whatever is left once it is spent, so one
 command stays under ten minutes.
 

@@ -124,6 +124,12 @@ COMMANDS: dict[str, Coverage] = {
     "python benchmarks/bench_gpu.py --quick": Coverage(
         "elsewhere", note="needs a CUDA GPU; its CPU smoke mode (--device cpu) is tested",
         test_file="tests/test_benchmarks_smoke.py", mentions="bench_gpu"),
+    "python benchmarks/profile_call.py": Coverage(
+        "elsewhere", note="its figures need a CUDA GPU; its CPU smoke run (interpreted kernels) is tested",
+        test_file="tests/test_benchmarks_smoke.py", mentions="profile_call.py"),
+    "python benchmarks/bench_recipe.py --device cuda": Coverage(
+        "elsewhere", note="needs a CUDA GPU; the same benchmark's CPU smoke run is tested",
+        test_file="tests/test_benchmarks_smoke.py", mentions="bench_recipe.py"),
     "python benchmarks/kernel_sass.py": Coverage(
         "elsewhere", note=NOT_A_BENCHMARK_RUN + "; its loop analysis and real sm_90 compiles are tested",
         test_file="tests/test_kernel_sass.py", mentions="benchmarks/kernel_sass.py"),
