@@ -21,7 +21,10 @@ _BAD_LABEL: tl.constexpr = tl.constexpr(STATUS_BAD_LABEL)
 # --------------------------------------------------------------------------- #
 # Data check: non-finite scores, non-binary (or non-finite) labels             #
 # --------------------------------------------------------------------------- #
-@triton.jit
+@triton.jit(  # sizes and alignments not specialized: see _common.py
+    do_not_specialize=("N",),
+    do_not_specialize_on_alignment=("scores_ptr", "labels_ptr", "keep_ptr"),
+)
 def _check_batch_kernel(
     scores_ptr, labels_ptr, keep_ptr, status_ptr, N, K, label_stride_n, label_stride_k,
     MASKED: tl.constexpr, LABEL_RULE: tl.constexpr, BLOCK: tl.constexpr,

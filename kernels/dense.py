@@ -112,7 +112,10 @@ def _level_costs(values_ptr, r_m, row_ok, LEVELS: tl.constexpr, ACC: tl.constexp
     return cost_0, cost_1, cost_2, cost_3
 
 
-@triton.jit
+@triton.jit(  # sizes and alignments not specialized: see _common.py
+    do_not_specialize=("N", "num_blocks"),
+    do_not_specialize_on_alignment=("groups_ptr", "keep_ptr"),
+)
 def _dense_rows_kernel(
     scores_ptr, labels_ptr, groups_ptr, keep_ptr, values_ptr, grad_ptr, block_sums_ptr, N, num_blocks,
     GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr,

@@ -85,7 +85,7 @@ def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start
     return positive, group_start, boundary, group_end
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))  # batch sizes: see _common.py
 def _soft_terms_kernel(
     scores_ptr, rank_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     terms_ptr, N, inverse_temperature: tl.float64,
@@ -155,7 +155,7 @@ def _tie_count(scores_ptr, order_row, lo, hi, value, FROM_START: tl.constexpr, m
         return hi - left
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _hardest_kernel(
     scores_ptr, rank_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
@@ -210,7 +210,7 @@ def _hardest_kernel(
     tl.store(sums + 2 * num_blocks, tl.sum(counted.to(tl.float64)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _hardest_levels_kernel(
     scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,

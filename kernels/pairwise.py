@@ -224,7 +224,7 @@ def _pass(
     return v_m, lo_m, hi_m, rows, row_mask
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N", "num_chunks"))  # batch sizes: see _common.py
 def _pair_partials_kernel(
     scores_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr,
     group_end_ptr, partials_ptr, shares_ptr, N, num_chunks,
@@ -317,7 +317,7 @@ def pair_partials(
     return partials, shares
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N", "num_ranks"))  # batch sizes: see _common.py
 def _position_values_kernel(
     rank_ptr, values_ptr, order_ptr, group_start_ptr, out_ptr, N, num_ranks,
     HAS_GROUPS: tl.constexpr, BLOCK: tl.constexpr,

@@ -73,7 +73,9 @@ def _group_normaliser(
     return normaliser
 
 
-@triton.jit
+@triton.jit(  # batch sizes not specialized: see _common.py
+    do_not_specialize=("grad_stride", "N", "num_ranks", "num_chunks", "num_blocks"),
+)
 def _finalize_kernel(
     partials_ptr, order_ptr, rank_ptr, values_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     group_sums_ptr, carries_ptr, grad_ptr, grad_stride, block_sums_ptr, N, num_ranks, num_chunks, num_blocks,
@@ -169,7 +171,7 @@ def _restarting_sum(start_a, sum_a, start_b, sum_b):
     return start_a | start_b, tl.where(start_b != 0, sum_b, sum_a + sum_b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _group_scan_kernel(values_ptr, group_start_ptr, carries_ptr, N, num_blocks,
                        HAS_GROUPS: tl.constexpr, BLOCK: tl.constexpr):
     """Grid (position blocks, B). Replaces each position's value (in place) by the sum of its
@@ -194,7 +196,7 @@ def _group_scan_kernel(values_ptr, group_start_ptr, carries_ptr, N, num_blocks,
     tl.store(carries + num_blocks, tl.max(started, axis=0).to(tl.float64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("num_blocks",))  # batch sizes: see _common.py
 def _group_carry_kernel(carries_ptr, num_blocks, CHUNK: tl.constexpr):
     """Grid (B,). carries[b, 2, k]: the sum over the blocks before k of the group open at block
     k's first position (the restarting sum of the blocks' open sums up to block k - 1), in
@@ -238,7 +240,9 @@ def group_sums(values: torch.Tensor, group_start: torch.Tensor | None, block: in
 # --------------------------------------------------------------------------- #
 # 3. Combine: totals, the reduction over groups, the mixing over problems      #
 # --------------------------------------------------------------------------- #
-@triton.jit
+@triton.jit(  # batch sizes not specialized: see _common.py
+    do_not_specialize=("grad_parts_offset", "grad_parts_stride", "N", "num_blocks"),
+)
 def _combine_kernel(
     grad_parts_ptr, grad_parts_offset, grad_parts_stride, block_sums_ptr, mixing_ptr, grad_ptr, loss_ptr, stats_ptr, status_ptr,
     N, num_problems, num_blocks,

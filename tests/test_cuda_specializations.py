@@ -121,3 +121,48 @@ def test_two_recorded_specializations_compile_for_sm90(tool, masked_dense):
         assert result["ok"], result.get("error")
         assert 0 < result["registers"] <= 255
     assert results[1]["spill_store_bytes"] == 0  # the dense kernel's CUDA tiles fit in registers
+
+
+@pytest.mark.parametrize("loss_name", ["AUCLoss", "LaALoss", "PDAOMLoss"])
+@pytest.mark.parametrize("layout", [False, True])
+def test_batches_of_other_sizes_and_offsets_reuse_each_kernels_compiled_specialization(tool, loss_name, layout):
+    """Triton compiles a kernel again for each new pattern of its int arguments (1, a multiple of 16,
+    other) and pointer alignments. The sizes of a batch (N, and the counts that follow it) and the
+    caller's tensors that the kernels read as they are (slices of a data set's columns) are not
+    specialized on: batches of other sizes at odd offsets launch one specialization of each
+    kernel. (With them specialized, 30 recipe batches compiled 10 variants of two kernels.) Small
+    batches here: one, two and three blocks of rows."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.interpreter import InterpretedFunction
+
+    import mlloss
+    from host_path import dense_kernels_off
+
+    specializations: dict[str, set] = {}
+    gen = torch.Generator().manual_seed(0)
+    data_labels = torch.randint(0, 2, (200, 2), generator=gen).float()
+    data_groups = torch.randint(0, 8, (200,), generator=gen)
+    loss = {"AUCLoss": mlloss.AUCLoss, "LaALoss": mlloss.LaALoss, "PDAOMLoss": mlloss.PDAOMLoss}[loss_name](backend="triton")
+    with tool.recording_cuda_launches(), dense_kernels_off() if layout else contextlib.nullcontext():
+        recorded_run = InterpretedFunction.run
+
+        def keyed_run(self, *args, grid, warmup, **kwargs):
+            bound = dict(zip(self.arg_names, args)) | {k: v for k, v in kwargs.items() if k in self.arg_names}
+            sizes = self.kwargs.get("do_not_specialize") or ()
+            alignments = self.kwargs.get("do_not_specialize_on_alignment") or ()
+            key = tuple(
+                repr(bound[name]) if kind == "constexpr"
+                else native_specialize_impl(BaseBackend, bound[name], False, name not in sizes, name not in alignments)
+                for name, kind in tool.launcher_signature(self.fn, bound).items())
+            specializations.setdefault(self.fn.__name__, set()).add((key, kwargs.get("num_warps", 4)))
+            return recorded_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        InterpretedFunction.run = keyed_run  # restored by the recording's exit
+        for start, n in [(0, 64), (1, 50), (7, 81), (2, 160)]:
+            labels = data_labels[start:start + n] if loss_name == "LaALoss" else data_labels[start:start + n, 0]
+            scores = torch.randn(n, generator=gen, requires_grad=True)
+            mask = torch.ones(200, dtype=torch.bool)[start:start + n]
+            loss(scores, labels, data_groups[start:start + n], mask=mask).backward()
+    assert specializations, "no kernel launched"
+    assert {name: len(keys) for name, keys in specializations.items()} == dict.fromkeys(specializations, 1)
