@@ -10,11 +10,12 @@
 #        e.g. recipe-compiled reduce-overhead --fixed-batches: one CUDA graph for every training step
 #   bash benchmarks/gpu_session.sh step [OPTION...]  # python benchmarks/bench_recipe.py --device cuda (the step's split)
 #        e.g. step --compile reduce-overhead --fixed-batches
-#   bash benchmarks/gpu_session.sh kernels   # tests, then bench: issue 10's GPU lines in one device command
+#   bash benchmarks/gpu_session.sh profile [OPTION...]  # python benchmarks/profile_call.py (host or kernel bound?)
+#   bash benchmarks/gpu_session.sh kernels   # tests, bench, profile: issue 10's GPU lines in one device command
 #   bash benchmarks/gpu_session.sh training  # step (plain, then CUDA graphs), then recipe: issue 12's
 #
 # A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
-# included): kernels and training, run back to back, are sized to fit it together, 380 + 320 s of
+# included): kernels and training, run back to back, are sized to fit it together, 370 + 320 s of
 # stage limits (see the plans below). Pass the device tool a timeout_s of at most what is left.
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
 # The device image has torch, triton and pytorch-lightning but no network: nothing is installed from
@@ -43,7 +44,7 @@ fi
 # that what the program prints on its way out (pytest's summary) still reaches the log (tee -p) and it.
 quiet_tail() { (trap '' INT; exec tail -n "$1"); }
 
-case "${1:?usage: gpu_session.sh tests|bench|recipe|recipe-compiled|step|kernels|training}" in
+case "${1:?usage: gpu_session.sh tests|bench|profile|recipe|recipe-compiled|step|kernels|training}" in
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0); 8 workers
     # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
@@ -53,6 +54,10 @@ tests)
     ;;
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -iap "$out/bench.log" | quiet_tail 30
+    ;;
+profile)
+    # One AUC and one LaA call at N = 16,384: wall time per call, and the profiler's device and host tables.
+    python benchmarks/profile_call.py --output "$out/profile.txt" "${@:2}" 2>&1 | quiet_tail 12
     ;;
 recipe|recipe-compiled)
     # Training throughput (impressions/s) and test AUC/GAUC with and without the pairwise term, at
@@ -108,15 +113,16 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 200 + 115 + 65 = 380 s, training 90 + 110 + 120 = 320 s,
+    # files. Limits (H100, 16 cores): kernels 150 + 115 + 65 + 40 = 370 s, training 90 + 110 + 120 = 320 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
-        # tests, then bench_gpu.py --quick (issue 10): sections 1-5, then 6 and 7 (accuracy, tiles) in
-        # a file of their own, so that a slow float64 reference cannot take the timing sections' time.
-        # A budget leaves its limit room for the start (imports, ~10 s) and the row in flight.
-        plan=("200 tests" "115 bench --budget-s 90 --sections 2,5,3,1,4" \
-              "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json")
+        # tests (69 s on an H100 on 2026-11-26), then bench_gpu.py --quick (issue 10): sections 1-5,
+        # then 6 and 7 (accuracy, tiles) in a file of their own, so that a slow float64 reference
+        # cannot take the timing sections' time; then the profile of a call. A budget leaves its
+        # limit room for the start (imports, ~10 s) and the row in flight.
+        plan=("150 tests" "115 bench --budget-s 90 --sections 2,5,3,1,4" \
+              "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "40 profile")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
         # training rows fit), then with CUDA graphs at the launch-bound batch of 1,024 (a compile per
@@ -135,7 +141,7 @@ kernels|training)
     rm -f "$out"/*.partial  # a file being replaced when its stage was killed
     ;;
 *)
-    echo "unknown stage $1: tests, bench, recipe, recipe-compiled, step, kernels or training" >&2
+    echo "unknown stage $1: tests, bench, profile, recipe, recipe-compiled, step, kernels or training" >&2
     exit 2
     ;;
 esac

@@ -331,6 +331,8 @@ elif argv[0].endswith("bench_recipe.py"):
     output = value("--output")
     for suffix in (".json", ".md"):
         open(os.path.splitext(output)[0] + suffix, "w").write("{{}}")
+elif argv[0].endswith("profile_call.py"):
+    open(value("--output"), "w").write("profile")
 elif argv[0].endswith("ctr_cvr.py"):
     if behaviour == "slow":
         stop_on_interrupt(3, 1)  # Lightning ends fit on an interrupt with exit(1)
@@ -398,8 +400,8 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
         assert sum(limits) <= 400, limits
         runs[composite] = [call for call in calls if call[0].endswith(".py")], files, out
     kernels_calls, kernels_files, _ = runs["kernels"]
-    assert [call[0] for call in kernels_calls] == ["benchmarks/bench_gpu.py"] * 2
-    assert {"tests.txt", "bench.log", "accuracy-and-tiles.json"} <= kernels_files
+    assert [call[0] for call in kernels_calls] == ["benchmarks/bench_gpu.py"] * 2 + ["benchmarks/profile_call.py"]
+    assert {"tests.txt", "bench.log", "accuracy-and-tiles.json", "profile.txt"} <= kernels_files
     training_calls, _, training_out = runs["training"]
     assert len([call for call in training_calls if call[0] == "recipes/ctr_cvr.py"]) == 8
     summary = json.loads((training_out / "gpu-recipe-throughput.json").read_text())
