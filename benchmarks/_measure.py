@@ -161,6 +161,15 @@ def device_description() -> dict[str, Any]:
     }
 
 
+def device_name(device: Any) -> str:
+    """A benchmark's device in words: the GPU's name, or the CPU and its torch threads."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
 def source_provenance(repo_root: str) -> dict[str, Any]:
     """Git commit and dirty state of the library, plus a hash of its sources (detects edits mid-run)."""
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -67,6 +66,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 import ctr_cvr  # noqa: E402
 from ctr_cvr_options import COMPILE_MODES  # noqa: E402
 from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
+from _measure import device_name  # noqa: E402
 from op_count import OpCounter  # noqa: E402
 
 LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
@@ -323,12 +323,6 @@ def data_path(train_split, batch_size: int, device: torch.device) -> dict:
     per_row = one_epoch(loader)
     return {"batch_size": batch_size, "tensor_batches_impressions_per_s": max(rates),
             "per_row_dataloader_impressions_per_s": per_row}
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
 def _or_dash(value) -> str:

@@ -2,7 +2,8 @@
 launches) or the device (the kernels), from ``torch.profiler``.
 
 What it is for: telling whether a call is bound by its kernels or by its host path, which decides
-what to speed up. It times ``--steps`` calls (wall clock, one synchronisation at the end, so that
+what to speed up. It runs ``bench_gpu.py``'s logistic AUC and LaA cases (``cases.py``: the same
+seeded inputs and losses as its ``mlloss-triton`` rows) and times ``--steps`` calls (wall clock, one synchronisation at the end, so that
 host work and kernels overlap as in training), then profiles ``--profiled`` more and prints the ops
 by device time and by host time, with the device time per call.
 
@@ -20,36 +21,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import mlloss
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cases  # noqa: E402
+from _measure import device_name  # noqa: E402
 
-LOSSES = {
-    "AUCLoss": lambda: mlloss.AUCLoss(backend="triton"),
-    "LaALoss": lambda: mlloss.LaALoss(backend="triton"),
-}
-
-
-def inputs(name: str, num_items: int, device: torch.device, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    scores = torch.randn(num_items, generator=gen).to(device).requires_grad_()
-    click = (torch.rand(num_items, generator=gen) < 0.5).float()
-    purchase = (torch.rand(num_items, generator=gen) < 0.1).float()
-    labels = purchase if name == "AUCLoss" else torch.stack([click, purchase], 1)
-    return scores, labels.to(device)
+# bench_gpu.py's cases (``cases.py``: the same seeded inputs as its rows), on the Triton backend.
+CASES = {"AUC": cases.auc_logistic(0.1), "LaA": cases.laa_logistic()}
 
 
-def profile_loss(name: str, num_items: int, device: torch.device, steps: int, profiled: int) -> str:
-    loss = LOSSES[name]()
-    scores, labels = inputs(name, num_items, device)
-
-    def step():
-        loss(scores, labels).backward()
-
+def profile_case(name: str, num_items: int, device: torch.device, steps: int, profiled: int, seed: int) -> str:
+    spec = dict(CASES[name], impl="mlloss-triton", n=num_items, seed=seed)
+    inputs = tuple(None if t is None else t.to(device) for t in cases.make_inputs(spec))
+    step = cases.build_step(spec, inputs)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):  # compiles the kernels
         step()
@@ -65,7 +56,7 @@ def profile_loss(name: str, num_items: int, device: torch.device, steps: int, pr
             step()
         sync()
     averages = prof.key_averages()
-    lines = [f"## {name}, N = {num_items:,}, {device.type}: {1e3 * per_step:.3f} ms per forward + backward "
+    lines = [f"## {spec['case']}, N = {num_items:,}, {device.type}: {1e3 * per_step:.3f} ms per forward + backward "
              f"(wall clock, {steps} calls)"]
     if device.type == "cuda":
         device_us = sum(e.self_device_time_total for e in averages) / profiled
@@ -75,23 +66,21 @@ def profile_loss(name: str, num_items: int, device: torch.device, steps: int, pr
     return "\n".join(lines)
 
 
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-
-
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--num-items", type=int, default=16_384)
-    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--steps", type=int, default=50, help="timed calls")
     parser.add_argument("--profiled", type=int, default=10, help="profiled calls")
+    parser.add_argument("--seed", type=int, default=0, help="bench_gpu.py's --seed")
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     header = f"# profile_call.py: {device_name(device)}, torch {torch.__version__}"
     with contextlib.redirect_stderr(io.StringIO()):  # the profiler's warnings
-        sections = [profile_loss(name, args.num_items, device, args.steps, args.profiled) for name in args.losses]
+        sections = [profile_case(name, args.num_items, device, args.steps, args.profiled, args.seed)
+                    for name in args.cases]
     report = "\n\n".join([header] + sections) + "\n"
     print(report)
     if args.output:

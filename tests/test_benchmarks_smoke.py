@@ -468,7 +468,7 @@ def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(t
 
 
 def test_profile_call_reports_each_loss_per_call(tmp_path):
-    """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line and a host-time table per loss."""
+    """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line and a host-time table per case."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("profile_call", BENCHMARKS / "profile_call.py")
@@ -477,6 +477,6 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
     report = profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1",
                                 "--output", str(tmp_path / "profile.txt")])
     assert (tmp_path / "profile.txt").read_text() == report
-    for name in ("AUCLoss", "LaALoss"):
+    for name in ("AUC logistic, prior 0.1", "LaA logistic, 2 labels (priors 0.5, 0.1)"):
         assert f"## {name}, N = 64, cpu:" in report
     assert report.count("Self CPU time total") == 2
