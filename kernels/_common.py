@@ -61,12 +61,12 @@ INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 # Batch sizes are launch arguments that Triton does not specialize on: each launched kernel names
 # them in its ``do_not_specialize`` (N; block, chunk and rank counts and strides, which follow N).
 # Triton compiles a kernel again for each new pattern of its int arguments (equal to 1, a multiple
-# of 16, neither). With the sizes specialized, the first 30-40 batches of the recipe (users kept
-# whole, so that N varies around the batch size) compiled 10 variants of the dense and combine
-# kernels, each a pause in training. Likewise the alignment of the pointers that the dense kernels
-# and the data check read from the caller's tensors as they are (groups, mask, labels: slices of
-# a data set's columns start anywhere). The kernels' SASS figures (benchmarks/kernel_sass.py) are
-# those of code compiled without these hints.
+# of 16, neither). With the sizes specialized, batches whose size changes (users kept whole make N
+# vary around the batch size) compiled the kernels again, a pause in training each time (four
+# batches compiled most kernels two or three times: tests/test_cuda_specializations.py). Likewise
+# the alignment of the pointers that the dense kernels and the data check read from the caller's
+# tensors as they are (groups, mask, labels: slices of a data set's columns start anywhere). The
+# kernels' SASS figures (benchmarks/kernel_sass.py) are those of code compiled without these hints.
 
 #: Surrogate name -> the integer the kernels branch on (a ``tl.constexpr``: every surrogate
 #: compiles to its own straight-line loop), in the order of the one table of names.

@@ -130,8 +130,8 @@ def test_batches_of_other_sizes_and_offsets_reuse_each_kernels_compiled_speciali
     other) and pointer alignments. The sizes of a batch (N, and the counts that follow it) and the
     caller's tensors that the kernels read as they are (slices of a data set's columns) are not
     specialized on: batches of other sizes at odd offsets launch one specialization of each
-    kernel. (With them specialized, 30 recipe batches compiled 10 variants of two kernels.) Small
-    batches here: one, two and three blocks of rows."""
+    kernel. (With them specialized, these batches launched two or three of most kernels.)
+    Small batches here: one, two and three blocks of rows."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
     from triton.runtime.interpreter import InterpretedFunction
