@@ -62,6 +62,29 @@ def test_torch_func_grad_and_jacrev_give_the_brute_force_gradient(backend):
         torch.testing.assert_close(grads[name], parameter.grad, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tensor_kept_from_a_finished_torch_func_transform_gives_the_plain_loss(backend):
+    # Eager calls skip torch.autograd.Function.apply's Python wrapper (mlloss.ops.fused), so they
+    # unwrap such tensors themselves, as that wrapper does: a closure that keeps its argument for
+    # later (a logging hook) hands the loss a wrapper whose transform has ended.
+    scores, labels, groups = batch()
+    loss = mlloss.AUCLoss(backend=backend)
+    kept = []
+
+    def keeping(s):
+        kept.append(s)
+        return loss(s, labels, groups)
+
+    torch.func.grad(keeping)(scores)
+    value = loss(kept[0], labels, groups)
+    torch.testing.assert_close(value, brute_auc(scores, labels, groups), rtol=1e-9, atol=1e-12)
+    leaf = scores.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(brute_auc(leaf, labels, groups), leaf)
+    leaf = scores.clone().requires_grad_(True)
+    (by_loss,) = torch.autograd.grad(loss(leaf, labels, groups), leaf)
+    torch.testing.assert_close(by_loss, expected, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     "transform,message",
     [

@@ -13,9 +13,10 @@ mode (``jvp``, ``jacfwd``, ``hessian``) raise with what to do instead.
 function runs the implementation inside a ``torch.autograd.Function`` without passing through
 the operator: ``torch.library.custom_op`` wraps every call in Python checks and its own autograd
 layers (pytorch/pytorch#139500, #176592). One grouped ``AUCLoss`` forward + backward at N = 1,024
-took 413 us of host time through a ``custom_op`` and 301 us this way (benchmarks/host_path.py
-``--host-time``, kernels skipped, this repository's 2-core CPU). A test checks that the
-operator's autograd and the eager path give the same bits (tests/test_compile.py).
+took 413 us of host time through a ``custom_op`` and 301 us this way (an earlier version of
+benchmarks/host_time.py, interpreted kernels, this repository's 2-core CPU). Outside the
+torch.func transforms the Function's C++ apply is called directly (see ``fused_loss``). A test
+checks that the operator's autograd and the eager path give the same bits (tests/test_compile.py).
 
 Dtypes: float64 scores are computed, and come back, in float64; float32, bfloat16 and float16
 scores in float32 (fp32 accumulation), loss and gradient alike; backward casts the gradient to
@@ -28,6 +29,7 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+from torch._functorch.utils import unwrap_dead_wrappers
 from torch._subclasses.fake_tensor import FakeTensor
 
 # The namespace of every mlloss operator (torch.ops.mlloss.*).
@@ -85,11 +87,19 @@ def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
         def jvp(ctx, *tangents):
             raise RuntimeError(FORWARD_MODE_MESSAGE)
 
+    # ``Function.apply`` binds the arguments to ``forward``'s signature on every call (for
+    # ``forward(*inputs)`` a no-op, about 14 us of inspect.signature on this repository's CPU)
+    # before the C++ apply it ends in. Outside the torch.func transforms, which need that path,
+    # the C++ apply is called directly: the same autograd node and outputs.
+    autograd_apply = super(torch.autograd.Function, FusedGradient).apply
+
     def fused_loss(*inputs):
         scores = inputs[0]
         if torch.compiler.is_compiling() or scores.is_meta or isinstance(scores, FakeTensor):
             return op(*inputs)  # traced: the fake gives the outputs' shapes and dtypes
-        return FusedGradient.apply(*inputs)
+        if torch._C._are_functorch_transforms_active():
+            return FusedGradient.apply(*inputs)
+        return autograd_apply(*unwrap_dead_wrappers(inputs))
 
     fused_loss.__name__ = fused_loss.__qualname__ = name
     return fused_loss
