@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
-from ._common import validate_device
+from ._common import cdiv, validate_device
 
 __all__ = ["check_batch"]
 
@@ -64,7 +64,7 @@ def check_batch(
     validate_device(scores, labels, status, mask)  # the call's first launch
     n, k = labels.shape
     block = 1024
-    _check_batch_kernel[(max(triton.cdiv(n, block), 1),)](
+    _check_batch_kernel[(max(cdiv(n, block), 1),)](
         scores, labels, mask if mask is not None else scores, status, n, k, labels.stride(0), labels.stride(1),
         MASKED=mask is not None, LABEL_RULE=_LABEL_RULES[label_rule], BLOCK=block,
     )

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
 from ._common import (
-    fast_math, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale,
+    cdiv, fast_math, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale,
 )
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
@@ -291,7 +291,7 @@ def dense_loss_and_grad(
     fast = fast_math(scores.device, loss_dtype) and not hardest
     kind = launch_target(scores.device)
     block_m, block_n, num_warps = TILES[kind]
-    num_blocks = triton.cdiv(n, block_m)
+    num_blocks = cdiv(n, block_m)
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty((num_problems, n), dtype=loss_dtype if num_problems == 1 else torch.float64,
                        device=scores.device)

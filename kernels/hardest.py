@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
-from ._common import launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device
+from ._common import cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
@@ -339,7 +339,7 @@ def hardest_loss_and_grad(
     if several and num_problems != 1:
         raise ValueError(f"the several-level kernel takes one problem; got {num_problems} problems")
     block = FINALIZE_BLOCK[launch_target(scores.device)]
-    num_blocks = triton.cdiv(n, block)
+    num_blocks = cdiv(n, block)
     has_groups = layout.group_start is not None
     spans = (
         layout.cell_start, layout.cell_end,
@@ -363,7 +363,7 @@ def hardest_loss_and_grad(
         prefix = torch.cumsum(terms, dim=1)
     if several:
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
-        walk_blocks = triton.cdiv(n, walk_block)
+        walk_blocks = cdiv(n, walk_block)
         block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
         _hardest_levels_kernel[(walk_blocks,)](
             scores, levels.rank, levels.values, layout.order, *spans, prefix, grad, block_sums, n, walk_blocks, tau,

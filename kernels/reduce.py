@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .._validation import STATUS_OVERFLOW
 from ..ops.layout import MAX_WALK_LEVELS
-from ._common import next_cell, rank_at, tl_dtype
+from ._common import cdiv, next_cell, rank_at, tl_dtype
 
 __all__ = ["combine", "finalize", "normaliser_source"]
 
@@ -140,7 +140,7 @@ def finalize(
     problem) and returns the block sums (B, 3, blocks). ``shares``: kernel 1's shares of Z_u
     when ``normaliser_source(levels)`` is ``"shares"``, else None."""
     num_problems, _, num_chunks, n = partials.shape
-    num_blocks = triton.cdiv(n, block)
+    num_blocks = cdiv(n, block)
     source = normaliser_source(levels)
     has_groups = layout.group_start is not None
     # The groups' sums of the shares (in place), and the carries between blocks
@@ -227,7 +227,7 @@ def group_sums(values: torch.Tensor, group_start: torch.Tensor | None, block: in
     order (a segmented scan in blocks, then across blocks): deterministic, and as exact as the
     values."""
     num_problems, n = values.shape
-    num_blocks = triton.cdiv(n, block)
+    num_blocks = cdiv(n, block)
     carries = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=values.device)
     has_groups = group_start is not None
     _group_scan_kernel[(num_blocks, num_problems)](
@@ -323,7 +323,7 @@ def combine(
     stats = torch.empty(3 * num_problems, dtype=torch.float64, device=grad_parts.device)
     if grad is None:
         grad = torch.empty(n, dtype=loss_dtype, device=grad_parts.device)
-    _combine_kernel[(max(triton.cdiv(n, block), 1),)](
+    _combine_kernel[(max(cdiv(n, block), 1),)](
         grad_parts, grad_parts_offset, grad_parts_stride, block_sums, mixing if mixing is not None else block_sums, grad, loss, stats,
         status if status is not None else stats, n, num_problems, block_sums.shape[2],
         MEAN=mean, HAS_MIXING=mixing is not None, CHECK=status is not None,
