@@ -125,41 +125,47 @@ def validate_device(*tensors: torch.Tensor | None) -> None:
         )
 
 
-# The special-function unit's approximations as inline PTX. The negation and absolute value of
-# EX2_NEG / EX2_NEG_ABS are written in PTX so that ptxas folds them into the unit's operand
-# modifiers (computed in LLVM they cost a sign-bit LOP3 per pair).
-EX2: tl.constexpr = tl.constexpr("ex2.approx.ftz.f32 $0, $1;")
-EX2_NEG: tl.constexpr = tl.constexpr("{ .reg .f32 t; neg.f32 t, $1; ex2.approx.ftz.f32 $0, t; }")
-EX2_NEG_ABS: tl.constexpr = tl.constexpr(
-    "{ .reg .f32 t; abs.f32 t, $1; neg.f32 t, t; ex2.approx.ftz.f32 $0, t; }"
-)
-LG2: tl.constexpr = tl.constexpr("lg2.approx.ftz.f32 $0, $1;")
-RCP: tl.constexpr = tl.constexpr("rcp.approx.ftz.f32 $0, $1;")
-
-
+# The special-function unit's approximations, one ``_special`` op each: "ex2" (2^x), "ex2_neg"
+# (2^-x), "ex2_neg_abs" (2^-|x|), "lg2" (log2 x), "rcp" (1 / x). The negation and absolute value
+# of ex2_neg / ex2_neg_abs are written in PTX so that ptxas folds them into the unit's operand
+# modifiers (computed in LLVM they cost a sign-bit LOP3 per pair). The PTX strings are literals,
+# not module constants: Triton compares every module constant a kernel reads with its value at
+# compile time on each launch (about 0.5 us each, benchmarks/host_time.py).
 if INTERPRET:
 
     @triton.jit
-    def _special(x, PTX: tl.constexpr):
+    def _special(x, OP: tl.constexpr):
         """The interpreter's stand-in for the PTX op (see the module docstring): exact."""
-        if PTX == EX2:
+        if OP == "ex2":
             y = tl.exp2(x)
-        elif PTX == EX2_NEG:
+        elif OP == "ex2_neg":
             y = tl.exp2(-x)
-        elif PTX == EX2_NEG_ABS:
+        elif OP == "ex2_neg_abs":
             y = tl.exp2(-tl.abs(x))
-        elif PTX == LG2:
+        elif OP == "lg2":
             y = tl.log2(x)
         else:
+            tl.static_assert(OP == "rcp")
             y = 1.0 / x
         return y
 
 else:
 
     @triton.jit
-    def _special(x, PTX: tl.constexpr):
-        """One special-function-unit op (``PTX``: EX2, EX2_NEG, EX2_NEG_ABS, LG2, RCP) of float32 x."""
-        return tl.inline_asm_elementwise(PTX, "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    def _special(x, OP: tl.constexpr):
+        """One special-function-unit op of float32 x, as inline PTX."""
+        if OP == "ex2":
+            ptx: tl.constexpr = "ex2.approx.ftz.f32 $0, $1;"
+        elif OP == "ex2_neg":
+            ptx: tl.constexpr = "{ .reg .f32 t; neg.f32 t, $1; ex2.approx.ftz.f32 $0, t; }"
+        elif OP == "ex2_neg_abs":
+            ptx: tl.constexpr = "{ .reg .f32 t; abs.f32 t, $1; neg.f32 t, t; ex2.approx.ftz.f32 $0, t; }"
+        elif OP == "lg2":
+            ptx: tl.constexpr = "lg2.approx.ftz.f32 $0, $1;"
+        else:
+            tl.static_assert(OP == "rcp")
+            ptx: tl.constexpr = "rcp.approx.ftz.f32 $0, $1;"
+        return tl.inline_asm_elementwise(ptx, "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -179,13 +185,13 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
         if FAST:
             if NEED_VALUE:
                 # One exp of -|x| serves both terms and cannot overflow.
-                e = _special(x, EX2_NEG_ABS)
-                r = _special(1.0 + e, RCP)
+                e = _special(x, "ex2_neg_abs")
+                r = _special(1.0 + e, "rcp")
                 pull = tl.where(x >= 0, r, e * r)
-                value = tl.maximum(x, 0.0) + _special(1.0 + e, LG2)
+                value = tl.maximum(x, 0.0) + _special(1.0 + e, "lg2")
             else:
                 # sigmoid(x) = 1 / (1 + 2^-x'): 2^-x' = inf gives 0, 2^-x' = 0 gives 1.
-                pull = _special(1.0 + _special(x, EX2_NEG), RCP)
+                pull = _special(1.0 + _special(x, "ex2_neg"), "rcp")
                 value = 0.0
         else:
             e = tl.exp(-tl.abs(x))
@@ -204,7 +210,7 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
         value = gap * gap
     else:  # exponential
         if FAST:
-            pull = _special(x, EX2)
+            pull = _special(x, "ex2")
         else:
             pull = tl.exp(x)
         value = pull
