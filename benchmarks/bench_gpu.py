@@ -26,6 +26,12 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
    and 1,048,576: the data for ``pairwise.TILES["cuda"]`` (fixed per device, not autotuned at run
    time, so that the summation order depends only on the device and N).
 
+Sections 1-5 also run ``mlloss-graph``: the Triton call captured once in a CUDA graph and
+replayed (``cases.graphed_step``), at N = 1,024 and 16,384 (sections 1 and 2) and at the grouped
+and PDAOM sizes: the kernels' and copies' own time, without the host path that bounds these
+calls in eager mode (no target; the report's lines put it beside the eager call). CUDA only: the
+CPU smoke run records the rows as skipped.
+
 N = 1,024 to 1,048,576 (x4) in the full run; ``--quick``: N = 1,024, 16,384, 1,048,576 (grouped:
 16,384 and 1,048,576), AUC prior 0.1 only, and fewer compiled rows -- every acceptance line in a
 few minutes. ``torch.compile`` costs 5-30 s per (case, N), so the compiled naive rows run at every
@@ -295,6 +301,8 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
                 reason = f"run budget of {args.budget_s:.0f} s spent"
             elif impl.startswith("libauc") and libauc_missing:
                 reason = libauc_missing
+            elif impl == "mlloss-graph" and not clock.cuda:
+                reason = "a CUDA graph needs a CUDA device"
             elif n not in case.get("only_at", {}).get(impl, [n]):
                 sizes = ", ".join(f"{size:,}" for size in case["only_at"][impl])
                 reason = f"run time: this mode runs {impl} here only at N={sizes}"

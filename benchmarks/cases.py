@@ -193,33 +193,35 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
     # The dense kernels' threshold (kernels/dense.py MAX_ITEMS) is measured against the layout
     # kernels at the recipe's batch size.
     layout_at = {"mlloss-layout": [1024]}
+    # The host-bound calls (the small-call targets) again in a CUDA graph: their kernels' own time.
+    graph_at = {"mlloss-graph": [1024, HEADLINE_SPEEDUP_N]}
     if section == 1:
         # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
         priors = [0.1] if quick else [0.5, 0.1]
-        impls = ["mlloss-triton", "mlloss-layout", "mlloss-torch", "naive", "libauc"]
+        impls = ["mlloss-triton", "mlloss-graph", "mlloss-layout", "mlloss-torch", "naive", "libauc"]
         if not quick:
-            impls.insert(4, "naive-compile")
-        return [dict(auc_logistic(p), section=1, sizes=sweep, impls=impls, only_at=compile_at_speedup_n | layout_at)
-                for p in priors]
+            impls.insert(5, "naive-compile")
+        return [dict(auc_logistic(p), section=1, sizes=sweep, impls=impls,
+                     only_at=compile_at_speedup_n | layout_at | graph_at) for p in priors]
     if section == 2:
         return [dict(laa_logistic(), section=2, sizes=sweep,
-                     impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
-                     only_at=compile_at_speedup_n if quick else {})]
+                     impls=["mlloss-triton", "mlloss-graph", "mlloss-torch", "naive", "naive-compile"],
+                     only_at=(compile_at_speedup_n if quick else {}) | graph_at)]
     if section == 3:
         if sizes_override:
             big = max(sizes_override)
         return [dict(case, section=3, sizes=[big], impls=["mlloss-exact", "mlloss-triton", "mlloss-torch"])
                 for case in closed_forms(group_size=GROUP_SIZE)] + [
-            dict(pdaom(group_size=GROUP_SIZE), section=3, sizes=[big], impls=["mlloss", "naive-scatter"])]
+            dict(pdaom(group_size=GROUP_SIZE), section=3, sizes=[big], impls=["mlloss", "mlloss-graph", "naive-scatter"])]
     if section == 4:
-        impls = ["mlloss-triton", "mlloss-layout", "mlloss-torch", "naive", "libauc-loop"]
+        impls = ["mlloss-triton", "mlloss-graph", "mlloss-layout", "mlloss-torch", "naive", "libauc-loop"]
         if not quick:
-            impls.insert(4, "naive-compile")
+            impls.insert(5, "naive-compile")
         return [dict(grouped_auc_logistic(), section=4, sizes=grouped_sweep, impls=impls,
                      only_at=compile_at_speedup_n | layout_at, dense_case=AUC_CASE)]
     if section == 5:
         return [dict(grouped_laa_logistic(), section=5, sizes=grouped_sweep,
-                     impls=["mlloss-triton", "mlloss-torch", "naive", "naive-compile"],
+                     impls=["mlloss-triton", "mlloss-graph", "mlloss-torch", "naive", "naive-compile"],
                      only_at=compile_at_speedup_n if quick else {}, dense_case=LAA_CASE)]
     if section == 6:
         sizes = [big] if mode != "full" or sizes_override else [HEADLINE_SPEEDUP_N, big]
@@ -366,11 +368,9 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
 
     scores, labels, groups = inputs
     scores.requires_grad_(True)
-    impl, kind, surrogate = spec["impl"], spec["kind"], spec["surrogate"]
+    impl = spec["impl"]
 
     if impl == "mlloss" or impl.startswith("mlloss-"):
-        import mlloss
-
         backend = impl.partition("-")[2] or "auto"
         backend, _, tiles = backend.partition("@")  # "@64x64x8": the layout kernel's tiles (section 7)
         # "-f64": the loss of float64 copies of the scores (its gradient flows back to them).
@@ -378,12 +378,7 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
         backend = backend.removesuffix("-f64")
         layout_only = backend == "layout"  # the Triton tier without its dense small-batch kernels
         backend = "triton" if layout_only else backend
-        if kind == "pdaom":
-            loss_fn = mlloss.PDAOMLoss(backend=backend)
-        elif kind == "laa":
-            loss_fn = mlloss.LaALoss(surrogate=surrogate, backend=backend)
-        else:
-            loss_fn = mlloss.AUCLoss(surrogate=surrogate, backend=backend)
+        loss_fn = mlloss_loss(spec, backend=backend)
 
         def forward():
             s = scores.double() if float64 else scores
@@ -467,8 +462,57 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
         pairwise.TILES.update(saved_tiles)
 
 
+def mlloss_loss(spec: dict[str, Any], **options):
+    """The mlloss loss of ``spec``'s kind and surrogate (PDAOM keeps its own), made with ``options``."""
+    import mlloss
+
+    if spec["kind"] == "pdaom":
+        return mlloss.PDAOMLoss(**options)
+    if spec["kind"] == "laa":
+        return mlloss.LaALoss(surrogate=spec["surrogate"], **options)
+    return mlloss.AUCLoss(surrogate=spec["surrogate"], **options)
+
+
+def graphed_step(spec: dict[str, Any], inputs):
+    """``"mlloss-graph"``: the Triton tier's forward + backward (``validate_args=False``: no host
+    sync) captured once in a CUDA graph after three warm-up calls on a side stream (PyTorch's
+    recipe for whole-step capture); each step replays it. The loss and the scores' gradient are
+    the graph's static outputs, rewritten by every replay (each step sets ``.grad`` to the latter). What a step costs without the host
+    path: the GPU time of the kernels and copies, as a user gets it with ``torch.cuda.graphs``
+    or ``torch.compile(mode="reduce-overhead")``."""
+    import torch
+
+    scores, labels, groups = inputs
+    if scores.device.type != "cuda":
+        raise RuntimeError("mlloss-graph captures a CUDA graph: it needs a CUDA device")
+    loss_fn = mlloss_loss(spec, backend="triton", validate_args=False)
+    scores.requires_grad_(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            scores.grad = None
+            loss_fn(scores, labels, groups).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    scores.grad = None  # allocated by the capture, in the graph's pool
+    with torch.cuda.graph(graph):
+        loss = loss_fn(scores, labels, groups)
+        loss.backward()
+    static_grad = scores.grad
+
+    def step():
+        graph.replay()
+        scores.grad = static_grad  # the runner clears .grad before timing; the replays write here
+        return loss.detach()
+
+    return step
+
+
 def build_step(spec: dict[str, Any], inputs, compile_backend: str = "inductor"):
     """One forward + backward on ``inputs``; returns the detached loss (no host sync of its own)."""
+    if spec["impl"] == "mlloss-graph":
+        return graphed_step(spec, inputs)
     scores = inputs[0]
     forward = build_forward(spec, inputs, compile_backend)
 

@@ -12,8 +12,9 @@ the GPU fast path: Triton AUC and LaA at N = 1,048,576 >= 6e11 valid pairs/s and
 memory; the whole call at N = 16,384 <= 0.3 ms (AUC and LaA); grouped AUC and LaA at
 N = 1,048,576 in users of ~50 items <= 1 ms; ``PDAOMLoss`` at N = 1,048,576 <= 0.5 ms; then
 naive eager and naive ``torch.compile`` time over Triton at N = 16,384 (>= 20x, >= 5x); the float32
-loss within 1e-5 relative of the float64 one at N = 1,048,576 (section 6, each case run). A line
-gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
+loss within 1e-5 relative of the float64 one at N = 1,048,576 (section 6, each case run). Lines
+without a target: the ``mlloss-graph`` rows (the call in a CUDA graph) beside the eager call, and
+section 7's tiles. A line gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
 "no verdict" and why.
 """
 
@@ -97,7 +98,20 @@ def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
     for case in sorted({r["case"] for r in rows if r.get("dense_case")}):
         lines += _time_line(rows, case, "mlloss-triton", HEADLINE_MEMORY_N, GROUPED_CALL_TARGET_S, gpu)
     lines += _time_line(rows, cases.PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
-    return lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu) + _tile_lines(rows)
+    return lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu) + _graph_lines(rows) + _tile_lines(rows)
+
+
+def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """No target (the targets are of eager calls): each ``mlloss-graph`` row beside the eager call
+    of the same case and N, so that a call's host path (their difference) is on record."""
+    lines = []
+    for graph in (r for r in rows if r["impl"] == "mlloss-graph" and "time_s" in r):
+        eager = [r for r in _measured(rows, graph["case"], "mlloss" if graph["case"] == cases.PDAOM_CASE
+                                      else "mlloss-triton") if r["n"] == graph["n"]]
+        beside = f", eager {eager[0]['time_s'] * 1e3:.3g} ms" if eager else ""
+        lines.append(f"- {graph['case']} at N={graph['n']:,} in a CUDA graph (no target, no host path): "
+                     f"{graph['time_s'] * 1e3:.3g} ms{beside}")
+    return lines
 
 
 def _tile_lines(rows: list[dict[str, Any]]) -> list[str]:

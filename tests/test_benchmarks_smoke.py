@@ -70,13 +70,18 @@ def test_both_runners_plan_the_same_loss_for_a_case_name_and_count_its_pairs(cas
 def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_path):
     output = tmp_path / "smoke.json"
     bench_gpu.main(["--device", "cpu", "--sections", "2,5", "--sizes", "96", "--min-repeats", "1",
-                    "--max-repeats", "1", "--impls", "mlloss-triton,mlloss-torch,naive", "--output", str(output)])
+                    "--max-repeats", "1", "--impls", "mlloss-triton,mlloss-graph,mlloss-torch,naive",
+                    "--output", str(output)])
     report = json.loads(output.read_text())
     rows = report["results"]
     assert {(r["section"], r["impl"]) for r in rows} == {
-        (section, impl) for section in (2, 5) for impl in ("mlloss-triton", "mlloss-torch", "naive")
+        (section, impl) for section in (2, 5) for impl in ("mlloss-triton", "mlloss-graph", "mlloss-torch", "naive")
     }
+    graphed = [row for row in rows if row["impl"] == "mlloss-graph"]  # captured on CUDA only
+    assert graphed and all(row["skipped"] == "a CUDA graph needs a CUDA device" for row in graphed)
     for row in rows:
+        if row["impl"] == "mlloss-graph":
+            continue
         assert "error" not in row and "skipped" not in row, row
         assert row["time_s"] > 0 and row["pairs_per_s"] > 0
         if row["impl"] == "mlloss-triton":
@@ -480,3 +485,4 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
     for name in ("AUC logistic, prior 0.1", "LaA logistic, 2 labels (priors 0.5, 0.1)"):
         assert f"## {name}, N = 64, cpu:" in report
     assert report.count("Self CPU time total") == 2
+
