@@ -23,14 +23,10 @@ buffers, about 20 bytes per key).
 
 Usage::
 
-    TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--host-time] [--output benchmarks/results/host-path.json]
+    TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--output benchmarks/results/host-path.json]
 
-``--host-time`` also times one forward + backward of each loss (grouped, checks off, N = 1,024,
-the median of 300 calls after 20 warm-up calls, in the thread's CPU time) with every kernel
-launch skipped: the library's
-Python and PyTorch's dispatch, the host work that bounds a small eager call on a GPU. A CPU proxy:
-the ops also compute on 1,024-item CPU tensors, and Triton's interpreter stands in for its CUDA
-launcher.
+The host's time per call (the library's Python, PyTorch's dispatch and Triton's launch path):
+``benchmarks/host_time.py``.
 
 ``tests/test_host_path.py`` asserts the budgets on the same counts.
 """
@@ -42,9 +38,7 @@ import collections
 import contextlib
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -120,26 +114,6 @@ def _kernels_skipped():
         yield
     finally:
         GridExecutor.__call__ = launch
-
-
-def host_time_us(name: str, *, masked: bool = False, layout: bool = False, num_items: int = 1024,
-                 calls: int = 300) -> float:
-    """Median CPU microseconds of this thread for one grouped forward + backward of loss ``name``
-    (checks off) with the kernel launches skipped (see the module docstring); the thread's CPU
-    time, not the wall clock, so that other work on the machine does not count."""
-    scores, labels, groups = batch(num_items)
-    labels = loss_labels(name, labels)
-    loss = LOSSES[name](False)
-    options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
-    times = []
-    with _kernels_skipped(), dense_kernels_off() if layout else contextlib.nullcontext():
-        for call in range(20 + calls):
-            x = scores.clone().requires_grad_(True)
-            start = time.thread_time()
-            loss(x, labels, groups, **options).backward()
-            if call >= 20:
-                times.append(time.thread_time() - start)
-    return 1e6 * statistics.median(times)
 
 
 def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000) -> tuple[int, int]:
@@ -256,7 +230,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default=RESULTS, help="JSON file for the counts")
     parser.add_argument("--verbose", action="store_true", help="print every op of every call")
     parser.add_argument("--memory", type=int, metavar="N", help="also the peak bytes of a call at N items")
-    parser.add_argument("--host-time", action="store_true", help="also the host microseconds of a call at N = 1,024")
     options = parser.parse_args(argv)
     counts = all_counts()
     print(f"{'loss':<24} {'kernels':>7} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
@@ -276,21 +249,11 @@ def main(argv: list[str] | None = None) -> None:
                                "peak_bytes_in_sorts": in_sorts})
                 print(f"{name:<20} {'groups' if grouped else 'no groups':>9} {peak / 2**20:8.1f} MB"
                       f"   in its sorts {in_sorts / 2**20:5.1f} MB + CUDA's sort scratch")
-    host_times = []
-    if options.host_time:
-        torch.set_num_threads(1)
-        print("\nhost time of one grouped forward + backward at N = 1,024, checks off, kernel launches skipped")
-        runs = [(name, masked, False) for name in LOSSES for masked in (False, True)]
-        runs += [(name, False, True) for name in DENSE_LOSSES]  # the layout kernels they replace
-        for name, masked, layout in runs:
-            micros = host_time_us(name, masked=masked, layout=layout)
-            host_times.append({"loss": name, "masked": masked, "layout": layout, "num_items": 1024, "host_us": micros})
-            print(f"{name:<24} {'mask' if masked else '':>4} {'layout' if layout else '':>6} {micros:8.0f} us")
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as handle:
         json.dump(
             {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
-             "calls": [asdict(r) for r in counts], "memory": memory, "host_time": host_times},
+             "calls": [asdict(r) for r in counts], "memory": memory},
             handle,
             indent=1,
         )

@@ -486,3 +486,26 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
         assert f"## {name}, N = 64, cpu:" in report
     assert report.count("Self CPU time total") == 2
 
+
+def test_host_time_compiles_the_kernels_and_times_each_call_with_and_without_triton_launches(tmp_path):
+    """benchmarks/host_time.py (interpreter off: the kernels compiled for sm_90 on their first
+    launch, launched through Triton's JIT path to a stand-in driver) for PDAOM: a row per groups
+    and kernels setting, with its launches per call and both times; under TRITON_INTERPRET=1 the
+    tool refuses to run."""
+    import subprocess
+
+    out = tmp_path / "host-time.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "host_time.py"), "--match", "PDAOM", "--calls", "12",
+                           "--output", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(row["grouped"], row["layout"]) for row in rows} == {(False, False), (True, False), (False, True), (True, True)}
+    for row in rows:
+        assert row["loss"] == "PDAOMLoss" and row["num_items"] == 1024
+        # the dense kernel and the combine step; the layout's max-violation kernel and the combine step
+        assert row["launches"] == 2, row
+        assert row["host_us"] > 0 and row["without_launches_us"] > 0
+    refused = subprocess.run([sys.executable, str(BENCHMARKS / "host_time.py")], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert refused.returncode != 0 and "without TRITON_INTERPRET=1" in refused.stderr

@@ -139,6 +139,10 @@ COMMANDS: dict[str, Coverage] = {
     "TRITON_INTERPRET=1 python benchmarks/host_path.py": Coverage(
         "elsewhere", note="its op and sync counts are tested, call by call",
         test_file="tests/test_host_path.py", mentions="host_path.count_call"),
+    "python benchmarks/host_time.py": Coverage(
+        "elsewhere", note="times every loss (numbers for the README), not run by the tests; a run of one loss, "
+        "its kernels compiled for sm_90, is tested",
+        test_file="tests/test_benchmarks_smoke.py", mentions="host_time.py"),
     "TRITON_INTERPRET=1 python benchmarks/host_path.py --memory 1048576": Coverage(
         "elsewhere", note=NOT_A_BENCHMARK_RUN + " (one call at N = 1,048,576 per loss); the counting it shares is tested",
         test_file="tests/test_host_path.py", mentions="host_path"),
