@@ -19,9 +19,9 @@ Each row times ``--calls`` forward + backward calls (after warm-up) in the threa
 ``validate_args=False`` (a step without host syncs, as under CUDA graphs), and as many with
 every Triton launch removed (``launches removed``): their difference is Triton's launch path.
 The calls run in blocks, the two kinds alternating, and each figure is the smallest block
-median: this VM's speed changes by up to 2x for seconds at a time. The CPU of the GPU machine is another CPU:
-compare rows within one run, and two versions in alternating processes (``--root`` of a copy of
-the other version's files, as ``bench_cpu_path.py`` takes it).
+median: this VM's speed changes by up to 2x for seconds at a time. The GPU machine's CPU is
+another CPU: compare rows within one run, and two versions in alternating processes (``--root``
+of a checkout of the other version, as ``bench_cpu_path.py`` takes it; ``--compare``).
 
 Usage::
 
@@ -77,7 +77,7 @@ class HostTime:
     layout: bool  # the layout kernels forced where the dense small-batch kernels would run
     num_items: int
     launches: int  # Triton launches per call
-    host_us: float  # median CPU microseconds of one forward + backward
+    host_us: float  # CPU microseconds of one forward + backward (the smallest block median)
     without_launches_us: float  # the same with every Triton launch removed
 
 
