@@ -13,7 +13,11 @@ tool times all three on the CPU:
   patches). A stand-in driver (``StandInDriver``) loads no binary and its launcher returns at
   once: every launch runs Triton's whole Python launch path and launches nothing;
 * the tensors are CPU tensors, so the aten ops compute on the CPU (1,024 items: a few us each)
-  and no CUDA launch or allocation is paid. The kernels' outputs keep what their allocation held.
+  and no CUDA launch or allocation is paid. The kernels' outputs keep what their allocation held,
+  and the aten ops after a kernel compute on that: a sort after a kernel (the layout of LaA's
+  label patterns, ranked by ``kernels.levels``) costs what sorting those bytes costs. Compare a
+  change that moves work from aten ops into a kernel on the rows where nothing sorts its output
+  (the dense kernels'), or on a GPU.
 
 Each row times ``--calls`` forward + backward calls (after warm-up) in the thread's CPU time,
 ``validate_args=False`` (a step without host syncs, as under CUDA graphs), and as many with

@@ -385,3 +385,25 @@ def test_a_small_groups_normaliser_survives_a_large_group_before_it():
     assert normaliser_source(problem_levels(levels[:, None], [1.0])) == "shares"
     assert int(loss.groups_with_pairs.sum()) == 2
     torch.testing.assert_close(loss.loss.double().cpu(), expected.detach(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+@pytest.mark.parametrize("num_labels", [2, 3, 12])
+def test_pattern_ranks_kernel_ranks_each_row_as_the_pytorch_formula_does(dtype, num_labels):
+    """kernels.levels.pattern_ranks (LaA's label patterns in one launch) against problem_levels'
+    PyTorch formula, for labels of every dtype, as a strided column slice of a wider matrix."""
+    from mlloss.kernels.levels import pattern_ranks
+    from mlloss.ops.dispatch import _pattern_tables
+
+    gen = torch.Generator().manual_seed(num_labels)
+    wide = torch.randint(0, 2, (1500, num_labels + 3), generator=gen).to(dtype)
+    labels = wide[:, 1 : 1 + num_labels]  # strides (num_labels + 3, 1), starting one element in
+    weights = [0.5 + k for k in range(num_labels)]
+    by_torch = problem_levels(labels.to(DEVICE), weights)
+    by_kernel = problem_levels(labels.to(DEVICE), weights, on_kernels=True)
+    assert by_kernel.rank.dtype == torch.int32 and by_kernel.rank.shape == (1, 1500)
+    assert torch.equal(by_kernel.rank, by_torch.rank) and torch.equal(by_kernel.values, by_torch.values)
+    # every pattern of the table reached: the whole table in one batch
+    patterns = (torch.arange(2**num_labels)[:, None] >> torch.arange(num_labels)) & 1
+    _, rank_table, _ = _pattern_tables(tuple(weights), torch.device(DEVICE))
+    assert torch.equal(pattern_ranks(patterns.to(dtype).to(DEVICE), rank_table)[0], rank_table)

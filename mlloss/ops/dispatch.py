@@ -235,7 +235,7 @@ def _pair_loss_op(
         check_batch(scores, labels, status, label_rule=label_rule, mask=mask)
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
-    levels = problem_levels(labels, label_weights)
+    levels = problem_levels(labels, label_weights, on_kernels=on_kernels)
     if dense:
         result = dense_kernels.dense_loss_and_grad(
             scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
@@ -332,12 +332,13 @@ def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
 MAX_PATTERN_COLUMNS = 12
 
 
-def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
+def problem_levels(labels: Tensor, label_weights: list[float] | None, *, on_kernels: bool = False) -> Levels:
     """The problems' levels as ranks into a value table (see ``layout.Levels``).
 
     * label columns (``label_weights=None``): one problem per column, the 0/1 label its rank;
     * several aggregated binary columns: the pattern sum_k 2^k y_k indexes host-computed tables of
       its level's rank and value (levels equal in exact arithmetic, 0.1 + 0.2 and 0.3, are one);
+      ``on_kernels``: ranked by one Triton launch (``kernels.levels``) instead of five ops;
     * one aggregated column (an ordinal label): its rank is the number of smaller values.
     """
     if label_weights is None:
@@ -347,6 +348,10 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None) -> Levels:
     num_labels = labels.shape[1]
     if 1 < num_labels <= MAX_PATTERN_COLUMNS:
         powers, rank_table, values = _pattern_tables(tuple(label_weights), labels.device)
+        if on_kernels:
+            from ..kernels.levels import pattern_ranks
+
+            return Levels(pattern_ranks(labels, rank_table), values.shape[1], values)
         # The mask keeps labels other than 0/1 (reported by the data check) from indexing out of range.
         pattern = (labels.to(torch.float64) @ powers).to(torch.int64).bitwise_and_(rank_table.numel() - 1)
         return Levels(rank_table[pattern][None], values.shape[1], values)
