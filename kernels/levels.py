@@ -1,4 +1,7 @@
-"""LaA's aggregated level of several binary label columns, ranked in one launch.
+"""Levels on the Triton tier: LaA's label patterns ranked in one launch, and the layout of a few
+levels without groups in two (a counting sort instead of a sort and two binary searches).
+
+**Pattern ranks.**
 
 ``LaALoss`` over K binary columns (2 <= K <= ``mlloss.ops.dispatch.MAX_PATTERN_COLUMNS``) ranks
 each item's label pattern, sum_k 2^k y_k, through a table of the patterns' level ranks built once
@@ -12,6 +15,19 @@ of a data set's label matrix) and writes the (1, N) int32 ranks the kernels take
 An entry other than 0 counts as a 1: the data check refuses such labels when it is on; with it
 off (``validate_args=False``) non-binary labels give no defined loss, but every pattern stays
 inside the table.
+
+**Counting layout.** Without groups, a problem of L levels (binary labels: 2; LaA of two binary
+columns: 3) sorted by level is a stable counting sort: an item's position is the number of items
+of lower levels, plus those of its own level before it. ``counting_layout`` builds the
+``PairLayout`` that ``mlloss.ops.layout.pair_layout`` builds with a sort and two binary searches
+(the same order, cell starts and ends, bit for bit) in two launches: the level counts of every
+block of items, then each block's positions from the counts of the blocks before it and an
+in-block prefix sum per level. On CUDA the sort alone is several launches (CUB's radix passes,
+their scratch) and took about 200 us of host time a call under torch.profiler on the H100
+(``nvidia-h100-80gb-hbm3-profile-a98808d.txt``: the AUC call at N = 16,384), the binary searches
+and the int32 cast of the order about 100 more. For at most ``COUNTING_LEVELS`` levels; a rank
+outside [0, L) (labels the data check refuses) counts as the nearest level, so that every
+position is written.
 """
 
 from __future__ import annotations
@@ -22,9 +38,12 @@ import triton.language as tl
 
 from ._common import cdiv, validate_device
 
-__all__ = ["pattern_ranks"]
+__all__ = ["COUNTING_LEVELS", "counting_layout", "pattern_ranks"]
 
 BLOCK = 1024
+#: Most levels ``counting_layout`` takes (each item block counts them in registers).
+COUNTING_LEVELS = 8
+COUNT_BLOCK = 256  # blocks' counts summed per step of the positions kernel
 
 
 @triton.jit(  # sizes and the caller's alignment not specialized: see _common.py
@@ -58,3 +77,85 @@ def pattern_ranks(labels: torch.Tensor, rank_table: torch.Tensor) -> torch.Tenso
             labels, labels.stride(0), labels.stride(1), rank_table, out, n, K=k, BLOCK=BLOCK,
         )
     return out
+
+
+# --------------------------------------------------------------------------- #
+# Counting layout: a stable sort by level of problems without groups           #
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _block_levels(rank_row, block, N, LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """(items, in range, one-hot [BLOCK, WIDTH] int32 of each item's level) of one item block;
+    ranks are clamped into [0, LEVELS)."""
+    items = block * BLOCK + tl.arange(0, BLOCK)
+    mask = items < N
+    rank = tl.load(rank_row + items, mask=mask, other=0).to(tl.int32)
+    rank = tl.minimum(tl.maximum(rank, 0), LEVELS - 1)
+    one_hot = ((rank[:, None] == tl.arange(0, WIDTH)[None, :]) & mask[:, None]).to(tl.int32)
+    return items, mask, one_hot
+
+
+@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
+def _level_counts_kernel(rank_ptr, counts_ptr, N, num_blocks, LEVELS: tl.constexpr, WIDTH: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Grid (item blocks, B): counts[b, block, l], the items of level l in this block."""
+    block = tl.program_id(0)
+    problem = tl.program_id(1).to(tl.int64)
+    _, _, one_hot = _block_levels(rank_ptr + problem * N, block, N, LEVELS, WIDTH, BLOCK)
+    tl.store(counts_ptr + (problem * num_blocks + block) * WIDTH + tl.arange(0, WIDTH), tl.sum(one_hot, axis=0))
+
+
+@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
+def _level_positions_kernel(
+    rank_ptr, counts_ptr, order_ptr, cell_start_ptr, cell_end_ptr, N, num_blocks,
+    LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr,
+):
+    """Grid (item blocks, B): each item's sorted position (its level's start, plus the items of its
+    level in earlier blocks and earlier in this one) gets the item's index and its cell's span."""
+    block = tl.program_id(0)
+    problem = tl.program_id(1).to(tl.int64)
+    levels = tl.arange(0, WIDTH)
+    total = tl.zeros([WIDTH], dtype=tl.int32)
+    before = tl.zeros([WIDTH], dtype=tl.int32)
+    counts_row = counts_ptr + problem * num_blocks * WIDTH
+    for start in range(0, num_blocks, COUNT_BLOCK):  # every block's counts, in the same order
+        blocks = start + tl.arange(0, COUNT_BLOCK)
+        counts = tl.load(counts_row + blocks[:, None] * WIDTH + levels[None, :], mask=(blocks < num_blocks)[:, None],
+                         other=0)
+        total += tl.sum(counts, axis=0)
+        before += tl.sum(tl.where((blocks < block)[:, None], counts, 0), axis=0)
+    level_start = tl.cumsum(total, axis=0) - total
+    items, mask, one_hot = _block_levels(rank_ptr + problem * N, block, N, LEVELS, WIDTH, BLOCK)
+    earlier = tl.cumsum(one_hot, axis=0) - one_hot  # this block's items of the level before each item
+    position = tl.sum(one_hot * (earlier + (level_start + before)[None, :]), axis=1)
+    cell_start = tl.sum(one_hot * level_start[None, :], axis=1)
+    cell_end = cell_start + tl.sum(one_hot * total[None, :], axis=1)
+    row = problem * N + position
+    tl.store(order_ptr + row, items, mask=mask)
+    tl.store(cell_start_ptr + row, cell_start, mask=mask)
+    tl.store(cell_end_ptr + row, cell_end, mask=mask)
+
+
+def counting_layout(levels):
+    """The ``PairLayout`` of ``levels`` (a ``mlloss.ops.layout.Levels`` of at most
+    ``COUNTING_LEVELS`` ranks) without groups, by a counting sort: equal to
+    ``pair_layout(levels, None)``."""
+    from ..ops.layout import PairLayout
+
+    rank = levels.rank
+    validate_device(rank)
+    if levels.num_ranks > COUNTING_LEVELS:
+        raise ValueError(f"counting_layout takes at most {COUNTING_LEVELS} levels; got {levels.num_ranks}")
+    num_problems, n = rank.shape
+    num_blocks = max(cdiv(n, BLOCK), 1)
+    width = 1 << (levels.num_ranks - 1).bit_length()  # the levels' power of two (triton.next_power_of_2 is slow)
+    counts = torch.empty((num_problems, num_blocks, width), dtype=torch.int32, device=rank.device)
+    order, cell_start, cell_end = (torch.empty((num_problems, n), dtype=torch.int32, device=rank.device)
+                                   for _ in range(3))
+    if n:
+        grid = (num_blocks, num_problems)
+        _level_counts_kernel[grid](rank, counts, n, num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK)
+        # [BLOCK, WIDTH] one-hot counts in registers: 8 levels spilled at 4 warps (255 registers, sm_90)
+        _level_positions_kernel[grid](rank, counts, order, cell_start, cell_end, n, num_blocks,
+                                      LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK, COUNT_BLOCK=COUNT_BLOCK,
+                                      num_warps=4 if width <= 4 else 8)
+    return PairLayout(order, cell_start, cell_end, None, None)

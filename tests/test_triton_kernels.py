@@ -407,3 +407,34 @@ def test_pattern_ranks_kernel_ranks_each_row_as_the_pytorch_formula_does(dtype, 
     patterns = (torch.arange(2**num_labels)[:, None] >> torch.arange(num_labels)) & 1
     _, rank_table, _ = _pattern_tables(tuple(weights), torch.device(DEVICE))
     assert torch.equal(pattern_ranks(patterns.to(dtype).to(DEVICE), rank_table)[0], rank_table)
+
+
+@pytest.mark.parametrize("num_items", [1, 2, 1000, 3000])
+@pytest.mark.parametrize("problems,num_ranks", [(1, 2), (3, 2), (1, 3), (1, 4), (2, 8), (1, 1)])
+def test_counting_layout_equals_the_sorted_layout(num_items, problems, num_ranks):
+    """kernels.levels.counting_layout (few levels, no groups: a counting sort in item blocks of
+    1,024) gives pair_layout's order and cell spans, bit for bit, across several blocks."""
+    from mlloss.kernels.levels import counting_layout
+    from mlloss.ops.layout import pair_layout
+
+    gen = torch.Generator().manual_seed(num_items * 10 + num_ranks)
+    rank = torch.randint(0, num_ranks, (problems, num_items), generator=gen, dtype=torch.int32)
+    rank[:, : num_items // 3] = num_ranks - 1  # a long run of one level across block boundaries
+    levels = Levels(rank.to(DEVICE), num_ranks, None)
+    counted, sorted_ = counting_layout(levels), pair_layout(levels, None)
+    assert counted.group_start is None and counted.group_end is None
+    for name in ("order", "cell_start", "cell_end"):
+        got, expected = getattr(counted, name), getattr(sorted_, name)
+        assert got.dtype == expected.dtype == torch.int32 and torch.equal(got, expected), name
+
+
+def test_counting_layout_writes_every_position_for_ranks_outside_the_levels():
+    """Ranks the data check refuses (labels other than 0/1 with validate_args=False) count as the
+    nearest level: the order is still a permutation, so no kernel reads an unwritten index."""
+    from mlloss.kernels.levels import counting_layout
+
+    rank = torch.tensor([[0, 5, -3, 1, 1, 2, 0, -1]], dtype=torch.int32)
+    layout = counting_layout(Levels(rank.to(DEVICE), 2, None))
+    assert torch.equal(torch.sort(layout.order[0].cpu().long()).values, torch.arange(8))
+    clamped = rank.clamp(0, 1)
+    assert torch.equal(layout.order.cpu(), torch.sort(clamped, stable=True).indices.to(torch.int32))

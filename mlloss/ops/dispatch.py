@@ -246,9 +246,14 @@ def _pair_loss_op(
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
             from ..kernels.pairwise import pair_loss_and_grad
 
+        from ..kernels.levels import COUNTING_LEVELS, counting_layout
+
+        # Without groups, a few levels are laid out by a counting sort (two launches, the same
+        # layout) instead of a sort and two binary searches.
+        few_levels = groups is None and levels.num_ranks <= COUNTING_LEVELS
         result = pair_loss_and_grad(
-            scores, levels, pair_layout(levels, groups), mixing=mixing, cost=cost,
-            surrogate=surrogate, margin=margin, reduction=reduction, status=status,
+            scores, levels, counting_layout(levels) if few_levels else pair_layout(levels, groups), mixing=mixing,
+            cost=cost, surrogate=surrogate, margin=margin, reduction=reduction, status=status,
         )
     elif on_kernels:
         # max-violation pairs, hard or soft: of binary problems, and of LaA's levels (its label
