@@ -56,13 +56,13 @@ from .reduce import combine
 __all__ = ["MAX_ITEMS", "MAX_LEVELS", "dense_loss_and_grad"]
 
 #: Largest batch the dense kernels take. Their loop spends more per pair than the layout kernels'
-#: (38 instructions and 6 special-function ops per pair for the logistic, 53 with groups, against
+#: (38 instructions and 6 special-function ops per pair for the logistic, 52 with groups, against
 #: 17-19 and 5: benchmarks/kernel_sass.py) and visits all N^2 pairs, not only a group's, but needs
-#: no layout: a call is 10-15 aten ops instead of 15-25 without the data check
-#: (benchmarks/host_path.py) and two kernel launches. 2,048 items are 2.1M pairs, about 10 us of
-#: an H100 at a third of the layout kernel's measured 7.7e11 pairs/s (../shared/gpu-baseline).
-#: An estimate, not yet measured: the ``mlloss-layout`` rows of benchmarks/bench_gpu.py time the
-#: layout kernels at N = 1,024.
+#: no layout: a call is 9-19 aten ops instead of 14-30 (benchmarks/host_path.py) and two kernel
+#: launches. 2,048 items are 2.1M pairs, about 10 us of an H100 at a third of the layout kernel's
+#: measured 7.7e11 pairs/s (../shared/gpu-baseline). On an H100 an AUC call at N = 1,024 took
+#: 1.01 ms on these kernels and 1.28 ms on the layout's (benchmarks/bench_gpu.py --quick at
+#: da5adbf, its ``mlloss-layout`` row), both bound by the host.
 MAX_ITEMS = 2048
 #: Most levels of LaA's aggregated label the dense kernels take (two binary labels make three):
 #: a row counts its group's items per level in one int64, 16 bits a level.
@@ -75,7 +75,7 @@ TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, n
 
 
 @triton.jit
-def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
+def _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, g_m, rows,
           GROUPED: tl.constexpr, MASKED: tl.constexpr, SCORE_SCALE: tl.constexpr, ACC: tl.constexpr,
           BLOCK_N: tl.constexpr):
     """The tile of items [start, start + BLOCK_N): scores, levels (0/1 labels of a binary
@@ -84,7 +84,7 @@ def _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
     offs_n = start + tl.arange(0, BLOCK_N)
     in_range = offs_n < N
     s_n = tl.load(scores_ptr + offs_n, mask=in_range, other=0.0).to(ACC) * SCORE_SCALE
-    r_n = tl.load(labels_ptr + offs_n, mask=in_range, other=0)
+    r_n = tl.load(labels_ptr + offs_n * label_stride, mask=in_range, other=0).to(tl.int32)
     if MASKED:
         in_range &= tl.load(keep_ptr + offs_n, mask=in_range, other=0) != 0
     # Every row as if it took part (a per-column flag the compiler keeps out of the pair loop);
@@ -113,11 +113,12 @@ def _level_costs(values_ptr, r_m, row_ok, LEVELS: tl.constexpr, ACC: tl.constexp
 
 
 @triton.jit(  # sizes and alignments not specialized: see _common.py
-    do_not_specialize=("N", "num_blocks"),
-    do_not_specialize_on_alignment=("groups_ptr", "keep_ptr"),
+    do_not_specialize=("N", "num_blocks", "label_stride_problem"),
+    do_not_specialize_on_alignment=("labels_ptr", "groups_ptr", "keep_ptr"),
 )
 def _dense_rows_kernel(
-    scores_ptr, labels_ptr, groups_ptr, keep_ptr, values_ptr, grad_ptr, block_sums_ptr, N, num_blocks,
+    scores_ptr, labels_ptr, label_stride_problem, label_stride, groups_ptr, keep_ptr, values_ptr, grad_ptr,
+    block_sums_ptr, N, num_blocks,
     GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr,
     SURROGATE: tl.constexpr, MARGIN: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
@@ -131,7 +132,7 @@ def _dense_rows_kernel(
     valid pairs counted at their upper items, as ``reduce.combine`` reads them."""
     block = tl.program_id(0)
     problem = tl.program_id(1)  # a label column: its 0/1 labels, gradient and block sums
-    labels_ptr += problem * N
+    labels_ptr += problem * label_stride_problem
     grad_ptr += problem * N
     block_sums_ptr += problem * 3 * num_blocks
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -140,7 +141,7 @@ def _dense_rows_kernel(
     if MASKED:
         row_ok &= tl.load(keep_ptr + rows, mask=in_batch, other=0) != 0
     s_m = tl.load(scores_ptr + rows, mask=row_ok, other=0.0).to(ACC) * SCORE_SCALE
-    r_m = tl.load(labels_ptr + rows, mask=row_ok, other=0)
+    r_m = tl.load(labels_ptr + rows * label_stride, mask=row_ok, other=0).to(tl.int32)
     up_m = r_m == 1
     if GROUPED:
         g_m = tl.load(groups_ptr + rows, mask=row_ok, other=0)
@@ -159,7 +160,7 @@ def _dense_rows_kernel(
         acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
         acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     for start in range(0, N, BLOCK_N):
-        s_n, r_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
+        s_n, r_n, same = _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, g_m, rows,
                                GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
         up_n = r_n == 1
         if LEVELS == 2:
@@ -221,7 +222,7 @@ def _dense_rows_kernel(
         low_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         high_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         for start in range(0, N, BLOCK_N):
-            s_n, r_n, same = _tile(scores_ptr, labels_ptr, groups_ptr, keep_ptr, start, N, g_m, rows,
+            s_n, r_n, same = _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, g_m, rows,
                                    GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
             up_n = r_n == 1
             low_ties += (same & up_n[None, :] & (s_n[None, :] == low[:, None])).to(tl.int32)
@@ -270,8 +271,9 @@ def dense_loss_and_grad(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)) of B
     binary problems over the same scores, mixed by ``mixing`` (B,) (None: ones; the tier contract
-    of ``pairwise.pair_loss_and_grad``): ``labels`` (B, N) 0/1 int32 (LoA's label columns; one
-    row for AUC and PDAOM), ``groups`` (N,) integer ids or None, ``mask`` (N,) bool or None (the
+    of ``pairwise.pair_loss_and_grad``): ``labels`` (B, N) 0/1 of any dtype and strides (read as
+    int32; the caller's (N, B) label columns transposed, a view: LoA's columns, one for AUC and
+    PDAOM), ``groups`` (N,) integer ids or None, ``mask`` (N,) bool or None (the
     items outside it, whatever they hold, form no pair and get a zero gradient), N <= ``MAX_ITEMS``;
     all pairs, or the hardest pair per group (no temperature).
 
@@ -292,13 +294,16 @@ def dense_loss_and_grad(
     kind = launch_target(scores.device)
     block_m, block_n, num_warps = TILES[kind]
     num_blocks = cdiv(n, block_m)
+    if max(n - 1, 0) * labels.stride(1) >= 2**31:  # the kernel's label offsets are int32
+        labels = labels.contiguous()
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty((num_problems, n), dtype=loss_dtype if num_problems == 1 else torch.float64,
                        device=scores.device)
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
     if n:
         _dense_rows_kernel[(num_blocks, num_problems)](
-            scores, labels, groups if groups is not None else labels, mask if mask is not None else labels,
+            scores, labels, labels.stride(0), labels.stride(1), groups if groups is not None else labels,
+            mask if mask is not None else labels,
             values if values is not None else scores, grad, block_sums, n, num_blocks,
             GROUPED=groups is not None, MASKED=mask is not None, HARDEST=hardest, LEVELS=num_levels,
             LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), MARGIN=float(margin), FAST=fast,

@@ -82,9 +82,11 @@ def dense_variants() -> list[SassVariant]:
     and without groups, the logistic one with groups and a mask (a fixed-size batch) and LaA's
     three levels with linear costs, then the hardest pairs' two scans (comparisons only)."""
     block_m, block_n, num_warps = dense.TILES["cuda"]
-    signature = {"scores_ptr": "*fp32", "labels_ptr": "*i32", "groups_ptr": "*i64", "keep_ptr": "*i8",
-                 "values_ptr": "*fp64", "grad_ptr": "*fp32", "block_sums_ptr": "*fp64", "N": "i32",
-                 "num_blocks": "i32"}
+    # Binary labels as the caller passes them: one float32 column (an item stride of 1, which
+    # Triton specializes as a constant); LaA's ranks are int32, also of item stride 1.
+    signature = {"scores_ptr": "*fp32", "labels_ptr": "*fp32", "label_stride_problem": "i32",
+                 "groups_ptr": "*i64", "keep_ptr": "*i8", "values_ptr": "*fp64", "grad_ptr": "*fp32",
+                 "block_sums_ptr": "*fp64", "N": "i32", "num_blocks": "i32"}
     pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
     # (surrogate, groups, mask, levels, hardest)
     cases = [(surrogate, grouped, False, 2, False) for surrogate in SURROGATES for grouped in (False, True)]
@@ -92,7 +94,7 @@ def dense_variants() -> list[SassVariant]:
     variants = []
     for surrogate, grouped, masked, levels, hardest in cases:
         constexprs = dict(
-            GROUPED=grouped, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
+            label_stride=1, GROUPED=grouped, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
             SURROGATE=SURROGATES[surrogate], MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, FAST=not hardest,
             SCORE_SCALE=score_scale(surrogate, not hardest), VALUE_SCALE=value_scale(surrogate, not hardest),
             ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -100,7 +102,9 @@ def dense_variants() -> list[SassVariant]:
         variants.append(SassVariant(
             name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}" + (" groups" if grouped else "")
             + (" mask" if masked else "") + (f" {levels} levels linear" if levels > 2 else ""),
-            kernel=dense._dense_rows_kernel, signature=dict(signature, **{name: "constexpr" for name in constexprs}),
+            kernel=dense._dense_rows_kernel,
+            signature=dict(signature, labels_ptr="*i32" if levels > 2 else "*fp32",
+                           **{name: "constexpr" for name in constexprs}),
             constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=pairs_per_iteration,
             loops=("scan", "ties") if hardest else ("both sides",),
         ))

@@ -290,3 +290,22 @@ def test_a_dropped_row_cannot_leak_an_overflow() -> None:
     torch.testing.assert_close(loss, kept[0], rtol=1e-6, atol=0)
     torch.testing.assert_close(grad[keep.to(DEVICE)], kept[2], rtol=1e-5, atol=1e-8)
     assert torch.equal(grad.cpu()[~keep], torch.zeros(30, dtype=grad.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+@pytest.mark.parametrize("hardest", [False, True])
+def test_dense_kernels_read_label_columns_as_passed(dtype, hardest):
+    """The dispatch hands the dense kernels the caller's (N, K) label columns transposed, a view
+    of any dtype and strides (a slice of a wider label matrix): the same bits as the int32 rows."""
+    scores, _, groups = case(150, 11, users=4)  # three row blocks of the interpreter's tiles
+    gen = torch.Generator().manual_seed(5)
+    wide = (torch.rand(150, 5, generator=gen) < 0.3).to(dtype)
+    columns = wide[:, 1:4]  # (N, 3) with strides (5, 1), starting one element in
+    surrogate = "exponential" if hardest else "logistic"
+    as_rows = run_dense(scores, columns.t().to(torch.int32), groups, hardest=hardest, surrogate=surrogate)
+    as_passed = dense.dense_loss_and_grad(
+        scores.to(DEVICE), columns.to(DEVICE).t(), groups.to(DEVICE), margin=1.0, reduction="mean",
+        hardest=hardest, status=None, mixing=None, surrogate=surrogate,
+    )
+    for got, expected in zip(as_passed, as_rows):
+        assert torch.equal(got, expected)

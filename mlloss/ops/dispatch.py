@@ -235,11 +235,12 @@ def _pair_loss_op(
         check_batch(scores, labels, status, label_rule=label_rule, mask=mask)
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
-    levels = problem_levels(labels, label_weights, on_kernels=on_kernels)
+    # The dense kernels read binary label columns as the caller passed them (a transposed view).
+    levels = None if dense and not aggregated else problem_levels(labels, label_weights, on_kernels=on_kernels)
     if dense:
         result = dense_kernels.dense_loss_and_grad(
-            scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
-            hardest=pairs == "hardest", reduction=reduction, status=status,
+            scores, labels.t() if levels is None else levels.rank, groups, mask, mixing=mixing, surrogate=surrogate,
+            margin=margin, hardest=pairs == "hardest", reduction=reduction, status=status,
             values=levels.values if aggregated else None, linear=cost == "linear",
         )
     elif on_kernels and pairs == "all":
