@@ -496,7 +496,7 @@ def test_host_time_compiles_the_kernels_and_times_each_call_with_and_without_tri
 
     out = tmp_path / "host-time.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "host_time.py"), "--match", "PDAOM", "--calls", "12",
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "host_time.py"), "--match", "PDAOM", "--calls", "12", "--rounds", "2",
                            "--output", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
