@@ -1,6 +1,8 @@
 """The data check of a batch as one fused launch: non-finite scores, labels that break the label
 rule (``mlloss._validation.LABEL_RULES``). Its status bits are OR-ed into the call's one int32 status
-word, which ``mlloss.ops.dispatch`` reads once at the end of the call.
+word, which ``mlloss.ops.dispatch`` reads once at the end of the call. (The dense kernels of binary
+label columns make the same check of their rows in their own launch: ``dense_loss_and_grad``'s
+``check``.)
 """
 
 from __future__ import annotations

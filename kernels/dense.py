@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..ops.fused import accumulation_dtype
 from ._common import (
     cdiv, fast_math, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale,
@@ -118,18 +119,20 @@ def _level_costs(values_ptr, r_m, row_ok, LEVELS: tl.constexpr, ACC: tl.constexp
 )
 def _dense_rows_kernel(
     scores_ptr, labels_ptr, label_stride_problem, label_stride, groups_ptr, keep_ptr, values_ptr, grad_ptr,
-    block_sums_ptr, N, num_blocks,
+    block_sums_ptr, status_ptr, N, num_blocks,
     GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr,
     SURROGATE: tl.constexpr, MARGIN: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHECK: tl.constexpr, BAD_SCORE: tl.constexpr,
+    BAD_LABEL: tl.constexpr,
 ):
     """Grid (row blocks, problems). Rows [pid * BLOCK_M, +BLOCK_M) of one problem (a binary label
     column, LEVELS = 2; or LaA's aggregated label as ranks into the level values ``values_ptr``,
     2 < LEVELS <= MAX_LEVELS, pair cost the values' difference if LINEAR, else 1): each item's
     gradient (before the mean over groups), and the block's sums of the items' loss terms, of 1 /
     group size over the items of groups with a valid pair (a group's items add up to 1) and of the
-    valid pairs counted at their upper items, as ``reduce.combine`` reads them."""
+    valid pairs counted at their upper items, as ``reduce.combine`` reads them. CHECK: the data
+    check of ``kernels.check`` (binary labels) on the block's rows, OR-ed into ``status``."""
     block = tl.program_id(0)
     problem = tl.program_id(1)  # a label column: its 0/1 labels, gradient and block sums
     labels_ptr += problem * label_stride_problem
@@ -141,7 +144,13 @@ def _dense_rows_kernel(
     if MASKED:
         row_ok &= tl.load(keep_ptr + rows, mask=in_batch, other=0) != 0
     s_m = tl.load(scores_ptr + rows, mask=row_ok, other=0.0).to(ACC) * SCORE_SCALE
-    r_m = tl.load(labels_ptr + rows * label_stride, mask=row_ok, other=0).to(tl.int32)
+    label_m = tl.load(labels_ptr + rows * label_stride, mask=row_ok, other=0)
+    r_m = label_m.to(tl.int32)
+    if CHECK:  # NaN and inf stay so after the positive score scale
+        bad_score = row_ok & ((s_m != s_m) | (tl.abs(s_m) == float("inf")))
+        bad_label = row_ok & (label_m != 0) & (label_m != 1)
+        status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, BAD_SCORE, 0)
+        tl.atomic_or(status_ptr, status | tl.where(tl.max(bad_label.to(tl.int32)) > 0, BAD_LABEL, 0))
     up_m = r_m == 1
     if GROUPED:
         g_m = tl.load(groups_ptr + rows, mask=row_ok, other=0)
@@ -268,6 +277,7 @@ def dense_loss_and_grad(
     status: torch.Tensor | None,
     values: torch.Tensor | None = None,
     linear: bool = False,
+    check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)) of B
     binary problems over the same scores, mixed by ``mixing`` (B,) (None: ones; the tier contract
@@ -280,12 +290,19 @@ def dense_loss_and_grad(
     ``values`` (1, L) float64, 2 < L <= ``MAX_LEVELS``: one problem whose ``labels`` (1, N) are
     ranks into these ascending level values (LaA's aggregated label, ``dispatch.problem_levels``),
     all pairs, pair cost the values' difference (``linear``) or 1. The loss and gradient come
-    back in the scores' accumulation dtype."""
+    back in the scores' accumulation dtype.
+
+    ``check`` (binary labels, with a ``status``): the rows kernel also makes the data check of
+    ``kernels.check.check_batch`` (non-finite scores, labels other than 0/1, over the mask) and
+    ORs its bits into ``status``: no launch of its own."""
     validate_device(scores, labels, groups, mask, values)
     num_problems, n = labels.shape
     if n > MAX_ITEMS:
         raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
     num_levels = 2 if values is None else values.shape[-1]
+    if check and (values is not None or status is None):
+        raise ValueError("the dense kernels check binary labels into a status word: check=True needs a status and "
+                         "no values")
     if values is not None and not (2 < num_levels <= MAX_LEVELS and num_problems == 1 and not hardest):
         raise ValueError(f"the dense kernels take one problem of 3 to {MAX_LEVELS} levels, all pairs; got "
                          f"{num_problems} problems of {num_levels} levels, hardest={hardest}")
@@ -304,11 +321,12 @@ def dense_loss_and_grad(
         _dense_rows_kernel[(num_blocks, num_problems)](
             scores, labels, labels.stride(0), labels.stride(1), groups if groups is not None else labels,
             mask if mask is not None else labels,
-            values if values is not None else scores, grad, block_sums, n, num_blocks,
+            values if values is not None else scores, grad, block_sums, status if check else block_sums, n, num_blocks,
             GROUPED=groups is not None, MASKED=mask is not None, HARDEST=hardest, LEVELS=num_levels,
             LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), MARGIN=float(margin), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
-            ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+            ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, CHECK=check, BAD_SCORE=STATUS_BAD_SCORE,
+            BAD_LABEL=STATUS_BAD_LABEL, num_warps=num_warps,
         )
     return combine(grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=loss_dtype,
                    status=status, block=FINALIZE_BLOCK[kind], grad=grad[0] if num_problems == 1 else None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import triton.language as tl
 
+from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..surrogates import USES_MARGIN
 from ._common import SURROGATES, score_scale, value_scale
 from . import dense
@@ -86,7 +87,7 @@ def dense_variants() -> list[SassVariant]:
     # Triton specializes as a constant); LaA's ranks are int32, also of item stride 1.
     signature = {"scores_ptr": "*fp32", "labels_ptr": "*fp32", "label_stride_problem": "i32",
                  "groups_ptr": "*i64", "keep_ptr": "*i8", "values_ptr": "*fp64", "grad_ptr": "*fp32",
-                 "block_sums_ptr": "*fp64", "N": "i32", "num_blocks": "i32"}
+                 "block_sums_ptr": "*fp64", "status_ptr": "*i32", "N": "i32", "num_blocks": "i32"}
     pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
     # (surrogate, groups, mask, levels, hardest)
     cases = [(surrogate, grouped, False, 2, False) for surrogate in SURROGATES for grouped in (False, True)]
@@ -97,7 +98,7 @@ def dense_variants() -> list[SassVariant]:
             label_stride=1, GROUPED=grouped, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
             SURROGATE=SURROGATES[surrogate], MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, FAST=not hardest,
             SCORE_SCALE=score_scale(surrogate, not hardest), VALUE_SCALE=value_scale(surrogate, not hardest),
-            ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n,
+            ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n, CHECK=False, BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL,
         )
         variants.append(SassVariant(
             name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}" + (" groups" if grouped else "")

@@ -43,9 +43,11 @@ def masked_dense(tool) -> list[dict]:
 def test_recorded_launches_carry_the_cuda_choices(tool, masked_dense):
     from mlloss.kernels import _common, dense
 
-    assert [launch["kernel"] for launch in masked_dense] == ["_check_batch_kernel", "_dense_rows_kernel", "_combine_kernel"]
-    dense_launch = masked_dense[1]
+    # the data check is the rows kernel's (CHECK): no launch of its own
+    assert [launch["kernel"] for launch in masked_dense] == ["_dense_rows_kernel", "_combine_kernel"]
+    dense_launch = masked_dense[0]
     constexprs = dense_launch["constexprs"]
+    assert constexprs["CHECK"] is True
     assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"], dense_launch["num_warps"]) == dense.TILES["cuda"]
     assert constexprs["FAST"] is True and constexprs["MASKED"] is True and constexprs["ACC"] == {"tl": "float32"}
     assert dense_launch["signature"]["keep_ptr"] == "*u1" and dense_launch["signature"]["scores_ptr"] == "*fp32"

@@ -309,3 +309,37 @@ def test_dense_kernels_read_label_columns_as_passed(dtype, hardest):
     )
     for got, expected in zip(as_passed, as_rows):
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("bad", ["none", "nan score", "inf score", "label 0.5", "label 2", "nan label", "both"])
+def test_the_dense_kernels_data_check_sets_the_bits_check_batch_sets(bad, masked) -> None:
+    """check=True (the dispatch's path for binary columns with validate_args): the rows kernel's
+    data check gives check_batch's status bits, over the mask only, for one and several columns."""
+    from mlloss._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
+    from mlloss.kernels.pairwise import check_batch
+
+    scores, _, groups = case(150, seed=8, users=4)
+    gen = torch.Generator().manual_seed(9)
+    columns = (torch.rand(150, 2, generator=gen) < 0.4).to(torch.float32)
+    keep = torch.arange(150) % 5 != 0
+    at = 7 if masked else 0  # a kept item (item 0 is a filler when masked)
+    if bad in ("nan score", "both"):
+        scores[at] = float("nan")
+    if bad == "inf score":
+        scores[at] = float("-inf")
+    label = {"label 0.5": 0.5, "label 2": 2.0, "nan label": float("nan"), "both": 3.0}.get(bad)
+    if label is not None:
+        columns[at, 1] = label
+    if masked:  # fillers hold anything: never reported
+        scores[~keep], columns[~keep] = float("inf"), 7.0
+    mask = keep.to(DEVICE) if masked else None
+    expected = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    check_batch(scores.to(DEVICE), columns.to(DEVICE), expected, label_rule="binary", mask=mask)
+    for cols in (columns[:, 1:], columns):  # one problem (AUC), two (LoA)
+        status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        dense.dense_loss_and_grad(scores.to(DEVICE), cols.to(DEVICE).t(), groups.to(DEVICE), mask, surrogate="logistic",
+                                  margin=1.0, reduction="mean", hardest=False, status=status, mixing=None, check=True)
+        # (combine adds the overflow bit of a non-finite loss, as it does after check_batch)
+        assert status.item() & (STATUS_BAD_SCORE | STATUS_BAD_LABEL) == expected.item(), (bad, cols.shape)
+    assert (expected.item() != 0) == (bad != "none")

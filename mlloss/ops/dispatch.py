@@ -227,12 +227,15 @@ def _pair_loss_op(
         scores, labels, groups = without_masked(scores, labels, groups, mask)
         mask = None
     status = None
+    # The dense kernels of binary label columns check their rows themselves (no launch of its own).
+    checked_by_dense = validate and dense and not aggregated
     if validate and on_kernels:  # fused into the kernels' launches, read at the end
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.pairwise import check_batch
 
         status = torch.zeros(1, dtype=torch.int32, device=scores.device)
-        check_batch(scores, labels, status, label_rule=label_rule, mask=mask)
+        if not checked_by_dense:
+            check_batch(scores, labels, status, label_rule=label_rule, mask=mask)
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
     # The dense kernels read binary label columns as the caller passed them (a transposed view).
@@ -241,7 +244,7 @@ def _pair_loss_op(
         result = dense_kernels.dense_loss_and_grad(
             scores, labels.t() if levels is None else levels.rank, groups, mask, mixing=mixing, surrogate=surrogate,
             margin=margin, hardest=pairs == "hardest", reduction=reduction, status=status,
-            values=levels.values if aggregated else None, linear=cost == "linear",
+            values=levels.values if aggregated else None, linear=cost == "linear", check=checked_by_dense,
         )
     elif on_kernels and pairs == "all":
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
