@@ -83,30 +83,45 @@ def pattern_ranks(labels: torch.Tensor, rank_table: torch.Tensor) -> torch.Tenso
 # Counting layout: a stable sort by level of problems without groups           #
 # --------------------------------------------------------------------------- #
 @triton.jit
-def _block_levels(rank_row, block, N, LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    """(items, in range, one-hot [BLOCK, WIDTH] int32 of each item's level) of one item block;
-    ranks are clamped into [0, LEVELS)."""
+def _block_levels(rank_row, stride_item, block, N, LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """(items, in range, the ranks as stored, one-hot [BLOCK, WIDTH] int32 of each item's level)
+    of one item block; ranks are read as int32 and clamped into [0, LEVELS)."""
     items = block * BLOCK + tl.arange(0, BLOCK)
     mask = items < N
-    rank = tl.load(rank_row + items, mask=mask, other=0).to(tl.int32)
-    rank = tl.minimum(tl.maximum(rank, 0), LEVELS - 1)
+    stored = tl.load(rank_row + items.to(tl.int64) * stride_item, mask=mask, other=0)
+    rank = tl.minimum(tl.maximum(stored.to(tl.int32), 0), LEVELS - 1)
     one_hot = ((rank[:, None] == tl.arange(0, WIDTH)[None, :]) & mask[:, None]).to(tl.int32)
-    return items, mask, one_hot
+    return items, mask, stored, one_hot
 
 
-@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
-def _level_counts_kernel(rank_ptr, counts_ptr, N, num_blocks, LEVELS: tl.constexpr, WIDTH: tl.constexpr,
-                         BLOCK: tl.constexpr):
-    """Grid (item blocks, B): counts[b, block, l], the items of level l in this block."""
+@triton.jit(  # batch sizes and the caller's labels not specialized: see _common.py
+    do_not_specialize=("N", "num_blocks", "stride_problem"),
+    do_not_specialize_on_alignment=("rank_ptr", "scores_ptr"),
+)
+def _level_counts_kernel(rank_ptr, stride_problem, stride_item, counts_ptr, scores_ptr, status_ptr, N, num_blocks,
+                         LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, CHECK: tl.constexpr,
+                         BAD_SCORE: tl.constexpr, BAD_LABEL: tl.constexpr):
+    """Grid (item blocks, B): counts[b, block, l], the items of level l in this block. CHECK (0/1
+    labels as the ranks): also the data check of ``kernels.check`` on the block, into ``status``."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
-    _, _, one_hot = _block_levels(rank_ptr + problem * N, block, N, LEVELS, WIDTH, BLOCK)
+    items, mask, stored, one_hot = _block_levels(rank_ptr + problem * stride_problem, stride_item, block, N, LEVELS,
+                                                 WIDTH, BLOCK)
     tl.store(counts_ptr + (problem * num_blocks + block) * WIDTH + tl.arange(0, WIDTH), tl.sum(one_hot, axis=0))
+    if CHECK:
+        s = tl.load(scores_ptr + items, mask=mask, other=0.0)
+        bad_score = mask & ((s != s) | (tl.abs(s) == float("inf")))
+        bad_label = mask & (stored != 0) & (stored != 1)
+        status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, BAD_SCORE, 0)
+        tl.atomic_or(status_ptr, status | tl.where(tl.max(bad_label.to(tl.int32)) > 0, BAD_LABEL, 0))
 
 
-@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
+@triton.jit(  # batch sizes and the caller's labels not specialized: see _common.py
+    do_not_specialize=("N", "num_blocks", "stride_problem"),
+    do_not_specialize_on_alignment=("rank_ptr",),
+)
 def _level_positions_kernel(
-    rank_ptr, counts_ptr, order_ptr, cell_start_ptr, cell_end_ptr, N, num_blocks,
+    rank_ptr, stride_problem, stride_item, counts_ptr, order_ptr, cell_start_ptr, cell_end_ptr, N, num_blocks,
     LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr,
 ):
     """Grid (item blocks, B): each item's sorted position (its level's start, plus the items of its
@@ -124,7 +139,8 @@ def _level_positions_kernel(
         total += tl.sum(counts, axis=0)
         before += tl.sum(tl.where((blocks < block)[:, None], counts, 0), axis=0)
     level_start = tl.cumsum(total, axis=0) - total
-    items, mask, one_hot = _block_levels(rank_ptr + problem * N, block, N, LEVELS, WIDTH, BLOCK)
+    items, mask, _, one_hot = _block_levels(rank_ptr + problem * stride_problem, stride_item, block, N, LEVELS,
+                                            WIDTH, BLOCK)
     earlier = tl.cumsum(one_hot, axis=0) - one_hot  # this block's items of the level before each item
     position = tl.sum(one_hot * (earlier + (level_start + before)[None, :]), axis=1)
     cell_start = tl.sum(one_hot * level_start[None, :], axis=1)
@@ -135,17 +151,22 @@ def _level_positions_kernel(
     tl.store(cell_end_ptr + row, cell_end, mask=mask)
 
 
-def counting_layout(levels):
+def counting_layout(levels, *, check: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The ``PairLayout`` of ``levels`` (a ``mlloss.ops.layout.Levels`` of at most
-    ``COUNTING_LEVELS`` ranks) without groups, by a counting sort: equal to
-    ``pair_layout(levels, None)``."""
+    ``COUNTING_LEVELS`` ranks, any integer or float dtype and strides: binary label columns
+    transposed, a view) without groups, by a counting sort: equal to ``pair_layout(levels, None)``.
+    ``check`` (scores, status) with 0/1 labels as the ranks: the data check of
+    ``kernels.check.check_batch`` in the same launch, its bits OR-ed into status."""
+    from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
     from ..ops.layout import PairLayout
 
     rank = levels.rank
-    validate_device(rank)
+    validate_device(rank, *(check or ()))
     if levels.num_ranks > COUNTING_LEVELS:
         raise ValueError(f"counting_layout takes at most {COUNTING_LEVELS} levels; got {levels.num_ranks}")
     num_problems, n = rank.shape
+    if max(n - 1, 0) * rank.stride(1) >= 2**31 or rank.stride(0) * max(num_problems - 1, 0) >= 2**31:
+        rank = rank.contiguous()  # int32 offsets of a problem's row
     num_blocks = max(cdiv(n, BLOCK), 1)
     width = 1 << (levels.num_ranks - 1).bit_length()  # the levels' power of two (triton.next_power_of_2 is slow)
     counts = torch.empty((num_problems, num_blocks, width), dtype=torch.int32, device=rank.device)
@@ -153,9 +174,12 @@ def counting_layout(levels):
                                    for _ in range(3))
     if n:
         grid = (num_blocks, num_problems)
-        _level_counts_kernel[grid](rank, counts, n, num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK)
+        scores, status = check if check is not None else (counts, counts)
+        _level_counts_kernel[grid](rank, rank.stride(0), rank.stride(1), counts, scores, status, n, num_blocks,
+                                   LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK, CHECK=check is not None,
+                                   BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL)
         # [BLOCK, WIDTH] one-hot counts in registers: 8 levels spilled at 4 warps (255 registers, sm_90)
-        _level_positions_kernel[grid](rank, counts, order, cell_start, cell_end, n, num_blocks,
-                                      LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK, COUNT_BLOCK=COUNT_BLOCK,
-                                      num_warps=4 if width <= 4 else 8)
+        _level_positions_kernel[grid](rank, rank.stride(0), rank.stride(1), counts, order, cell_start, cell_end, n,
+                                      num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK,
+                                      COUNT_BLOCK=COUNT_BLOCK, num_warps=4 if width <= 4 else 8)
     return PairLayout(order, cell_start, cell_end, None, None)

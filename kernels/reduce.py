@@ -146,8 +146,10 @@ def finalize(
     # The groups' sums of the shares (in place), and the carries between blocks
     carries = group_sums(shares, layout.group_start, block) if source == "shares" else partials
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=partials.device)
+    # A binary problem's normaliser reads no rank (its ranks may be the caller's labels, any dtype).
     _finalize_kernel[(num_blocks, num_problems)](
-        partials, layout.order, levels.rank, partials if levels.values is None else levels.values,
+        partials, layout.order, layout.order if source == "binary" else levels.rank,
+        partials if levels.values is None else levels.values,
         layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_start,

@@ -438,3 +438,46 @@ def test_counting_layout_writes_every_position_for_ranks_outside_the_levels():
     assert torch.equal(torch.sort(layout.order[0].cpu().long()).values, torch.arange(8))
     clamped = rank.clamp(0, 1)
     assert torch.equal(layout.order.cpu(), torch.sort(clamped, stable=True).indices.to(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64])
+@pytest.mark.parametrize("bad", ["none", "nan score", "label 0.5", "label 2"])
+def test_counting_layout_reads_label_columns_as_passed_and_checks_them(dtype, bad):
+    """The dispatch hands the counting layout the caller's binary columns transposed (a view of
+    any dtype and strides) and the data check: the layout of the int32 ranks, check_batch's bits."""
+    from mlloss._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
+    from mlloss.kernels.levels import counting_layout
+    from mlloss.kernels.pairwise import check_batch
+
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(2500, generator=gen)
+    wide = (torch.rand(2500, 4, generator=gen) < 0.3).to(torch.float32)
+    planted = bad == "nan score" or (bad == "label 0.5" and dtype == torch.float32) or (
+        bad == "label 2" and dtype != torch.bool)  # what the dtype can hold
+    if bad == "nan score":
+        scores[1234] = float("nan")
+    elif planted:
+        wide[1234, 2] = 0.5 if bad == "label 0.5" else 2.0
+    columns = wide.to(dtype)[:, 1:3]  # strides (4, 1), one element in
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    layout = counting_layout(Levels(columns.to(DEVICE).t(), 2, None), check=(scores.to(DEVICE), status))
+    expected = pair_layout(Levels(columns.t().to(torch.int32).clamp(0, 1).contiguous().to(DEVICE), 2, None), None)
+    for name in ("order", "cell_start", "cell_end"):
+        assert torch.equal(getattr(layout, name), getattr(expected, name)), name
+    reference = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    check_batch(scores.to(DEVICE), columns.to(DEVICE), reference, label_rule="binary")
+    assert status.item() == reference.item()
+    assert reference.item() == (0 if not planted else STATUS_BAD_SCORE if bad == "nan score" else STATUS_BAD_LABEL)
+
+
+def test_an_ungrouped_layout_call_names_a_bad_entry() -> None:
+    """Past the dense kernels' size, without groups: the counting layout's data check names it."""
+    scores = torch.randn(2100, dtype=torch.float64)
+    labels = (torch.arange(2100) % 3 == 0).to(torch.float32)
+    import mlloss
+
+    loss = mlloss.AUCLoss(backend="triton")
+    with pytest.raises(ValueError, match=r"scores\[777\]"):
+        loss(scores.index_fill(0, torch.tensor([777]), float("inf")).to(DEVICE), labels.to(DEVICE))
+    with pytest.raises(ValueError, match=r"labels\[5"):
+        loss(scores.to(DEVICE), labels.index_fill(0, torch.tensor([5]), 0.5).to(DEVICE))

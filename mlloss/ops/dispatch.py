@@ -226,25 +226,30 @@ def _pair_loss_op(
     if mask is not None and not dense:
         scores, labels, groups = without_masked(scores, labels, groups, mask)
         mask = None
+    # Binary label columns that the kernels read as the caller passed them (a transposed view, no
+    # int32 copy), making the data check in the same launch: the dense kernels, and the counting
+    # layout of a batch without groups.
+    columns_as_passed = on_kernels and not aggregated and (dense or (pairs == "all" and groups is None))
+    checked_in_kernels = validate and columns_as_passed
     status = None
-    # The dense kernels of binary label columns check their rows themselves (no launch of its own).
-    checked_by_dense = validate and dense and not aggregated
     if validate and on_kernels:  # fused into the kernels' launches, read at the end
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.pairwise import check_batch
 
         status = torch.zeros(1, dtype=torch.int32, device=scores.device)
-        if not checked_by_dense:
+        if not checked_in_kernels:
             check_batch(scores, labels, status, label_rule=label_rule, mask=mask)
     elif validate:  # the PyTorch tiers check first, with tensor operations
         check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
-    # The dense kernels read binary label columns as the caller passed them (a transposed view).
-    levels = None if dense and not aggregated else problem_levels(labels, label_weights, on_kernels=on_kernels)
+    if columns_as_passed:
+        levels = Levels(labels.t(), 2, None)
+    else:
+        levels = problem_levels(labels, label_weights, on_kernels=on_kernels)
     if dense:
         result = dense_kernels.dense_loss_and_grad(
-            scores, labels.t() if levels is None else levels.rank, groups, mask, mixing=mixing, surrogate=surrogate,
-            margin=margin, hardest=pairs == "hardest", reduction=reduction, status=status,
-            values=levels.values if aggregated else None, linear=cost == "linear", check=checked_by_dense,
+            scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
+            hardest=pairs == "hardest", reduction=reduction, status=status,
+            values=levels.values if aggregated else None, linear=cost == "linear", check=checked_in_kernels,
         )
     elif on_kernels and pairs == "all":
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
@@ -255,9 +260,13 @@ def _pair_loss_op(
         # Without groups, a few levels are laid out by a counting sort (two launches, the same
         # layout) instead of a sort and two binary searches.
         few_levels = groups is None and levels.num_ranks <= COUNTING_LEVELS
+        if few_levels:
+            layout = counting_layout(levels, check=(scores, status) if checked_in_kernels else None)
+        else:
+            layout = pair_layout(levels, groups)
         result = pair_loss_and_grad(
-            scores, levels, counting_layout(levels) if few_levels else pair_layout(levels, groups), mixing=mixing,
-            cost=cost, surrogate=surrogate, margin=margin, reduction=reduction, status=status,
+            scores, levels, layout, mixing=mixing, cost=cost, surrogate=surrogate, margin=margin,
+            reduction=reduction, status=status,
         )
     elif on_kernels:
         # max-violation pairs, hard or soft: of binary problems, and of LaA's levels (its label

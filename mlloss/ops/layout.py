@@ -80,7 +80,8 @@ class PairLayout:
 class Levels:
     """The level of every item in every problem, as an order-preserving integer *rank*."""
 
-    rank: Tensor  # (B, N) int32 or int64: level_i > level_j iff rank_i > rank_j
+    rank: Tensor  # (B, N) int32 or int64: level_i > level_j iff rank_i > rank_j (on the Triton tier,
+    # binary label columns may be the caller's own, any dtype and strides: dispatch's columns_as_passed)
     num_ranks: int  # every rank is < num_ranks
     values: Tensor | None  # (B, num_ranks) float64: values[b, rank] is the level's value; None for
     # 0/1 labels (rank = label), whose pairs all cost 1
