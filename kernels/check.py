@@ -1,8 +1,8 @@
 """The data check of a batch as one fused launch: non-finite scores, labels that break the label
 rule (``mlloss._validation.LABEL_RULES``). Its status bits are OR-ed into the call's one int32 status
-word, which ``mlloss.ops.dispatch`` reads once at the end of the call. (The dense kernels of binary
-label columns make the same check of their rows in their own launch: ``dense_loss_and_grad``'s
-``check``.)
+word, which ``mlloss.ops.dispatch`` reads once at the end of the call. (Binary label columns on the
+dense kernels, or without groups on the layout kernels, get the same check in a launch the call
+makes anyway: ``dense.dense_loss_and_grad``'s and ``levels.counting_layout``'s ``check``.)
 """
 
 from __future__ import annotations

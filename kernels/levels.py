@@ -27,7 +27,8 @@ their scratch) and took about 200 us of host time a call under torch.profiler on
 (``nvidia-h100-80gb-hbm3-profile-a98808d.txt``: the AUC call at N = 16,384), the binary searches
 and the int32 cast of the order about 100 more. For at most ``COUNTING_LEVELS`` levels; a rank
 outside [0, L) (labels the data check refuses) counts as the nearest level, so that every
-position is written.
+position is written. Binary label columns come as the caller passed them (transposed, a view of
+any dtype and strides: no int32 copy), and the counts kernel then makes the data check too.
 """
 
 from __future__ import annotations
