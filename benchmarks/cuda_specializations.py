@@ -172,13 +172,38 @@ def launcher_signature(fn: Callable, bound: dict) -> dict[str, str]:
 
 
 @contextlib.contextmanager
+def cuda_launch_choices(**patches: Callable) -> Iterator[None]:
+    """Inside: every kernel module's ``launch_target`` answers ``"cuda"`` (tiles, blocks, chunks
+    and fast math as on a GPU) and the device has H100_SMS multiprocessors; ``patches`` replace
+    more functions of ``kernels._common`` by name, in every kernel module that imported them.
+    Every kernel module is imported first, so that none imports a patched function for good."""
+    import mlloss.kernels.check, mlloss.kernels.dense, mlloss.kernels.hardest, mlloss.kernels.levels  # noqa: E401, F401
+    from mlloss.kernels import _common, pairwise
+
+    replacements = {"launch_target": lambda device: "cuda", **patches}
+    modules = [module for name, module in sys.modules.items() if name.startswith("mlloss.kernels")]
+    saved = [(module, name, getattr(_common, name)) for module in modules for name in replacements
+             if getattr(module, name, None) is getattr(_common, name)]
+    multiprocessors = pairwise._multiprocessors
+    for module, name, _ in saved:
+        setattr(module, name, replacements[name])
+    pairwise._multiprocessors = lambda device: H100_SMS
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+        pairwise._multiprocessors = multiprocessors
+
+
+@contextlib.contextmanager
 def recording_cuda_launches() -> Iterator[list[dict]]:
     """Inside: the kernels get the CUDA launch choices and each launch appends its specialization
     (module, kernel, signature, constexprs, num_warps) to the yielded list; the interpreter runs
     it (see the module docstring)."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from mlloss.kernels import _common, pairwise
+    from mlloss.kernels import _common
 
     if not _common.INTERPRET:
         raise RuntimeError("recording needs TRITON_INTERPRET=1 set before triton is imported")
@@ -198,27 +223,16 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
         })
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
-    modules = [module for name, module in sys.modules.items() if name.startswith("mlloss.kernels")]
-    original_target = _common.launch_target
-    patched = [module for module in modules if getattr(module, "launch_target", None) is original_target]
-    multiprocessors = pairwise._multiprocessors
     InterpretedFunction.run = recorded_run
-    for module in patched:
-        module.launch_target = lambda device: "cuda"
-    pairwise._multiprocessors = lambda device: H100_SMS
     try:
-        yield launches
+        with cuda_launch_choices():
+            yield launches
     finally:
         InterpretedFunction.run = run
-        for module in patched:
-            module.launch_target = original_target
-        pairwise._multiprocessors = multiprocessors
 
 
 def record(selected: Sequence[Case]) -> dict[str, list[dict]]:
     """Case name -> the specializations its forward + backward launched, in launch order."""
-    import mlloss.kernels  # noqa: F401  (the kernel modules, before their launch_target is patched)
-    import mlloss.kernels.check, mlloss.kernels.dense, mlloss.kernels.hardest  # noqa: E401, F401
     from host_path import dense_kernels_off
 
     out = {}

@@ -9,9 +9,9 @@ tool times all three on the CPU:
 
 * the kernels are Triton's JIT functions compiled for Hopper (``GPUTarget("cuda", 90, 32)``,
   ptxas) on their first launch, as on a GPU, with the library's CUDA launch choices (tiles,
-  chunks for 132 multiprocessors, fast math: ``cuda_specializations.recording_cuda_launches``'s
-  patches). A stand-in driver (``StandInDriver``) loads no binary and its launcher returns at
-  once: every launch runs Triton's whole Python launch path and launches nothing;
+  chunks for 132 multiprocessors, fast math: ``cuda_specializations.cuda_launch_choices``). A
+  stand-in driver (``StandInDriver``) loads no binary and its launcher returns at once: every
+  launch runs Triton's whole Python launch path and launches nothing;
 * the tensors are CPU tensors, so the aten ops compute on the CPU (1,024 items: a few us each)
   and no CUDA launch or allocation is paid. The kernels' outputs keep what their allocation held,
   and the aten ops after a kernel compute on that: a sort after a kernel (the layout of LaA's
@@ -149,26 +149,11 @@ def compiled_cuda_launches():
     machine without a GPU has no other to go back to)."""
     from triton.runtime import driver
 
-    import mlloss.kernels  # noqa: F401  (every kernel module, before their names are patched)
-    import mlloss.kernels.check, mlloss.kernels.dense, mlloss.kernels.hardest  # noqa: E401, F401
-    from cuda_specializations import H100_SMS
-    from mlloss.kernels import _common, pairwise
+    from cuda_specializations import cuda_launch_choices
 
-    original = _common.launch_target, _common.validate_device, pairwise._multiprocessors
-    modules = [module for name, module in sys.modules.items() if name.startswith("mlloss.kernels")]
-    patches = {"launch_target": lambda device: "cuda", "validate_device": lambda *tensors: None}
-    saved = [(module, name, getattr(module, name)) for module in modules for name in patches
-             if getattr(module, name, None) in original]
     driver.set_active(stand_in_driver())
-    for module, name, _ in saved:
-        setattr(module, name, patches[name])
-    pairwise._multiprocessors = lambda device: H100_SMS
-    try:
+    with cuda_launch_choices(validate_device=lambda *tensors: None):
         yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
-        pairwise._multiprocessors = original[2]
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ __all__ = [
     "SURROGATES",
     "cdiv",
     "fast_math",
+    "int32_addressable",
     "launch_target",
     "next_cell",
     "rank_at",
@@ -81,6 +82,13 @@ def cdiv(a: int, b: int) -> int:
     """ceil(a / b) of host ints, for grids and block counts. (``triton.cdiv`` is a
     ``ConstexprFunction`` in Triton 3.9, about 2 us a call, several per loss call.)"""
     return -(-a // b)
+
+
+def int32_addressable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when the offset of its last element (from its strides) fits in int32, as
+    the kernels that read a caller's strided view compute it, else a contiguous copy."""
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 0)
+    return tensor if last < 2**31 else tensor.contiguous()
 
 
 def surrogate_id(surrogate: str) -> int:

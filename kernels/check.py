@@ -14,10 +14,27 @@ import triton.language as tl
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ._common import cdiv, validate_device
 
-__all__ = ["check_batch"]
+__all__ = ["check_batch", "report_binary_check"]
 
-_BAD_SCORE: tl.constexpr = tl.constexpr(STATUS_BAD_SCORE)
-_BAD_LABEL: tl.constexpr = tl.constexpr(STATUS_BAD_LABEL)
+
+@triton.jit
+def _non_finite(x):
+    return (x != x) | (tl.abs(x) == float("inf"))
+
+
+@triton.jit
+def _report(status_ptr, bad_score, bad_label, BAD_SCORE: tl.constexpr, BAD_LABEL: tl.constexpr):
+    """OR a block's status bits (any bad score, any bad label) into ``status``."""
+    status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, BAD_SCORE, 0)
+    tl.atomic_or(status_ptr, status | tl.where(tl.max(bad_label.to(tl.int32)) > 0, BAD_LABEL, 0))
+
+
+@triton.jit
+def report_binary_check(status_ptr, scores, labels, mask, BAD_SCORE: tl.constexpr, BAD_LABEL: tl.constexpr):
+    """The data check of a block under the binary rule (a non-finite score, a label other than
+    0/1, among ``mask``), OR-ed into ``status``: for the kernels that read the scores and labels
+    anyway (``dense``, ``levels``). BAD_SCORE, BAD_LABEL: ``mlloss._validation``'s bits."""
+    _report(status_ptr, mask & _non_finite(scores), mask & (labels != 0) & (labels != 1), BAD_SCORE, BAD_LABEL)
 
 
 # --------------------------------------------------------------------------- #
@@ -29,7 +46,8 @@ _BAD_LABEL: tl.constexpr = tl.constexpr(STATUS_BAD_LABEL)
 )
 def _check_batch_kernel(
     scores_ptr, labels_ptr, keep_ptr, status_ptr, N, K, label_stride_n, label_stride_k,
-    MASKED: tl.constexpr, LABEL_RULE: tl.constexpr, BLOCK: tl.constexpr,
+    MASKED: tl.constexpr, LABEL_RULE: tl.constexpr, BLOCK: tl.constexpr, BAD_SCORE: tl.constexpr,
+    BAD_LABEL: tl.constexpr,
 ):
     """Grid (item blocks,): OR the status bits of this block's items (those of ``keep`` if
     MASKED) into ``status``."""
@@ -38,19 +56,17 @@ def _check_batch_kernel(
     if MASKED:
         mask &= tl.load(keep_ptr + items, mask=mask, other=0) != 0
     s = tl.load(scores_ptr + items, mask=mask, other=0.0)
-    bad_score = mask & ((s != s) | (tl.abs(s) == float("inf")))
+    bad_score = mask & _non_finite(s)
     bad_label = tl.zeros([BLOCK], dtype=tl.int1)
     for k in range(K):
         label = tl.load(labels_ptr + items * label_stride_n + k * label_stride_k, mask=mask, other=0)
         if LABEL_RULE == 0:  # 0/1
             bad_label |= mask & (label != 0) & (label != 1)
         elif LABEL_RULE == 1:  # whole numbers (NaN and inf are not)
-            bad_label |= mask & ((label != label) | (tl.abs(label) == float("inf")) | (label != tl.floor(label.to(tl.float64))))
+            bad_label |= mask & (_non_finite(label) | (label != tl.floor(label.to(tl.float64))))
         else:  # finite
-            bad_label |= mask & ((label != label) | (tl.abs(label) == float("inf")))
-    status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, _BAD_SCORE, 0)
-    status |= tl.where(tl.max(bad_label.to(tl.int32)) > 0, _BAD_LABEL, 0)
-    tl.atomic_or(status_ptr, status)
+            bad_label |= mask & _non_finite(label)
+    _report(status_ptr, bad_score, bad_label, BAD_SCORE, BAD_LABEL)
 
 
 _LABEL_RULES = {"binary": 0, "summed-binary": 0, "integer": 1, "real": 2}
@@ -68,5 +84,6 @@ def check_batch(
     block = 1024
     _check_batch_kernel[(max(cdiv(n, block), 1),)](
         scores, labels, mask if mask is not None else scores, status, n, k, labels.stride(0), labels.stride(1),
-        MASKED=mask is not None, LABEL_RULE=_LABEL_RULES[label_rule], BLOCK=block,
+        MASKED=mask is not None, LABEL_RULE=_LABEL_RULES[label_rule], BLOCK=block, BAD_SCORE=STATUS_BAD_SCORE,
+        BAD_LABEL=STATUS_BAD_LABEL,
     )

@@ -49,8 +49,10 @@ import triton.language as tl
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..ops.fused import accumulation_dtype
 from ._common import (
-    cdiv, fast_math, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype, validate_device, value_scale,
+    cdiv, fast_math, int32_addressable, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype,
+    validate_device, value_scale,
 )
+from .check import report_binary_check
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
@@ -147,10 +149,7 @@ def _dense_rows_kernel(
     label_m = tl.load(labels_ptr + rows * label_stride, mask=row_ok, other=0)
     r_m = label_m.to(tl.int32)
     if CHECK:  # NaN and inf stay so after the positive score scale
-        bad_score = row_ok & ((s_m != s_m) | (tl.abs(s_m) == float("inf")))
-        bad_label = row_ok & (label_m != 0) & (label_m != 1)
-        status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, BAD_SCORE, 0)
-        tl.atomic_or(status_ptr, status | tl.where(tl.max(bad_label.to(tl.int32)) > 0, BAD_LABEL, 0))
+        report_binary_check(status_ptr, s_m, label_m, row_ok, BAD_SCORE, BAD_LABEL)
     up_m = r_m == 1
     if GROUPED:
         g_m = tl.load(groups_ptr + rows, mask=row_ok, other=0)
@@ -311,8 +310,7 @@ def dense_loss_and_grad(
     kind = launch_target(scores.device)
     block_m, block_n, num_warps = TILES[kind]
     num_blocks = cdiv(n, block_m)
-    if max(n - 1, 0) * labels.stride(1) >= 2**31:  # the kernel's label offsets are int32
-        labels = labels.contiguous()
+    labels = int32_addressable(labels)  # the kernel's label offsets are int32
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty((num_problems, n), dtype=loss_dtype if num_problems == 1 else torch.float64,
                        device=scores.device)

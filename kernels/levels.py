@@ -37,7 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, validate_device
+from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
+from ..ops.layout import PairLayout
+from ._common import cdiv, int32_addressable, validate_device
+from .check import report_binary_check
 
 __all__ = ["COUNTING_LEVELS", "counting_layout", "pattern_ranks"]
 
@@ -110,11 +113,8 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, counts_ptr, scor
                                                  WIDTH, BLOCK)
     tl.store(counts_ptr + (problem * num_blocks + block) * WIDTH + tl.arange(0, WIDTH), tl.sum(one_hot, axis=0))
     if CHECK:
-        s = tl.load(scores_ptr + items, mask=mask, other=0.0)
-        bad_score = mask & ((s != s) | (tl.abs(s) == float("inf")))
-        bad_label = mask & (stored != 0) & (stored != 1)
-        status = tl.where(tl.max(bad_score.to(tl.int32)) > 0, BAD_SCORE, 0)
-        tl.atomic_or(status_ptr, status | tl.where(tl.max(bad_label.to(tl.int32)) > 0, BAD_LABEL, 0))
+        report_binary_check(status_ptr, tl.load(scores_ptr + items, mask=mask, other=0.0), stored, mask, BAD_SCORE,
+                            BAD_LABEL)
 
 
 @triton.jit(  # batch sizes and the caller's labels not specialized: see _common.py
@@ -158,16 +158,11 @@ def counting_layout(levels, *, check: tuple[torch.Tensor, torch.Tensor] | None =
     transposed, a view) without groups, by a counting sort: equal to ``pair_layout(levels, None)``.
     ``check`` (scores, status) with 0/1 labels as the ranks: the data check of
     ``kernels.check.check_batch`` in the same launch, its bits OR-ed into status."""
-    from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
-    from ..ops.layout import PairLayout
-
-    rank = levels.rank
+    rank = int32_addressable(levels.rank)
     validate_device(rank, *(check or ()))
     if levels.num_ranks > COUNTING_LEVELS:
         raise ValueError(f"counting_layout takes at most {COUNTING_LEVELS} levels; got {levels.num_ranks}")
     num_problems, n = rank.shape
-    if max(n - 1, 0) * rank.stride(1) >= 2**31 or rank.stride(0) * max(num_problems - 1, 0) >= 2**31:
-        rank = rank.contiguous()  # int32 offsets of a problem's row
     num_blocks = max(cdiv(n, BLOCK), 1)
     width = 1 << (levels.num_ranks - 1).bit_length()  # the levels' power of two (triton.next_power_of_2 is slow)
     counts = torch.empty((num_problems, num_blocks, width), dtype=torch.int32, device=rank.device)

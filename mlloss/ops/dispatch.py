@@ -260,6 +260,8 @@ def _pair_loss_op(
         # Without groups, a few levels are laid out by a counting sort (two launches, the same
         # layout) instead of a sort and two binary searches.
         few_levels = groups is None and levels.num_ranks <= COUNTING_LEVELS
+        # (binary columns as passed are two levels without groups: their data check is here)
+        assert few_levels or not checked_in_kernels, "binary columns as passed take the counting layout"
         if few_levels:
             layout = counting_layout(levels, check=(scores, status) if checked_in_kernels else None)
         else:
