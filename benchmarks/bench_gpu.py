@@ -65,8 +65,9 @@ Skips (the reason is recorded in the row): a baseline whose projected peak excee
 ``--mem-limit-gb`` (default 85% of the GPU's memory) -- naive rows scale with N^2 and LibAUC with
 its pos x neg matrix, extrapolated from the largest size measured so far at the measured bytes per
 element (24 B before any measurement); any row but the reference whose projected step time (the
-last measured time times the ratio of work: N^2 for naive rows, valid pairs otherwise) exceeds
-``--max-step-s`` (10 s; quick 2 s); LibAUC
+last measured time times the ratio of work: N^2 for naive rows, valid pairs otherwise; for a
+tile variant ``impl@tiles``, the reference's time at this size times their ratio at the last)
+exceeds ``--max-step-s`` (10 s; quick 2 s); LibAUC
 when it is not importable; every row once ``--budget-s`` of the run is spent. The JSON (and its
 ``.md``) is rewritten after every row, so a run cut short keeps what it measured.
 
@@ -242,6 +243,7 @@ class Projector:
         self.mem_limit_gb = mem_limit_gb
         self.max_step_s = max_step_s
         self.seen: dict[str, dict[str, float]] = {}  # impl -> its last measurement
+        self.times: dict[tuple[str, int], float] = {}  # (impl, n) -> its median step time
 
     @staticmethod
     def work(impl: str, n: int, pairs: float) -> float:
@@ -262,6 +264,13 @@ class Projector:
                 return f"projected peak {projected_mb / 1024:.3g} GB > {self.mem_limit_gb:.3g} GB"
         if seen:
             projected_s = seen["time_s"] * self.work(impl, n, pairs) / seen["work"]
+            base, _, variant = impl.partition("@")
+            earlier = (base, seen["n"])
+            if variant and (base, n) in self.times and earlier in self.times:
+                # A tile variant of the reference runs its kernels: its time at this size is the
+                # reference's times their ratio at the last size (the work ratio from a
+                # host-bound small size overestimates it tenfold and more)
+                projected_s = self.times[(base, n)] * seen["time_s"] / self.times[earlier]
             row["projected_time_s"] = projected_s
             if time_limited and projected_s > self.max_step_s:
                 return f"projected step {projected_s:.3g} s > {self.max_step_s:g} s"
@@ -274,7 +283,9 @@ class Projector:
             "peak_mb": row.get("peak_extra_mb") or 0.0,
             "time_s": row["time_s"],
             "work": self.work(impl, n, pairs),
+            "n": n,
         }
+        self.times[(impl, n)] = row["time_s"]
 
 
 def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str | None,

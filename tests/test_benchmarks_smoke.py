@@ -155,6 +155,25 @@ def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_th
     assert (dict(pairwise.TILES), dense.MAX_ITEMS) == before
 
 
+def test_a_tile_variant_is_projected_from_the_reference_at_the_same_size(bench_gpu):
+    """A tile variant's step at N = 2^20 is the reference's there times their ratio at 16,384: a
+    host-bound 16,384 row scaled by the ratio of pairs would project seconds and skip it."""
+    projector = bench_gpu.Projector(mem_limit_gb=80.0, max_step_s=2.0)
+    small, large = 16_384, 1 << 20
+    pairs_small, pairs_large = 0.09 * small * small, 0.09 * large * large
+    for impl, time_s in (("mlloss-layout", 1.0e-3), ("mlloss-layout@64x32x4", 0.7e-3)):
+        projector.record(dict(impl=impl, n=small, pairs=pairs_small, time_s=time_s, peak_extra_mb=1.0))
+    naive_projection = 0.7e-3 * pairs_large / pairs_small
+    assert naive_projection > 2.0
+    projector.record(dict(impl="mlloss-layout", n=large, pairs=pairs_large, time_s=0.155, peak_extra_mb=28.0))
+    row = dict(impl="mlloss-layout@64x32x4", n=large, pairs=pairs_large)
+    assert projector.skip_reason(row) is None
+    assert row["projected_time_s"] == pytest.approx(0.155 * 0.7)
+    other = dict(impl="mlloss-torch", n=large, pairs=pairs_large)  # no variant: the work ratio
+    projector.record(dict(impl="mlloss-torch", n=small, pairs=pairs_small, time_s=7e-3, peak_extra_mb=33.0))
+    assert projector.skip_reason(other).startswith("projected step")
+
+
 def test_tile_candidates_are_the_shapes_that_compile_without_spills(cases):
     """Section 7 times only shapes whose sm_90 compile keeps every accumulator in registers:
     ``tile_sass_variants`` builds each candidate (and the spilling shapes) from the library's
