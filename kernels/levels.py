@@ -1,5 +1,5 @@
 """Levels on the Triton tier: LaA's label patterns ranked in one launch, and the layout of a few
-levels without groups in two (a counting sort instead of a sort and two binary searches).
+levels in two (a counting sort inside each group instead of sorts and binary searches).
 
 **Pattern ranks.**
 
@@ -16,19 +16,28 @@ An entry other than 0 counts as a 1: the data check refuses such labels when it 
 off (``validate_args=False``) non-binary labels give no defined loss, but every pattern stays
 inside the table.
 
-**Counting layout.** Without groups, a problem of L levels (binary labels: 2; LaA of two binary
-columns: 3) sorted by level is a stable counting sort: an item's position is the number of items
-of lower levels, plus those of its own level before it. ``counting_layout`` builds the
-``PairLayout`` that ``mlloss.ops.layout.pair_layout`` builds with a sort and two binary searches
-(the same order, cell starts and ends, bit for bit) in two launches: the level counts of every
-block of items, then each block's positions from the counts of the blocks before it and an
-in-block prefix sum per level. On CUDA the sort alone is several launches (CUB's radix passes,
-their scratch) and took about 200 us of host time a call under torch.profiler on the H100
+**Counting layout.** A problem of L levels (binary labels: 2; LaA of two binary columns: 3)
+sorted by (group, level) is a stable counting sort inside each group: an item's position is its
+group's start, plus the group's items of lower levels, plus those of its own level before it.
+``counting_layout`` builds the ``PairLayout`` that ``mlloss.ops.layout.pair_layout`` builds with
+sorts and binary searches (the same order, cell and group spans, bit for bit) in two launches:
+the level counts of every block of positions, then each block's positions from the counts of
+the blocks before it and in-block prefix sums per level. Without groups the items are counted in
+index order, and no sort runs at all. With groups, one stable sort of the group ids puts each
+group in a run of positions (in index order inside it, as pair_layout's stable sort of (group,
+level) keys leaves them; with ``tie_scores``, by score, after a sort of the scores); a group's
+items of level l are then the items of level l before its end minus those before its start, and
+prefixes grow along the positions, so the positions kernel finds both by a max-scan and a
+reverse min-scan over the block's group starts and ends, and, for the groups that cross the
+block's edges, from the counts of the blocks between (a user's group spans one or two blocks).
+On CUDA a sort is several launches (CUB's radix passes, their scratch): without groups the sort
+and the int32 cast took about 200 us of host time a call under torch.profiler on the H100
 (``nvidia-h100-80gb-hbm3-profile-a98808d.txt``: the AUC call at N = 16,384), the binary searches
-and the int32 cast of the order about 100 more. For at most ``COUNTING_LEVELS`` levels; a rank
-outside [0, L) (labels the data check refuses) counts as the nearest level, so that every
-position is written. Binary label columns come as the caller passed them (transposed, a view of
-any dtype and strides: no int32 copy), and the counts kernel then makes the data check too.
+about 100 more; with groups pair_layout takes two sorts and five binary searches over N items.
+For at most ``COUNTING_LEVELS`` levels; a rank outside [0, L) (labels the data check refuses)
+counts as the nearest level, so that every position is written. Binary label columns come as
+the caller passed them (transposed, a view of any dtype and strides: no int32 copy), and the
+counts kernel then makes the data check too.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from .check import report_binary_check
 __all__ = ["COUNTING_LEVELS", "counting_layout", "pattern_ranks"]
 
 BLOCK = 1024
+GROUPED_BLOCK = 512  # the positions of a block with groups: its prefixes at the group edges take registers too
 #: Most levels ``counting_layout`` takes (each item block counts them in registers).
 COUNTING_LEVELS = 8
 COUNT_BLOCK = 256  # blocks' counts summed per step of the positions kernel
@@ -84,37 +94,105 @@ def pattern_ranks(labels: torch.Tensor, rank_table: torch.Tensor) -> torch.Tenso
 
 
 # --------------------------------------------------------------------------- #
-# Counting layout: a stable sort by level of problems without groups           #
+# Counting layout: a stable sort by level, inside each group                   #
 # --------------------------------------------------------------------------- #
 @triton.jit
-def _block_levels(rank_row, stride_item, block, N, LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    """(items, in range, the ranks as stored, one-hot [BLOCK, WIDTH] int32 of each item's level)
-    of one item block; ranks are read as int32 and clamped into [0, LEVELS)."""
-    items = block * BLOCK + tl.arange(0, BLOCK)
-    mask = items < N
+def _block_levels(rank_row, stride_item, order_ptr, block, N, LEVELS: tl.constexpr, WIDTH: tl.constexpr,
+                  BLOCK: tl.constexpr, ORDERED: tl.constexpr):
+    """(positions, in range, items, the ranks as stored, one-hot [BLOCK, WIDTH] int32 of each
+    item's level) of one block of positions: the item at position p is p, or order[p] (ORDERED).
+    Ranks are read as int32 and clamped into [0, LEVELS)."""
+    positions = block * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < N
+    if ORDERED:
+        items = tl.load(order_ptr + positions, mask=mask, other=0).to(tl.int32)
+    else:
+        items = positions
     stored = tl.load(rank_row + items.to(tl.int64) * stride_item, mask=mask, other=0)
     rank = tl.minimum(tl.maximum(stored.to(tl.int32), 0), LEVELS - 1)
     one_hot = ((rank[:, None] == tl.arange(0, WIDTH)[None, :]) & mask[:, None]).to(tl.int32)
-    return items, mask, stored, one_hot
+    return positions, mask, items, stored, one_hot
+
+
+@triton.jit
+def _group_edges(groups_ptr, positions, mask, N):
+    """(first of its group, last of its group) of each position, from the sorted group ids."""
+    group = tl.load(groups_ptr + positions, mask=mask, other=0)
+    previous = tl.load(groups_ptr + positions - 1, mask=mask & (positions > 0), other=0)
+    following = tl.load(groups_ptr + positions + 1, mask=positions + 1 < N, other=0)
+    first = mask & ((positions == 0) | (group != previous))
+    last = mask & ((positions == N - 1) | (group != following))
+    return first, last
+
+
+@triton.jit
+def _levels_in(rank_row, stride_item, order_ptr, block, lo, hi, N, LEVELS: tl.constexpr, WIDTH: tl.constexpr,
+               BLOCK: tl.constexpr, ORDERED: tl.constexpr):
+    """[WIDTH] the items of each level at the positions [lo, hi) of one block."""
+    positions, mask, _, _, one_hot = _block_levels(rank_row, stride_item, order_ptr, block, N, LEVELS, WIDTH, BLOCK,
+                                                   ORDERED)
+    inside = (positions >= lo) & (positions < hi)
+    return tl.sum(tl.where(inside[:, None], one_hot, 0), axis=0)
+
+
+@triton.jit
+def _levels_between(rank_row, stride_item, order_ptr, counts_row, lo, hi, N, LEVELS: tl.constexpr,
+                    WIDTH: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, ORDERED: tl.constexpr):
+    """[WIDTH] the items of each level at the positions [lo, hi): the blocks inside from their
+    counts, the part-blocks at the ends read."""
+    levels = tl.arange(0, WIDTH)
+    inner_start = (lo + BLOCK - 1) // BLOCK  # the whole blocks inside are [inner_start, inner_end)
+    inner_end = hi // BLOCK
+    found = tl.zeros([WIDTH], dtype=tl.int32)
+    if lo < tl.minimum(hi, inner_start * BLOCK):
+        found += _levels_in(rank_row, stride_item, order_ptr, lo // BLOCK, lo, tl.minimum(hi, inner_start * BLOCK),
+                            N, LEVELS, WIDTH, BLOCK, ORDERED)
+    for start in range(inner_start, inner_end, COUNT_BLOCK):
+        blocks = start + tl.arange(0, COUNT_BLOCK)
+        found += tl.sum(tl.load(counts_row + blocks[:, None] * WIDTH + levels[None, :],
+                                mask=(blocks < inner_end)[:, None], other=0), axis=0)
+    tail = tl.maximum(inner_start, inner_end) * BLOCK
+    if tail < hi:
+        found += _levels_in(rank_row, stride_item, order_ptr, inner_end, tail, hi, N, LEVELS, WIDTH, BLOCK, ORDERED)
+    return found
 
 
 @triton.jit(  # batch sizes and the caller's labels not specialized: see _common.py
     do_not_specialize=("N", "num_blocks", "stride_problem"),
     do_not_specialize_on_alignment=("rank_ptr", "scores_ptr"),
 )
-def _level_counts_kernel(rank_ptr, stride_problem, stride_item, counts_ptr, scores_ptr, status_ptr, N, num_blocks,
-                         LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, CHECK: tl.constexpr,
-                         BAD_SCORE: tl.constexpr, BAD_LABEL: tl.constexpr):
-    """Grid (item blocks, B): counts[b, block, l], the items of level l in this block. CHECK (0/1
-    labels as the ranks): also the data check of ``kernels.check`` on the block, into ``status``."""
+def _level_counts_kernel(rank_ptr, stride_problem, stride_item, order_ptr, groups_ptr, counts_ptr, edges_ptr,
+                         scores_ptr, status_ptr, N, num_blocks,
+                         LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, ORDERED: tl.constexpr,
+                         GROUPED: tl.constexpr, CHECK: tl.constexpr, BAD_SCORE: tl.constexpr,
+                         BAD_LABEL: tl.constexpr):
+    """Grid (blocks of positions, B): counts[b, block, l], the items of level l in this block.
+    GROUPED: also edges[block] = (the block's last group start, its first group end + 1; -1 and
+    N + 1 without). CHECK (0/1 labels as the ranks): also the data check of ``kernels.check`` on
+    the block, into ``status``."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
-    items, mask, stored, one_hot = _block_levels(rank_ptr + problem * stride_problem, stride_item, block, N, LEVELS,
-                                                 WIDTH, BLOCK)
+    positions, mask, items, stored, one_hot = _block_levels(rank_ptr + problem * stride_problem, stride_item,
+                                                            order_ptr, block, N, LEVELS, WIDTH, BLOCK, ORDERED)
     tl.store(counts_ptr + (problem * num_blocks + block) * WIDTH + tl.arange(0, WIDTH), tl.sum(one_hot, axis=0))
+    if GROUPED:
+        if problem == 0:
+            first, last = _group_edges(groups_ptr, positions, mask, N)
+            tl.store(edges_ptr + 2 * block, tl.max(tl.where(first, positions, -1)))
+            tl.store(edges_ptr + 2 * block + 1, tl.min(tl.where(last, positions + 1, N + 1)))
     if CHECK:
         report_binary_check(status_ptr, tl.load(scores_ptr + items, mask=mask, other=0.0), stored, mask, BAD_SCORE,
                             BAD_LABEL)
+
+
+@triton.jit
+def _max_scan(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_scan(a, b):
+    return tl.minimum(a, b)
 
 
 @triton.jit(  # batch sizes and the caller's labels not specialized: see _common.py
@@ -122,60 +200,139 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, counts_ptr, scor
     do_not_specialize_on_alignment=("rank_ptr",),
 )
 def _level_positions_kernel(
-    rank_ptr, stride_problem, stride_item, counts_ptr, order_ptr, cell_start_ptr, cell_end_ptr, N, num_blocks,
+    rank_ptr, stride_problem, stride_item, order_ptr, groups_ptr, counts_ptr, edges_ptr, out_order_ptr,
+    cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, N, num_blocks,
     LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr,
+    ORDERED: tl.constexpr, GROUPED: tl.constexpr,
 ):
-    """Grid (item blocks, B): each item's sorted position (its level's start, plus the items of its
-    level in earlier blocks and earlier in this one) gets the item's index and its cell's span."""
+    """Grid (blocks of positions, B): the item at each position goes to its sorted position (its
+    group's start, plus the group's items of lower levels, plus those of its level before it), with
+    its cell's span. ``prefix[p, l]``, the items of level l before position p, is the counts of the
+    blocks before this one plus an in-block prefix sum; a group's items of level l are its
+    prefix at the group's end minus that at its start."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
     levels = tl.arange(0, WIDTH)
-    total = tl.zeros([WIDTH], dtype=tl.int32)
-    before = tl.zeros([WIDTH], dtype=tl.int32)
+    rank_row = rank_ptr + problem * stride_problem
     counts_row = counts_ptr + problem * num_blocks * WIDTH
+    block_start = block * BLOCK
+    block_end = tl.minimum(block_start + BLOCK, N)
+    before = tl.zeros([WIDTH], dtype=tl.int32)
+    total = tl.zeros([WIDTH], dtype=tl.int32)
+    last_start = -1  # the last group start before this block
+    first_end = N + 1  # the first group end (one past a group's last position) after it
     for start in range(0, num_blocks, COUNT_BLOCK):  # every block's counts, in the same order
         blocks = start + tl.arange(0, COUNT_BLOCK)
         counts = tl.load(counts_row + blocks[:, None] * WIDTH + levels[None, :], mask=(blocks < num_blocks)[:, None],
                          other=0)
-        total += tl.sum(counts, axis=0)
         before += tl.sum(tl.where((blocks < block)[:, None], counts, 0), axis=0)
-    level_start = tl.cumsum(total, axis=0) - total
-    items, mask, _, one_hot = _block_levels(rank_ptr + problem * stride_problem, stride_item, block, N, LEVELS,
-                                            WIDTH, BLOCK)
-    earlier = tl.cumsum(one_hot, axis=0) - one_hot  # this block's items of the level before each item
-    position = tl.sum(one_hot * (earlier + (level_start + before)[None, :]), axis=1)
-    cell_start = tl.sum(one_hot * level_start[None, :], axis=1)
-    cell_end = cell_start + tl.sum(one_hot * total[None, :], axis=1)
+        if GROUPED:
+            last_start = tl.maximum(last_start, tl.max(tl.load(edges_ptr + 2 * blocks, mask=blocks < block, other=-1)))
+            first_end = tl.minimum(first_end, tl.min(tl.load(edges_ptr + 2 * blocks + 1,
+                                                             mask=(blocks > block) & (blocks < num_blocks),
+                                                             other=N + 1)))
+        else:
+            total += tl.sum(counts, axis=0)
+    positions, mask, items, _, one_hot = _block_levels(rank_row, stride_item, order_ptr, block, N, LEVELS, WIDTH,
+                                                       BLOCK, ORDERED)
+    in_block = tl.cumsum(one_hot, axis=0) - one_hot  # [BLOCK, WIDTH] this block's items of each level before p
+    if GROUPED:
+        prefix = before[None, :] + in_block  # and all blocks'
+
+        first, last = _group_edges(groups_ptr, positions, mask, N)
+        # the groups that hold the block's first and last positions, which may start before it and
+        # end after it (else the carried ranges below are empty)
+        carry_start = tl.where(tl.sum((first & (positions == block_start)).to(tl.int32)) > 0, block_start, last_start)
+        carry_end = tl.where(tl.sum((last & (positions == block_end - 1)).to(tl.int32)) > 0, block_end, first_end)
+        before_carry = before - _levels_between(rank_row, stride_item, order_ptr, counts_row, carry_start,
+                                                block_start, N, LEVELS, WIDTH, BLOCK, COUNT_BLOCK, ORDERED)
+        after_carry = before + tl.sum(one_hot, axis=0) + _levels_between(
+            rank_row, stride_item, order_ptr, counts_row, block_end, carry_end, N, LEVELS, WIDTH, BLOCK, COUNT_BLOCK,
+            ORDERED)
+        # the prefix at each position's group start and end: prefixes grow along the positions, so
+        # a group's is the largest at a group start up to p, the smallest at a group end from p
+        group_start = tl.maximum(tl.associative_scan(tl.where(first, positions, -1), 0, _max_scan), carry_start)
+        group_end = tl.minimum(tl.associative_scan(tl.where(last, positions + 1, N + 1), 0, _min_scan, reverse=True),
+                               carry_end)
+        at_start = tl.maximum(tl.associative_scan(tl.where(first[:, None], prefix, -1), 0, _max_scan),
+                              before_carry[None, :])
+        at_end = tl.minimum(tl.associative_scan(tl.where(last[:, None], prefix + one_hot, N + 1), 0, _min_scan,
+                                                reverse=True), after_carry[None, :])
+        size = at_end - at_start  # [BLOCK, WIDTH] items of each level in the item's group
+        cell_start = group_start + tl.sum(one_hot * (tl.cumsum(size, axis=1) - size), axis=1)
+        cell_end = cell_start + tl.sum(one_hot * size, axis=1)
+        position = cell_start + tl.sum(one_hot * (prefix - at_start), axis=1)
+        if problem == 0:
+            tl.store(group_start_ptr + positions, group_start, mask=mask)
+            tl.store(group_end_ptr + positions, group_end, mask=mask)
+    else:  # one group: the same sums, over the totals
+        level_start = tl.cumsum(total, axis=0) - total
+        cell_start = tl.sum(one_hot * level_start[None, :], axis=1)
+        cell_end = cell_start + tl.sum(one_hot * total[None, :], axis=1)
+        position = tl.sum(one_hot * (in_block + (level_start + before)[None, :]), axis=1)
     row = problem * N + position
-    tl.store(order_ptr + row, items, mask=mask)
+    tl.store(out_order_ptr + row, items, mask=mask)
     tl.store(cell_start_ptr + row, cell_start, mask=mask)
     tl.store(cell_end_ptr + row, cell_end, mask=mask)
 
 
-def counting_layout(levels, *, check: tuple[torch.Tensor, torch.Tensor] | None = None):
+def counting_layout(levels, groups: torch.Tensor | None = None, *, tie_scores: torch.Tensor | None = None,
+                    check: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The ``PairLayout`` of ``levels`` (a ``mlloss.ops.layout.Levels`` of at most
     ``COUNTING_LEVELS`` ranks, any integer or float dtype and strides: binary label columns
-    transposed, a view) without groups, by a counting sort: equal to ``pair_layout(levels, None)``.
+    transposed, a view) and the optional (N,) int64 ``groups``, by a counting sort inside each
+    group: equal to ``pair_layout(levels, groups, tie_scores=tie_scores)`` bit for bit.
     ``check`` (scores, status) with 0/1 labels as the ranks: the data check of
     ``kernels.check.check_batch`` in the same launch, its bits OR-ed into status."""
     rank = int32_addressable(levels.rank)
-    validate_device(rank, *(check or ()))
+    validate_device(rank, *(check or ()), *(t for t in (groups, tie_scores) if t is not None))
     if levels.num_ranks > COUNTING_LEVELS:
         raise ValueError(f"counting_layout takes at most {COUNTING_LEVELS} levels; got {levels.num_ranks}")
     num_problems, n = rank.shape
-    num_blocks = max(cdiv(n, BLOCK), 1)
+    device = rank.device
+    # The items in group order (the groups' runs ascending; inside them, by score with tie_scores,
+    # else in index order), as pair_layout's stable sort of (group, level) keys leaves them.
+    # (The temporaries are dropped as soon as they are used: at N = 2^20 each int64 vector is 8 MB.)
+    order = sorted_groups = None
+    if tie_scores is not None:
+        order = torch.sort(tie_scores).indices.to(torch.int32)
+    if groups is not None:
+        sorted_groups, by_group = torch.sort(groups if order is None else groups[order], stable=True)
+        order = by_group if order is None else order[by_group]
+        del by_group
+    block = BLOCK if groups is None else GROUPED_BLOCK
+    num_blocks = max(cdiv(n, block), 1)
     width = 1 << (levels.num_ranks - 1).bit_length()  # the levels' power of two (triton.next_power_of_2 is slow)
-    counts = torch.empty((num_problems, num_blocks, width), dtype=torch.int32, device=rank.device)
-    order, cell_start, cell_end = (torch.empty((num_problems, n), dtype=torch.int32, device=rank.device)
-                                   for _ in range(3))
+    counts = torch.empty((num_problems, num_blocks, width), dtype=torch.int32, device=device)
+    out_order, cell_start, cell_end = (torch.empty((num_problems, n), dtype=torch.int32, device=device)
+                                       for _ in range(3))
+    group_start = group_end = edges = None
+    if groups is not None:
+        group_start, group_end = (torch.empty(n, dtype=torch.int32, device=device) for _ in range(2))
+        edges = torch.empty((num_blocks, 2), dtype=torch.int32, device=device)
     if n:
         grid = (num_blocks, num_problems)
         scores, status = check if check is not None else (counts, counts)
-        _level_counts_kernel[grid](rank, rank.stride(0), rank.stride(1), counts, scores, status, n, num_blocks,
-                                   LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK, CHECK=check is not None,
-                                   BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL)
-        # [BLOCK, WIDTH] one-hot counts in registers: 8 levels spilled at 4 warps (255 registers, sm_90)
-        _level_positions_kernel[grid](rank, rank.stride(0), rank.stride(1), counts, order, cell_start, cell_end, n,
-                                      num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=BLOCK,
-                                      COUNT_BLOCK=COUNT_BLOCK, num_warps=4 if width <= 4 else 8)
-    return PairLayout(order, cell_start, cell_end, None, None)
+        spare = counts  # a pointer for the arguments a specialization does not read
+        _level_counts_kernel[grid](
+            rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,
+            _or(edges, spare), scores, status, n, num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=block,
+            ORDERED=order is not None, GROUPED=groups is not None, CHECK=check is not None,
+            BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL,
+        )
+        # [BLOCK, WIDTH] one-hot counts in registers (sm_90, ptxas of Triton 3.9): without groups
+        # 8 levels spill at 4 warps; with groups, the prefixes at the group edges too: blocks of
+        # 512 positions take 64 / 79 / 86 registers a thread for 2 / 4 / 8 levels at 8 / 8 / 16
+        # warps (blocks of 1,024: 93 / 189 / 128 and 12 bytes of spills at 8 / 8 / 16)
+        warps = (8 if width <= 4 else 16) if groups is not None else 4 if width <= 4 else 8
+        _level_positions_kernel[grid](
+            rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,
+            _or(edges, spare), out_order, cell_start, cell_end, _or(group_start, spare), _or(group_end, spare), n,
+            num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=block, COUNT_BLOCK=COUNT_BLOCK,
+            ORDERED=order is not None, GROUPED=groups is not None, num_warps=warps,
+        )
+    return PairLayout(out_order, cell_start, cell_end, group_start, group_end)
+
+
+def _or(tensor: torch.Tensor | None, spare: torch.Tensor) -> torch.Tensor:
+    return spare if tensor is None else tensor

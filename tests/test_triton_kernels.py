@@ -409,6 +409,13 @@ def test_pattern_ranks_kernel_ranks_each_row_as_the_pytorch_formula_does(dtype, 
     assert torch.equal(pattern_ranks(patterns.to(dtype).to(DEVICE), rank_table)[0], rank_table)
 
 
+def assert_same_layout(got, expected) -> None:
+    """Two ``PairLayout``s are equal, bit for bit (int32 everywhere; group spans both None without groups)."""
+    for name in ("order", "cell_start", "cell_end", "group_start", "group_end"):
+        a, b = getattr(got, name), getattr(expected, name)
+        assert (a is None and b is None) or (a.dtype == b.dtype == torch.int32 and torch.equal(a, b)), name
+
+
 @pytest.mark.parametrize("num_items", [1, 2, 1000, 3000])
 @pytest.mark.parametrize("problems,num_ranks", [(1, 2), (3, 2), (1, 3), (1, 4), (2, 8), (1, 1)])
 def test_counting_layout_equals_the_sorted_layout(num_items, problems, num_ranks):
@@ -421,11 +428,9 @@ def test_counting_layout_equals_the_sorted_layout(num_items, problems, num_ranks
     rank = torch.randint(0, num_ranks, (problems, num_items), generator=gen, dtype=torch.int32)
     rank[:, : num_items // 3] = num_ranks - 1  # a long run of one level across block boundaries
     levels = Levels(rank.to(DEVICE), num_ranks, None)
-    counted, sorted_ = counting_layout(levels), pair_layout(levels, None)
+    counted = counting_layout(levels)
     assert counted.group_start is None and counted.group_end is None
-    for name in ("order", "cell_start", "cell_end"):
-        got, expected = getattr(counted, name), getattr(sorted_, name)
-        assert got.dtype == expected.dtype == torch.int32 and torch.equal(got, expected), name
+    assert_same_layout(counted, pair_layout(levels, None))
 
 
 def test_counting_layout_writes_every_position_for_ranks_outside_the_levels():
@@ -440,11 +445,70 @@ def test_counting_layout_writes_every_position_for_ranks_outside_the_levels():
     assert torch.equal(layout.order.cpu(), torch.sort(clamped, stable=True).indices.to(torch.int32))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64])
+def group_ids(pattern: str, num_items: int, gen: torch.Generator) -> torch.Tensor:
+    """Group ids of ``pattern``: users of ~50 items in runs (some crossing the counting layout's
+    blocks of 512 positions with groups), the same ids shuffled (negative ones too), one group,
+    one item per group."""
+    if pattern == "one group":
+        return torch.full((num_items,), 7)
+    if pattern == "singletons":
+        return torch.randperm(num_items, generator=gen) - num_items // 2
+    runs = torch.cumsum(torch.rand(num_items, generator=gen) < 0.02, 0)
+    runs[900:2200] = runs[900]  # one user across a whole block and two block edges
+    if pattern == "runs":
+        return runs
+    return (runs * 37 - 500)[torch.randperm(num_items, generator=gen)]
+
+
+@pytest.mark.parametrize("pattern,problems,num_ranks,tied", [
+    ("runs", 1, 2, False), ("runs", 2, 3, True), ("shuffled", 1, 2, True), ("shuffled", 2, 8, False),
+    ("one group", 1, 3, False), ("one group", 1, 2, True), ("singletons", 1, 4, False), ("singletons", 2, 2, True),
+])
+def test_counting_layout_with_groups_equals_the_sorted_layout(pattern, problems, num_ranks, tied):
+    """With groups (and with ``tie_scores``, the max-violation pairs' order inside a cell), the
+    counting layout gives pair_layout's order, cell spans and group spans, bit for bit: groups
+    inside one block, across block edges, across whole blocks, and of one item."""
+    from mlloss.kernels.levels import counting_layout
+
+    gen = torch.Generator().manual_seed(len(pattern) * 100 + num_ranks * 10 + problems)
+    num_items = 3000
+    rank = torch.randint(0, num_ranks, (problems, num_items), generator=gen, dtype=torch.int32)
+    rank[:, 1000:1500] = num_ranks - 1  # a long run of one level inside the long group
+    groups = group_ids(pattern, num_items, gen).to(DEVICE)
+    tie_scores = torch.randint(-3, 4, (num_items,), generator=gen).float().to(DEVICE) if tied else None
+    levels = Levels(rank.to(DEVICE), num_ranks, None)
+    assert_same_layout(counting_layout(levels, groups, tie_scores=tie_scores),
+                       pair_layout(levels, groups, tie_scores=tie_scores))
+
+
+@pytest.mark.parametrize("num_items", [1, 2, 5])
+def test_counting_layout_with_groups_of_a_few_items(num_items):
+    from mlloss.kernels.levels import counting_layout
+
+    rank = torch.tensor([[1, 0, 1, 1, 0][:num_items]], dtype=torch.int32)
+    groups = torch.tensor([3, 3, -1, 3, -1][:num_items])
+    levels = Levels(rank.to(DEVICE), 2, None)
+    assert_same_layout(counting_layout(levels, groups.to(DEVICE)), pair_layout(levels, groups.to(DEVICE)))
+
+
+def test_counting_layout_with_groups_writes_every_position_for_ranks_outside_the_levels():
+    from mlloss.kernels.levels import counting_layout
+
+    rank = torch.tensor([[0, 5, -3, 1, 1, 2, 0, -1]], dtype=torch.int32)
+    groups = torch.tensor([1, 0, 1, 0, 1, 0, 1, 1])
+    layout = counting_layout(Levels(rank.to(DEVICE), 2, None), groups.to(DEVICE))
+    assert torch.equal(torch.sort(layout.order[0].cpu().long()).values, torch.arange(8))
+    expected = pair_layout(Levels(rank.clamp(0, 1).to(DEVICE), 2, None), groups.to(DEVICE))
+    assert torch.equal(layout.order, expected.order)
+
+
+@pytest.mark.parametrize("dtype,grouped", [(torch.float32, False), (torch.bool, True), (torch.int64, False),
+                                           (torch.float32, True)])
 @pytest.mark.parametrize("bad", ["none", "nan score", "label 0.5", "label 2"])
-def test_counting_layout_reads_label_columns_as_passed_and_checks_them(dtype, bad):
+def test_counting_layout_reads_label_columns_as_passed_and_checks_them(dtype, grouped, bad):
     """The dispatch hands the counting layout the caller's binary columns transposed (a view of
-    any dtype and strides) and the data check: the layout of the int32 ranks, check_batch's bits."""
+    any dtype and strides) and the data check: the layout of the int32 ranks, check_batch's bits,
+    with and without groups."""
     from mlloss._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
     from mlloss.kernels.levels import counting_layout
     from mlloss.kernels.pairwise import check_batch
@@ -460,24 +524,26 @@ def test_counting_layout_reads_label_columns_as_passed_and_checks_them(dtype, ba
         wide[1234, 2] = 0.5 if bad == "label 0.5" else 2.0
     columns = wide.to(dtype)[:, 1:3]  # strides (4, 1), one element in
     status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    layout = counting_layout(Levels(columns.to(DEVICE).t(), 2, None), check=(scores.to(DEVICE), status))
-    expected = pair_layout(Levels(columns.t().to(torch.int32).clamp(0, 1).contiguous().to(DEVICE), 2, None), None)
-    for name in ("order", "cell_start", "cell_end"):
-        assert torch.equal(getattr(layout, name), getattr(expected, name)), name
+    groups = group_ids("shuffled", 2500, gen).to(DEVICE) if grouped else None
+    layout = counting_layout(Levels(columns.to(DEVICE).t(), 2, None), groups, check=(scores.to(DEVICE), status))
+    expected = pair_layout(Levels(columns.t().to(torch.int32).clamp(0, 1).contiguous().to(DEVICE), 2, None), groups)
+    assert_same_layout(layout, expected)
     reference = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     check_batch(scores.to(DEVICE), columns.to(DEVICE), reference, label_rule="binary")
     assert status.item() == reference.item()
     assert reference.item() == (0 if not planted else STATUS_BAD_SCORE if bad == "nan score" else STATUS_BAD_LABEL)
 
 
-def test_an_ungrouped_layout_call_names_a_bad_entry() -> None:
-    """Past the dense kernels' size, without groups: the counting layout's data check names it."""
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_layout_call_names_a_bad_entry(grouped) -> None:
+    """Past the dense kernels' size: the counting layout's data check names it."""
     scores = torch.randn(2100, dtype=torch.float64)
     labels = (torch.arange(2100) % 3 == 0).to(torch.float32)
+    groups = (torch.arange(2100) // 50).to(DEVICE) if grouped else None
     import mlloss
 
     loss = mlloss.AUCLoss(backend="triton")
     with pytest.raises(ValueError, match=r"scores\[777\]"):
-        loss(scores.index_fill(0, torch.tensor([777]), float("inf")).to(DEVICE), labels.to(DEVICE))
+        loss(scores.index_fill(0, torch.tensor([777]), float("inf")).to(DEVICE), labels.to(DEVICE), groups)
     with pytest.raises(ValueError, match=r"labels\[5"):
-        loss(scores.to(DEVICE), labels.index_fill(0, torch.tensor([5]), 0.5).to(DEVICE))
+        loss(scores.to(DEVICE), labels.index_fill(0, torch.tensor([5]), 0.5).to(DEVICE), groups)

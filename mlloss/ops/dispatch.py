@@ -228,8 +228,8 @@ def _pair_loss_op(
         mask = None
     # Binary label columns that the kernels read as the caller passed them (a transposed view, no
     # int32 copy), making the data check in the same launch: the dense kernels, and the counting
-    # layout of a batch without groups.
-    columns_as_passed = on_kernels and not aggregated and (dense or (pairs == "all" and groups is None))
+    # layout of all pairs.
+    columns_as_passed = on_kernels and not aggregated and (dense or pairs == "all")
     checked_in_kernels = validate and columns_as_passed
     status = None
     if validate and on_kernels:  # fused into the kernels' launches, read at the end
@@ -253,17 +253,16 @@ def _pair_loss_op(
         )
     elif on_kernels and pairs == "all":
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
+            from ..kernels.levels import COUNTING_LEVELS, counting_layout
             from ..kernels.pairwise import pair_loss_and_grad
 
-        from ..kernels.levels import COUNTING_LEVELS, counting_layout
-
-        # Without groups, a few levels are laid out by a counting sort (two launches, the same
-        # layout) instead of a sort and two binary searches.
-        few_levels = groups is None and levels.num_ranks <= COUNTING_LEVELS
-        # (binary columns as passed are two levels without groups: their data check is here)
+        # A few levels are laid out by a counting sort inside each group (two launches, the same
+        # layout) instead of two sorts and binary searches.
+        few_levels = levels.num_ranks <= COUNTING_LEVELS
+        # (binary columns as passed are two levels: their data check is here)
         assert few_levels or not checked_in_kernels, "binary columns as passed take the counting layout"
         if few_levels:
-            layout = counting_layout(levels, check=(scores, status) if checked_in_kernels else None)
+            layout = counting_layout(levels, groups, check=(scores, status) if checked_in_kernels else None)
         else:
             layout = pair_layout(levels, groups)
         result = pair_loss_and_grad(
@@ -275,9 +274,14 @@ def _pair_loss_op(
         # patterns or an ordinal column) by a walk over each group's cells
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
+            from ..kernels.levels import COUNTING_LEVELS, counting_layout
 
+        if levels.num_ranks <= COUNTING_LEVELS:
+            layout = counting_layout(levels, groups, tie_scores=scores)
+        else:
+            layout = pair_layout(levels, groups, tie_scores=scores)
         result = hardest_loss_and_grad(
-            scores, levels, pair_layout(levels, groups, tie_scores=scores), mixing=mixing,
+            scores, levels, layout, mixing=mixing,
             surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
             cost=cost,
         )

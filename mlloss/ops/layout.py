@@ -24,9 +24,9 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
 
 ``pair_layout`` is sync-free and shape-static: a few sorts and binary searches on the device,
 no ``unique``/``nonzero``/``.item()``, so a CUDA step does not wait for the host and
-``torch.compile`` sees fixed shapes. (The Triton tier lays out problems of a few levels without
-groups by a counting sort in two launches instead, ``kernels.levels.counting_layout``: the same
-``PairLayout``, bit for bit.) The tables of ``dense_tables`` are data-dependent in size
+``torch.compile`` sees fixed shapes. (The Triton tier lays out problems of a few levels by a
+counting sort inside each group in two launches instead, after one sort of the group ids if
+there are groups, ``kernels.levels.counting_layout``: the same ``PairLayout``, bit for bit.) The tables of ``dense_tables`` are data-dependent in size
 and read counts on the host; they serve the PyTorch tier only (the Triton tier's max-violation
 pairs walk each group's cells instead: ``kernels.hardest``).
 """
