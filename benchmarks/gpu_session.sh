@@ -56,7 +56,7 @@ bench)
     python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -iap "$out/bench.log" | quiet_tail 30
     ;;
 profile)
-    # One AUC and one LaA call at N = 16,384: wall time per call, and the profiler's device and host tables.
+    # AUC and LaA calls at N = 16,384, grouped AUC and PDAOM at 2^20: wall time per call, the profiler's tables.
     python benchmarks/profile_call.py --output "$out/profile.txt" "${@:2}" 2>&1 | quiet_tail 12
     ;;
 recipe|recipe-compiled)

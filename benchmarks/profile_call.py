@@ -2,14 +2,15 @@
 launches) or the device (the kernels), from ``torch.profiler``.
 
 What it is for: telling whether a call is bound by its kernels or by its host path, which decides
-what to speed up. It runs ``bench_gpu.py``'s logistic AUC and LaA cases (``cases.py``: the same
-seeded inputs and losses as its ``mlloss-triton`` rows) and times ``--steps`` calls (wall clock, one synchronisation at the end, so that
+what to speed up. It runs ``bench_gpu.py``'s logistic AUC and LaA cases at N = 16,384, and its
+grouped AUC and PDAOM cases at N = 2^20 (``cases.py``: the same seeded inputs and losses as its
+``mlloss-triton`` rows) and times ``--steps`` calls (wall clock, one synchronisation at the end, so that
 host work and kernels overlap as in training), then profiles ``--profiled`` more and prints the ops
 by device time and by host time, with the device time per call.
 
 Usage::
 
-    python benchmarks/profile_call.py                          # CUDA if available, N = 16,384
+    python benchmarks/profile_call.py                          # CUDA if available, each case at its target size
     python benchmarks/profile_call.py --device cpu --num-items 256 --output /tmp/profile.txt
 
 On the CPU the kernels run on the host too (``TRITON_INTERPRET=1`` for ``backend="triton"``):
@@ -33,8 +34,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases  # noqa: E402
 from _measure import device_name  # noqa: E402
 
-# bench_gpu.py's cases (``cases.py``: the same seeded inputs as its rows), on the Triton backend.
-CASES = {"AUC": cases.auc_logistic(0.1), "LaA": cases.laa_logistic()}
+# bench_gpu.py's cases (``cases.py``: the same seeded inputs as its rows), on the Triton backend, each
+# at the size of its GPU target: the calls at N = 16,384 and the grouped ones at N = 2^20 (users of ~50).
+CASES = {"AUC": cases.auc_logistic(0.1), "LaA": cases.laa_logistic(), "grouped-AUC": cases.grouped_auc_logistic(),
+         "PDAOM": cases.pdaom(group_size=cases.GROUP_SIZE)}
+SIZES = {"AUC": 16_384, "LaA": 16_384, "grouped-AUC": 1 << 20, "PDAOM": 1 << 20}
 
 
 def profile_case(name: str, num_items: int, device: torch.device, steps: int, profiled: int, seed: int) -> str:
@@ -69,7 +73,9 @@ def profile_case(name: str, num_items: int, device: torch.device, steps: int, pr
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--num-items", type=int, default=16_384)
+    parser.add_argument("--num-items", type=int, default=None,
+                        help="items per call of every case (default: each case's target size, " +
+                        ", ".join(f"{name} {size:,}" for name, size in SIZES.items()) + ")")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--steps", type=int, default=50, help="timed calls")
     parser.add_argument("--profiled", type=int, default=10, help="profiled calls")
@@ -79,7 +85,7 @@ def main(argv: list[str] | None = None) -> str:
     device = torch.device(args.device)
     header = f"# profile_call.py: {device_name(device)}, torch {torch.__version__}"
     with contextlib.redirect_stderr(io.StringIO()):  # the profiler's warnings
-        sections = [profile_case(name, args.num_items, device, args.steps, args.profiled, args.seed)
+        sections = [profile_case(name, args.num_items or SIZES[name], device, args.steps, args.profiled, args.seed)
                     for name in args.cases]
     report = "\n\n".join([header] + sections) + "\n"
     print(report)

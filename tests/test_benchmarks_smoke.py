@@ -501,9 +501,10 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
     report = profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1",
                                 "--output", str(tmp_path / "profile.txt")])
     assert (tmp_path / "profile.txt").read_text() == report
-    for name in ("AUC logistic, prior 0.1", "LaA logistic, 2 labels (priors 0.5, 0.1)"):
+    for name in ("AUC logistic, prior 0.1", "LaA logistic, 2 labels (priors 0.5, 0.1)",
+                 "grouped AUC logistic, ~50 items/user, prior 0.1", "PDAOM exponential, groups, prior 0.1"):
         assert f"## {name}, N = 64, cpu:" in report
-    assert report.count("Self CPU time total") == 2
+    assert report.count("Self CPU time total") == 4
 
 
 def test_host_time_compiles_the_kernels_and_times_each_call_with_and_without_triton_launches(tmp_path):
