@@ -1,17 +1,18 @@
-"""Host time of one eager loss call, with Triton's own launch path, measured without a GPU.
+"""Host time of one eager loss call, with the real kernel launch path, measured without a GPU.
 
 At the batch sizes recommenders train with, an eager forward + backward on a GPU is bound by
 the host: on an H100 an ``AUCLoss`` call at N = 16,384 took 0.93 ms of wall time for 0.14 ms of
 kernels (``results/nvidia-h100-80gb-hbm3-profile-a98808d.txt``). The host's share is the
-library's Python, PyTorch's dispatch of each aten op and Triton's launch of each kernel
-(``JITFunction.run``: binding and specializing the arguments, the cache key, the grid). This
-tool times all three on the CPU:
+library's Python, PyTorch's dispatch of each aten op and the launch of each kernel (Triton's
+``JITFunction.run`` binds and specializes the arguments and hashes a cache key; the library's
+``kernels._launch`` does that once per specialization and then calls the compiled kernel's
+launcher). This tool times all three on the CPU:
 
 * the kernels are Triton's JIT functions compiled for Hopper (``GPUTarget("cuda", 90, 32)``,
   ptxas) on their first launch, as on a GPU, with the library's CUDA launch choices (tiles,
   chunks for 132 multiprocessors, fast math: ``cuda_specializations.cuda_launch_choices``). A
   stand-in driver (``StandInDriver``) loads no binary and its launcher returns at once: every
-  launch runs Triton's whole Python launch path and launches nothing;
+  launch runs the whole Python launch path and launches nothing;
 * the tensors are CPU tensors, so the aten ops compute on the CPU (1,024 items: a few us each)
   and no CUDA launch or allocation is paid. The kernels' outputs keep what their allocation held,
   and the aten ops after a kernel compute on that: a sort after a kernel (the layout of LaA's
@@ -21,7 +22,7 @@ tool times all three on the CPU:
 
 Each row times ``--calls`` forward + backward calls (after warm-up) in the thread's CPU time,
 ``validate_args=False`` (a step without host syncs, as under CUDA graphs), and as many with
-every Triton launch removed (``launches removed``): their difference is Triton's launch path.
+every kernel launch removed (``launches removed``): their difference is the launch path.
 The calls run in blocks, the two kinds alternating, and each figure is the smallest block
 median; every row is timed in ``--rounds`` rounds over all rows and its fastest kept: this VM's
 speed changes by up to 2x for seconds at a time. The GPU machine's CPU is
@@ -83,7 +84,7 @@ class HostTime:
     grouped: bool
     layout: bool  # the layout kernels forced where the dense small-batch kernels would run
     num_items: int
-    launches: int  # Triton launches per call
+    launches: int  # kernel launches per call
     host_us: float  # CPU microseconds of one forward + backward (the smallest block median)
     without_launches_us: float  # the same with every Triton launch removed
 
@@ -144,7 +145,7 @@ def stand_in_driver():
 
 @contextlib.contextmanager
 def compiled_cuda_launches():
-    """Inside: Triton launches go through its JIT launch path to the stand-in driver, with the
+    """Inside: kernel launches go through their launch path to the stand-in driver, with the
     library's CUDA launch choices, on CPU tensors. The driver stays installed afterwards (a
     machine without a GPU has no other to go back to)."""
     from triton.runtime import driver
@@ -156,35 +157,46 @@ def compiled_cuda_launches():
         yield
 
 
+def _launch_entry():
+    """(class, attribute) of the method every kernel launch goes through: the library's
+    ``Launcher.launch``, or Triton's ``JITFunction.run`` in versions before ``kernels/_launch.py``
+    (``--root`` of an older checkout)."""
+    try:
+        from mlloss.kernels._launch import Launcher
+    except ImportError:
+        from triton.runtime.jit import JITFunction
+
+        return JITFunction, "run"
+    return Launcher, "launch"
+
+
 @contextlib.contextmanager
 def launches_removed():
-    """Inside: a Triton launch returns before Triton's launch path."""
-    from triton.runtime.jit import JITFunction
-
-    run = JITFunction.run
-    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: None
+    """Inside: a kernel launch returns before the library's and Triton's launch paths."""
+    owner, name = _launch_entry()
+    launch = getattr(owner, name)
+    setattr(owner, name, lambda self, *args, **kwargs: None)
     try:
         yield
     finally:
-        JITFunction.run = run
+        setattr(owner, name, launch)
 
 
 @contextlib.contextmanager
 def counting_launches():
-    """Yields a one-element list that counts the Triton launches made inside."""
-    from triton.runtime.jit import JITFunction
-
-    run, count = JITFunction.run, [0]
+    """Yields a one-element list that counts the kernel launches made inside."""
+    owner, name = _launch_entry()
+    launch, count = getattr(owner, name), [0]
 
     def counted(self, *args, **kwargs):
         count[0] += 1
-        return run(self, *args, **kwargs)
+        return launch(self, *args, **kwargs)
 
-    JITFunction.run = counted
+    setattr(owner, name, counted)
     try:
         yield count
     finally:
-        JITFunction.run = run
+        setattr(owner, name, launch)
 
 
 def _median_us(call, calls: int) -> float:
@@ -324,7 +336,7 @@ def _kernels(row: HostTime) -> str:
 
 
 def _print_rows(rows: list[HostTime]) -> None:
-    print(f"host time of one forward + backward at N = {NUM_ITEMS:,}, checks off, CPU tensors, Triton's launch path "
+    print(f"host time of one forward + backward at N = {NUM_ITEMS:,}, checks off, CPU tensors, the launch path "
           "to a stand-in driver (us, thread CPU time)")
     print(f"{'loss':<24} {'groups':>6} {'kernels':>7} {'launches':>8} {'host us':>8} {'launches removed':>17} "
           f"{'per launch':>10}")

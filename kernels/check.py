@@ -13,6 +13,7 @@ import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ._common import cdiv, validate_device
+from ._launch import launcher
 
 __all__ = ["check_batch", "report_binary_check"]
 
@@ -82,7 +83,7 @@ def check_batch(
     validate_device(scores, labels, status, mask)  # the call's first launch
     n, k = labels.shape
     block = 1024
-    _check_batch_kernel[(max(cdiv(n, block), 1),)](
+    launcher(_check_batch_kernel)[(max(cdiv(n, block), 1),)](
         scores, labels, mask if mask is not None else scores, status, n, k, labels.stride(0), labels.stride(1),
         MASKED=mask is not None, LABEL_RULE=_LABEL_RULES[label_rule], BLOCK=block, BAD_SCORE=STATUS_BAD_SCORE,
         BAD_LABEL=STATUS_BAD_LABEL,

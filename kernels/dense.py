@@ -52,6 +52,7 @@ from ._common import (
     cdiv, fast_math, int32_addressable, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype,
     validate_device, value_scale,
 )
+from ._launch import launcher
 from .check import report_binary_check
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
@@ -316,7 +317,7 @@ def dense_loss_and_grad(
                        device=scores.device)
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
     if n:
-        _dense_rows_kernel[(num_blocks, num_problems)](
+        launcher(_dense_rows_kernel)[(num_blocks, num_problems)](
             scores, labels, labels.stride(0), labels.stride(1), groups if groups is not None else labels,
             mask if mask is not None else labels,
             values if values is not None else scores, grad, block_sums, status if check else block_sums, n, num_blocks,

@@ -41,6 +41,7 @@ import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
 from ._common import cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device
+from ._launch import launcher
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
 
@@ -356,7 +357,7 @@ def hardest_loss_and_grad(
     prefix = grad  # not read without a temperature
     if soft:  # the cells' exp terms, then their prefix sums (one row per problem, or upper and lower rows)
         terms = torch.empty((2 if several else num_problems, n), dtype=torch.float64, device=scores.device)
-        _soft_terms_kernel[(num_blocks, 1 if several else num_problems)](
+        launcher(_soft_terms_kernel)[(num_blocks, 1 if several else num_problems)](
             scores, levels.rank, layout.order, *spans, terms, n, 1.0 / tau,
             HAS_GROUPS=has_groups, BOTH=several, BLOCK=block,
         )
@@ -365,7 +366,7 @@ def hardest_loss_and_grad(
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
         walk_blocks = cdiv(n, walk_block)
         block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
-        _hardest_levels_kernel[(walk_blocks,)](
+        launcher(_hardest_levels_kernel)[(walk_blocks,)](
             scores, levels.rank, levels.values, layout.order, *spans, prefix, grad, block_sums, n, walk_blocks, tau,
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
             HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft,
@@ -373,7 +374,7 @@ def hardest_loss_and_grad(
         )
     else:
         block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
-        _hardest_kernel[(num_blocks, num_problems)](
+        launcher(_hardest_kernel)[(num_blocks, num_problems)](
             scores, levels.rank, layout.order, *spans, prefix, grad, block_sums, n, num_blocks, tau,
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
         )

@@ -49,6 +49,7 @@ import triton.language as tl
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..ops.layout import PairLayout
 from ._common import cdiv, int32_addressable, validate_device
+from ._launch import launcher
 from .check import report_binary_check
 
 __all__ = ["COUNTING_LEVELS", "counting_layout", "pattern_ranks"]
@@ -87,7 +88,7 @@ def pattern_ranks(labels: torch.Tensor, rank_table: torch.Tensor) -> torch.Tenso
         raise ValueError(f"a table of {2**k} pattern ranks is needed for {k} label columns; got {rank_table.numel()}")
     out = torch.empty((1, n), dtype=torch.int32, device=labels.device)
     if n:
-        _pattern_rank_kernel[(cdiv(n, BLOCK),)](
+        launcher(_pattern_rank_kernel)[(cdiv(n, BLOCK),)](
             labels, labels.stride(0), labels.stride(1), rank_table, out, n, K=k, BLOCK=BLOCK,
         )
     return out
@@ -314,7 +315,7 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *, tie_scores: t
         grid = (num_blocks, num_problems)
         scores, status = check if check is not None else (counts, counts)
         spare = counts  # a pointer for the arguments a specialization does not read
-        _level_counts_kernel[grid](
+        launcher(_level_counts_kernel)[grid](
             rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,
             _or(edges, spare), scores, status, n, num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=block,
             ORDERED=order is not None, GROUPED=groups is not None, CHECK=check is not None,
@@ -325,7 +326,7 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *, tie_scores: t
         # 512 positions take 64 / 79 / 86 registers a thread for 2 / 4 / 8 levels at 8 / 8 / 16
         # warps (blocks of 1,024: 93 / 189 / 128 and 12 bytes of spills at 8 / 8 / 16)
         warps = (8 if width <= 4 else 16) if groups is not None else 4 if width <= 4 else 8
-        _level_positions_kernel[grid](
+        launcher(_level_positions_kernel)[grid](
             rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,
             _or(edges, spare), out_order, cell_start, cell_end, _or(group_start, spare), _or(group_end, spare), n,
             num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=block, COUNT_BLOCK=COUNT_BLOCK,

@@ -57,6 +57,7 @@ import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
 from ._common import cdiv, launch_target, rank_at, reverse_margin_terms, tl_dtype
+from ._launch import launcher
 from .check import check_batch
 from .reduce import combine, finalize, normaliser_source
 
@@ -305,7 +306,7 @@ def pair_partials(
     shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
     values = position_values(levels, layout, accumulation) if cost_linear else scores
     has_groups = layout.group_start is not None
-    _pair_partials_kernel[(cdiv(n, block_m) * num_chunks, 2, num_problems)](
+    launcher(_pair_partials_kernel)[(cdiv(n, block_m) * num_chunks, 2, num_problems)](
         scores, values, layout.order, layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_end,
@@ -352,7 +353,7 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty((num_problems, n), dtype=dtype, device=layout.order.device)
     has_groups = layout.group_start is not None
     block = FINALIZE_BLOCK[launch_target(out.device)]
-    _position_values_kernel[(cdiv(n, block), num_problems)](
+    launcher(_position_values_kernel)[(cdiv(n, block), num_problems)](
         levels.rank, levels.values, layout.order, layout.group_start if has_groups else layout.order, out,
         n, levels.num_ranks, HAS_GROUPS=has_groups, BLOCK=block,
     )

@@ -18,6 +18,7 @@ import triton.language as tl
 from .._validation import STATUS_OVERFLOW
 from ..ops.layout import MAX_WALK_LEVELS
 from ._common import cdiv, next_cell, rank_at, tl_dtype
+from ._launch import launcher
 
 __all__ = ["combine", "finalize", "normaliser_source"]
 
@@ -147,7 +148,7 @@ def finalize(
     carries = group_sums(shares, layout.group_start, block) if source == "shares" else partials
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=partials.device)
     # A binary problem's normaliser reads no rank (its ranks may be the caller's labels, any dtype).
-    _finalize_kernel[(num_blocks, num_problems)](
+    launcher(_finalize_kernel)[(num_blocks, num_problems)](
         partials, layout.order, layout.order if source == "binary" else levels.rank,
         partials if levels.values is None else levels.values,
         layout.cell_start, layout.cell_end,
@@ -232,10 +233,10 @@ def group_sums(values: torch.Tensor, group_start: torch.Tensor | None, block: in
     num_blocks = cdiv(n, block)
     carries = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=values.device)
     has_groups = group_start is not None
-    _group_scan_kernel[(num_blocks, num_problems)](
+    launcher(_group_scan_kernel)[(num_blocks, num_problems)](
         values, group_start if has_groups else values, carries, n, num_blocks, HAS_GROUPS=has_groups, BLOCK=block,
     )
-    _group_carry_kernel[(num_problems,)](carries, num_blocks, CHUNK=CARRY_CHUNK)
+    launcher(_group_carry_kernel)[(num_problems,)](carries, num_blocks, CHUNK=CARRY_CHUNK)
     return carries
 
 
@@ -325,7 +326,7 @@ def combine(
     stats = torch.empty(3 * num_problems, dtype=torch.float64, device=grad_parts.device)
     if grad is None:
         grad = torch.empty(n, dtype=loss_dtype, device=grad_parts.device)
-    _combine_kernel[(max(cdiv(n, block), 1),)](
+    launcher(_combine_kernel)[(max(cdiv(n, block), 1),)](
         grad_parts, grad_parts_offset, grad_parts_stride, block_sums, mixing if mixing is not None else block_sums, grad, loss, stats,
         status if status is not None else stats, n, num_problems, block_sums.shape[2],
         MEAN=mean, HAS_MIXING=mixing is not None, CHECK=status is not None,

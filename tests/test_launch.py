@@ -1,0 +1,105 @@
+"""kernels/_launch.py: a launch reuses a compiled kernel only where Triton would have.
+
+The fast path runs only with compiled kernels (not under the interpreter), so the check runs in a
+subprocess with ``TRITON_INTERPRET=0``: the kernels are compiled for sm_90 and launched through
+``benchmarks/host_time.py``'s stand-in driver (compiles, launches nothing). For arguments that
+differ in everything Triton specializes on (alignment, ints equal to 1 or divisible by 16,
+dtypes, constexprs), each launch's key must name the compiled kernel that Triton's own launch
+path returns for the same arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+SCRIPT = r"""
+import itertools, sys
+sys.path.insert(0, sys.argv[1])
+import host_time  # sets TRITON_INTERPRET=0 before triton is imported
+import torch
+from triton import knobs
+from mlloss.kernels import _launch
+from mlloss.kernels.levels import _pattern_rank_kernel
+
+with host_time.compiled_cuda_launches():
+    fast = _launch.launcher(_pattern_rank_kernel)
+    base = torch.zeros(4096, dtype=torch.int32)
+    table = torch.zeros(64, dtype=torch.int32)
+    configs = []
+    for offset, out_offset, n, k, dtype in itertools.product((0, 1), (0, 3), (1, 16, 1000), (2, 3),
+                                                            (torch.int32, torch.float32)):
+        labels = base.to(dtype)[offset:offset + 2 * n].view(n, 2)[:, :1].expand(n, k)
+        out = base[out_offset:out_offset + n]
+        args = (labels, labels.stride(0), labels.stride(1), table, out, n)
+        configs.append((args, dict(K=k, BLOCK=1024)))
+    seen = {}
+    for args, kwargs in configs * 2:
+        fast[(1,)](*args, **kwargs)
+        triton_kernel = _pattern_rank_kernel[(1,)](*args, **kwargs)  # Triton's own path
+        keys = [key for key, (kernel, _) in fast.compiled.items() if kernel is triton_kernel]
+        assert keys, "the launch's compiled kernel is not Triton's"
+        for key in keys:
+            assert seen.setdefault(key, triton_kernel) is triton_kernel, key
+    distinct_triton = len({id(kernel) for kernel in seen.values()})
+    assert distinct_triton > 1, "the configurations should make Triton compile several specializations"
+    assert len(fast.compiled) >= distinct_triton
+
+    # After the first launch of a key, a launch does not enter Triton's launch path ...
+    from triton.runtime.jit import JITFunction
+    entered = [0]
+    jit_run = JITFunction.run
+    def counted(self, *a, **kw):
+        entered[0] += 1
+        return jit_run(self, *a, **kw)
+    JITFunction.run = counted
+    args, kwargs = configs[0]
+    for _ in range(5):
+        fast[(1,)](*args, **kwargs)
+    assert entered[0] == 0, entered
+    # ... unless a launch hook is set: Triton's path hands it to the launcher (which the stand-in
+    # driver's launcher does not call)
+    def hook(metadata):
+        pass
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        fast[(1,)](*args, **kwargs)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert entered[0] == 1, entered
+    JITFunction.run = jit_run
+print("ok", len(fast.compiled), distinct_triton)
+"""
+
+
+def test_a_launch_reuses_a_compiled_kernel_only_where_triton_would():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(BENCHMARKS)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("ok"), done.stdout
+
+
+def test_under_the_interpreter_a_launch_goes_through_triton():
+    """Under TRITON_INTERPRET=1 (this suite) the launcher hands every launch to Triton."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    from mlloss.kernels import _launch
+    from mlloss.kernels.levels import pattern_ranks
+
+    if not _launch.INTERPRET:
+        pytest.skip("compiled kernels: the subprocess test covers them")
+    labels = torch.tensor([[0, 1], [1, 1], [1, 0]], dtype=torch.int32)
+    ranks = pattern_ranks(labels, torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+    assert ranks.tolist() == [[2, 3, 1]]
+    kernel = pattern_ranks.__globals__["_pattern_rank_kernel"]
+    assert _launch.launcher(kernel) is kernel
