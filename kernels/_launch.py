@@ -86,7 +86,15 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-@functools.cache
+_LAUNCHERS: dict[int, Launcher] = {}  # by the kernel's id (a JITFunction's hash is its source's: 1 us)
+
+
 def launcher(kernel):
-    """The one ``Launcher`` of ``kernel``; under the interpreter, the kernel itself."""
-    return kernel if INTERPRET else Launcher(kernel)
+    """The one ``Launcher`` of ``kernel`` (a module's ``@triton.jit`` function, which lives as long
+    as the process); under the interpreter, the kernel itself."""
+    if INTERPRET:
+        return kernel
+    found = _LAUNCHERS.get(id(kernel))
+    if found is None:
+        found = _LAUNCHERS[id(kernel)] = Launcher(kernel)
+    return found
