@@ -30,7 +30,9 @@ Sections 1-5 also run ``mlloss-graph``: the Triton call captured once in a CUDA 
 replayed (``cases.graphed_step``), at N = 1,024 and 16,384 (sections 1 and 2) and at the grouped
 and PDAOM sizes: the kernels' and copies' own time, without the host path that bounds these
 calls in eager mode (no target; the report's lines put it beside the eager call). CUDA only: the
-CPU smoke run records the rows as skipped.
+CPU smoke run records the rows as skipped. At the same sizes ``mlloss-unchecked`` times the eager
+call with ``validate_args=False``: no data check, so no host sync, and the host path overlaps the
+kernels (the eager rows of the targets keep the default check, whose status read waits for them).
 
 N = 1,024 to 1,048,576 (x4) in the full run; ``--quick``: N = 1,024, 16,384, 1,048,576 (grouped:
 16,384 and 1,048,576), AUC prior 0.1 only, and fewer compiled rows -- every acceptance line in a

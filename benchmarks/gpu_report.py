@@ -13,7 +13,8 @@ memory; the whole call at N = 16,384 <= 0.3 ms (AUC and LaA); grouped AUC and La
 N = 1,048,576 in users of ~50 items <= 1 ms; ``PDAOMLoss`` at N = 1,048,576 <= 0.5 ms; then
 naive eager and naive ``torch.compile`` time over Triton at N = 16,384 (>= 20x, >= 5x); the float32
 loss within 1e-5 relative of the float64 one at N = 1,048,576 (section 6, each case run). Lines
-without a target: the ``mlloss-graph`` rows (the call in a CUDA graph) beside the eager call, and
+without a target: the ``mlloss-graph`` rows (the call in a CUDA graph) beside the eager call (and
+the eager call with ``validate_args=False``, ``mlloss-unchecked``: no host sync), and
 section 7's tiles. A line gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
 "no verdict" and why.
 """
@@ -108,7 +109,10 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
     for graph in (r for r in rows if r["impl"] == "mlloss-graph" and "time_s" in r):
         eager = [r for r in _measured(rows, graph["case"], "mlloss" if graph["case"] == cases.PDAOM_CASE
                                       else "mlloss-triton") if r["n"] == graph["n"]]
+        unchecked = [r for r in _measured(rows, graph["case"], "mlloss-unchecked") if r["n"] == graph["n"]]
         beside = f", eager {eager[0]['time_s'] * 1e3:.3g} ms" if eager else ""
+        if unchecked:
+            beside += f" ({unchecked[0]['time_s'] * 1e3:.3g} ms with validate_args=False)"
         lines.append(f"- {graph['case']} at N={graph['n']:,} in a CUDA graph (no target, no host path): "
                      f"{graph['time_s'] * 1e3:.3g} ms{beside}")
     return lines

@@ -70,17 +70,20 @@ def test_both_runners_plan_the_same_loss_for_a_case_name_and_count_its_pairs(cas
 def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_path):
     output = tmp_path / "smoke.json"
     bench_gpu.main(["--device", "cpu", "--sections", "2,5", "--sizes", "96", "--min-repeats", "1",
-                    "--max-repeats", "1", "--impls", "mlloss-triton,mlloss-graph,mlloss-torch,naive",
+                    "--max-repeats", "1", "--impls", "mlloss-triton,mlloss-graph,mlloss-unchecked,mlloss-torch,naive",
                     "--output", str(output)])
     report = json.loads(output.read_text())
     rows = report["results"]
-    assert {(r["section"], r["impl"]) for r in rows} == {
-        (section, impl) for section in (2, 5) for impl in ("mlloss-triton", "mlloss-graph", "mlloss-torch", "naive")
-    }
+    impls = ("mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-torch", "naive")
+    assert {(r["section"], r["impl"]) for r in rows} == {(section, impl) for section in (2, 5) for impl in impls}
     graphed = [row for row in rows if row["impl"] == "mlloss-graph"]  # captured on CUDA only
     assert graphed and all(row["skipped"] == "a CUDA graph needs a CUDA device" for row in graphed)
+    # without the data check: the same bits as the checked call (section 2 runs it at 1,024 and 16,384 only)
+    unchecked = {row["section"]: row for row in rows if row["impl"] == "mlloss-unchecked"}
+    assert unchecked[2]["skipped"].startswith("run time: this mode runs mlloss-unchecked here only at")
+    assert unchecked[5]["value_rel_diff"] == 0 and unchecked[5]["grad_rel_diff"] == 0
     for row in rows:
-        if row["impl"] == "mlloss-graph":
+        if row["impl"] == "mlloss-graph" or row is unchecked[2]:
             continue
         assert "error" not in row and "skipped" not in row, row
         assert row["time_s"] > 0 and row["pairs_per_s"] > 0
