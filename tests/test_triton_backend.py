@@ -138,6 +138,45 @@ def test_strided_inputs_give_the_contiguous_result(name, layout, monkeypatch):
         torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
+GROUPED_LAYOUT_LOSSES = {
+    "auc": (lambda backend: mlloss.AUCLoss(backend=backend), 1),
+    "loa": (lambda backend: mlloss.LoALoss([1.0, 0.5], backend=backend), 2),
+    "laa": (lambda backend: mlloss.LaALoss(cost="linear", backend=backend), 2),
+    "pdaom": (lambda backend: mlloss.PDAOMLoss(surrogate="logistic", backend=backend), 1),
+    "soft hardest": (lambda backend: mlloss.AUCLoss(pairs="hardest", temperature=0.5, backend=backend), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(GROUPED_LAYOUT_LOSSES))
+@pytest.mark.parametrize("shuffled", [False, True], ids=["runs", "shuffled"])
+def test_grouped_layout_calls_across_blocks_equal_the_torch_tier(name, shuffled, monkeypatch):
+    """1,300 items in users of ~40 (one user of 300 across a block edge of the counting layout's
+    512-position blocks), on the layout kernels: the PyTorch tier's value and gradient, with a mask too."""
+    from mlloss.kernels import dense
+
+    monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    make, num_labels = GROUPED_LAYOUT_LOSSES[name]
+    gen = torch.Generator().manual_seed(len(name) + 10 * shuffled)
+    n = 1300
+    groups = torch.cumsum(torch.rand(n, generator=gen) < 0.025, 0)
+    groups[400:700] = groups[400]
+    if shuffled:
+        groups = (groups * 7 - 30)[torch.randperm(n, generator=gen)]
+    scores = torch.randn(n, generator=gen, dtype=torch.float64)
+    labels = (torch.rand(n, num_labels, generator=gen) < 0.3).to(torch.float64)
+    mask = torch.rand(n, generator=gen) < 0.9
+    for masked in (None, mask):
+        results = []
+        for backend, device in (("triton", DEVICE), ("torch", "cpu")):
+            leaf = scores.clone().to(device).requires_grad_(True)
+            value = make(backend)(leaf, labels.to(device), groups.to(device),
+                                  mask=None if masked is None else masked.to(device))
+            value.backward()
+            results.append((value.detach().cpu(), leaf.grad.cpu()))
+        assert results[0][1].abs().sum() > 0
+        torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("name", ["auc", "pdaom", "loa"])
 def test_every_label_dtype_gives_the_float_labels_result(name, layout, monkeypatch):
