@@ -21,11 +21,15 @@ Triton's own path is taken whenever this one cannot stand in for it: under the i
 profiler such as Proton), when the kernel has pre-run hooks, and when the arguments are not the
 runtime ones by position and every constexpr by name. Knob settings that change
 code generation (``TRITON_DEBUG``, ...) are read by the first launch of each key.
+
+``MLLOSS_TRITON_LAUNCH=triton`` in the environment (read at import) sends every launch through
+Triton's path: the way to rule this module out when a launch misbehaves.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from triton import knobs
@@ -36,6 +40,10 @@ from ._common import INTERPRET
 __all__ = ["launcher"]
 
 _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+LAUNCH_ENV = "MLLOSS_TRITON_LAUNCH"
+#: Whether launches after a kernel's first take the compiled launcher ("direct", the default) or
+#: always Triton's path ("triton").
+DIRECT = os.environ.get(LAUNCH_ENV, "direct") != "triton"
 
 
 class Launcher:
@@ -91,8 +99,9 @@ _LAUNCHERS: dict[int, Launcher] = {}  # by the kernel's id (a JITFunction's hash
 
 def launcher(kernel):
     """The one ``Launcher`` of ``kernel`` (a module's ``@triton.jit`` function, which lives as long
-    as the process); under the interpreter, the kernel itself."""
-    if INTERPRET:
+    as the process); under the interpreter or with ``MLLOSS_TRITON_LAUNCH=triton``, the kernel
+    itself."""
+    if INTERPRET or not DIRECT:
         return kernel
     found = _LAUNCHERS.get(id(kernel))
     if found is None:

@@ -82,10 +82,24 @@ print("ok", len(fast.compiled), distinct_triton)
 
 def test_a_launch_reuses_a_compiled_kernel_only_where_triton_would():
     env = dict(os.environ, TRITON_INTERPRET="0")
+    env.pop("MLLOSS_TRITON_LAUNCH", None)
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(BENCHMARKS)], capture_output=True, text=True,
                           timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.startswith("ok"), done.stdout
+
+
+def test_the_environment_switch_sends_every_launch_through_triton():
+    """MLLOSS_TRITON_LAUNCH=triton: launcher() is the kernel itself, also for compiled kernels."""
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import host_time\n"
+              "from mlloss.kernels import _launch\n"
+              "from mlloss.kernels.levels import _pattern_rank_kernel\n"
+              "assert not _launch.DIRECT and _launch.launcher(_pattern_rank_kernel) is _pattern_rank_kernel\n"
+              "print('ok')")
+    env = dict(os.environ, TRITON_INTERPRET="0", MLLOSS_TRITON_LAUNCH="triton")
+    done = subprocess.run([sys.executable, "-c", script, str(BENCHMARKS)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_under_the_interpreter_a_launch_goes_through_triton():
