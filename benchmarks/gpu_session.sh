@@ -113,7 +113,7 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 140 + 130 + 65 + 40 = 375 s, training 100 + 140 + 110 = 350 s,
+    # files. Limits (H100, 16 cores): kernels 140 + 130 + 65 + 70 = 405 s, training 100 + 140 + 110 = 350 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
@@ -121,9 +121,11 @@ kernels|training)
         # then 6 and 7 (accuracy, tiles) in a file of their own, so that a slow float64 reference
         # cannot take the timing sections' time; then the profile of a call. A budget leaves its
         # limit room for the start (imports, ~10 s) and the row in flight. (Sections 1-5 took 74 s on
-        # 2026-11-26, before their mlloss-graph rows: about 9 more rows of 1-2 s.)
+        # 2026-11-26, before their mlloss-graph rows: about 9 more rows of 1-2 s; the mlloss-unchecked
+        # rows add about as many.) The profile compiles the kernels of four calls (the grouped AUC and
+        # PDAOM calls at 2^20 since cbe1c89).
         plan=("140 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
-              "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "40 profile")
+              "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "70 profile")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
         # training rows fit), then with CUDA graphs at the launch-bound batch of 1,024 (a compile per
