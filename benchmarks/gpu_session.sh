@@ -113,7 +113,7 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 140 + 130 + 65 + 70 = 405 s, training 100 + 140 + 110 = 350 s,
+    # files. Limits (H100, 16 cores): kernels 140 + 130 + 65 + 65 = 400 s, training 100 + 140 + 110 = 350 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
@@ -125,7 +125,7 @@ kernels|training)
         # rows add about as many.) The profile compiles the kernels of four calls (the grouped AUC and
         # PDAOM calls at 2^20 since cbe1c89).
         plan=("140 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
-              "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "70 profile")
+              "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "65 profile")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
         # training rows fit), then with CUDA graphs at the launch-bound batch of 1,024 (a compile per
