@@ -112,6 +112,12 @@ TILES_PREFIX = "tiles: "
 # results/kernel-sass-tiles.json).
 TILE_CANDIDATES = ("64x64x4", "64x64x8", "32x128x4", "128x32x4", "64x128x8", "128x64x8", "32x64x4", "64x32x4")
 SPILLING_TILES = ("128x128x8",)
+# Options of the layout kernel timed the same way, with the library's tiles, before the tile
+# candidates (the run's budget may end in those): "fma-rcp", kernel 1's value pass with the
+# logistic reciprocal on the FMA pipe (pairwise.FMA_RECIPROCAL; kernel_sass.py's "fma-rcp option"
+# variants: 2 special-function ops in that pass instead of 3, 17.3 instructions per pair instead
+# of 11.3).
+KERNEL_OPTIONS = ("fma-rcp",)
 
 
 def tile_sass_variants() -> list[Any]:
@@ -233,7 +239,7 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
     if section == 7:
         sizes = sizes_override or ([big] if mode == "smoke" else [HEADLINE_SPEEDUP_N, big])
         return [dict(case, case=TILES_PREFIX + case["case"], section=7, sizes=sizes,
-                     impls=["mlloss-layout"] + [f"mlloss-layout@{tiles}" for tiles in TILE_CANDIDATES])
+                     impls=["mlloss-layout"] + [f"mlloss-layout@{choice}" for choice in KERNEL_OPTIONS + TILE_CANDIDATES])
                 for case in (auc_logistic(0.1), laa_logistic())]
     raise ValueError(f"unknown section {section}; expected one of {sorted(GPU_SECTION_TITLES)}")
 
@@ -447,24 +453,28 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
 def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
     """The Triton tier's launch settings changed for one call: its dense small-batch kernels off
     (``layout_only``: the layout kernels at every N), and the layout kernel's (BLOCK_M, BLOCK_N,
-    warps) on ``device``'s target (``tiles``, e.g. ``"64x64x8"``)."""
+    warps) on ``device``'s target (``tiles``, e.g. ``"64x64x8"``) or one of ``KERNEL_OPTIONS``
+    (``"fma-rcp"``: ``pairwise.FMA_RECIPROCAL`` on)."""
     if not (layout_only or tiles):
         yield
         return
     from mlloss.kernels import dense, pairwise
     from mlloss.kernels._common import launch_target
 
-    max_items, saved_tiles = dense.MAX_ITEMS, dict(pairwise.TILES)
+    max_items, saved_tiles, saved_rcp = dense.MAX_ITEMS, dict(pairwise.TILES), dict(pairwise.FMA_RECIPROCAL)
     try:
         if layout_only:
             dense.MAX_ITEMS = 0
-        if tiles:
+        if tiles == "fma-rcp":
+            pairwise.FMA_RECIPROCAL[launch_target(device)] = True
+        elif tiles:
             pairwise.TILES[launch_target(device)] = tuple(int(part) for part in tiles.split("x"))
         yield
     finally:
         dense.MAX_ITEMS = max_items
         pairwise.TILES.clear()
         pairwise.TILES.update(saved_tiles)
+        pairwise.FMA_RECIPROCAL.update(saved_rcp)
 
 
 def mlloss_loss(spec: dict[str, Any], **options):

@@ -119,8 +119,9 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _tile_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Section 7, no target: per case and N, the fastest tiles of the layout kernel against the
-    library's choice (the ``mlloss-layout`` row; its ``@64x64x4`` twin shows the run's noise)."""
+    """Section 7, no target: per case and N, the fastest tiles or option (``@fma-rcp``) of the
+    layout kernel against the library's choice (the ``mlloss-layout`` row; its ``@64x64x4`` twin
+    shows the run's noise)."""
     lines = []
     for case in sorted({r["case"] for r in rows if r["case"].startswith(cases.TILES_PREFIX) and "time_s" in r}):
         for n in sorted({r["n"] for r in rows if r["case"] == case and "time_s" in r}):

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
-from ._common import cdiv, launch_target, rank_at, reverse_margin_terms, tl_dtype
+from ._common import FAST_FMA_RECIPROCAL, cdiv, launch_target, rank_at, reverse_margin_terms, tl_dtype
 from ._launch import launcher
 from .check import check_batch
 from .reduce import combine, finalize, normaliser_source
@@ -371,6 +371,11 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 # registers; benchmarks/cuda_specializations.py). The interpreter pays about a millisecond per
 # program-and-tile step whatever the tile size: big tiles are cheapest.
 TILES = {"cuda": (64, 64, 4), "cuda float64": (32, 32, 4), "interpreter": (128, 128, 4)}
+# Whether kernel 1's value pass takes the logistic reciprocal on the FMA pipe (``_common``'s
+# FAST_FMA_RECIPROCAL mode of the fast branch) per device: off until an H100 measures it side by side
+# (benchmarks/bench_gpu.py section 7, ``mlloss-layout@fma-rcp``); its SASS is kernel_sass.py's
+# ``fma-rcp`` variants.
+FMA_RECIPROCAL = {"cuda": False, "interpreter": False}
 FINALIZE_BLOCK = {"cuda": 1024, "interpreter": 1024}
 # Kernel 1 aims at this many programs per streaming multiprocessor (each pass of each problem
 # counts), splitting partner ranges into chunks when N alone gives too few row blocks.
@@ -438,9 +443,10 @@ def pair_loss_and_grad(
         scores.device, layout.num_items, layout.num_problems, accumulation
     )
     fast = fast_math(scores.device, accumulation)
+    mode = FAST_FMA_RECIPROCAL if fast and FMA_RECIPROCAL[launch_target(scores.device)] else fast
     partials, shares = pair_partials(
         scores, levels, layout,
-        cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=fast,
+        cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=mode,
         score_scale=score_scale(surrogate, fast), value_scale=value_scale(surrogate, fast),
         accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=chunks or default_chunks,
     )
