@@ -55,7 +55,7 @@ from .._extras import needs_extra
 from . import torch_tier
 from .closed_form import CLOSED_FORMS as _CLOSED_FORM_TABLE
 from .fused import accumulation_dtype, fused_loss_op
-from .layout import Levels, pair_layout
+from .layout import Levels, PairLayout, pair_layout
 from .torch_tier import PairOptions
 
 CLOSED_FORMS = tuple(_CLOSED_FORM_TABLE)  # the surrogates with an all-pairs closed form
@@ -253,18 +253,9 @@ def _pair_loss_op(
         )
     elif on_kernels and pairs == "all":
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
-            from ..kernels.levels import COUNTING_LEVELS, counting_layout
             from ..kernels.pairwise import pair_loss_and_grad
 
-        # A few levels are laid out by a counting sort inside each group (two launches, the same
-        # layout) instead of two sorts and binary searches.
-        few_levels = levels.num_ranks <= COUNTING_LEVELS
-        # (binary columns as passed are two levels: their data check is here)
-        assert few_levels or not checked_in_kernels, "binary columns as passed take the counting layout"
-        if few_levels:
-            layout = counting_layout(levels, groups, check=(scores, status) if checked_in_kernels else None)
-        else:
-            layout = pair_layout(levels, groups)
+        layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None)
         result = pair_loss_and_grad(
             scores, levels, layout, mixing=mixing, cost=cost, surrogate=surrogate, margin=margin,
             reduction=reduction, status=status,
@@ -274,14 +265,9 @@ def _pair_loss_op(
         # patterns or an ordinal column) by a walk over each group's cells
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
-            from ..kernels.levels import COUNTING_LEVELS, counting_layout
 
-        if levels.num_ranks <= COUNTING_LEVELS:
-            layout = counting_layout(levels, groups, tie_scores=scores)
-        else:
-            layout = pair_layout(levels, groups, tie_scores=scores)
         result = hardest_loss_and_grad(
-            scores, levels, layout, mixing=mixing,
+            scores, levels, kernel_layout(levels, groups, tie_scores=scores), mixing=mixing,
             surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
             cost=cost,
         )
@@ -302,6 +288,20 @@ def _pair_loss_op(
             scores, labels, _ = without_masked(scores, labels, groups, mask)
         check.raise_for_status(code, scores, labels, label_rule)
     return result
+
+
+def kernel_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | None = None,
+                  check: tuple[Tensor, Tensor] | None = None) -> PairLayout:
+    """The Triton tier's ``PairLayout``: for at most ``kernels.levels.COUNTING_LEVELS`` levels a
+    counting sort inside each group (two launches, after one sort of the group ids if there are
+    groups), else ``layout.pair_layout``'s sorts and binary searches; the same layout. ``check``
+    (binary label columns as passed: two levels) makes the data check in the counting launch."""
+    from ..kernels.levels import COUNTING_LEVELS, counting_layout
+
+    if levels.num_ranks <= COUNTING_LEVELS:
+        return counting_layout(levels, groups, tie_scores=tie_scores, check=check)
+    assert check is None, "binary columns as passed take the counting layout, where their data check runs"
+    return pair_layout(levels, groups, tie_scores=tie_scores)
 
 
 def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
