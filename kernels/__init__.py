@@ -11,7 +11,7 @@ kernels are tested against (``tests/test_tiers.py``).
 * ``hardest``: the max-violation pairs, hard or soft, of binary labels and of LaA's levels;
 * ``check``: the fused data check;
 * ``levels``: LaA's label patterns of several binary columns ranked in one launch, and the
-  layout of a few levels without groups by a counting sort;
+  layout of a few levels by a counting sort inside each group;
 * ``_common``: the surrogate terms (``reverse_margin_terms``, one branch per row of
   ``mlloss.surrogates.TABLE``) and launch plumbing;
 * ``variants``: the compiled variants, for ``benchmarks/kernel_sass.py``.

@@ -1,7 +1,7 @@
 """The data check of a batch as one fused launch: non-finite scores, labels that break the label
 rule (``mlloss._validation.LABEL_RULES``). Its status bits are OR-ed into the call's one int32 status
 word, which ``mlloss.ops.dispatch`` reads once at the end of the call. (Binary label columns on the
-dense kernels, or without groups on the layout kernels, get the same check in a launch the call
+dense kernels, or over all pairs on the layout kernels, get the same check in a launch the call
 makes anyway: ``dense.dense_loss_and_grad``'s and ``levels.counting_layout``'s ``check``.)
 """
 

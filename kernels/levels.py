@@ -323,8 +323,9 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *, tie_scores: t
         )
         # [BLOCK, WIDTH] one-hot counts in registers (sm_90, ptxas of Triton 3.9): without groups
         # 8 levels spill at 4 warps; with groups, the prefixes at the group edges too: blocks of
-        # 512 positions take 64 / 79 / 86 registers a thread for 2 / 4 / 8 levels at 8 / 8 / 16
-        # warps (blocks of 1,024: 93 / 189 / 128 and 12 bytes of spills at 8 / 8 / 16)
+        # 512 positions take 64 / 104 / 86 registers a thread for 2 / 3 / 5 levels at 8 / 8 / 16
+        # warps (benchmarks/results/cuda-specializations.json); blocks of 1,024 took 93 / 189 /
+        # 128 for 2 / 4 / 8 levels, with 12 bytes of spills at 8 levels
         warps = (8 if width <= 4 else 16) if groups is not None else 4 if width <= 4 else 8
         launcher(_level_positions_kernel)[grid](
             rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,

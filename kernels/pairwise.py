@@ -289,7 +289,7 @@ def pair_partials(
     cost_linear: bool,
     surrogate_id: int,
     margin: float,
-    fast: bool,
+    fast: bool | int,  # the FAST mode: False, True or _common.FAST_FMA_RECIPROCAL
     score_scale: float,
     value_scale: float,
     accumulation: torch.dtype,
