@@ -11,11 +11,13 @@
 #   bash benchmarks/gpu_session.sh step [OPTION...]  # python benchmarks/bench_recipe.py --device cuda (the step's split)
 #        e.g. step --compile reduce-overhead --fixed-batches
 #   bash benchmarks/gpu_session.sh profile [OPTION...]  # python benchmarks/profile_call.py (host or kernel bound?)
-#   bash benchmarks/gpu_session.sh kernels   # tests, bench, profile: issue 10's GPU lines in one device command
+#   bash benchmarks/gpu_session.sh launch-check  # python benchmarks/check_launcher.py: the direct launches give
+#                                                # Triton's results bit for bit (status 1 if not)
+#   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench, profile: issue 10's GPU lines in one device command
 #   bash benchmarks/gpu_session.sh training  # step (plain, then CUDA graphs), then recipe: issue 12's
 #
 # A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
-# included): kernels and training, run back to back, are sized to fit it together, 370 + 350 s of
+# included): kernels and training, run back to back, are sized to fit it together, 400 + 350 s of
 # stage limits (see the plans below). Pass the device tool a timeout_s of at most what is left.
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
 # The device image has torch, triton and pytorch-lightning but no network: nothing is installed from
@@ -44,7 +46,12 @@ fi
 # that what the program prints on its way out (pytest's summary) still reaches the log (tee -p) and it.
 quiet_tail() { (trap '' INT; exec tail -n "$1"); }
 
-case "${1:?usage: gpu_session.sh tests|bench|profile|recipe|recipe-compiled|step|kernels|training}" in
+case "${1:?usage: gpu_session.sh tests|bench|profile|recipe|recipe-compiled|step|launch-check|kernels|training}" in
+launch-check)
+    # Every loss through kernels/_launch.py's direct launches and through Triton's path: equal bits.
+    # Its lines go to device.txt (the composite stages fill the 8 files that come back).
+    python benchmarks/check_launcher.py 2>&1 | tee -iap "$out/device.txt" | quiet_tail 15
+    ;;
 tests)
     # The same tests as CI, on CUDA tensors with compiled kernels (TRITON_INTERPRET=0); 8 workers
     # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
@@ -113,39 +120,52 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 140 + 130 + 65 + 65 = 400 s, training 100 + 140 + 110 = 350 s,
+    # files. Limits (H100, 16 cores): kernels 40 + 100 + 130 + 65 + 65 = 400 s, training 100 + 140 + 110 = 350 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
-        # tests (69 s on an H100 on 2026-11-26), then bench_gpu.py --quick (issue 10): sections 1-5,
+        # the launch check, then tests (69 s on an H100 before the launch check compiled part of their kernels), then bench_gpu.py --quick (issue 10): sections 1-5,
         # then 6 and 7 (accuracy, tiles) in a file of their own, so that a slow float64 reference
         # cannot take the timing sections' time; then the profile of a call. A budget leaves its
         # limit room for the start (imports, ~10 s) and the row in flight. (Sections 1-5 took 74 s on
         # 2026-11-26, before their mlloss-graph rows: about 9 more rows of 1-2 s; the mlloss-unchecked
         # rows add about as many.) The profile compiles the kernels of four calls (the grouped AUC and
         # PDAOM calls at 2^20 since cbe1c89).
-        plan=("140 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
+        # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
+        # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
+        # figures stand, and the tests show the failure.
+        plan=("40 launch-check" "100 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
               "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "65 profile")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
-        # training rows fit), then with CUDA graphs at the launch-bound batch of 1,024 (a compile per
-        # loss; its framework overhead, that of an uncompiled stand-in model, left out: the plain run
-        # has it); then the plain recipe, three epochs a run (the first warms up), as far as its limit
-        # goes. recipe-compiled runs in a command of its own. (On an H100 on 2026-11-26 the compiled
-        # step did 3 losses in about 100 s; its 4th, laa, failed then; the recipe did 4 runs in 120 s.)
-        plan=("100 step --rounds 3" "140 step --compile reduce-overhead --fixed-batches --rounds 0 --batch-sizes 1024" \
-              "110 recipe --epochs 3")
+        # training rows fit); then the plain recipe, three epochs a run (the first warms up), as far as
+        # its limit goes; then the step with CUDA graphs at the launch-bound batch of 1,024 (a compile
+        # per loss; its framework overhead, that of an uncompiled stand-in model, left out: the plain
+        # run has it), last, so that a command stopped early by what is left of the loan loses it
+        # first. recipe-compiled runs in a command of its own. (On an H100 in an earlier session the
+        # compiled step did 3 losses in about 100 s; its 4th, laa, failed then; the recipe did 4 runs
+        # in 120 s.)
+        plan=("100 step --rounds 3" "110 recipe --epochs 3" \
+              "140 step --compile reduce-overhead --fixed-batches --rounds 0 --batch-sizes 1024")
     fi
     for entry in "${plan[@]}"; do
         read -r limit stage <<< "$entry"
         echo "== $stage (limit ${limit} s)"
+        status=0
         # shellcheck disable=SC2086 -- the stage's words are its arguments
-        timeout --signal=INT --kill-after=15 "$limit" bash "$0" $stage || echo "== $stage stopped with status $?"
+        timeout --signal=INT --kill-after=15 "$limit" bash "$0" $stage || status=$?
+        if [ "$status" != 0 ]; then
+            echo "== $stage stopped with status $status"
+            if [ "$stage" = launch-check ] && [ "$status" = 1 ]; then
+                export MLLOSS_TRITON_LAUNCH=triton
+                echo "== the direct launches differ from Triton's path: the later stages launch through Triton's"
+            fi
+        fi
     done
     rm -f "$out"/*.partial  # a file being replaced when its stage was killed
     ;;
 *)
-    echo "unknown stage $1: tests, bench, profile, recipe, recipe-compiled, step, kernels or training" >&2
+    echo "unknown stage $1: tests, bench, profile, recipe, recipe-compiled, step, launch-check, kernels or training" >&2
     exit 2
     ;;
 esac

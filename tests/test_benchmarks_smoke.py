@@ -326,8 +326,9 @@ FAKE_PYTHON = r'''#!{python}
 import json, os, signal, sys, time
 
 argv = sys.argv[1:]
-with open(os.environ["FAKE_CALLS"], "a") as log:
-    log.write(json.dumps(argv) + "\n")
+launch = os.environ.get("MLLOSS_TRITON_LAUNCH")
+with open(os.environ["FAKE_CALLS"], "a") as log:  # a launch setting in the environment: one more word
+    log.write(json.dumps(argv + ([f"MLLOSS_TRITON_LAUNCH={{launch}}"] if launch else [])) + "\n")
 behaviour = os.environ.get("FAKE_BEHAVIOUR", "")
 if argv[:1] == ["-"] or (argv[:1] == ["-c"] and "cuda" not in argv[1] and "mlloss" not in argv[1]):
     os.execv({python!r}, [{python!r}, *argv])  # the stage's own inline scripts
@@ -363,6 +364,10 @@ elif argv[0].endswith("bench_recipe.py"):
     output = value("--output")
     for suffix in (".json", ".md"):
         open(os.path.splitext(output)[0] + suffix, "w").write("{{}}")
+elif argv[0].endswith("check_launcher.py"):
+    differs = behaviour == "launch-differs"
+    print("direct launches: " + ("differ from" if differs else "bit-identical to") + " Triton's path")
+    sys.exit(1 if differs else 0)
 elif argv[0].endswith("profile_call.py"):
     open(value("--output"), "w").write("profile")
 elif argv[0].endswith("ctr_cvr.py"):
@@ -432,14 +437,28 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
         assert sum(limits) <= 400, limits
         runs[composite] = [call for call in calls if call[0].endswith(".py")], files, out
     kernels_calls, kernels_files, _ = runs["kernels"]
-    assert [call[0] for call in kernels_calls] == ["benchmarks/bench_gpu.py"] * 2 + ["benchmarks/profile_call.py"]
+    assert [call[0] for call in kernels_calls] == (["benchmarks/check_launcher.py"] + ["benchmarks/bench_gpu.py"] * 2
+                                                  + ["benchmarks/profile_call.py"])
     assert {"tests.txt", "bench.log", "accuracy-and-tiles.json", "profile.txt"} <= kernels_files
+    assert not any(word.startswith("MLLOSS_TRITON_LAUNCH") for call in kernels_calls for word in call)
+    assert "bit-identical to Triton's path" in (runs["kernels"][2] / "device.txt").read_text()
     training_calls, _, training_out = runs["training"]
     assert len([call for call in training_calls if call[0] == "recipes/ctr_cvr.py"]) == 8
     summary = json.loads((training_out / "gpu-recipe-throughput.json").read_text())
     assert summary["bce batch 1024"]["impressions_per_s_median"] == 2500.0  # epochs 2-3: the first warms up
     compiled_step = [call for call in training_calls if call[0] == "benchmarks/bench_recipe.py" and "--compile" in call]
     assert len(compiled_step) == 1 and "--rounds" in compiled_step[0]
+
+
+def test_gpu_session_times_through_tritons_path_when_the_direct_launches_differ(gpu_session):
+    """kernels: when check_launcher.py finds the direct launches differ from Triton's path (status 1),
+    the later stages run with MLLOSS_TRITON_LAUNCH=triton (their figures then stand) and the log says so."""
+    calls, _, _, done = gpu_session("kernels", behaviour="launch-differs")
+    later = [call for call in calls if call[0].endswith(".py") and call[0] != "benchmarks/check_launcher.py"]
+    later += [call for call in calls if call[:2] == ["-m", "pytest"]]
+    assert len(later) == 4 and all(call[-1] == "MLLOSS_TRITON_LAUNCH=triton" for call in later), later
+    assert "launch-check stopped with status 1" in done.stdout
+    assert "the later stages launch through Triton's" in done.stdout
 
 
 def test_gpu_session_recipe_stage_stops_at_its_time_limit(gpu_session):
@@ -538,3 +557,15 @@ def test_host_time_compiles_the_kernels_and_times_each_call_with_and_without_tri
     refused = subprocess.run([sys.executable, str(BENCHMARKS / "host_time.py")], capture_output=True, text=True,
                              timeout=120, env=dict(os.environ, TRITON_INTERPRET="1"))
     assert refused.returncode != 0 and "without TRITON_INTERPRET=1" in refused.stderr
+
+
+def test_check_launcher_runs_every_loss_and_finds_equal_bits_under_the_interpreter():
+    """benchmarks/check_launcher.py (gpu_session.sh's first kernels stage) on the CPU: it runs every
+    case and exits 0 (under the interpreter both launch paths are Triton's; the comparison of the
+    direct launches with Triton's own is tests/test_launch.py's, and CUDA's in a GPU session)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "check_launcher.py"), "--device", "cpu", "--num-items", "200"],
+                          env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count(": loss ") == 9 and "bit-identical to Triton's path" in done.stdout
