@@ -27,6 +27,11 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
    time, so that the summation order depends only on the device and N); first, with the library's
    tiles, each of cases.KERNEL_OPTIONS (``fma-rcp``: ``pairwise.FMA_RECIPROCAL``, the value pass's
    reciprocal on the FMA pipe), the data for turning an option on.
+8. Tiles in CUDA graphs (``mlloss-graph@64x32x4``: the call captured with those tiles, the replay
+   timed; not in the default run): the kernels' own time, which eager calls at N = 16,384 hide
+   behind their host path. AUC and LaA at N = 16,384 with cases.TILE_CANDIDATES, the grouped AUC
+   and LaA (users of ~50 items) at 16,384 and 1,048,576 with cases.GROUPED_TILE_CANDIDATES: the
+   data for ``pairwise.TILES["cuda"]`` at small N and ``pairwise.TILES["cuda groups"]``.
 
 Sections 1-5 also run ``mlloss-graph``: the Triton call captured once in a CUDA graph and
 replayed (``cases.graphed_step``), at N = 1,024 and 16,384 (sections 1 and 2) and at the grouped
@@ -316,7 +321,7 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
                 reason = f"run budget of {args.budget_s:.0f} s spent"
             elif impl.startswith("libauc") and libauc_missing:
                 reason = libauc_missing
-            elif impl == "mlloss-graph" and not clock.cuda:
+            elif impl.partition("@")[0] == "mlloss-graph" and not clock.cuda:
                 reason = "a CUDA graph needs a CUDA device"
             elif n not in case.get("only_at", {}).get(impl, [n]):
                 sizes = ", ".join(f"{size:,}" for size in case["only_at"][impl])

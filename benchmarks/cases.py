@@ -112,6 +112,15 @@ TILES_PREFIX = "tiles: "
 # results/kernel-sass-tiles.json).
 TILE_CANDIDATES = ("64x64x4", "64x64x8", "32x128x4", "128x32x4", "64x128x8", "128x64x8", "32x64x4", "64x32x4")
 SPILLING_TILES = ("128x128x8",)
+# Section 8: the same kernel's tiles in CUDA graphs (``mlloss-graph@64x32x4``: the call captured with
+# those tiles, its replay timed; the kernels' time without the host path), for the calls whose
+# eager time is host-bound: the grouped AUC and LaA (users of ~50 items) at 2^20 and 16,384 with
+# GROUPED_TILE_CANDIDATES, and AUC and LaA at N = 16,384 with TILE_CANDIDATES. A grouped row block scans
+# the partner positions of the groups its rows fall in, about BLOCK_M + 50 positions rounded up to
+# BLOCK_N tiles, where ~50 hold valid pairs: smaller tiles waste less (pairwise.TILES["cuda groups"]).
+GRAPH_TILES_PREFIX = "graph tiles: "
+GROUPED_TILE_CANDIDATES = ("64x64x4", "64x32x4", "32x64x4", "32x32x4", "32x32x2", "16x64x4", "16x32x2", "64x16x2",
+                           "32x16x2")
 # Options of the layout kernel timed the same way, with the library's tiles, before the tile
 # candidates (the run's budget may end in those): "fma-rcp", kernel 1's value pass with the
 # logistic reciprocal on the FMA pipe (pairwise.FMA_RECIPROCAL; kernel_sass.py's "fma-rcp option"
@@ -131,11 +140,19 @@ def tile_sass_variants() -> list[Any]:
     wanted = [v for v in sass_variants() if v.name in ("ordinal logistic uniform", "ordinal logistic linear groups")]
     shaped = []
     for shape in TILE_CANDIDATES + SPILLING_TILES:
-        block_m, block_n, num_warps = (int(part) for part in shape.split("x"))
+        block_m, block_n, num_warps, maxnreg = parse_tiles(shape)
         shaped += [dataclasses.replace(
             v, name=f"{v.name} {shape}", num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps),
-            constexprs=dict(v.constexprs, BLOCK_M=block_m, BLOCK_N=block_n)) for v in wanted]
+            constexprs=dict(v.constexprs, BLOCK_M=block_m, BLOCK_N=block_n), maxnreg=maxnreg) for v in wanted]
     return shaped
+
+
+def parse_tiles(shape: str) -> tuple[int, int, int, int | None]:
+    """``"64x32x4"`` -> (64, 32, 4, None); ``"64x32x4r128"`` -> (64, 32, 4, 128): BLOCK_M x BLOCK_N x
+    warps, then ``r`` and a register cap (ptxas's ``maxnreg``) if any (``pairwise.TILES``' entries)."""
+    tiles, _, maxnreg = shape.partition("r")
+    block_m, block_n, num_warps = (int(part) for part in tiles.split("x"))
+    return block_m, block_n, num_warps, int(maxnreg) if maxnreg else None
 
 
 CPU_SECTION_TITLES = {
@@ -174,6 +191,7 @@ GPU_SECTION_TITLES = {
     5: "Section 5: grouped logistic LaA (users of ~50 items)",
     6: "Section 6: float32 accuracy of the Triton path against float64",
     7: "Section 7: the layout kernel's tiles (BLOCK_M x BLOCK_N x warps)",
+    8: "Section 8: the layout kernel's tiles in CUDA graphs (the kernels' time, no host path)",
 }
 # bench_gpu.py's sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
 GPU_SIZES = {
@@ -241,6 +259,18 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
         return [dict(case, case=TILES_PREFIX + case["case"], section=7, sizes=sizes,
                      impls=["mlloss-layout"] + [f"mlloss-layout@{choice}" for choice in KERNEL_OPTIONS + TILE_CANDIDATES])
                 for case in (auc_logistic(0.1), laa_logistic())]
+    if section == 8:
+        def graphs(candidates):
+            return ["mlloss-graph"] + [f"mlloss-graph@{choice}" for choice in candidates]
+
+        # The grouped cases first, at 2^20 first: the data a budget-limited run must not miss.
+        small = sizes_override or ([big] if mode == "smoke" else [HEADLINE_SPEEDUP_N])
+        grouped = sizes_override or ([big] if mode == "smoke" else [big, HEADLINE_SPEEDUP_N])
+        return [dict(case, case=GRAPH_TILES_PREFIX + case["case"], section=8, sizes=grouped,
+                     impls=graphs(GROUPED_TILE_CANDIDATES))
+                for case in (grouped_auc_logistic(), grouped_laa_logistic())] + [
+            dict(case, case=GRAPH_TILES_PREFIX + case["case"], section=8, sizes=small, impls=graphs(TILE_CANDIDATES))
+            for case in (auc_logistic(0.1), laa_logistic())]
     raise ValueError(f"unknown section {section}; expected one of {sorted(GPU_SECTION_TITLES)}")
 
 
@@ -467,8 +497,10 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
             dense.MAX_ITEMS = 0
         if tiles == "fma-rcp":
             pairwise.FMA_RECIPROCAL[launch_target(device)] = True
-        elif tiles:
-            pairwise.TILES[launch_target(device)] = tuple(int(part) for part in tiles.split("x"))
+        elif tiles:  # with and without groups
+            target = launch_target(device)
+            for key in {pairwise.tile_key(target), pairwise.tile_key(target, grouped=True)}:
+                pairwise.TILES[key] = parse_tiles(tiles)
         yield
     finally:
         dense.MAX_ITEMS = max_items
@@ -488,13 +520,14 @@ def mlloss_loss(spec: dict[str, Any], **options):
     return mlloss.AUCLoss(surrogate=spec["surrogate"], **options)
 
 
-def graphed_step(spec: dict[str, Any], inputs):
+def graphed_step(spec: dict[str, Any], inputs, tiles: str = ""):
     """``"mlloss-graph"``: the Triton tier's forward + backward (``validate_args=False``: no host
     sync) captured once in a CUDA graph after three warm-up calls on a side stream (PyTorch's
     recipe for whole-step capture); each step replays it. The loss and the scores' gradient are
     the graph's static outputs, rewritten by every replay (each step sets ``.grad`` to the latter). What a step costs without the host
     path: the GPU time of the kernels and copies, as a user gets it with ``torch.cuda.graphs``
-    or ``torch.compile(mode="reduce-overhead")``."""
+    or ``torch.compile(mode="reduce-overhead")``. ``tiles``: the layout kernel's tiles while the
+    call is warmed up and captured (``"mlloss-graph@64x32x4"``, section 8; ``kernel_settings``)."""
     import torch
 
     scores, labels, groups = inputs
@@ -504,16 +537,17 @@ def graphed_step(spec: dict[str, Any], inputs):
     scores.requires_grad_(True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            scores.grad = None
-            loss_fn(scores, labels, groups).backward()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    scores.grad = None  # allocated by the capture, in the graph's pool
-    with torch.cuda.graph(graph):
-        loss = loss_fn(scores, labels, groups)
-        loss.backward()
+    with kernel_settings(scores.device, tiles=tiles):  # the replays launch what the capture launched
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                scores.grad = None
+                loss_fn(scores, labels, groups).backward()
+        torch.cuda.current_stream().wait_stream(side)
+        scores.grad = None  # allocated by the capture, in the graph's pool
+        with torch.cuda.graph(graph):
+            loss = loss_fn(scores, labels, groups)
+            loss.backward()
     static_grad = scores.grad
 
     def step():
@@ -526,8 +560,9 @@ def graphed_step(spec: dict[str, Any], inputs):
 
 def build_step(spec: dict[str, Any], inputs, compile_backend: str = "inductor"):
     """One forward + backward on ``inputs``; returns the detached loss (no host sync of its own)."""
-    if spec["impl"] == "mlloss-graph":
-        return graphed_step(spec, inputs)
+    base, _, tiles = spec["impl"].partition("@")
+    if base == "mlloss-graph":
+        return graphed_step(spec, inputs, tiles)
     scores = inputs[0]
     forward = build_forward(spec, inputs, compile_backend)
 

@@ -106,7 +106,8 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
     """No target (the targets are of eager calls): each ``mlloss-graph`` row beside the eager call
     of the same case and N, so that a call's host path (their difference) is on record."""
     lines = []
-    for graph in (r for r in rows if r["impl"] == "mlloss-graph" and "time_s" in r):
+    for graph in (r for r in rows if r["impl"] == "mlloss-graph" and "time_s" in r
+                  and not r["case"].startswith(cases.GRAPH_TILES_PREFIX)):
         eager = [r for r in _measured(rows, graph["case"], "mlloss" if graph["case"] == cases.PDAOM_CASE
                                       else "mlloss-triton") if r["n"] == graph["n"]]
         unchecked = [r for r in _measured(rows, graph["case"], "mlloss-unchecked") if r["n"] == graph["n"]]
@@ -119,14 +120,16 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _tile_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Section 7, no target: per case and N, the fastest tiles or option (``@fma-rcp``) of the
-    layout kernel against the library's choice (the ``mlloss-layout`` row; its ``@64x64x4`` twin
-    shows the run's noise)."""
+    """Sections 7 and 8, no target: per case and N, the fastest tiles or option (``@fma-rcp``) of the
+    layout kernel against the library's choice (the ``mlloss-layout`` row, or in section 8 the
+    ``mlloss-graph`` row; the twin with the library's tiles shows the run's noise)."""
     lines = []
-    for case in sorted({r["case"] for r in rows if r["case"].startswith(cases.TILES_PREFIX) and "time_s" in r}):
+    prefixes = (cases.TILES_PREFIX, cases.GRAPH_TILES_PREFIX)
+    for case in sorted({r["case"] for r in rows if r["case"].startswith(prefixes) and "time_s" in r}):
+        reference = "mlloss-graph" if case.startswith(cases.GRAPH_TILES_PREFIX) else "mlloss-layout"
         for n in sorted({r["n"] for r in rows if r["case"] == case and "time_s" in r}):
             measured = [r for r in rows if r["case"] == case and r["n"] == n and "time_s" in r]
-            library = [r for r in measured if r["impl"] == "mlloss-layout"]
+            library = [r for r in measured if r["impl"] == reference]
             best = min(measured, key=lambda r: r["time_s"])
             base = f"library's {library[0]['time_s'] * 1e3:.3g} ms" if library else "library's row not measured"
             lines.append(f"- {case} at N={n:,} (no target): fastest {best['impl'].partition('@')[2] or 'library tiles'} "

@@ -293,14 +293,14 @@ def pair_partials(
     score_scale: float,
     value_scale: float,
     accumulation: torch.dtype,
-    tiles: tuple[int, int, int],
+    tiles: tuple[int, int, int, int | None],
     num_chunks: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch kernel 1 (after ``position_values`` for a linear cost); returns (partials
     (B, 3, num_chunks, N), the shares of Z_u (B, N) float64 where
     ``reduce.normaliser_source(levels)`` is "shares", else None)."""
     num_problems, n = layout.order.shape
-    block_m, block_n, num_warps = tiles
+    block_m, block_n, num_warps, maxnreg = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
     write_shares = normaliser_source(levels) == "shares"
     shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
@@ -313,7 +313,7 @@ def pair_partials(
         partials, shares if write_shares else partials, n, num_chunks,
         MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
         SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=write_shares,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, maxnreg=maxnreg,
     )
     return partials, shares
 
@@ -363,14 +363,21 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 # --------------------------------------------------------------------------- #
 # Host entry                                                                  #
 # --------------------------------------------------------------------------- #
-# (BLOCK_M, BLOCK_N, num_warps) of kernel 1 per device. Fixed, not autotuned at run time, so that
+# (BLOCK_M, BLOCK_N, num_warps, maxnreg) of kernel 1 per device, and on CUDA with groups ("cuda
+# groups"); maxnreg None leaves ptxas its register count. Fixed, not autotuned at run time, so that
 # the summation order (and so every bit of the result) depends only on the device and N.
-# CUDA: 64 x 64 tiles at 4 warps keep both [64, 64] fp32 accumulators in registers
-# (../gpu-baseline: 64x64 and 32x128 were the fastest shapes on an H100); float64 accumulators
-# take twice the registers: 64 x 64 spilled 5.9 KB per thread with groups, 32 x 32 none (188
-# registers; benchmarks/cuda_specializations.py). The interpreter pays about a millisecond per
-# program-and-tile step whatever the tile size: big tiles are cheapest.
-TILES = {"cuda": (64, 64, 4), "cuda float64": (32, 32, 4), "interpreter": (128, 128, 4)}
+# CUDA without groups: 64 x 32 tiles at 4 warps, 16 pairs a thread per tile and 96-128 registers
+# (64 x 64: 168-255), so more warps per SM hide the special-function latency: on an H100 at
+# N = 2^20 AUC took 127 ms with them against 154 ms with 64 x 64 x 4, LaA 393 against 497 ms
+# (bench_gpu.py section 7, results/nvidia-h100-80gb-hbm3-tiles-8fc0c10.md). maxnreg 128: left to
+# itself, ptxas fits the logistic uniform variant in 96 registers by computing some exponentials
+# of its masked value loop twice (5.4 special-function ops a pair instead of 5; kernel_sass.py).
+# With groups, 64 x 64 x 4 until a GPU measures the smaller tiles (section 8). Float64
+# accumulators take twice the registers: 64 x 64 spilled 5.9 KB per thread with groups, 32 x 32
+# none (188 registers; benchmarks/cuda_specializations.py). The interpreter pays about a
+# millisecond per program-and-tile step whatever the tile size: big tiles are cheapest.
+TILES = {"cuda": (64, 32, 4, 128), "cuda groups": (64, 64, 4, None), "cuda float64": (32, 32, 4, None),
+         "interpreter": (128, 128, 4, None)}
 # Whether kernel 1's value pass takes the logistic reciprocal on the FMA pipe (``_common``'s
 # FAST_FMA_RECIPROCAL mode of the fast branch) per device: off until an H100 measures it side by side
 # (benchmarks/bench_gpu.py section 7, ``mlloss-layout@fma-rcp``); its SASS is kernel_sass.py's
@@ -385,17 +392,25 @@ MAX_CHUNKS = 32
 
 def launch_config(
     device: torch.device, num_items: int, num_problems: int, accumulation: torch.dtype = torch.float32,
-) -> tuple[tuple[int, int, int], int, int]:
-    """((BLOCK_M, BLOCK_N, num_warps), chunks, finalize block) for a batch on ``device``."""
-    kind = launch_target(device)
-    tiles = TILES["cuda float64" if kind == "cuda" and accumulation == torch.float64 else kind]
-    if kind == "cuda":
+    grouped: bool = False,
+) -> tuple[tuple[int, int, int, int | None], int, int]:
+    """((BLOCK_M, BLOCK_N, num_warps, maxnreg), chunks, finalize block) for a batch on ``device``."""
+    target = launch_target(device)
+    tiles = TILES[tile_key(target, accumulation, grouped)]
+    if target == "cuda":
         row_blocks = cdiv(num_items, tiles[0]) * 2 * num_problems
         programs = PROGRAMS_PER_SM * _multiprocessors(device)
         chunks = min(MAX_CHUNKS, max(1, cdiv(programs, max(row_blocks, 1))))
     else:
         chunks = 1
-    return tiles, chunks, FINALIZE_BLOCK[kind]
+    return tiles, chunks, FINALIZE_BLOCK[target]
+
+
+def tile_key(target: str, accumulation: torch.dtype = torch.float32, grouped: bool = False) -> str:
+    """The key of ``TILES`` for a launch target: CUDA has its own for float64 and for groups."""
+    if target != "cuda":
+        return target
+    return "cuda float64" if accumulation == torch.float64 else "cuda groups" if grouped else "cuda"
 
 
 @functools.lru_cache(maxsize=None)
@@ -440,7 +455,7 @@ def pair_loss_and_grad(
     validate_device(scores, levels.rank, layout.order)
     accumulation = accumulation_dtype(scores)
     default_tiles, default_chunks, finalize_block = launch_config(
-        scores.device, layout.num_items, layout.num_problems, accumulation
+        scores.device, layout.num_items, layout.num_problems, accumulation, grouped=layout.group_start is not None
     )
     fast = fast_math(scores.device, accumulation)
     mode = FAST_FMA_RECIPROCAL if fast and FMA_RECIPROCAL[launch_target(scores.device)] else fast

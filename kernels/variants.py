@@ -3,7 +3,8 @@
 ``benchmarks/kernel_sass.py`` compiles each variant for Hopper without a GPU and counts the
 instructions, special-function ops and shuffles per pair of its loops. The variants are the
 CUDA configurations the library launches: float32 scores, the fast special functions, the tile
-shape of ``pairwise.TILES["cuda"]``, every surrogate, both costs, with and without groups. The
+shape and register cap of ``pairwise.TILES["cuda"]`` (with groups ``TILES["cuda groups"]``), every
+surrogate, both costs, with and without groups. The
 uniform-cost variants are AUC's and LoA's (binary levels), the linear-cost ones LaA's of a few
 binary labels (several levels); neither writes shares of Z_u, which only an ordinal column
 needs. Then the dense kernel of small binary batches (``dense``), whose tile loop meets every
@@ -54,15 +55,16 @@ class SassVariant:
     num_warps: int
     pairs_per_iteration: float
     loops: tuple
+    maxnreg: int | None = None  # ptxas's register cap (a launch option), None: its own choice
 
 
 def sass_variants() -> list[SassVariant]:
     """Every CUDA variant of the all-pairs kernel, logistic first."""
-    block_m, block_n, num_warps = TILES["cuda"]
     variants = []
     for surrogate in SURROGATES:
         for cost in ("uniform", "linear"):
             for grouped in (False, True):
+                block_m, block_n, num_warps, maxnreg = TILES["cuda groups" if grouped else "cuda"]
                 constexprs = dict(
                     MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, HAS_GROUPS=grouped,
                     COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True,
@@ -74,6 +76,7 @@ def sass_variants() -> list[SassVariant]:
                     name=f"ordinal {surrogate} {cost}" + (" groups" if grouped else ""),
                     kernel=_pair_partials_kernel, signature=signature, constexprs=constexprs,
                     num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps), loops=_LOOPS,
+                    maxnreg=maxnreg,
                 ))
     return variants + fma_reciprocal_variants() + dense_variants()
 
@@ -82,7 +85,7 @@ def fma_reciprocal_variants() -> list[SassVariant]:
     """The all-pairs kernel's logistic variants with ``pairwise.FMA_RECIPROCAL`` (an option, off by
     default): the value pass's reciprocal on the FMA pipe (FAST = 2). Named apart from the
     library's ``ordinal logistic`` variants, whose budget tests/test_kernel_sass.py checks."""
-    block_m, block_n, num_warps = TILES["cuda"]
+    block_m, block_n, num_warps, maxnreg = TILES["cuda"]
     variants = []
     for cost in ("uniform", "linear"):
         constexprs = dict(
@@ -95,6 +98,7 @@ def fma_reciprocal_variants() -> list[SassVariant]:
             name=f"fma-rcp option: logistic {cost} (ordinal kernel)", kernel=_pair_partials_kernel,
             signature=dict(_POINTERS, **{name: "constexpr" for name in constexprs}), constexprs=constexprs,
             num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps), loops=_LOOPS,
+            maxnreg=maxnreg,
         ))
     return variants
 

@@ -64,7 +64,7 @@ def test_recording_leaves_the_results_unchanged(tool, name):
     ops computed exactly by the interpreter), the CUDA tiles and chunks (at N = 300 the layout
     kernel's 32 chunks of 5 partner tiles are mostly empty). It computes what the interpreter's own
     launches (exact branch, big tiles) compute, up to float32 rounding. The layout kernel takes the
-    CUDA tiles of its accumulation dtype (float64: the smaller ones that do not spill)."""
+    CUDA tiles of its accumulation dtype and grouping (float64: the smaller ones that do not spill)."""
     from host_path import dense_kernels_off
 
     from mlloss.kernels import pairwise
@@ -88,9 +88,11 @@ def test_recording_leaves_the_results_unchanged(tool, name):
     kernels = [launch["kernel"] for launch in launches]
     assert ("_pair_partials_kernel" in kernels) == case.layout and ("_dense_rows_kernel" in kernels) != case.layout
     if case.layout:
-        constexprs = next(x for x in launches if x["kernel"] == "_pair_partials_kernel")["constexprs"]
-        tiles = pairwise.TILES["cuda float64" if case.dtype == "float64" else "cuda"]
-        assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"]) == tiles[:2]
+        launch = next(x for x in launches if x["kernel"] == "_pair_partials_kernel")
+        constexprs = launch["constexprs"]
+        accumulation = torch.float64 if case.dtype == "float64" else torch.float32
+        tiles = pairwise.TILES[pairwise.tile_key("cuda", accumulation, grouped="groups" in name)]
+        assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"], launch["num_warps"], launch["maxnreg"]) == tiles
         assert constexprs["FAST"] is (case.dtype == "float32")
 
 
