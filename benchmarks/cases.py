@@ -106,7 +106,8 @@ def accuracy_cases() -> list[dict[str, Any]]:
 
 TILES_PREFIX = "tiles: "
 # Section 7's (BLOCK_M x BLOCK_N x warps) of the layout kernel, timed against the library's choice
-# (pairwise.TILES["cuda"], 64x64x4, listed too: the two rows' gap is the run's noise). All compile
+# (pairwise.TILES["cuda"], 64x64x8 since d3d908a's run, listed too: the two rows' gap is the run's
+# noise; an "r128" suffix would cap the registers, see parse_tiles). All compile
 # for sm_90 without spills in the logistic uniform and linear grouped variants; 128x128x8 spills
 # 104 B (uniform) to 1.5 KB (linear, groups) per thread and is left out (tile_sass_variants,
 # results/kernel-sass-tiles.json).

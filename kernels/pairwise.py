@@ -366,17 +366,27 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 # (BLOCK_M, BLOCK_N, num_warps, maxnreg) of kernel 1 per device, and on CUDA with groups ("cuda
 # groups"); maxnreg None leaves ptxas its register count. Fixed, not autotuned at run time, so that
 # the summation order (and so every bit of the result) depends only on the device and N.
-# CUDA without groups: 64 x 32 tiles at 4 warps, 16 pairs a thread per tile and 96-128 registers
-# (64 x 64: 168-255), so more warps per SM hide the special-function latency: on an H100 at
-# N = 2^20 AUC took 127 ms with them against 154 ms with 64 x 64 x 4, LaA 393 against 497 ms
-# (bench_gpu.py section 7, results/nvidia-h100-80gb-hbm3-tiles-8fc0c10.md). maxnreg 128: left to
-# itself, ptxas fits the logistic uniform variant in 96 registers by computing some exponentials
-# of its masked value loop twice (5.4 special-function ops a pair instead of 5; kernel_sass.py).
-# With groups, 64 x 64 x 4 until a GPU measures the smaller tiles (section 8). Float64
-# accumulators take twice the registers: 64 x 64 spilled 5.9 KB per thread with groups, 32 x 32
-# none (188 registers; benchmarks/cuda_specializations.py). The interpreter pays about a
-# millisecond per program-and-tile step whatever the tile size: big tiles are cheapest.
-TILES = {"cuda": (64, 32, 4, 128), "cuda groups": (64, 64, 4, None), "cuda float64": (32, 32, 4, None),
+# Chosen on an H100 (bench_gpu.py sections 7 and 8: results/nvidia-h100-80gb-hbm3-tiles-8fc0c10.md,
+# results/nvidia-h100-80gb-hbm3-graph-tiles-d3d908a.md):
+# - without groups, 64 x 64 at 8 warps: 16 pairs a thread per tile and ~100-130 registers (64 x 64
+#   x 4: 168-255), so more warps per SM hide the special-function latency. AUC / LaA at N = 2^20 in
+#   139 / 416 ms (64 x 64 x 4: 154 / 497), at N = 16,384 in a CUDA graph 0.086 / 0.152 ms (0.121 /
+#   0.182), the fastest there; 64 x 32 x 4 was faster at 2^20 (127 / 393 ms) but slower at 16,384
+#   (0.14 / 0.162 ms: fewer threads for the few row blocks that hold most of the pairs);
+# - with groups, 64 x 16 at 2 warps: a row block scans the partner positions of the groups its rows
+#   fall in, about BLOCK_M + the group size rounded up to BLOCK_N tiles; narrow tiles scan fewer
+#   pairs that are not a group's. Users of ~50 items at N = 2^20: 0.47 / 0.56 ms in a CUDA graph for
+#   AUC / LaA (64 x 64 x 4: 1.08 / 1.24 ms), at 16,384 0.115 / 0.128 ms (0.139 / 0.153). (32 x 16 x 2
+#   was 2-5% faster at 2^20, but ptxas unrolls some of its variants' loops, which kernel_sass.py's
+#   per-pair counts do not follow.)
+# Smaller tiles spend a few more loop instructions a pair on each tile's loads (kernel_sass.py: the
+# launched variants, and the same kernel at the issue's budget tiles, variants.BUDGET_TILES).
+# maxnreg caps ptxas's registers (None: its own choice): with a cap of 128, 64 x 32 x 4 kept LaA at
+# 442 ms instead of 393 at 2^20. Float64 accumulators take twice the registers: 64 x 64 spilled
+# 5.9 KB per thread with groups, 32 x 32 none (188 registers; benchmarks/cuda_specializations.py).
+# The interpreter pays about a millisecond per program-and-tile step whatever the tile size: big
+# tiles are cheapest.
+TILES = {"cuda": (64, 64, 8, None), "cuda groups": (64, 16, 2, None), "cuda float64": (32, 32, 4, None),
          "interpreter": (128, 128, 4, None)}
 # Whether kernel 1's value pass takes the logistic reciprocal on the FMA pipe (``_common``'s
 # FAST_FMA_RECIPROCAL mode of the fast branch) per device: off until an H100 measures it side by side
