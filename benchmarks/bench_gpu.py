@@ -24,9 +24,7 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
 7. Tiles: the layout kernel (dense kernels off) with each of cases.TILE_CANDIDATES as its
    (BLOCK_M x BLOCK_N x warps) against the library's choice, AUC prior 0.1 and LaA at N = 16,384
    and 1,048,576: the data for ``pairwise.TILES["cuda"]`` (fixed per device, not autotuned at run
-   time, so that the summation order depends only on the device and N); first, with the library's
-   tiles, each of cases.KERNEL_OPTIONS (``fma-rcp``: ``pairwise.FMA_RECIPROCAL``, the value pass's
-   reciprocal on the FMA pipe), the data for turning an option on.
+   time, so that the summation order depends only on the device and N).
 8. Tiles in CUDA graphs (``mlloss-graph@64x32x4``: the call captured with those tiles, the replay
    timed; not in the default run): the kernels' own time, which eager calls at N = 16,384 hide
    behind their host path. AUC and LaA at N = 16,384 with cases.TILE_CANDIDATES, the grouped AUC

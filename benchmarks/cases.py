@@ -122,12 +122,6 @@ SPILLING_TILES = ("128x128x8",)
 GRAPH_TILES_PREFIX = "graph tiles: "
 GROUPED_TILE_CANDIDATES = ("64x64x4", "64x32x4", "32x64x4", "32x32x4", "32x32x2", "16x64x4", "16x32x2", "64x16x2",
                            "32x16x2")
-# Options of the layout kernel timed the same way, with the library's tiles, before the tile
-# candidates (the run's budget may end in those): "fma-rcp", kernel 1's value pass with the
-# logistic reciprocal on the FMA pipe (pairwise.FMA_RECIPROCAL; kernel_sass.py's "fma-rcp option"
-# variants: 2 special-function ops in that pass instead of 3, 17.3 instructions per pair instead
-# of 11.3).
-KERNEL_OPTIONS = ("fma-rcp",)
 
 
 def tile_sass_variants() -> list[Any]:
@@ -258,7 +252,7 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
     if section == 7:
         sizes = sizes_override or ([big] if mode == "smoke" else [HEADLINE_SPEEDUP_N, big])
         return [dict(case, case=TILES_PREFIX + case["case"], section=7, sizes=sizes,
-                     impls=["mlloss-layout"] + [f"mlloss-layout@{choice}" for choice in KERNEL_OPTIONS + TILE_CANDIDATES])
+                     impls=["mlloss-layout"] + [f"mlloss-layout@{choice}" for choice in TILE_CANDIDATES])
                 for case in (auc_logistic(0.1), laa_logistic())]
     if section == 8:
         def graphs(candidates):
@@ -484,21 +478,19 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
 def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
     """The Triton tier's launch settings changed for one call: its dense small-batch kernels off
     (``layout_only``: the layout kernels at every N), and the layout kernel's (BLOCK_M, BLOCK_N,
-    warps) on ``device``'s target (``tiles``, e.g. ``"64x64x8"``) or one of ``KERNEL_OPTIONS``
-    (``"fma-rcp"``: ``pairwise.FMA_RECIPROCAL`` on)."""
+    warps) on ``device``'s target, with and without groups (``tiles``, e.g. ``"64x64x8"``; see
+    ``parse_tiles``)."""
     if not (layout_only or tiles):
         yield
         return
     from mlloss.kernels import dense, pairwise
     from mlloss.kernels._common import launch_target
 
-    max_items, saved_tiles, saved_rcp = dense.MAX_ITEMS, dict(pairwise.TILES), dict(pairwise.FMA_RECIPROCAL)
+    max_items, saved_tiles = dense.MAX_ITEMS, dict(pairwise.TILES)
     try:
         if layout_only:
             dense.MAX_ITEMS = 0
-        if tiles == "fma-rcp":
-            pairwise.FMA_RECIPROCAL[launch_target(device)] = True
-        elif tiles:  # with and without groups
+        if tiles:  # with and without groups
             target = launch_target(device)
             for key in {pairwise.tile_key(target), pairwise.tile_key(target, grouped=True)}:
                 pairwise.TILES[key] = parse_tiles(tiles)
@@ -507,7 +499,6 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
         dense.MAX_ITEMS = max_items
         pairwise.TILES.clear()
         pairwise.TILES.update(saved_tiles)
-        pairwise.FMA_RECIPROCAL.update(saved_rcp)
 
 
 def mlloss_loss(spec: dict[str, Any], **options):

@@ -120,7 +120,7 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _tile_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Sections 7 and 8, no target: per case and N, the fastest tiles or option (``@fma-rcp``) of the
+    """Sections 7 and 8, no target: per case and N, the fastest tiles of the
     layout kernel against the library's choice (the ``mlloss-layout`` row, or in section 8 the
     ``mlloss-graph`` row; the twin with the library's tiles shows the run's noise)."""
     lines = []

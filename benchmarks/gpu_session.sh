@@ -63,7 +63,7 @@ bench)
     python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -iap "$out/bench.log" | quiet_tail 30
     ;;
 profile)
-    # AUC and LaA calls at N = 16,384, grouped AUC and PDAOM at 2^20: wall time per call, the profiler's tables.
+    # AUC and LaA calls at N = 16,384, grouped AUC at 2^20 and 16,384, PDAOM at 2^20: wall time per call, the profiler's tables.
     python benchmarks/profile_call.py --output "$out/profile.txt" "${@:2}" 2>&1 | quiet_tail 12
     ;;
 recipe|recipe-compiled)

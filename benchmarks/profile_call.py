@@ -3,7 +3,7 @@ launches) or the device (the kernels), from ``torch.profiler``.
 
 What it is for: telling whether a call is bound by its kernels or by its host path, which decides
 what to speed up. It runs ``bench_gpu.py``'s logistic AUC and LaA cases at N = 16,384, and its
-grouped AUC and PDAOM cases at N = 2^20 (``cases.py``: the same seeded inputs and losses as its
+grouped AUC and PDAOM cases at N = 2^20, and the grouped AUC at 16,384 too (``cases.py``: the same seeded inputs and losses as its
 ``mlloss-triton`` rows) and times ``--steps`` calls (wall clock, one synchronisation at the end, so that
 host work and kernels overlap as in training), then profiles ``--profiled`` more and prints the ops
 by device time and by host time, with the device time per call.
@@ -35,10 +35,13 @@ import cases  # noqa: E402
 from _measure import device_name  # noqa: E402
 
 # bench_gpu.py's cases (``cases.py``: the same seeded inputs as its rows), on the Triton backend, each
-# at the size of its GPU target: the calls at N = 16,384 and the grouped ones at N = 2^20 (users of ~50).
+# at the size of its GPU target: the calls at N = 16,384 and the grouped ones at N = 2^20 (users of ~50);
+# the grouped AUC also at 16,384, so that the layout kernels' time is seen at both sizes (at 2^20 the
+# grouped positions kernel took 92-96 us, 20% of the call in a CUDA graph with today's tiles: how it
+# scales with the blocks, whose counts every program sums, decides whether it needs a scan of its own).
 CASES = {"AUC": cases.auc_logistic(0.1), "LaA": cases.laa_logistic(), "grouped-AUC": cases.grouped_auc_logistic(),
-         "PDAOM": cases.pdaom(group_size=cases.GROUP_SIZE)}
-SIZES = {"AUC": 16_384, "LaA": 16_384, "grouped-AUC": 1 << 20, "PDAOM": 1 << 20}
+         "grouped-AUC-16K": cases.grouped_auc_logistic(), "PDAOM": cases.pdaom(group_size=cases.GROUP_SIZE)}
+SIZES = {"AUC": 16_384, "LaA": 16_384, "grouped-AUC": 1 << 20, "grouped-AUC-16K": 16_384, "PDAOM": 1 << 20}
 
 
 def profile_case(name: str, num_items: int, device: torch.device, steps: int, profiled: int, seed: int) -> str:

@@ -20,13 +20,9 @@ Two branches, chosen at trace time by the ``FAST`` constexpr:
   log2(e) once per tile row/column (``score_scale``), so x arrives in base-2 units and no
   per-pair multiply is needed; ``value_scale`` = ln 2 turns the base-2 softplus back into the
   natural-log loss once per row. 3 special-function ops per pair with the value, 2 without.
-  ``FAST == FAST_FMA_RECIPROCAL`` (2) is the same but for the logistic value's reciprocal
-  1 / (1 + 2^-|x|), whose argument lies in (1, 2]: a line and three Newton steps on the FMA pipe
-  (``_reciprocal_1_to_2``, 7 FFMA) instead of ``rcp.approx``. The pass that takes the value is
-  bound by the special-function unit (16 ops per clock per multiprocessor against 128 FFMA): with
-  2 special-function ops there instead of 3 it should run about 1.3x as fast, if the extra
-  instructions issue in the time saved. An option measured side by side on a GPU before it is a
-  default (``pairwise.FMA_RECIPROCAL``, ``benchmarks/bench_gpu.py`` section 7).
+  (The logistic value's reciprocal 1 / (1 + 2^-|x|) on the FMA pipe instead, a line and three
+  Newton steps, was an option until an H100 timed it: 7% slower for AUC and 10% for LaA at
+  N = 2^20, ``benchmarks/results/nvidia-h100-80gb-hbm3-tiles-8fc0c10.md``.)
 * exact (the interpreter, float64, CPU): ``tl.exp``/``tl.log`` and IEEE division; the log1p is
   Goldberg's trick, since libdevice calls do not run in the interpreter.
 
@@ -46,7 +42,6 @@ from .._validation import check_choice, check_one_device
 from ..surrogates import NAMES
 
 __all__ = [
-    "FAST_FMA_RECIPROCAL",
     "INTERPRET",
     "LOG2E",
     "SURROGATES",
@@ -84,8 +79,6 @@ SURROGATES: dict[str, int] = {name: index for index, name in enumerate(NAMES)}
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-#: The ``FAST`` mode with the logistic value's reciprocal on the FMA pipe (see the module docstring).
-FAST_FMA_RECIPROCAL = 2
 
 
 def cdiv(a: int, b: int) -> int:
@@ -187,17 +180,6 @@ else:
 
 
 @triton.jit
-def _reciprocal_1_to_2(y):
-    """1 / y for y in [1, 2] on the FMA pipe: the minimax line 24/17 - 8/17 y (relative error
-    at most 1/17), then three Newton steps r += r (1 - y r), each squaring the error
-    (1/17 -> 3.5e-3 -> 1.2e-5 -> 1.4e-10; in float32 a rounding or two of the last step)."""
-    r = 1.411764705882353 - 0.47058823529411764 * y
-    for _ in tl.static_range(3):
-        r = r + r * (1.0 - y * r)
-    return r
-
-
-@triton.jit
 def _log1p_small(e):
     """log(1 + e) for e in [0, 1] without libdevice: with u = fl(1 + e), log(u) * e / (u - 1)
     cancels the rounding error of forming u; when u rounds to 1, log1p(e) == e."""
@@ -215,10 +197,7 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
             if NEED_VALUE:
                 # One exp of -|x| serves both terms and cannot overflow.
                 e = _special(x, "ex2_neg_abs")
-                if FAST == 2:  # FAST_FMA_RECIPROCAL (a literal: a module global read by a kernel is checked per launch)
-                    r = _reciprocal_1_to_2(1.0 + e)
-                else:
-                    r = _special(1.0 + e, "rcp")
+                r = _special(1.0 + e, "rcp")
                 pull = tl.where(x >= 0, r, e * r)
                 value = tl.maximum(x, 0.0) + _special(1.0 + e, "lg2")
             else:

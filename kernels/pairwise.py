@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
-from ._common import FAST_FMA_RECIPROCAL, cdiv, launch_target, rank_at, reverse_margin_terms, tl_dtype
+from ._common import cdiv, launch_target, rank_at, reverse_margin_terms, tl_dtype
 from ._launch import launcher
 from .check import check_batch
 from .reduce import combine, finalize, normaliser_source
@@ -289,7 +289,7 @@ def pair_partials(
     cost_linear: bool,
     surrogate_id: int,
     margin: float,
-    fast: bool | int,  # the FAST mode: False, True or _common.FAST_FMA_RECIPROCAL
+    fast: bool,
     score_scale: float,
     value_scale: float,
     accumulation: torch.dtype,
@@ -388,11 +388,6 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 # tiles are cheapest.
 TILES = {"cuda": (64, 64, 8, None), "cuda groups": (64, 16, 2, None), "cuda float64": (32, 32, 4, None),
          "interpreter": (128, 128, 4, None)}
-# Whether kernel 1's value pass takes the logistic reciprocal on the FMA pipe (``_common``'s
-# FAST_FMA_RECIPROCAL mode of the fast branch) per device: off until an H100 measures it side by side
-# (benchmarks/bench_gpu.py section 7, ``mlloss-layout@fma-rcp``); its SASS is kernel_sass.py's
-# ``fma-rcp`` variants.
-FMA_RECIPROCAL = {"cuda": False, "interpreter": False}
 FINALIZE_BLOCK = {"cuda": 1024, "interpreter": 1024}
 # Kernel 1 aims at this many programs per streaming multiprocessor (each pass of each problem
 # counts), splitting partner ranges into chunks when N alone gives too few row blocks.
@@ -468,10 +463,9 @@ def pair_loss_and_grad(
         scores.device, layout.num_items, layout.num_problems, accumulation, grouped=layout.group_start is not None
     )
     fast = fast_math(scores.device, accumulation)
-    mode = FAST_FMA_RECIPROCAL if fast and FMA_RECIPROCAL[launch_target(scores.device)] else fast
     partials, shares = pair_partials(
         scores, levels, layout,
-        cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=mode,
+        cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=fast,
         score_scale=score_scale(surrogate, fast), value_scale=value_scale(surrogate, fast),
         accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=chunks or default_chunks,
     )

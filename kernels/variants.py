@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..surrogates import USES_MARGIN
-from ._common import FAST_FMA_RECIPROCAL, SURROGATES, score_scale, value_scale
+from ._common import SURROGATES, score_scale, value_scale
 from . import dense
 from .pairwise import TILES, _pair_partials_kernel
 
@@ -85,13 +85,13 @@ def _ordinal_variant(name: str, surrogate: str, cost: str, grouped: bool, tiles:
 
 def sass_variants() -> list[SassVariant]:
     """Every CUDA variant of the all-pairs kernel as launched (logistic first), the logistic ones
-    at the budget's tiles, then the options and the dense kernels."""
+    at the budget's tiles, then the dense kernels."""
     variants = [
         _ordinal_variant(f"ordinal {surrogate} {cost}" + (" groups" if grouped else ""), surrogate, cost, grouped,
                          TILES["cuda groups" if grouped else "cuda"])
         for surrogate in SURROGATES for cost in ("uniform", "linear") for grouped in (False, True)
     ]
-    return variants + budget_variants() + fma_reciprocal_variants() + dense_variants()
+    return variants + budget_variants() + dense_variants()
 
 
 def budget_variants() -> list[SassVariant]:
@@ -100,28 +100,6 @@ def budget_variants() -> list[SassVariant]:
     return [_ordinal_variant(f"budget {shape}: logistic {cost}" + (" groups" if grouped else "") + " (ordinal kernel)",
                              "logistic", cost, grouped, BUDGET_TILES)
             for cost in ("uniform", "linear") for grouped in (False, True)]
-
-
-def fma_reciprocal_variants() -> list[SassVariant]:
-    """The all-pairs kernel's logistic variants with ``pairwise.FMA_RECIPROCAL`` (an option, off by
-    default): the value pass's reciprocal on the FMA pipe (FAST = 2). Named apart from the
-    library's ``ordinal logistic`` variants, whose budget tests/test_kernel_sass.py checks."""
-    block_m, block_n, num_warps, maxnreg = TILES["cuda"]
-    variants = []
-    for cost in ("uniform", "linear"):
-        constexprs = dict(
-            MARGIN=0.0, HAS_GROUPS=False, COST_LINEAR=cost == "linear", SURROGATE=SURROGATES["logistic"],
-            FAST=FAST_FMA_RECIPROCAL, SCORE_SCALE=score_scale("logistic", True),
-            VALUE_SCALE=value_scale("logistic", True), ACC=tl.float32, WRITE_SHARES=False, BLOCK_M=block_m,
-            BLOCK_N=block_n,
-        )
-        variants.append(SassVariant(
-            name=f"fma-rcp option: logistic {cost} (ordinal kernel)", kernel=_pair_partials_kernel,
-            signature=dict(_POINTERS, **{name: "constexpr" for name in constexprs}), constexprs=constexprs,
-            num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps), loops=_LOOPS,
-            maxnreg=maxnreg,
-        ))
-    return variants
 
 
 def dense_variants() -> list[SassVariant]:

@@ -96,34 +96,6 @@ def test_recording_leaves_the_results_unchanged(tool, name):
         assert constexprs["FAST"] is (case.dtype == "float32")
 
 
-@pytest.mark.parametrize("name", ["AUC logistic layout groups", "LaA linear layout groups"])
-def test_the_fma_reciprocal_option_computes_the_same_loss(tool, name, monkeypatch):
-    """pairwise.FMA_RECIPROCAL on CUDA (off by default): kernel 1's value pass takes the logistic
-    reciprocal on the FMA pipe (FAST = 2). Recorded (the fast branch under the interpreter), the
-    call gives the interpreter's exact loss and gradient up to float32 rounding."""
-    from host_path import dense_kernels_off
-
-    from mlloss.kernels import pairwise
-
-    case = _case(tool, name)
-    scores, labels, groups, _ = tool._inputs(case)
-    runs = []
-    for recording in (False, True):
-        x = scores.clone().requires_grad_(True)
-        with tool.recording_cuda_launches() if recording else contextlib.nullcontext() as launches, \
-                dense_kernels_off():
-            if recording:
-                monkeypatch.setitem(pairwise.FMA_RECIPROCAL, "cuda", True)
-            loss = case.make()(x, labels, groups)
-            loss.backward()
-        runs.append((loss.detach(), x.grad))
-    (loss, grad), (again, recorded_grad) = runs
-    torch.testing.assert_close(again, loss, rtol=1e-6, atol=0)
-    torch.testing.assert_close(recorded_grad, grad, rtol=1e-5, atol=1e-9)
-    constexprs = next(x for x in launches if x["kernel"] == "_pair_partials_kernel")["constexprs"]
-    assert constexprs["FAST"] == 2
-
-
 @pytest.mark.parametrize("name", ["PDAOM soft layout groups", "LaA soft hardest layout", "AUC hinge dense groups"])
 def test_no_float_argument_reaches_a_cuda_kernel_as_float32(tool, name):
     """Triton's launcher types a plain Python float as fp32 on CUDA, so a float64 loss with
