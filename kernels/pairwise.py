@@ -372,7 +372,8 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 #   x 4: 168-255), so more warps per SM hide the special-function latency. AUC / LaA at N = 2^20 in
 #   139 / 416 ms (64 x 64 x 4: 154 / 497), at N = 16,384 in a CUDA graph 0.086 / 0.152 ms (0.121 /
 #   0.182), the fastest there; 64 x 32 x 4 was faster at 2^20 (127 / 393 ms) but slower at 16,384
-#   (0.14 / 0.162 ms: fewer threads for the few row blocks that hold most of the pairs);
+#   (0.14 / 0.162 ms; probably as AUC's pairs sit in the few row blocks of its positives, which
+#   then have half the threads: not profiled);
 # - with groups, 64 x 16 at 2 warps: a row block scans the partner positions of the groups its rows
 #   fall in, about BLOCK_M + the group size rounded up to BLOCK_N tiles; narrow tiles scan fewer
 #   pairs that are not a group's. Users of ~50 items at N = 2^20: 0.47 / 0.56 ms in a CUDA graph for
