@@ -117,3 +117,39 @@ def test_under_the_interpreter_a_launch_goes_through_triton():
     assert ranks.tolist() == [[2, 3, 1]]
     kernel = pattern_ranks.__globals__["_pattern_rank_kernel"]
     assert _launch.launcher(kernel) is kernel
+
+
+def test_a_call_makes_the_scores_cuda_device_current(monkeypatch):
+    """Triton launches on the current CUDA device; PyTorch's ops follow their tensors. A loss of
+    scores on cuda:1 while cuda:0 is current enters ``torch.cuda.device(cuda:1)`` for the call (a
+    model on a second GPU in a process that never called set_device); on the current device, or on
+    the CPU, it enters nothing. (Stand-ins for the device calls: this machine may have no GPU.)"""
+    import contextlib
+
+    import torch
+
+    import mlloss
+    from mlloss.ops import dispatch
+
+    entered = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: entered.append(device) or contextlib.nullcontext())
+
+    class OnDevice:
+        def __init__(self, index):
+            self.device = torch.device("cuda", index)
+
+    with dispatch._current_device_of(OnDevice(1)):
+        pass
+    with dispatch._current_device_of(OnDevice(0)):
+        pass
+    with dispatch._current_device_of(torch.zeros(2)):
+        pass
+    assert entered == [torch.device("cuda", 1)]
+
+    seen = []
+    guard = dispatch._current_device_of
+    monkeypatch.setattr(dispatch, "_current_device_of", lambda scores: seen.append(scores) or guard(scores))
+    scores = torch.tensor([0.3, -0.2, 0.5, 0.1])
+    mlloss.AUCLoss(backend="torch")(scores, torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    assert len(seen) == 1 and seen[0] is scores  # every call of the op goes through the guard
