@@ -129,7 +129,7 @@ def test_a_call_makes_the_scores_cuda_device_current(monkeypatch):
     import torch
 
     import mlloss
-    from mlloss.ops import dispatch
+    from mlloss.ops import fused
 
     entered = []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -139,17 +139,17 @@ def test_a_call_makes_the_scores_cuda_device_current(monkeypatch):
         def __init__(self, index):
             self.device = torch.device("cuda", index)
 
-    with dispatch._current_device_of(OnDevice(1)):
+    with fused.current_device_of(OnDevice(1)):
         pass
-    with dispatch._current_device_of(OnDevice(0)):
+    with fused.current_device_of(OnDevice(0)):
         pass
-    with dispatch._current_device_of(torch.zeros(2)):
+    with fused.current_device_of(torch.zeros(2)):
         pass
     assert entered == [torch.device("cuda", 1)]
 
     seen = []
-    guard = dispatch._current_device_of
-    monkeypatch.setattr(dispatch, "_current_device_of", lambda scores: seen.append(scores) or guard(scores))
+    guard = fused.current_device_of
+    monkeypatch.setattr(fused, "current_device_of", lambda scores: seen.append(scores) or guard(scores))
     scores = torch.tensor([0.3, -0.2, 0.5, 0.1])
     mlloss.AUCLoss(backend="torch")(scores, torch.tensor([1.0, 0.0, 1.0, 0.0]))
     assert len(seen) == 1 and seen[0] is scores  # every call of the op goes through the guard

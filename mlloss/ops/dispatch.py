@@ -41,7 +41,6 @@ float64, the all-pairs paths in float32 (fp32 accumulation for fp16/bf16/fp32 sc
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -203,32 +202,7 @@ def _pair_loss_op(
     flags: list[int],
     values: list[float],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), on
-    the scores' device: Triton launches a kernel on the current CUDA device, where PyTorch's ops
-    follow their tensors, so a model on cuda:1 in a process whose current device is cuda:0 makes
-    cuda:1 current for the call."""
-    with _current_device_of(scores):
-        return _pair_loss_on_device(scores, labels, groups, mask, mixing, label_weights, flags, values)
-
-
-def _current_device_of(tensor: Tensor):
-    """A context that makes ``tensor``'s CUDA device the current one, if another is (else none)."""
-    if tensor.device.type == "cuda" and tensor.device.index != torch.cuda.current_device():
-        return torch.cuda.device(tensor.device)
-    return contextlib.nullcontext()
-
-
-def _pair_loss_on_device(
-    scores: Tensor,
-    labels: Tensor,
-    groups: Optional[Tensor],
-    mask: Optional[Tensor],
-    mixing: Optional[Tensor],
-    label_weights: Optional[list[float]],
-    flags: list[int],
-    values: list[float],
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``_pair_loss_op`` with the scores' device current."""
+    """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
     options, tier, validate, real_levels, rank, world_size = _decoded(tuple(flags), tuple(values))
     cost, surrogate, margin, pairs, temperature, reduction = options
     # decided on the caller's groups (a mask gives ungrouped items a group of their own below)

@@ -18,6 +18,10 @@ benchmarks/host_time.py, interpreted kernels, this repository's 2-core CPU). Out
 torch.func transforms the Function's C++ apply is called directly (see ``fused_loss``). A test
 checks that the operator's autograd and the eager path give the same bits (tests/test_compile.py).
 
+Device: the op runs with its scores' CUDA device current (``current_device_of``). Triton launches
+a kernel on the current device, where PyTorch's ops follow their tensors: a model on cuda:1 in a
+process whose current device is cuda:0 would otherwise get its kernels launched on cuda:0.
+
 Dtypes: float64 scores are computed, and come back, in float64; float32, bfloat16 and float16
 scores in float32 (fp32 accumulation), loss and gradient alike; backward casts the gradient to
 the scores' dtype.
@@ -25,6 +29,7 @@ the scores' dtype.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -47,6 +52,13 @@ def accumulation_dtype(scores: Tensor) -> torch.dtype:
     raise TypeError(f"scores must be a floating tensor (fp16/bf16/fp32/fp64); got dtype {scores.dtype}")
 
 
+def current_device_of(tensor: Tensor):
+    """A context that makes ``tensor``'s CUDA device the current one, if another is (else none)."""
+    if tensor.device.type == "cuda" and tensor.device.index != torch.cuda.current_device():
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
+
+
 def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
     """Register ``implementation`` (annotated: its schema is inferred from them; returns
     ``(loss, ..., grad)``) as the operator ``mlloss::<its name without leading underscores and
@@ -54,10 +66,15 @@ def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
     a function of its arguments that differentiates the loss with respect to the first: under
     ``torch.compile`` (and for meta or fake tensors) the operator, opaque to the compiler; in
     eager mode the implementation itself inside a ``torch.autograd.Function``, without the
-    dispatcher's round trip through the operator."""
+    dispatcher's round trip through the operator. Either way it runs on its scores' device."""
     name = implementation.__name__.strip("_").removesuffix("_op")
     LIBRARY.define(name + torch.library.infer_schema(implementation, mutates_args=()))
-    LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")  # the same code on every device
+
+    def on_scores_device(*inputs):
+        with current_device_of(inputs[0]):
+            return implementation(*inputs)
+
+    LIBRARY.impl(name, on_scores_device, "CompositeExplicitAutograd")  # the same code on every device
     qualname = f"mlloss::{name}"
     torch.library.register_fake(qualname, fake, lib=LIBRARY)
     torch.library.register_autograd(qualname, _scale_gradient, setup_context=_save_gradient, lib=LIBRARY)
@@ -68,7 +85,7 @@ def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
         # forward without ctx and a separate setup_context: the form torch.func.grad accepts
         @staticmethod
         def forward(*inputs):
-            return implementation(*inputs)
+            return on_scores_device(*inputs)
 
         @staticmethod
         def setup_context(ctx, inputs, outputs):
