@@ -107,7 +107,7 @@ def accuracy_cases() -> list[dict[str, Any]]:
 TILES_PREFIX = "tiles: "
 # Section 7's (BLOCK_M x BLOCK_N x warps) of the layout kernel, timed against the library's choice
 # (pairwise.TILES["cuda"], 64x64x8 since d3d908a's run, listed too: the two rows' gap is the run's
-# noise; an "r128" suffix would cap the registers, see parse_tiles). All compile
+# noise). All compile
 # for sm_90 without spills in the logistic uniform and linear grouped variants; 128x128x8 spills
 # 104 B (uniform) to 1.5 KB (linear, groups) per thread and is left out (tile_sass_variants,
 # results/kernel-sass-tiles.json).
@@ -135,19 +135,17 @@ def tile_sass_variants() -> list[Any]:
     wanted = [v for v in sass_variants() if v.name in ("ordinal logistic uniform", "ordinal logistic linear groups")]
     shaped = []
     for shape in TILE_CANDIDATES + SPILLING_TILES:
-        block_m, block_n, num_warps, maxnreg = parse_tiles(shape)
+        block_m, block_n, num_warps = parse_tiles(shape)
         shaped += [dataclasses.replace(
             v, name=f"{v.name} {shape}", num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps),
-            constexprs=dict(v.constexprs, BLOCK_M=block_m, BLOCK_N=block_n), maxnreg=maxnreg) for v in wanted]
+            constexprs=dict(v.constexprs, BLOCK_M=block_m, BLOCK_N=block_n)) for v in wanted]
     return shaped
 
 
-def parse_tiles(shape: str) -> tuple[int, int, int, int | None]:
-    """``"64x32x4"`` -> (64, 32, 4, None); ``"64x32x4r128"`` -> (64, 32, 4, 128): BLOCK_M x BLOCK_N x
-    warps, then ``r`` and a register cap (ptxas's ``maxnreg``) if any (``pairwise.TILES``' entries)."""
-    tiles, _, maxnreg = shape.partition("r")
-    block_m, block_n, num_warps = (int(part) for part in tiles.split("x"))
-    return block_m, block_n, num_warps, int(maxnreg) if maxnreg else None
+def parse_tiles(shape: str) -> tuple[int, int, int]:
+    """``"64x32x4"`` -> (64, 32, 4): BLOCK_M x BLOCK_N x warps, as ``pairwise.TILES`` holds them."""
+    block_m, block_n, num_warps = (int(part) for part in shape.split("x"))
+    return block_m, block_n, num_warps
 
 
 CPU_SECTION_TITLES = {

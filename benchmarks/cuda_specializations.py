@@ -220,7 +220,6 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
             "signature": signature,
             "constexprs": {name: _constexpr_json(bound[name]) for name, kind in signature.items() if kind == "constexpr"},
             "num_warps": int(kwargs.get("num_warps", 4)),
-            "maxnreg": kwargs.get("maxnreg"),
         })
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -286,7 +285,6 @@ class _Variant:
     signature: dict
     constexprs: dict
     num_warps: int
-    maxnreg: int | None = None
 
 
 def _compile(spec: dict) -> dict:
@@ -299,7 +297,7 @@ def _compile(spec: dict) -> dict:
         kernel = getattr(importlib.import_module(spec["module"]), spec["kernel"])
         constexprs = {k: getattr(tl, v["tl"]) if isinstance(v, dict) else v for k, v in spec["constexprs"].items()}
         _, registers, spills = compile_sass(_Variant(spec["kernel"], kernel, spec["signature"], constexprs,
-                                                     spec["num_warps"], spec.get("maxnreg")))
+                                                     spec["num_warps"]))
     except Exception as exc:  # noqa: BLE001  (reported per specialization)
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
     return {"ok": True, "registers": registers, "spill_store_bytes": spills.store_bytes,
@@ -323,8 +321,7 @@ def describe(spec: dict) -> str:
     """kernel[constexprs](its pointers' element types) num_warps."""
     constexprs = ", ".join(f"{k}={v['tl'] if isinstance(v, dict) else v}" for k, v in spec["constexprs"].items())
     pointers = ",".join(sorted({t[1:] for t in spec["signature"].values() if t.startswith("*")}))
-    cap = f" maxnreg={spec['maxnreg']}" if spec.get("maxnreg") else ""
-    return f"{spec['kernel']}[{constexprs}]({pointers}) num_warps={spec['num_warps']}{cap}"
+    return f"{spec['kernel']}[{constexprs}]({pointers}) num_warps={spec['num_warps']}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -222,12 +222,6 @@ def _disassemble(cubin: bytes) -> str:
     return done.stdout
 
 
-def _register_cap(variant: Any) -> dict[str, int]:
-    """The variant's ``maxnreg`` compile option (a launch option), if it sets one."""
-    maxnreg = getattr(variant, "maxnreg", None)
-    return {} if maxnreg is None else {"maxnreg": maxnreg}
-
-
 def compile_sass(variant: Any) -> tuple[str, int, Spills]:
     """Compile ``variant`` for sm_90; return its SASS listing, registers per thread and spills."""
     import triton
@@ -244,7 +238,7 @@ def compile_sass(variant: Any) -> tuple[str, int, Spills]:
     )
     with _ptxas_log() as log:
         compiled = triton.compile(source, target=GPUTarget("cuda", ARCH, WARP_SIZE),
-                                  options={"num_warps": variant.num_warps, **_register_cap(variant)})
+                                  options={"num_warps": variant.num_warps})
     registers, spills = _parse_ptxas_log(log.getvalue(), variant.name)
     return _disassemble(compiled.asm["cubin"]), registers, spills
 

@@ -293,14 +293,14 @@ def pair_partials(
     score_scale: float,
     value_scale: float,
     accumulation: torch.dtype,
-    tiles: tuple[int, int, int, int | None],
+    tiles: tuple[int, int, int],
     num_chunks: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch kernel 1 (after ``position_values`` for a linear cost); returns (partials
     (B, 3, num_chunks, N), the shares of Z_u (B, N) float64 where
     ``reduce.normaliser_source(levels)`` is "shares", else None)."""
     num_problems, n = layout.order.shape
-    block_m, block_n, num_warps, maxnreg = tiles
+    block_m, block_n, num_warps = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
     write_shares = normaliser_source(levels) == "shares"
     shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
@@ -313,7 +313,7 @@ def pair_partials(
         partials, shares if write_shares else partials, n, num_chunks,
         MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
         SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=write_shares,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, maxnreg=maxnreg,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
     return partials, shares
 
@@ -363,8 +363,8 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 # --------------------------------------------------------------------------- #
 # Host entry                                                                  #
 # --------------------------------------------------------------------------- #
-# (BLOCK_M, BLOCK_N, num_warps, maxnreg) of kernel 1 per device, and on CUDA with groups ("cuda
-# groups"); maxnreg None leaves ptxas its register count. Fixed, not autotuned at run time, so that
+# (BLOCK_M, BLOCK_N, num_warps) of kernel 1 per device, and on CUDA with groups ("cuda groups").
+# Fixed, not autotuned at run time, so that
 # the summation order (and so every bit of the result) depends only on the device and N.
 # Chosen on an H100 (bench_gpu.py sections 7 and 8: results/nvidia-h100-80gb-hbm3-tiles-8fc0c10.md,
 # results/nvidia-h100-80gb-hbm3-graph-tiles-d3d908a.md):
@@ -382,13 +382,11 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 #   per-pair counts do not follow.)
 # Smaller tiles spend a few more loop instructions a pair on each tile's loads (kernel_sass.py: the
 # launched variants, and the same kernel at the issue's budget tiles, variants.BUDGET_TILES).
-# maxnreg caps ptxas's registers (None: its own choice): with a cap of 128, 64 x 32 x 4 kept LaA at
-# 442 ms instead of 393 at 2^20. Float64 accumulators take twice the registers: 64 x 64 spilled
-# 5.9 KB per thread with groups, 32 x 32 none (188 registers; benchmarks/cuda_specializations.py).
-# The interpreter pays about a millisecond per program-and-tile step whatever the tile size: big
-# tiles are cheapest.
-TILES = {"cuda": (64, 64, 8, None), "cuda groups": (64, 16, 2, None), "cuda float64": (32, 32, 4, None),
-         "interpreter": (128, 128, 4, None)}
+# A cap of 128 registers (ptxas's maxnreg) on 64 x 32 x 4 kept LaA at 442 ms instead of 393 at
+# 2^20. Float64 accumulators take twice the registers: 64 x 64 spilled 5.9 KB per thread with
+# groups, 32 x 32 none (188 registers; benchmarks/cuda_specializations.py). The interpreter pays
+# about a millisecond per program-and-tile step whatever the tile size: big tiles are cheapest.
+TILES = {"cuda": (64, 64, 8), "cuda groups": (64, 16, 2), "cuda float64": (32, 32, 4), "interpreter": (128, 128, 4)}
 FINALIZE_BLOCK = {"cuda": 1024, "interpreter": 1024}
 # Kernel 1 aims at this many programs per streaming multiprocessor (each pass of each problem
 # counts), splitting partner ranges into chunks when N alone gives too few row blocks.
@@ -399,8 +397,8 @@ MAX_CHUNKS = 32
 def launch_config(
     device: torch.device, num_items: int, num_problems: int, accumulation: torch.dtype = torch.float32,
     grouped: bool = False,
-) -> tuple[tuple[int, int, int, int | None], int, int]:
-    """((BLOCK_M, BLOCK_N, num_warps, maxnreg), chunks, finalize block) for a batch on ``device``."""
+) -> tuple[tuple[int, int, int], int, int]:
+    """((BLOCK_M, BLOCK_N, num_warps), chunks, finalize block) for a batch on ``device``."""
     target = launch_target(device)
     tiles = TILES[tile_key(target, accumulation, grouped)]
     if target == "cuda":

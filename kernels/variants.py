@@ -3,7 +3,7 @@
 ``benchmarks/kernel_sass.py`` compiles each variant for Hopper without a GPU and counts the
 instructions, special-function ops and shuffles per pair of its loops. The variants are the
 CUDA configurations the library launches: float32 scores, the fast special functions, the tile
-shape and register cap of ``pairwise.TILES["cuda"]`` (with groups ``TILES["cuda groups"]``), every
+shape of ``pairwise.TILES["cuda"]`` (with groups ``TILES["cuda groups"]``), every
 surrogate, both costs, with and without groups; and the logistic ones again at the tiles of the
 issue's instruction budget (``budget_variants``). The
 uniform-cost variants are AUC's and LoA's (binary levels), the linear-cost ones LaA's of a few
@@ -56,7 +56,6 @@ class SassVariant:
     num_warps: int
     pairs_per_iteration: float
     loops: tuple
-    maxnreg: int | None = None  # ptxas's register cap (a launch option), None: its own choice
 
 
 # The tile shape at which the issue's per-pair instruction budget was stated (../gpu-baseline: the
@@ -65,11 +64,11 @@ class SassVariant:
 # that its loop body is held to the budget whatever tiles the library launches. Smaller launched
 # tiles spend a few more instructions a pair on each tile's loads and indices and win on time:
 # see pairwise.TILES.
-BUDGET_TILES = (64, 64, 4, None)
+BUDGET_TILES = (64, 64, 4)
 
 
 def _ordinal_variant(name: str, surrogate: str, cost: str, grouped: bool, tiles: tuple) -> SassVariant:
-    block_m, block_n, num_warps, maxnreg = tiles
+    block_m, block_n, num_warps = tiles
     constexprs = dict(
         MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, HAS_GROUPS=grouped,
         COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True,
@@ -79,7 +78,7 @@ def _ordinal_variant(name: str, surrogate: str, cost: str, grouped: bool, tiles:
     return SassVariant(
         name=name, kernel=_pair_partials_kernel, signature=dict(_POINTERS, **{k: "constexpr" for k in constexprs}),
         constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps),
-        loops=_LOOPS, maxnreg=maxnreg,
+        loops=_LOOPS,
     )
 
 
@@ -96,7 +95,7 @@ def sass_variants() -> list[SassVariant]:
 
 def budget_variants() -> list[SassVariant]:
     """The logistic all-pairs kernel (both costs, with and without groups) at ``BUDGET_TILES``."""
-    shape = "x".join(str(part) for part in BUDGET_TILES[:3])
+    shape = "x".join(map(str, BUDGET_TILES))
     return [_ordinal_variant(f"budget {shape}: logistic {cost}" + (" groups" if grouped else "") + " (ordinal kernel)",
                              "logistic", cost, grouped, BUDGET_TILES)
             for cost in ("uniform", "linear") for grouped in (False, True)]

@@ -154,7 +154,7 @@ def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_th
     assert sum("(no target): fastest" in line for line in report["acceptance"]) == 2
 
     with pytest.raises(RuntimeError), cases.kernel_settings(torch.device("cpu"), layout_only=True, tiles="16x16x1"):
-        assert pairwise.TILES["interpreter"] == (16, 16, 1, None) and dense.MAX_ITEMS == 0
+        assert pairwise.TILES["interpreter"] == (16, 16, 1) and dense.MAX_ITEMS == 0
         raise RuntimeError
     assert (dict(pairwise.TILES), dense.MAX_ITEMS) == before
 
@@ -188,9 +188,9 @@ def test_tile_candidates_are_the_shapes_that_compile_without_spills(cases):
     assert len(variants) == 2 * len(shapes)
     for variant in variants:
         shape = variant.name.rsplit(" ", 1)[1]
-        block_m, block_n, num_warps, maxnreg = cases.parse_tiles(shape)
-        assert (variant.constexprs["BLOCK_M"], variant.constexprs["BLOCK_N"], variant.num_warps, variant.maxnreg) == (
-            block_m, block_n, num_warps, maxnreg)
+        block_m, block_n, num_warps = cases.parse_tiles(shape)
+        assert (variant.constexprs["BLOCK_M"], variant.constexprs["BLOCK_N"], variant.num_warps) == (
+            block_m, block_n, num_warps)
         assert variant.pairs_per_iteration == block_m * block_n / (32 * num_warps)
     measured = json.loads((BENCHMARKS / "results" / "kernel-sass-tiles.json").read_text())["variants"]
     spills = {v["name"]: v["spills"]["store_bytes"] for v in measured}

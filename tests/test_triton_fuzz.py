@@ -143,7 +143,7 @@ def kernel_paths(monkeypatch):
             monkeypatch.setattr(dense, "MAX_ITEMS", 0)
         if case["small_tiles"]:
             monkeypatch.setitem(dense.TILES, "interpreter", (16, 16, 1))
-            monkeypatch.setitem(pairwise.TILES, "interpreter", (16, 32, 4, None))
+            monkeypatch.setitem(pairwise.TILES, "interpreter", (16, 32, 4))
             monkeypatch.setitem(pairwise.FINALIZE_BLOCK, "interpreter", 32)
             monkeypatch.setitem(hardest.LEVELS_BLOCK, "interpreter", 32)
     return apply

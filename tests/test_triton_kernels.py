@@ -27,8 +27,8 @@ from reference import hardest_loss, pair_loss as brute_force  # noqa: E402
 pytestmark = pytest.mark.triton
 DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
 SURROGATES = ("logistic", "hinge", "squared", "exponential")
-# (BLOCK_M, BLOCK_N, warps, maxnreg) and chunks: square, wide and tall tiles, one to several chunks.
-CONFIGS = [((16, 16, 4, None), 1), ((16, 32, 4, None), 3), ((32, 16, 4, None), 2), ((128, 128, 4, None), 1)]
+# (BLOCK_M, BLOCK_N, warps) and chunks: square, wide and tall tiles, one to several chunks.
+CONFIGS = [((16, 16, 4), 1), ((16, 32, 4), 3), ((32, 16, 4), 2), ((128, 128, 4), 1)]
 
 
 def ordinal_case(sizes: list[int], num_levels: int, seed: int, *, integer_scores: bool = False):
