@@ -76,6 +76,7 @@ class Case:
     masked: bool = False
     dtype: str = "float32"
     tasks: int = 0  # scores (N,), or (N, tasks) for a bce+ loss
+    scanned: bool = False  # the counting layout's block scan, as past kernels.levels.SCAN_BLOCKS blocks
 
 
 def cases() -> list[Case]:
@@ -121,6 +122,13 @@ def cases() -> list[Case]:
             Case(f"bce+pdaom {size} groups", lambda: mlloss.build_loss("bce+pdaom", backend="triton"), "two", layout,
                  tasks=2),
         ]
+    out += [  # a batch of more blocks than kernels.levels.SCAN_BLOCKS (2^20 items) scans the blocks' counts
+        Case("AUC logistic layout scanned", auc(), "binary", True, grouped=False, scanned=True),
+        Case("AUC logistic layout groups scanned", auc(), "binary", True, scanned=True),
+        Case("LaA linear 4 labels layout groups scanned", lambda: mlloss.LaALoss(backend="triton"), "four", True,
+             scanned=True),
+        Case("PDAOM layout groups scanned", lambda: mlloss.PDAOMLoss(backend="triton"), "binary", True, scanned=True),
+    ]
     return out
 
 
@@ -231,6 +239,19 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
         InterpretedFunction.run = run
 
 
+@contextlib.contextmanager
+def _scanned_layout() -> Iterator[None]:
+    """Inside: the counting layout scans its blocks' counts at any size (kernels.levels.SCAN_BLOCKS 0)."""
+    from mlloss.kernels import levels
+
+    saved = levels.SCAN_BLOCKS
+    levels.SCAN_BLOCKS = 0
+    try:
+        yield
+    finally:
+        levels.SCAN_BLOCKS = saved
+
+
 def record(selected: Sequence[Case]) -> dict[str, list[dict]]:
     """Case name -> the specializations its forward + backward launched, in launch order."""
     from host_path import dense_kernels_off
@@ -240,7 +261,12 @@ def record(selected: Sequence[Case]) -> dict[str, list[dict]]:
         scores, labels, groups, mask = _inputs(case)
         loss = case.make()
         scores.requires_grad_(True)
-        with recording_cuda_launches() as launches, dense_kernels_off() if case.layout else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            launches = stack.enter_context(recording_cuda_launches())
+            if case.layout:
+                stack.enter_context(dense_kernels_off())
+            if case.scanned:
+                stack.enter_context(_scanned_layout())
             value = loss(scores, labels, groups, **({"mask": mask} if mask is not None else {}))
             value.backward()
         out[case.name] = launches

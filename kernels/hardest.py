@@ -1,24 +1,26 @@
 """Max-violation pairs (DAOM, PDAOM: Sun et al. Eq. 5-6) as segmented kernels: of binary problems,
 and of LaA's aggregated levels.
 
-Input: a ``mlloss.ops.layout.PairLayout`` built with ``tie_scores``: every problem sorted by
-(group, label), and the items of each (group, label) cell by score, ascending. A group's
-negatives then occupy ``[group_start, c)`` and its positives ``[c, group_end)``, so its hardest
-pair is the two positions around the boundary c: the largest negative at c - 1 and the smallest
-positive at c. Per group with both labels (loss spec, "Max-violation variants"):
+Input: a ``mlloss.ops.layout.PairLayout``: every problem sorted by (group, label), the items of
+a (group, label) cell in index order. A group's negatives then occupy ``[group_start, c)`` and
+its positives ``[c, group_end)``. Per group with both labels (loss spec, "Max-violation
+variants"):
 
     loss_u = phi(min_{y=1} s - max_{y=0} s)
 
 or, with a temperature tau, the min and max replaced by log-mean-exp,
-softmin = -tau log(mean exp(-s / tau)), softmax = tau log(mean exp(s / tau)), whose cell sums
-come from a float64 prefix sum of exp(-(s - min) / tau) (positives) and exp((s - max) / tau)
-(negatives; with several levels a cell is both, and both rows are summed): every term is in
-(0, 1] and a cell holds its extreme's term 1, so a cell's sum is >= 1, and its prefix difference
-is off by the roundings of the cell's own additions to running totals of at most N: n N 2^-53
-at most for a cell of n items (a term below 2^-53 of the running total is lost), 1.1e-8 relative
-at N = 1M for a cell of a hundred. The gradient goes to the items attaining the min and
-max, split equally among ties (a binary search in the sorted cell counts them), or with a
-temperature to every item by its softmax weight.
+softmin = -tau log(mean exp(-s / tau)), softmax = tau log(mean exp(s / tau)).
+
+Each cell's extreme comes from a segmented scan over the positions (``_cell_scan_kernel``, in
+blocks, then ``_cell_carry_kernel`` across blocks, as ``reduce.group_sums`` does for sums): of
+v = s in a positive cell (its min) and v = -s in a negative one (minus its max; with several
+levels every cell is both, in two rows), keeping with the min the items attaining it, or with a
+temperature the sum of exp((min - v) / tau) over the cell, rescaled as parts merge (every term
+in (0, 1], the cell's own items only, in a fixed order). No sort of the scores: on an H100 the
+sort and the gathers around it took about a third of PDAOM's device time at N = 2^20
+(``benchmarks/results/nvidia-h100-80gb-hbm3-profile-a20b70f.txt``), and most of its host time.
+The gradient goes to the items attaining the min and max, split equally among ties, or with a
+temperature to every item by its softmin (softmax) weight.
 
 ``_hardest_kernel`` (grid (position blocks, B)) writes the gradient in the caller's item order
 and per-block sums [loss, groups with both labels, level pairs], the same outputs as the
@@ -43,12 +45,10 @@ from ..ops.fused import accumulation_dtype
 from ._common import cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device
 from ._launch import launcher
 from .pairwise import FINALIZE_BLOCK
-from .reduce import combine
+from .reduce import CARRY_CHUNK, combine
 
 __all__ = ["hardest_loss_and_grad"]
 
-# Binary searches run a fixed number of halvings (enough for any N < 2^31).
-_SEARCH_STEPS: tl.constexpr = tl.constexpr(31)
 # Positions per program of the several-level kernel: its walk keeps a dozen float64 values per
 # position live, so on CUDA one position per thread (1,024 per program spilled 2 KB per thread).
 LEVELS_BLOCK = {"cuda": 128, "interpreter": 1024}
@@ -74,134 +74,199 @@ def _spans(cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, po
     return cell_start, cell_end, group_start, group_end
 
 
+# --------------------------------------------------------------------------- #
+# Each cell's extreme: a segmented scan over the positions, then across blocks #
+# --------------------------------------------------------------------------- #
+# A cell's items hold values v (a score, or its negation: the max of s is -(the min of -s)); the
+# scan keeps (min of v, what goes with it): the items attaining it (hard), or the sum of
+# exp((min - v) / tau) over the cell (soft), rescaled to the smaller min as two parts merge.
 @triton.jit
-def _group_bounds(rank_row, order_row, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-                  row, positions, mask, N, HAS_GROUPS: tl.constexpr):
-    """(positive: the item is a positive, group start, the label boundary c, group end)."""
-    positive = rank_at(order_row, rank_row, positions, mask) > 0
-    cell_start, cell_end, group_start, group_end = _spans(
-        cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
-    )
-    boundary = tl.where(positive, cell_start, cell_end)
-    return positive, group_start, boundary, group_end
+def _merge(min_a, acc_a, min_b, acc_b, inverse_temperature, SOFT: tl.constexpr):
+    """Two parts of a cell merged: (min, items attaining it) or (min, sum of exp((min - v) / tau)).
+    An empty part is (+inf, 0)."""
+    low = tl.minimum(min_a, min_b)
+    if SOFT:  # a part of sum 0 adds 0 (inf - inf would make NaN)
+        acc = (tl.where(acc_a != 0, acc_a * tl.exp((low - min_a) * inverse_temperature), 0.0)
+               + tl.where(acc_b != 0, acc_b * tl.exp((low - min_b) * inverse_temperature), 0.0))
+    else:
+        acc = tl.where(min_a == low, acc_a, 0.0) + tl.where(min_b == low, acc_b, 0.0)
+    return low, acc
 
 
-@triton.jit(do_not_specialize=("N",))  # batch sizes: see _common.py
-def _soft_terms_kernel(
-    scores_ptr, rank_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    terms_ptr, N, inverse_temperature: tl.float64,
-    HAS_GROUPS: tl.constexpr, BOTH: tl.constexpr, BLOCK: tl.constexpr,
+@triton.jit
+def _restarting_hard(start_a, min_a, acc_a, start_b, min_b, acc_b):
+    """The hard scan's operator: (min, items attaining it), restarting where a cell starts (start_b)."""
+    low, acc = _merge(min_a, acc_a, min_b, acc_b, 1.0, False)
+    restart = start_b != 0
+    return start_a | start_b, tl.where(restart, min_b, low), tl.where(restart, acc_b, acc)
+
+
+@triton.jit
+def _restarting_soft(start_a, min_a, acc_a, scale_a, start_b, min_b, acc_b, scale_b):
+    """The soft scan's operator: (min, sum of exp((min - v) / tau)), restarting where a cell
+    starts; ``scale`` is 1 / tau in every lane (the operator takes no other argument)."""
+    low, acc = _merge(min_a, acc_a, min_b, acc_b, scale_b, True)
+    restart = start_b != 0
+    return start_a | start_b, tl.where(restart, min_b, low), tl.where(restart, acc_b, acc), scale_b
+
+
+@triton.jit
+def _scan_cells(restart, value, acc, inverse_temperature, SOFT: tl.constexpr):
+    """(started, min, acc) of a segmented inclusive scan of parts (value, acc) along axis 0,
+    restarting where ``restart``."""
+    if SOFT:
+        scale = tl.zeros_like(value) + inverse_temperature
+        started, low, acc, _ = tl.associative_scan((restart.to(tl.int32), value, acc, scale), 0, _restarting_soft)
+    else:
+        started, low, acc = tl.associative_scan((restart.to(tl.int32), value, acc), 0, _restarting_hard)
+    return started, low, acc
+
+
+@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
+def _cell_scan_kernel(
+    scores_ptr, order_ptr, cell_start_ptr, group_start_ptr, extremes_ptr, carries_ptr, N, num_blocks,
+    inverse_temperature: tl.float64, HAS_GROUPS: tl.constexpr, BOTH: tl.constexpr, SOFT: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Grid (position blocks, B): each position's upper term exp(-(s_p - min) / tau) and lower term
-    exp((s_p - max) / tau) (min, max: its cell's, at the cell's ends). Binary problems
-    (not BOTH): terms[b, p], a positive's upper term or a negative's lower term; one problem of
-    several levels (BOTH), whose cells are upper and lower cells at once: terms[0, p] the upper
-    term and terms[1, p] the lower term."""
-    problem = tl.program_id(1).to(tl.int64)
-    row = problem * N
-    positions = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    """Grid (position blocks, R). Each position's (min, acc) of its cell's values v from the
+    cell's first position, or from the block's first position if the cell began in an earlier
+    block, to it: extremes[r, 0, p] and [r, 1, p]; the block's open part (from its last cell
+    start, or its first position, to its end) to carries[r, 0..1, block] and whether a cell
+    starts in it to carries[r, 2, block]. Binary problems (not BOTH, r the problem): v = s for
+    a positive, -s for a negative (a positive's cell starts after its group's start); one
+    problem of several levels (BOTH): v = s (row 0, the cells' min) and v = -s (row 1, their max)."""
+    block = tl.program_id(0)
+    r = tl.program_id(1).to(tl.int64)
+    row = 0 if BOTH else r * N
+    positions = block * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
-    order_row = order_ptr + row
-    cell_start, cell_end, _, _ = _spans(
-        cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
-    )
-    score = _score_at(scores_ptr, order_row, positions, mask)
-    lowest = _score_at(scores_ptr, order_row, cell_start, mask)
-    highest = _score_at(scores_ptr, order_row, cell_end - 1, mask)
-    upper = tl.exp((lowest - score) * inverse_temperature)
-    lower = tl.exp((score - highest) * inverse_temperature)
+    cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
+    score = _score_at(scores_ptr, order_ptr + row, positions, mask)
     if BOTH:
-        tl.store(terms_ptr + positions, upper, mask=mask)
-        tl.store(terms_ptr + N + positions, lower, mask=mask)
+        value = tl.where(r == 0, score, -score)
     else:
-        positive = rank_at(order_row, rank_ptr + row, positions, mask) > 0
-        tl.store(terms_ptr + row + positions, tl.where(positive, upper, lower), mask=mask)
-
-
-@triton.jit
-def _range_sum(prefix_row, start, end, mask):
-    """sum of the terms at positions [start, end) from their inclusive prefix sums (end > start)."""
-    before = tl.load(prefix_row + start - 1, mask=mask & (start > 0), other=0.0)
-    return tl.load(prefix_row + end - 1, mask=mask, other=1.0) - before
-
-
-@triton.jit
-def _soft_extreme(prefix_row, extreme, start, end, signed_temperature, mask):
-    """(log-mean-exp extreme of the cell [start, end), its term sum): extreme + t log(sum / size)
-    with t = -tau for the softmin (upper terms) and +tau for the softmax (lower terms)."""
-    total = _range_sum(prefix_row, start, end, mask)
-    size = tl.where(mask, end - start, 1).to(tl.float64)
-    return extreme + signed_temperature * tl.log(total / size), total
-
-
-@triton.jit
-def _tie_count(scores_ptr, order_row, lo, hi, value, FROM_START: tl.constexpr, mask):
-    """Items of the ascending range [lo, hi) equal to its first value (FROM_START: count up to
-    the first larger one) or to its last value (count from the first one not smaller)."""
-    left = lo
-    right = hi
-    for _ in range(_SEARCH_STEPS):
-        active = left < right
-        middle = (left + right) // 2
-        probe = _score_at(scores_ptr, order_row, middle, mask & active)
-        if FROM_START:
-            go_right = active & (probe <= value)
+        if HAS_GROUPS:
+            group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
         else:
-            go_right = active & (probe < value)
-        right = tl.where(active & ~go_right, middle, right)
-        left = tl.where(go_right, middle + 1, left)
-    if FROM_START:
-        return left - lo
+            group_start = tl.zeros_like(cell_start)
+        value = tl.where(cell_start > group_start, score, -score)
+    # each item a part of its own (acc 1: one item attains its min, its term is exp(0)); the lanes
+    # past N empty parts
+    value = tl.where(mask, value, float("inf"))
+    started, low, acc = _scan_cells(mask & (cell_start == positions), value, tl.where(mask, 1.0, 0.0).to(tl.float64),
+                                    inverse_temperature, SOFT)
+    out = extremes_ptr + r * 2 * N + positions
+    tl.store(out, low, mask=mask)
+    tl.store(out + N, acc, mask=mask)
+    last = tl.arange(0, BLOCK) == BLOCK - 1
+    carries = carries_ptr + r * 5 * num_blocks + block
+    tl.store(carries, tl.min(tl.where(last, low, float("inf"))))
+    tl.store(carries + num_blocks, tl.sum(tl.where(last, acc, 0.0)))
+    tl.store(carries + 2 * num_blocks, tl.max(started, axis=0).to(tl.float64))
+
+
+@triton.jit(do_not_specialize=("num_blocks",))  # batch sizes: see _common.py
+def _cell_carry_kernel(carries_ptr, num_blocks, inverse_temperature: tl.float64, SOFT: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """Grid (R,). carries[r, 3..4, k]: (min, acc) of the part before block k of the cell open at
+    block k's first position (the restarting scan of the blocks' open parts up to block k - 1),
+    in chunks of CHUNK blocks."""
+    row = carries_ptr + tl.program_id(0).to(tl.int64) * 5 * num_blocks
+    lanes = tl.arange(0, CHUNK)
+    carry_min = tl.min(tl.full([CHUNK], float("inf"), dtype=tl.float64))  # float64 scalars between chunks
+    carry_acc = tl.sum(tl.zeros([CHUNK], dtype=tl.float64))
+    for begin in range(0, num_blocks, CHUNK):
+        blocks = begin + lanes
+        before = (blocks > 0) & (blocks <= num_blocks)
+        open_min = tl.load(row + blocks - 1, mask=before, other=float("inf"))
+        open_acc = tl.load(row + num_blocks + blocks - 1, mask=before, other=0.0)
+        starts = tl.load(row + 2 * num_blocks + blocks - 1, mask=before, other=0.0) != 0
+        started, low, acc = _scan_cells(starts, open_min, open_acc, inverse_temperature, SOFT)
+        merged_min, merged_acc = _merge(carry_min, carry_acc, low, acc, inverse_temperature, SOFT)
+        low = tl.where(started != 0, low, merged_min)
+        acc = tl.where(started != 0, acc, merged_acc)
+        inside = blocks < num_blocks
+        tl.store(row + 3 * num_blocks + blocks, low, mask=inside)
+        tl.store(row + 4 * num_blocks + blocks, acc, mask=inside)
+        carry_min = tl.min(tl.where(lanes == CHUNK - 1, low, float("inf")))
+        carry_acc = tl.sum(tl.where(lanes == CHUNK - 1, acc, 0.0))
+
+
+@triton.jit
+def _cell_extreme(extremes_row, carries_row, start, end, N, num_blocks, mask, inverse_temperature,
+                  SOFT: tl.constexpr, BLOCK: tl.constexpr):
+    """(min of v over the cell [start, end), acc: the items attaining it, or the sum of
+    exp((min - v) / tau)) from ``_cell_scan_kernel``'s scan at the cell's last position and, if
+    the cell began in an earlier block, ``_cell_carry_kernel``'s carry into that block."""
+    last = end - 1
+    low = tl.load(extremes_row + last, mask=mask, other=0.0)
+    acc = tl.load(extremes_row + N + last, mask=mask, other=1.0)
+    began_before = mask & (start // BLOCK != last // BLOCK)
+    carry_min = tl.load(carries_row + 3 * num_blocks + last // BLOCK, mask=began_before, other=float("inf"))
+    carry_acc = tl.load(carries_row + 4 * num_blocks + last // BLOCK, mask=began_before, other=0.0)
+    return _merge(carry_min, carry_acc, low, acc, inverse_temperature, SOFT)
+
+
+@triton.jit
+def _soft_min(low, acc, size, temperature, SOFT: tl.constexpr):
+    """A cell's min of v (hard), or its log-mean-exp min - tau log(mean exp((min - v) / tau)) (SOFT)."""
+    if SOFT:
+        return low - temperature * tl.log(acc / size.to(tl.float64))
     else:
-        return hi - left
+        return low
+
+
+@triton.jit
+def _share(own, low, acc, inverse_temperature, has_pair, SOFT: tl.constexpr):
+    """An item's share of the gradient of its cell's min of v (``own`` its v): its softmin
+    weight (SOFT), or 1 / ties if it attains the min."""
+    if SOFT:
+        return tl.where(has_pair, tl.exp((low - own) * inverse_temperature) / acc, 0.0)
+    else:
+        return tl.where(own == low, 1.0 / tl.maximum(acc, 1.0), 0.0)
 
 
 @triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _hardest_kernel(
-    scores_ptr, rank_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
-    MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, SOFT: tl.constexpr,
+    scores_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
+    extremes_ptr, carries_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
+    inverse_temperature: tl.float64, MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr,
+    SOFT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Grid (position blocks, B); see the module docstring. ``prefix`` (B, N) float64: the
-    inclusive prefix sums of ``_soft_terms_kernel``'s terms (SOFT only)."""
+    """Grid (position blocks, B); see the module docstring. ``extremes``, ``carries``: the cells'
+    scans (``_cell_scan_kernel``, ``_cell_carry_kernel``): a positive cell's min of s, a
+    negative cell's min of -s. No rank is read: a group's positives are the cell after its first."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
     row = problem * N
     positions = block * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
-    order_row = order_ptr + row
-    positive, group_start, boundary, group_end = _group_bounds(
-        rank_ptr + row, order_row, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-        row, positions, mask, N, HAS_GROUPS,
+    cell_start, cell_end, group_start, group_end = _spans(
+        cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, positions, mask, N, HAS_GROUPS
     )
+    positive = cell_start > group_start  # (in a group of one level, no pair: either way)
+    boundary = tl.where(positive, cell_start, cell_end)  # the group's negatives [start, c), positives [c, end)
     has_pair = mask & (group_start < boundary) & (boundary < group_end)
-    lowest_positive = _score_at(scores_ptr, order_row, boundary, has_pair)
-    highest_negative = _score_at(scores_ptr, order_row, boundary - 1, has_pair)
-    if SOFT:
-        prefix = prefix_ptr + row
-        soft_min, positives_sum = _soft_extreme(prefix, lowest_positive, boundary, group_end, -temperature, has_pair)
-        soft_max, negatives_sum = _soft_extreme(prefix, highest_negative, group_start, boundary, temperature, has_pair)
-        margin = soft_min - soft_max
-    else:
-        margin = lowest_positive - highest_negative
+    extremes = extremes_ptr + problem * 2 * N
+    carries = carries_ptr + problem * 5 * num_blocks
+    lowest_positive, positives_acc = _cell_extreme(extremes, carries, boundary, group_end, N, num_blocks, has_pair,
+                                                   inverse_temperature, SOFT, BLOCK)
+    lowest_negated, negatives_acc = _cell_extreme(extremes, carries, group_start, boundary, N, num_blocks, has_pair,
+                                                  inverse_temperature, SOFT, BLOCK)
+    # min of the positives minus max of the negatives (their log-mean-exp with a temperature)
+    margin = (_soft_min(lowest_positive, positives_acc, group_end - boundary, temperature, SOFT)
+              + _soft_min(lowest_negated, negatives_acc, boundary - group_start, temperature, SOFT))
     # phi(t) and -phi'(t) of the reverse margin x = -t (kernels._common).
     value, pull = reverse_margin_terms(tl.where(has_pair, -margin, 0.0), MARGIN, SURROGATE, True, False)
 
-    score = _score_at(scores_ptr, order_row, positions, mask)
-    if SOFT:
-        share = _range_sum(prefix, positions, positions + 1, mask) / tl.where(positive, positives_sum, negatives_sum)
-    else:
-        # A tied extreme gets 1 / ties of the gradient: min at the start of the positives' run,
-        # max at the end of the negatives'.
-        lowest_ties = _tie_count(scores_ptr, order_row, boundary, group_end, lowest_positive, True, has_pair & positive)
-        highest_ties = _tie_count(scores_ptr, order_row, group_start, boundary, highest_negative, False, has_pair & ~positive)
-        attains = tl.where(positive, score == lowest_positive, score == highest_negative)
-        ties = tl.maximum(tl.where(positive, lowest_ties, highest_ties), 1).to(tl.float64)
-        share = tl.where(attains, 1.0 / ties, 0.0)
+    score = _score_at(scores_ptr, order_ptr + row, positions, mask)
+    own = tl.where(positive, score, -score)  # v, as the scan saw it
+    share = _share(own, tl.where(positive, lowest_positive, lowest_negated),
+                   tl.where(positive, positives_acc, negatives_acc), inverse_temperature, has_pair, SOFT)
     # d phi(min - max) / d min = -pull, / d max = +pull
     grad = tl.where(has_pair, tl.where(positive, -pull, pull) * share, 0.0)
-    item = tl.load(order_row + positions, mask=mask, other=0)
+    item = tl.load(order_ptr + row + positions, mask=mask, other=0)
     tl.store(grad_ptr + row + item, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
     counted = has_pair & (positions == group_start)  # each group once, at its first position
@@ -214,17 +279,18 @@ def _hardest_kernel(
 @triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _hardest_levels_kernel(
     scores_ptr, rank_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
-    prefix_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
-    MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr,
-    SOFT: tl.constexpr, BLOCK: tl.constexpr,
+    extremes_ptr, carries_ptr, grad_ptr, block_sums_ptr, N, num_blocks, scan_blocks, temperature: tl.float64,
+    inverse_temperature: tl.float64, MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr,
+    SOFT: tl.constexpr, BLOCK: tl.constexpr, SCAN_BLOCK: tl.constexpr,
 ):
     """Grid (position blocks,): one problem of several levels (LaA's aggregated label: ranks into
     the ascending ``values``, of its label patterns or of an ordinal column), max-violation pairs.
     Per group u and present levels a > b:
     loss_u = sum c_ab phi(min_a - max_b) / Z_u, Z_u = sum c_ab (c_ab = v_a - v_b, or 1).
 
-    Each position walks its group's cells in level order (a cell's min and max sit at its ends,
-    the layout being score-ordered within cells), one step per level present in the group, until
+    Each position walks its group's cells in level order (a cell's min and max from the cells'
+    scans, rows 0 and 1: ``_cell_scan_kernel`` in blocks of SCAN_BLOCK positions, scan_blocks of
+    them), one step per level present in the group, until
     every position of the block has left its group: O(n_u L_u) steps for a group of n_u items at
     L_u levels, whatever the label's range. On its way it meets every level pair its own cell is
     in: as the upper cell a (its min's gradient, and the pair's loss term, kept by the cell's
@@ -233,9 +299,8 @@ def _hardest_levels_kernel(
     in ascending order. Gradient to the tied extremes in equal shares; block sums as
     ``_hardest_kernel``'s, with the group's present level pairs as its valid pairs.
 
-    SOFT: min and max are a cell's log-mean-exp at ``temperature``, from ``prefix`` (2, N), the
-    inclusive prefix sums of ``_soft_terms_kernel``'s upper and lower terms (row 0, row 1), and
-    every item of a cell shares its gradient by its softmin (softmax) weight."""
+    SOFT: min and max are a cell's log-mean-exp at ``temperature``, and every item of a cell
+    shares its gradient by its softmin (softmax) weight."""
     block = tl.program_id(0)
     positions = block * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
@@ -244,11 +309,14 @@ def _hardest_levels_kernel(
     cell_start, cell_end, group_start, group_end = _spans(
         cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, 0, positions, mask, N, HAS_GROUPS
     )
-    own_min = _score_at(scores_ptr, order_ptr, cell_start, mask)
-    own_max = _score_at(scores_ptr, order_ptr, cell_end - 1, mask)
-    if SOFT:
-        own_min, own_upper_sum = _soft_extreme(prefix_ptr, own_min, cell_start, cell_end, -temperature, mask)
-        own_max, own_lower_sum = _soft_extreme(prefix_ptr + N, own_max, cell_start, cell_end, temperature, mask)
+    lowest_row, highest_row = extremes_ptr, extremes_ptr + 2 * N  # min of s, min of -s
+    lowest_carries, highest_carries = carries_ptr, carries_ptr + 5 * scan_blocks
+    hard_min, own_min_acc = _cell_extreme(lowest_row, lowest_carries, cell_start, cell_end, N, scan_blocks, mask,
+                                          inverse_temperature, SOFT, SCAN_BLOCK)
+    hard_max_negated, own_max_acc = _cell_extreme(highest_row, highest_carries, cell_start, cell_end, N, scan_blocks,
+                                                  mask, inverse_temperature, SOFT, SCAN_BLOCK)
+    own_min = _soft_min(hard_min, own_min_acc, cell_end - cell_start, temperature, SOFT)
+    own_max = -_soft_min(hard_max_negated, own_max_acc, cell_end - cell_start, temperature, SOFT)
     # Z_u from values measured from the group's lowest level: a sum of terms with both signs,
     # which values far from 0 (1e8 + 0.01 k) would cancel (the costs are differences either way)
     lowest = tl.load(values_ptr + rank_at(order_ptr, rank_ptr, group_start, mask))
@@ -271,11 +339,12 @@ def _hardest_levels_kernel(
         below = here & (other_level < level)
         above = here & (other_level > level)
         # reverse margins x = s_lower - s_upper of the pair (own cell, this cell)
-        lower_max = _score_at(scores_ptr, order_ptr, end - 1, below)
-        upper_min = _score_at(scores_ptr, order_ptr, start, above)
-        if SOFT:
-            lower_max, _ = _soft_extreme(prefix_ptr + N, lower_max, start, end, temperature, below)
-            upper_min, _ = _soft_extreme(prefix_ptr, upper_min, start, end, -temperature, above)
+        lower_negated, lower_acc = _cell_extreme(highest_row, highest_carries, start, end, N, scan_blocks, below,
+                                                 inverse_temperature, SOFT, SCAN_BLOCK)
+        upper_min, upper_acc = _cell_extreme(lowest_row, lowest_carries, start, end, N, scan_blocks, above,
+                                             inverse_temperature, SOFT, SCAN_BLOCK)
+        lower_max = -_soft_min(lower_negated, lower_acc, end - start, temperature, SOFT)
+        upper_min = _soft_min(upper_min, upper_acc, end - start, temperature, SOFT)
         x = tl.where(below, lower_max - own_min, tl.where(above, own_max - upper_min, 0.0))
         value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, False)
         min_pull += tl.where(below, cost * pull, 0.0)
@@ -294,15 +363,9 @@ def _hardest_levels_kernel(
     has_pair = mask & (present > 1)
     inverse = tl.where(has_pair, 1.0 / tl.where(has_pair, normaliser, 1.0), 0.0)
 
-    if SOFT:
-        min_share = _range_sum(prefix_ptr, positions, positions + 1, mask) / own_upper_sum
-        max_share = _range_sum(prefix_ptr + N, positions, positions + 1, mask) / own_lower_sum
-    else:
-        score = _score_at(scores_ptr, order_ptr, positions, mask)
-        min_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_min, True, has_pair)
-        max_ties = _tie_count(scores_ptr, order_ptr, cell_start, cell_end, own_max, False, has_pair)
-        min_share = tl.where(score == own_min, 1.0 / tl.maximum(min_ties, 1).to(tl.float64), 0.0)
-        max_share = tl.where(score == own_max, 1.0 / tl.maximum(max_ties, 1).to(tl.float64), 0.0)
+    score = _score_at(scores_ptr, order_ptr, positions, mask)
+    min_share = _share(score, hard_min, own_min_acc, inverse_temperature, has_pair, SOFT)
+    max_share = _share(-score, hard_max_negated, own_max_acc, inverse_temperature, has_pair, SOFT)
     # d phi(min_a - max_b) / d min_a = -pull, / d max_b = +pull
     grad = (max_pull * max_share - min_pull * min_share) * inverse
     tl.store(grad_ptr + item, grad.to(grad_ptr.dtype.element_ty), mask=mask)
@@ -328,9 +391,9 @@ def hardest_loss_and_grad(
     status: torch.Tensor | None,
     cost: str = "uniform",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every problem's max-violation loss over a score-ordered ``PairLayout``, mixed.
+    """Every problem's max-violation loss over a ``PairLayout``, mixed.
 
-    Same contract as ``pairwise.pair_loss_and_grad``, the layout built with ``tie_scores=scores``:
+    Same contract as ``pairwise.pair_loss_and_grad``:
     binary problems (``levels.rank`` the 0/1 labels) or one problem of several levels
     (``levels.values``: LaA's aggregated label, with pair cost ``cost``), hard or soft.
     """
@@ -354,29 +417,34 @@ def hardest_loss_and_grad(
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
         (num_problems, n), dtype=torch.float64, device=scores.device
     )
-    prefix = grad  # not read without a temperature
-    if soft:  # the cells' exp terms, then their prefix sums (one row per problem, or upper and lower rows)
-        terms = torch.empty((2 if several else num_problems, n), dtype=torch.float64, device=scores.device)
-        launcher(_soft_terms_kernel)[(num_blocks, 1 if several else num_problems)](
-            scores, levels.rank, layout.order, *spans, terms, n, 1.0 / tau,
-            HAS_GROUPS=has_groups, BOTH=several, BLOCK=block,
-        )
-        prefix = torch.cumsum(terms, dim=1)
+    # Each cell's min of s and max of s (rows of v = s and v = -s), or their soft sums: a binary
+    # problem's positive cells need only the min and its negative cells only the max (one row).
+    rows = 2 if several else num_problems
+    extremes = torch.empty((rows, 2, n), dtype=torch.float64, device=scores.device)
+    carries = torch.empty((rows, 5, num_blocks), dtype=torch.float64, device=scores.device)
+    launcher(_cell_scan_kernel)[(num_blocks, rows)](
+        scores, layout.order, layout.cell_start, spans[2], extremes, carries, n, num_blocks, 1.0 / tau,
+        HAS_GROUPS=has_groups, BOTH=several, SOFT=soft, BLOCK=block, num_warps=8,
+    )
+    launcher(_cell_carry_kernel)[(rows,)](carries, num_blocks, 1.0 / tau, SOFT=soft, CHUNK=CARRY_CHUNK)
     if several:
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
         walk_blocks = cdiv(n, walk_block)
         block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
         launcher(_hardest_levels_kernel)[(walk_blocks,)](
-            scores, levels.rank, levels.values, layout.order, *spans, prefix, grad, block_sums, n, walk_blocks, tau,
-            MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
-            HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft,
-            BLOCK=walk_block, num_warps=4,
+            scores, levels.rank, levels.values, layout.order, *spans, extremes, carries, grad, block_sums, n,
+            walk_blocks, num_blocks, tau, 1.0 / tau, MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
+            HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft, BLOCK=walk_block, SCAN_BLOCK=block,
+            num_warps=4,
         )
     else:
         block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
         launcher(_hardest_kernel)[(num_blocks, num_problems)](
-            scores, levels.rank, layout.order, *spans, prefix, grad, block_sums, n, num_blocks, tau,
+            scores, layout.order, *spans, extremes, carries, grad, block_sums, n, num_blocks, tau, 1.0 / tau,
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
+            # float64 extremes of two cells per position (sm_90, Triton 3.9): hard 212 registers a
+            # thread at 4 warps, 112 at 8; soft 246 at 4, and at 8 128 with a few bytes of spills
+            num_warps=4 if soft else 8,
         )
     return combine(
         grad, 0, n, block_sums, mixing, mean=reduction == "mean",

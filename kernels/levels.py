@@ -25,11 +25,14 @@ the level counts of every block of positions, then each block's positions from t
 the blocks before it and in-block prefix sums per level. Without groups the items are counted in
 index order, and no sort runs at all. With groups, one stable sort of the group ids puts each
 group in a run of positions (in index order inside it, as pair_layout's stable sort of (group,
-level) keys leaves them; with ``tie_scores``, by score, after a sort of the scores); a group's
+level) keys leaves them); a group's
 items of level l are then the items of level l before its end minus those before its start, and
 prefixes grow along the positions, so the positions kernel finds both by a max-scan and a
 reverse min-scan over the block's group starts and ends, and, for the groups that cross the
 block's edges, from the counts of the blocks between (a user's group spans one or two blocks).
+Each block needs the counts of all blocks before it: past ``SCAN_BLOCKS`` blocks a third launch
+sums them once (``_block_scan_kernel``: the blocks' prefix sums, and the group edges carried
+across blocks), so that no program of the positions kernel adds up O(blocks) counts.
 On CUDA a sort is several launches (CUB's radix passes, their scratch): without groups the sort
 and the int32 cast took about 200 us of host time a call under torch.profiler on the H100
 (``nvidia-h100-80gb-hbm3-profile-a98808d.txt``: the AUC call at N = 16,384), the binary searches
@@ -58,7 +61,14 @@ BLOCK = 1024
 GROUPED_BLOCK = 512  # the positions of a block with groups: its prefixes at the group edges take registers too
 #: Most levels ``counting_layout`` takes (each item block counts them in registers).
 COUNTING_LEVELS = 8
-COUNT_BLOCK = 256  # blocks' counts summed per step of the positions kernel
+COUNT_BLOCK = 256  # blocks' counts summed per step of the positions kernel (or of the scan)
+#: Blocks of positions past which a third launch scans the blocks' counts and group edges once
+#: (``_block_scan_kernel``), instead of every program of the positions kernel summing those of
+#: all blocks before it: O(blocks) work instead of O(blocks^2). On an H100 the positions kernel
+#: took 97 us at 2^20 items with groups (2,048 blocks; ``nvidia-h100-80gb-hbm3-profile-a20b70f.txt``)
+#: and a few us at 16,384 (32 blocks), where a launch costs more host time than it saves.
+SCAN_BLOCKS = COUNT_BLOCK
+SCAN_CHUNK = 1024  # blocks a step of the scan (2 steps at 2^20 items with groups)
 
 
 @triton.jit(  # sizes and the caller's alignment not specialized: see _common.py
@@ -138,9 +148,10 @@ def _levels_in(rank_row, stride_item, order_ptr, block, lo, hi, N, LEVELS: tl.co
 
 @triton.jit
 def _levels_between(rank_row, stride_item, order_ptr, counts_row, lo, hi, N, LEVELS: tl.constexpr,
-                    WIDTH: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, ORDERED: tl.constexpr):
+                    WIDTH: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, ORDERED: tl.constexpr,
+                    SCANNED: tl.constexpr):
     """[WIDTH] the items of each level at the positions [lo, hi): the blocks inside from their
-    counts, the part-blocks at the ends read."""
+    counts (SCANNED: from two of their prefix sums), the part-blocks at the ends read."""
     levels = tl.arange(0, WIDTH)
     inner_start = (lo + BLOCK - 1) // BLOCK  # the whole blocks inside are [inner_start, inner_end)
     inner_end = hi // BLOCK
@@ -148,10 +159,15 @@ def _levels_between(rank_row, stride_item, order_ptr, counts_row, lo, hi, N, LEV
     if lo < tl.minimum(hi, inner_start * BLOCK):
         found += _levels_in(rank_row, stride_item, order_ptr, lo // BLOCK, lo, tl.minimum(hi, inner_start * BLOCK),
                             N, LEVELS, WIDTH, BLOCK, ORDERED)
-    for start in range(inner_start, inner_end, COUNT_BLOCK):
-        blocks = start + tl.arange(0, COUNT_BLOCK)
-        found += tl.sum(tl.load(counts_row + blocks[:, None] * WIDTH + levels[None, :],
-                                mask=(blocks < inner_end)[:, None], other=0), axis=0)
+    if SCANNED:  # counts_row holds the blocks' exclusive prefix sums
+        if inner_start < inner_end:
+            found += (tl.load(counts_row + inner_end * WIDTH + levels)
+                      - tl.load(counts_row + inner_start * WIDTH + levels))
+    else:
+        for start in range(inner_start, inner_end, COUNT_BLOCK):
+            blocks = start + tl.arange(0, COUNT_BLOCK)
+            found += tl.sum(tl.load(counts_row + blocks[:, None] * WIDTH + levels[None, :],
+                                    mask=(blocks < inner_end)[:, None], other=0), axis=0)
     tail = tl.maximum(inner_start, inner_end) * BLOCK
     if tail < hi:
         found += _levels_in(rank_row, stride_item, order_ptr, inner_end, tail, hi, N, LEVELS, WIDTH, BLOCK, ORDERED)
@@ -167,7 +183,8 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, order_ptr, group
                          LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, ORDERED: tl.constexpr,
                          GROUPED: tl.constexpr, CHECK: tl.constexpr, BAD_SCORE: tl.constexpr,
                          BAD_LABEL: tl.constexpr):
-    """Grid (blocks of positions, B): counts[b, block, l], the items of level l in this block.
+    """Grid (blocks of positions, B): counts[b, block, l], the items of level l in this block
+    (counts has a row more per problem, for ``_block_scan_kernel``'s totals).
     GROUPED: also edges[block] = (the block's last group start, its first group end + 1; -1 and
     N + 1 without). CHECK (0/1 labels as the ranks): also the data check of ``kernels.check`` on
     the block, into ``status``."""
@@ -175,7 +192,7 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, order_ptr, group
     problem = tl.program_id(1).to(tl.int64)
     positions, mask, items, stored, one_hot = _block_levels(rank_ptr + problem * stride_problem, stride_item,
                                                             order_ptr, block, N, LEVELS, WIDTH, BLOCK, ORDERED)
-    tl.store(counts_ptr + (problem * num_blocks + block) * WIDTH + tl.arange(0, WIDTH), tl.sum(one_hot, axis=0))
+    tl.store(counts_ptr + (problem * (num_blocks + 1) + block) * WIDTH + tl.arange(0, WIDTH), tl.sum(one_hot, axis=0))
     if GROUPED:
         if problem == 0:
             first, last = _group_edges(groups_ptr, positions, mask, N)
@@ -196,44 +213,96 @@ def _min_scan(a, b):
     return tl.minimum(a, b)
 
 
+@triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
+def _block_scan_kernel(counts_ptr, edges_ptr, carried_ptr, N, num_blocks, WIDTH: tl.constexpr,
+                       CHUNK: tl.constexpr, GROUPED: tl.constexpr):
+    """Grid (B,): in place, counts[b, block, l] becomes the items of level l in the blocks before
+    ``block``, and counts[b, num_blocks, l] their total; GROUPED (problem 0): carried[block] =
+    (the last group start in the blocks before it, -1 if none; the first group end in those after
+    it, N + 1 if none), from ``_level_counts_kernel``'s edges. ``CHUNK`` blocks a step."""
+    problem = tl.program_id(0).to(tl.int64)
+    levels = tl.arange(0, WIDTH)
+    counts_row = counts_ptr + problem * (num_blocks + 1) * WIDTH
+    offsets = tl.arange(0, CHUNK)
+    edges = GROUPED and problem == 0
+    running = tl.zeros([WIDTH], dtype=tl.int32)
+    last_start = -1
+    for start in range(0, num_blocks, CHUNK):  # forward: exclusive sums and max-scan
+        blocks = start + offsets
+        inside = blocks < num_blocks
+        at = counts_row + blocks[:, None] * WIDTH + levels[None, :]
+        counts = tl.load(at, mask=inside[:, None], other=0)
+        tl.store(at, running[None, :] + tl.cumsum(counts, axis=0) - counts, mask=inside[:, None])
+        running += tl.sum(counts, axis=0)
+        if edges:
+            # each block's predecessor inside this chunk (the one before the chunk is in last_start)
+            earlier = tl.load(edges_ptr + 2 * (blocks - 1), mask=(blocks > start) & inside, other=-1)
+            tl.store(carried_ptr + 2 * blocks, tl.maximum(tl.associative_scan(earlier, 0, _max_scan), last_start),
+                     mask=inside)
+            last_start = tl.maximum(last_start, tl.max(tl.load(edges_ptr + 2 * blocks, mask=inside, other=-1)))
+    tl.store(counts_row + num_blocks * WIDTH + levels, running)
+    if edges:
+        first_end = N + 1
+        for step in range(0, num_blocks, CHUNK):  # backward, chunk by chunk: exclusive min-scan
+            start = (num_blocks - 1 - step) // CHUNK * CHUNK
+            end = tl.minimum(start + CHUNK, num_blocks)
+            blocks = start + offsets
+            later = tl.load(edges_ptr + 2 * (blocks + 1) + 1, mask=blocks + 1 < end, other=N + 1)
+            tl.store(carried_ptr + 2 * blocks + 1,
+                     tl.minimum(tl.associative_scan(later, 0, _min_scan, reverse=True), first_end), mask=blocks < end)
+            first_end = tl.minimum(first_end, tl.min(tl.load(edges_ptr + 2 * blocks + 1, mask=blocks < end,
+                                                             other=N + 1)))
+
+
 @triton.jit(  # batch sizes and the caller's labels not specialized: see _common.py
     do_not_specialize=("N", "num_blocks", "stride_problem"),
     do_not_specialize_on_alignment=("rank_ptr",),
 )
 def _level_positions_kernel(
-    rank_ptr, stride_problem, stride_item, order_ptr, groups_ptr, counts_ptr, edges_ptr, out_order_ptr,
+    rank_ptr, stride_problem, stride_item, order_ptr, groups_ptr, counts_ptr, edges_ptr, carried_ptr, out_order_ptr,
     cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, N, num_blocks,
     LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr,
-    ORDERED: tl.constexpr, GROUPED: tl.constexpr,
+    ORDERED: tl.constexpr, GROUPED: tl.constexpr, SCANNED: tl.constexpr,
 ):
     """Grid (blocks of positions, B): the item at each position goes to its sorted position (its
     group's start, plus the group's items of lower levels, plus those of its level before it), with
     its cell's span. ``prefix[p, l]``, the items of level l before position p, is the counts of the
     blocks before this one plus an in-block prefix sum; a group's items of level l are its
-    prefix at the group's end minus that at its start."""
+    prefix at the group's end minus that at its start. SCANNED: ``counts`` holds the blocks'
+    prefix sums and ``carried`` the group edges before and after each block (``_block_scan_kernel``)."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
     levels = tl.arange(0, WIDTH)
     rank_row = rank_ptr + problem * stride_problem
-    counts_row = counts_ptr + problem * num_blocks * WIDTH
+    counts_row = counts_ptr + problem * (num_blocks + 1) * WIDTH
     block_start = block * BLOCK
     block_end = tl.minimum(block_start + BLOCK, N)
-    before = tl.zeros([WIDTH], dtype=tl.int32)
-    total = tl.zeros([WIDTH], dtype=tl.int32)
-    last_start = -1  # the last group start before this block
-    first_end = N + 1  # the first group end (one past a group's last position) after it
-    for start in range(0, num_blocks, COUNT_BLOCK):  # every block's counts, in the same order
-        blocks = start + tl.arange(0, COUNT_BLOCK)
-        counts = tl.load(counts_row + blocks[:, None] * WIDTH + levels[None, :], mask=(blocks < num_blocks)[:, None],
-                         other=0)
-        before += tl.sum(tl.where((blocks < block)[:, None], counts, 0), axis=0)
+    if SCANNED:  # _block_scan_kernel's prefix sums, and its group edges carried across blocks
+        before = tl.load(counts_row + block * WIDTH + levels)
+        total = tl.load(counts_row + num_blocks * WIDTH + levels)
+        last_start = -1
+        first_end = N + 1
         if GROUPED:
-            last_start = tl.maximum(last_start, tl.max(tl.load(edges_ptr + 2 * blocks, mask=blocks < block, other=-1)))
-            first_end = tl.minimum(first_end, tl.min(tl.load(edges_ptr + 2 * blocks + 1,
-                                                             mask=(blocks > block) & (blocks < num_blocks),
-                                                             other=N + 1)))
-        else:
-            total += tl.sum(counts, axis=0)
+            last_start = tl.load(carried_ptr + 2 * block)
+            first_end = tl.load(carried_ptr + 2 * block + 1)
+    else:
+        before = tl.zeros([WIDTH], dtype=tl.int32)
+        total = tl.zeros([WIDTH], dtype=tl.int32)
+        last_start = -1  # the last group start before this block
+        first_end = N + 1  # the first group end (one past a group's last position) after it
+        for start in range(0, num_blocks, COUNT_BLOCK):  # every block's counts, in the same order
+            blocks = start + tl.arange(0, COUNT_BLOCK)
+            counts = tl.load(counts_row + blocks[:, None] * WIDTH + levels[None, :],
+                             mask=(blocks < num_blocks)[:, None], other=0)
+            before += tl.sum(tl.where((blocks < block)[:, None], counts, 0), axis=0)
+            if GROUPED:
+                last_start = tl.maximum(last_start, tl.max(tl.load(edges_ptr + 2 * blocks, mask=blocks < block,
+                                                                   other=-1)))
+                first_end = tl.minimum(first_end, tl.min(tl.load(edges_ptr + 2 * blocks + 1,
+                                                                 mask=(blocks > block) & (blocks < num_blocks),
+                                                                 other=N + 1)))
+            else:
+                total += tl.sum(counts, axis=0)
     positions, mask, items, _, one_hot = _block_levels(rank_row, stride_item, order_ptr, block, N, LEVELS, WIDTH,
                                                        BLOCK, ORDERED)
     in_block = tl.cumsum(one_hot, axis=0) - one_hot  # [BLOCK, WIDTH] this block's items of each level before p
@@ -246,10 +315,11 @@ def _level_positions_kernel(
         carry_start = tl.where(tl.sum((first & (positions == block_start)).to(tl.int32)) > 0, block_start, last_start)
         carry_end = tl.where(tl.sum((last & (positions == block_end - 1)).to(tl.int32)) > 0, block_end, first_end)
         before_carry = before - _levels_between(rank_row, stride_item, order_ptr, counts_row, carry_start,
-                                                block_start, N, LEVELS, WIDTH, BLOCK, COUNT_BLOCK, ORDERED)
+                                                block_start, N, LEVELS, WIDTH, BLOCK, COUNT_BLOCK, ORDERED,
+                                                SCANNED)
         after_carry = before + tl.sum(one_hot, axis=0) + _levels_between(
             rank_row, stride_item, order_ptr, counts_row, block_end, carry_end, N, LEVELS, WIDTH, BLOCK, COUNT_BLOCK,
-            ORDERED)
+            ORDERED, SCANNED)
         # the prefix at each position's group start and end: prefixes grow along the positions, so
         # a group's is the largest at a group start up to p, the smallest at a group end from p
         group_start = tl.maximum(tl.associative_scan(tl.where(first, positions, -1), 0, _max_scan), carry_start)
@@ -277,34 +347,30 @@ def _level_positions_kernel(
     tl.store(cell_end_ptr + row, cell_end, mask=mask)
 
 
-def counting_layout(levels, groups: torch.Tensor | None = None, *, tie_scores: torch.Tensor | None = None,
+def counting_layout(levels, groups: torch.Tensor | None = None, *,
                     check: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The ``PairLayout`` of ``levels`` (a ``mlloss.ops.layout.Levels`` of at most
     ``COUNTING_LEVELS`` ranks, any integer or float dtype and strides: binary label columns
     transposed, a view) and the optional (N,) int64 ``groups``, by a counting sort inside each
-    group: equal to ``pair_layout(levels, groups, tie_scores=tie_scores)`` bit for bit.
+    group: equal to ``pair_layout(levels, groups)`` bit for bit.
     ``check`` (scores, status) with 0/1 labels as the ranks: the data check of
     ``kernels.check.check_batch`` in the same launch, its bits OR-ed into status."""
     rank = int32_addressable(levels.rank)
-    validate_device(rank, *(check or ()), *(t for t in (groups, tie_scores) if t is not None))
+    validate_device(rank, *(check or ()), *((groups,) if groups is not None else ()))
     if levels.num_ranks > COUNTING_LEVELS:
         raise ValueError(f"counting_layout takes at most {COUNTING_LEVELS} levels; got {levels.num_ranks}")
     num_problems, n = rank.shape
     device = rank.device
-    # The items in group order (the groups' runs ascending; inside them, by score with tie_scores,
-    # else in index order), as pair_layout's stable sort of (group, level) keys leaves them.
-    # (The temporaries are dropped as soon as they are used: at N = 2^20 each int64 vector is 8 MB.)
+    # The items in group order (the groups' runs ascending, in index order inside them), as
+    # pair_layout's stable sort of (group, level) keys leaves them. (At N = 2^20 each int64
+    # temporary is 8 MB: dropped as soon as used.)
     order = sorted_groups = None
-    if tie_scores is not None:
-        order = torch.sort(tie_scores).indices.to(torch.int32)
     if groups is not None:
-        sorted_groups, by_group = torch.sort(groups if order is None else groups[order], stable=True)
-        order = by_group if order is None else order[by_group]
-        del by_group
+        sorted_groups, order = torch.sort(groups, stable=True)
     block = BLOCK if groups is None else GROUPED_BLOCK
     num_blocks = max(cdiv(n, block), 1)
     width = 1 << (levels.num_ranks - 1).bit_length()  # the levels' power of two (triton.next_power_of_2 is slow)
-    counts = torch.empty((num_problems, num_blocks, width), dtype=torch.int32, device=device)
+    counts = torch.empty((num_problems, num_blocks + 1, width), dtype=torch.int32, device=device)
     out_order, cell_start, cell_end = (torch.empty((num_problems, n), dtype=torch.int32, device=device)
                                        for _ in range(3))
     group_start = group_end = edges = None
@@ -327,11 +393,21 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *, tie_scores: t
         # warps (benchmarks/results/cuda-specializations.json); blocks of 1,024 took 93 / 189 /
         # 128 for 2 / 4 / 8 levels, with 12 bytes of spills at 8 levels
         warps = (8 if width <= 4 else 16) if groups is not None else 4 if width <= 4 else 8
+        scanned = num_blocks > SCAN_BLOCKS
+        carried = None
+        if scanned:
+            if groups is not None:
+                carried = torch.empty((num_blocks, 2), dtype=torch.int32, device=device)
+            launcher(_block_scan_kernel)[(num_problems,)](
+                counts, _or(edges, spare), _or(carried, spare), n, num_blocks, WIDTH=width, CHUNK=SCAN_CHUNK,
+                GROUPED=groups is not None, num_warps=8 if width <= 4 else 16,
+            )
         launcher(_level_positions_kernel)[grid](
             rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,
-            _or(edges, spare), out_order, cell_start, cell_end, _or(group_start, spare), _or(group_end, spare), n,
-            num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=block, COUNT_BLOCK=COUNT_BLOCK,
-            ORDERED=order is not None, GROUPED=groups is not None, num_warps=warps,
+            _or(edges, spare), _or(carried, spare), out_order, cell_start, cell_end, _or(group_start, spare),
+            _or(group_end, spare), n, num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=block,
+            COUNT_BLOCK=COUNT_BLOCK, ORDERED=order is not None, GROUPED=groups is not None, SCANNED=scanned,
+            num_warps=warps,
         )
     return PairLayout(out_order, cell_start, cell_end, group_start, group_end)
 

@@ -93,7 +93,7 @@ def test_hardest_pairs_match_the_brute_force_and_the_layout_kernel_with_ties(sur
     # the sort-based kernel it stands in for: the same tie rule (a tied extreme gets 1/ties)
     device_scores, device_labels = scores.to(DEVICE), labels[:, None].to(DEVICE)
     levels = problem_levels(device_labels, None)
-    layout = pair_layout(levels, None if groups is None else groups.to(DEVICE), tie_scores=device_scores)
+    layout = pair_layout(levels, None if groups is None else groups.to(DEVICE))
     loss, stats, grad = hardest_loss_and_grad(device_scores, levels, layout, mixing=None, surrogate=surrogate,
                                               margin=0.5, temperature=None, reduction="sum", status=None)
     torch.testing.assert_close(result[0], loss, rtol=1e-12, atol=0)

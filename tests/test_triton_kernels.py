@@ -198,7 +198,7 @@ def test_hardest_pairs_match_brute_force_with_ties(temperature, surrogate: str) 
     device_labels = labels[:, None].to(DEVICE)
     device_scores = scores.to(DEVICE)
     levels_ = problem_levels(device_labels, None)
-    layout = pair_layout(levels_, groups.to(DEVICE), tie_scores=device_scores)
+    layout = pair_layout(levels_, groups.to(DEVICE))
     loss, stats, grad = hardest_loss_and_grad(
         device_scores, levels_, layout, mixing=None, surrogate=surrogate, margin=0.5, temperature=temperature,
         reduction="sum", status=None,
@@ -228,7 +228,7 @@ def test_hardest_pairs_of_several_levels_match_brute_force_with_ties(cost: str, 
     labels[groups == -1] = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
     weights = [1.0, 0.5, 2.0]
     levels_ = problem_levels(labels.to(DEVICE), weights)
-    layout = pair_layout(levels_, groups.to(DEVICE), tie_scores=scores.to(DEVICE))
+    layout = pair_layout(levels_, groups.to(DEVICE))
     loss, stats, grad = hardest_loss_and_grad(
         scores.to(DEVICE), levels_, layout, mixing=None, surrogate=surrogate, margin=0.5, temperature=temperature,
         reduction="mean", status=None, cost=cost,
@@ -257,7 +257,7 @@ def test_hardest_pairs_of_an_ordinal_column_match_brute_force(num_levels: int, g
     scores, levels, groups = ordinal_case([1, 40, 3, 33, 2, 90], num_levels, seed=10, integer_scores=True)
     groups = groups if grouped else None
     levels_ = problem_levels(levels[:, None].to(DEVICE), [1.0])
-    layout = pair_layout(levels_, None if groups is None else groups.to(DEVICE), tie_scores=scores.to(DEVICE))
+    layout = pair_layout(levels_, None if groups is None else groups.to(DEVICE))
     loss, stats, grad = hardest_loss_and_grad(
         scores.to(DEVICE), levels_, layout, mixing=None, surrogate="logistic", margin=0.5, temperature=temperature,
         reduction="mean", status=None, cost=cost,
@@ -272,12 +272,45 @@ def test_hardest_pairs_of_an_ordinal_column_match_brute_force(num_levels: int, g
     assert max(present) > (30 if num_levels > 5 else 4)  # the walks of the big group are long
 
 
+@pytest.mark.parametrize("temperature", [None, 0.3])
+@pytest.mark.parametrize("grouped", [True, False], ids=["groups", "no-groups"])
+@pytest.mark.parametrize("several", [False, True], ids=["binary", "levels"])
+def test_hardest_pairs_of_cells_across_many_scan_blocks(monkeypatch, several, grouped, temperature) -> None:
+    """Each cell's min and max (or soft sums) come from a segmented scan in blocks of positions
+    and a scan of the blocks' open parts in chunks: with blocks of 16 positions and chunks of 4
+    blocks, cells of up to a few hundred items span many blocks and chunks, some begin and end
+    inside one block, and the results still equal the brute force, ties included."""
+    from mlloss.kernels import hardest as hardest_kernels
+
+    monkeypatch.setattr(hardest_kernels, "FINALIZE_BLOCK", {"cuda": 16, "interpreter": 16})
+    monkeypatch.setattr(hardest_kernels, "CARRY_CHUNK", 4)
+    scores, levels, groups = ordinal_case([1, 300, 3, 17, 2, 150], 4, seed=11, integer_scores=temperature is None)
+    groups = groups if grouped else None
+    if several:
+        labels, weights = levels[:, None], [1.0]
+        expected_labels = levels
+    else:
+        labels, weights = (levels > levels.min())[:, None].to(torch.float64), None
+        expected_labels = labels[:, 0]
+    levels_ = problem_levels(labels.to(DEVICE), weights)
+    layout = pair_layout(levels_, None if groups is None else groups.to(DEVICE))
+    loss, _, grad = hardest_loss_and_grad(
+        scores.to(DEVICE), levels_, layout, mixing=None, surrogate="logistic", margin=0.5, temperature=temperature,
+        reduction="mean", status=None, cost="linear",
+    )
+    x = scores.clone().requires_grad_(True)
+    expected = hardest_loss(x, expected_labels, groups, cost="linear", margin=0.5, reduction="mean",
+                            temperature=temperature)
+    expected.backward()
+    assert_close(loss, grad, expected.detach(), x.grad, rtol=1e-12)
+
+
 def test_several_level_hardest_pairs_refuse_several_problems() -> None:
     scores, _, groups = ordinal_case([30], 2, seed=9)
     labels = torch.randint(0, 2, (30, 2), generator=torch.Generator().manual_seed(9)).to(torch.float64).to(DEVICE)
     one = problem_levels(labels, [1.0, 1.0])
     two = Levels(one.rank.expand(2, -1), one.num_ranks, one.values.expand(2, -1))
-    layout = pair_layout(two, None, tie_scores=scores.to(DEVICE))
+    layout = pair_layout(two, None)
     with pytest.raises(ValueError, match="takes one problem; got 2 problems"):
         hardest_loss_and_grad(scores.to(DEVICE), two, layout, mixing=None, surrogate="logistic", margin=1.0,
                               temperature=0.5, reduction="mean", status=None)
@@ -460,14 +493,13 @@ def group_ids(pattern: str, num_items: int, gen: torch.Generator) -> torch.Tenso
     return (runs * 37 - 500)[torch.randperm(num_items, generator=gen)]
 
 
-@pytest.mark.parametrize("pattern,problems,num_ranks,tied", [
-    ("runs", 1, 2, False), ("runs", 2, 3, True), ("shuffled", 1, 2, True), ("shuffled", 2, 8, False),
-    ("one group", 1, 3, False), ("one group", 1, 2, True), ("singletons", 1, 4, False), ("singletons", 2, 2, True),
+@pytest.mark.parametrize("pattern,problems,num_ranks", [
+    ("runs", 1, 2), ("runs", 2, 3), ("shuffled", 1, 2), ("shuffled", 2, 8),
+    ("one group", 1, 3), ("one group", 1, 2), ("singletons", 1, 4), ("singletons", 2, 2),
 ])
-def test_counting_layout_with_groups_equals_the_sorted_layout(pattern, problems, num_ranks, tied):
-    """With groups (and with ``tie_scores``, the max-violation pairs' order inside a cell), the
-    counting layout gives pair_layout's order, cell spans and group spans, bit for bit: groups
-    inside one block, across block edges, across whole blocks, and of one item."""
+def test_counting_layout_with_groups_equals_the_sorted_layout(pattern, problems, num_ranks):
+    """With groups, the counting layout gives pair_layout's order, cell spans and group spans,
+    bit for bit: groups inside one block, across block edges, across whole blocks, and of one item."""
     from mlloss.kernels.levels import counting_layout
 
     gen = torch.Generator().manual_seed(len(pattern) * 100 + num_ranks * 10 + problems)
@@ -475,10 +507,33 @@ def test_counting_layout_with_groups_equals_the_sorted_layout(pattern, problems,
     rank = torch.randint(0, num_ranks, (problems, num_items), generator=gen, dtype=torch.int32)
     rank[:, 1000:1500] = num_ranks - 1  # a long run of one level inside the long group
     groups = group_ids(pattern, num_items, gen).to(DEVICE)
-    tie_scores = torch.randint(-3, 4, (num_items,), generator=gen).float().to(DEVICE) if tied else None
     levels = Levels(rank.to(DEVICE), num_ranks, None)
-    assert_same_layout(counting_layout(levels, groups, tie_scores=tie_scores),
-                       pair_layout(levels, groups, tie_scores=tie_scores))
+    assert_same_layout(counting_layout(levels, groups), pair_layout(levels, groups))
+
+
+@pytest.mark.parametrize("scanned", [False, True])
+@pytest.mark.parametrize("pattern,problems,num_ranks", [
+    ("runs", 2, 3), ("shuffled", 1, 2), ("one group", 1, 3), ("singletons", 2, 2),
+    (None, 3, 2), (None, 1, 8),
+])
+def test_counting_layout_over_many_blocks(monkeypatch, scanned, pattern, problems, num_ranks):
+    """Past ``levels.SCAN_BLOCKS`` blocks of positions a third launch scans the blocks' counts and
+    group edges once, and the positions kernel reads the prefix sums; below, each of its programs
+    sums the blocks before it. Both give pair_layout's layout bit for bit, with and without
+    groups; steps of a few blocks (``COUNT_BLOCK``, ``SCAN_CHUNK``) make every loop over the blocks
+    take several."""
+    from mlloss.kernels import levels as level_kernels
+
+    monkeypatch.setattr(level_kernels, "COUNT_BLOCK", 2)
+    monkeypatch.setattr(level_kernels, "SCAN_CHUNK", 4)
+    monkeypatch.setattr(level_kernels, "SCAN_BLOCKS", 0 if scanned else 1 << 30)
+    gen = torch.Generator().manual_seed(len(pattern or "") * 100 + num_ranks * 10 + problems)
+    num_items = 5000  # 10 blocks of 512 positions with groups, 5 of 1,024 without
+    rank = torch.randint(0, num_ranks, (problems, num_items), generator=gen, dtype=torch.int32)
+    rank[:, 1000:1500] = num_ranks - 1
+    groups = None if pattern is None else group_ids(pattern, num_items, gen).to(DEVICE)
+    levels = Levels(rank.to(DEVICE), num_ranks, None)
+    assert_same_layout(level_kernels.counting_layout(levels, groups), pair_layout(levels, groups))
 
 
 @pytest.mark.parametrize("num_items", [1, 2, 5])

@@ -228,8 +228,8 @@ def _pair_loss_op(
         mask = None
     # Binary label columns that the kernels read as the caller passed them (a transposed view, no
     # int32 copy), making the data check in the same launch: the dense kernels, and the counting
-    # layout of all pairs.
-    columns_as_passed = on_kernels and not aggregated and (dense or pairs == "all")
+    # layout (all pairs and max-violation pairs of binary problems read no rank after it).
+    columns_as_passed = on_kernels and not aggregated
     checked_in_kernels = validate and columns_as_passed
     status = None
     if validate and on_kernels:  # fused into the kernels' launches, read at the end
@@ -266,8 +266,9 @@ def _pair_loss_op(
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels.hardest import hardest_loss_and_grad
 
+        layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None)
         result = hardest_loss_and_grad(
-            scores, levels, kernel_layout(levels, groups, tie_scores=scores), mixing=mixing,
+            scores, levels, layout, mixing=mixing,
             surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
             cost=cost,
         )
@@ -290,18 +291,17 @@ def _pair_loss_op(
     return result
 
 
-def kernel_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | None = None,
-                  check: tuple[Tensor, Tensor] | None = None) -> PairLayout:
+def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor, Tensor] | None = None) -> PairLayout:
     """The Triton tier's ``PairLayout``: for at most ``kernels.levels.COUNTING_LEVELS`` levels a
-    counting sort inside each group (two launches, after one sort of the group ids if there are
-    groups), else ``layout.pair_layout``'s sorts and binary searches; the same layout. ``check``
+    counting sort inside each group (two launches, three past ``kernels.levels.SCAN_BLOCKS``
+    blocks of positions, after one sort of the group ids if there are groups), else ``layout.pair_layout``'s sorts and binary searches; the same layout. ``check``
     (binary label columns as passed: two levels) makes the data check in the counting launch."""
     from ..kernels.levels import COUNTING_LEVELS, counting_layout
 
     if levels.num_ranks <= COUNTING_LEVELS:
-        return counting_layout(levels, groups, tie_scores=tie_scores, check=check)
+        return counting_layout(levels, groups, check=check)
     assert check is None, "binary columns as passed take the counting layout, where their data check runs"
-    return pair_layout(levels, groups, tie_scores=tie_scores)
+    return pair_layout(levels, groups)
 
 
 def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:

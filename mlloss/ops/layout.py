@@ -91,14 +91,13 @@ class Levels:
         return self.rank.shape[0]
 
 
-def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | None = None) -> PairLayout:
+def pair_layout(levels: Levels, groups: Tensor | None) -> PairLayout:
     """Sort every problem by (group, level) and find the spans.
 
     With groups, an item's group rank is the first position of its group among the sorted ids,
     which is also where the group starts in every problem's order: one sort of the ids serves
-    all problems. ``tie_scores`` (N,) orders the items of each cell by score (ascending), as the
-    max-violation pairs need (a cell's min and max at its ends). Sync-free: sorts, binary searches
-    and elementwise arithmetic on the device, shapes fixed by (B, N).
+    all problems. Inside a cell the items keep their index order (a stable sort). Sync-free:
+    sorts, binary searches and elementwise arithmetic on the device, shapes fixed by (B, N).
     """
     num_items = levels.rank.shape[1]
     if groups is None:
@@ -108,17 +107,9 @@ def pair_layout(levels: Levels, groups: Tensor | None, *, tie_scores: Tensor | N
         key, group_start, group_end = _group_key(levels, groups, num_items)
     # The temporaries are dropped as soon as they are used: at N = 2^20 every int64 vector is
     # 8 MB, and the sorts' outputs are the call's memory peak.
-    if tie_scores is None:
-        sorted_key, order = torch.sort(key, dim=1, stable=True)
-        del key
-        order = order.to(torch.int32)  # half the int64 indices' memory for the rest of the call (N < 2^31)
-    else:  # a stable sort by key of the items in score order
-        by_score = torch.sort(tie_scores).indices.to(torch.int32)  # int32, and so the order gathered from it
-        key = key[:, by_score]
-        sorted_key, within = torch.sort(key, dim=1, stable=True)
-        del key
-        order = by_score[within]
-        del by_score, within
+    sorted_key, order = torch.sort(key, dim=1, stable=True)
+    del key
+    order = order.to(torch.int32)  # half the int64 indices' memory for the rest of the call (N < 2^31)
     cell_start = torch.searchsorted(sorted_key, sorted_key, out_int32=True)
     cell_end = torch.searchsorted(sorted_key, sorted_key, right=True, out_int32=True)
     return PairLayout(order, cell_start, cell_end, group_start, group_end)
