@@ -399,8 +399,10 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *,
             if groups is not None:
                 carried = torch.empty((num_blocks, 2), dtype=torch.int32, device=device)
             launcher(_block_scan_kernel)[(num_problems,)](
-                counts, _or(edges, spare), _or(carried, spare), n, num_blocks, WIDTH=width, CHUNK=SCAN_CHUNK,
-                GROUPED=groups is not None, num_warps=8 if width <= 4 else 16,
+                # one program of 8 warps; [CHUNK, WIDTH] counts in registers: 8 levels in chunks of
+                # 1,024 blocks took 244-255 registers a thread (Triton 3.9, 3.6) and spilled at 16 warps
+                counts, _or(edges, spare), _or(carried, spare), n, num_blocks, WIDTH=width,
+                CHUNK=SCAN_CHUNK if width <= 4 else SCAN_CHUNK // 2, GROUPED=groups is not None, num_warps=8,
             )
         launcher(_level_positions_kernel)[grid](
             rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,
