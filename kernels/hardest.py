@@ -42,7 +42,9 @@ import triton
 import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
-from ._common import cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device
+from ._common import (
+    INTERPRET, cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device,
+)
 from ._launch import launcher
 from .pairwise import FINALIZE_BLOCK
 from .reduce import CARRY_CHUNK, combine
@@ -110,16 +112,43 @@ def _restarting_soft(start_a, min_a, acc_a, scale_a, start_b, min_b, acc_b, scal
     return start_a | start_b, tl.where(restart, min_b, low), tl.where(restart, acc_b, acc), scale_b
 
 
-@triton.jit
-def _scan_cells(restart, value, acc, inverse_temperature, SOFT: tl.constexpr):
-    """(started, min, acc) of a segmented inclusive scan of parts (value, acc) along axis 0,
-    restarting where ``restart``."""
-    if SOFT:
-        scale = tl.zeros_like(value) + inverse_temperature
-        started, low, acc, _ = tl.associative_scan((restart.to(tl.int32), value, acc, scale), 0, _restarting_soft)
-    else:
-        started, low, acc = tl.associative_scan((restart.to(tl.int32), value, acc), 0, _restarting_hard)
-    return started, low, acc
+if INTERPRET:
+
+    @triton.jit
+    def _scan_cells(restart, value, acc, inverse_temperature, SOFT: tl.constexpr):
+        """The interpreter's stand-in for the scan below: the interpreter runs a
+        ``tl.associative_scan`` one lane at a time, a Python call of the operator per lane (a
+        test suite's worth of max-violation calls took minutes). The same segmented scan with the
+        same merge, by doubling steps (Hillis and Steele): log2(lanes) merges of whole vectors."""
+        lanes = tl.arange(0, value.shape[0])
+        started = restart.to(tl.int32)
+        low = value
+        step = 1
+        while step < value.shape[0]:
+            source = tl.maximum(lanes - step, 0)
+            reaches = lanes >= step
+            merged_low, merged_acc = _merge(tl.gather(low, source, 0), tl.gather(acc, source, 0), low, acc,
+                                            inverse_temperature, SOFT)
+            open_part = reaches & (started == 0)  # no cell start yet between this lane's part and it
+            started = tl.where(reaches, started | tl.gather(started, source, 0), started)
+            low = tl.where(open_part, merged_low, low)
+            acc = tl.where(open_part, merged_acc, acc)
+            step *= 2
+        return started, low, acc
+
+else:
+
+    @triton.jit
+    def _scan_cells(restart, value, acc, inverse_temperature, SOFT: tl.constexpr):
+        """(started, min, acc) of a segmented inclusive scan of parts (value, acc) along axis 0,
+        restarting where ``restart``."""
+        if SOFT:
+            scale = tl.zeros_like(value) + inverse_temperature
+            started, low, acc, _ = tl.associative_scan((restart.to(tl.int32), value, acc, scale), 0,
+                                                       _restarting_soft)
+        else:
+            started, low, acc = tl.associative_scan((restart.to(tl.int32), value, acc), 0, _restarting_hard)
+        return started, low, acc
 
 
 @triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
