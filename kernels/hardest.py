@@ -260,8 +260,7 @@ def _hardest_kernel(
     scores_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     extremes_ptr, carries_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
     inverse_temperature: tl.float64, MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr,
-    SOFT: tl.constexpr,
-    BLOCK: tl.constexpr,
+    SOFT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Grid (position blocks, B); see the module docstring. ``extremes``, ``carries``: the cells'
     scans (``_cell_scan_kernel``, ``_cell_carry_kernel``): a positive cell's min of s, a
@@ -441,6 +440,9 @@ def hardest_loss_and_grad(
     )
     soft = temperature is not None
     tau = float(temperature) if soft else 1.0  # a float64 kernel argument, not read without a temperature
+    # 1 / tau passed as a float64 argument too: computed in a kernel from the interpreter's Python
+    # float it went through a float32 constant (2e-9 relative at tau = 0.3)
+    inverse_tau = 1.0 / tau
     loss_dtype = accumulation_dtype(scores)
     # One problem: its gradient goes straight to the output, which combine scales in place.
     grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
@@ -452,24 +454,24 @@ def hardest_loss_and_grad(
     extremes = torch.empty((rows, 2, n), dtype=torch.float64, device=scores.device)
     carries = torch.empty((rows, 5, num_blocks), dtype=torch.float64, device=scores.device)
     launcher(_cell_scan_kernel)[(num_blocks, rows)](
-        scores, layout.order, layout.cell_start, spans[2], extremes, carries, n, num_blocks, 1.0 / tau,
+        scores, layout.order, layout.cell_start, spans[2], extremes, carries, n, num_blocks, inverse_tau,
         HAS_GROUPS=has_groups, BOTH=several, SOFT=soft, BLOCK=block, num_warps=8,
     )
-    launcher(_cell_carry_kernel)[(rows,)](carries, num_blocks, 1.0 / tau, SOFT=soft, CHUNK=CARRY_CHUNK)
+    launcher(_cell_carry_kernel)[(rows,)](carries, num_blocks, inverse_tau, SOFT=soft, CHUNK=CARRY_CHUNK)
     if several:
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
         walk_blocks = cdiv(n, walk_block)
         block_sums = torch.empty((1, 3, walk_blocks), dtype=torch.float64, device=scores.device)
         launcher(_hardest_levels_kernel)[(walk_blocks,)](
             scores, levels.rank, levels.values, layout.order, *spans, extremes, carries, grad, block_sums, n,
-            walk_blocks, num_blocks, tau, 1.0 / tau, MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
+            walk_blocks, num_blocks, tau, inverse_tau, MARGIN=float(margin), SURROGATE=surrogate_id(surrogate),
             HAS_GROUPS=has_groups, COST_LINEAR=cost == "linear", SOFT=soft, BLOCK=walk_block, SCAN_BLOCK=block,
             num_warps=4,
         )
     else:
         block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
         launcher(_hardest_kernel)[(num_blocks, num_problems)](
-            scores, layout.order, *spans, extremes, carries, grad, block_sums, n, num_blocks, tau, 1.0 / tau,
+            scores, layout.order, *spans, extremes, carries, grad, block_sums, n, num_blocks, tau, inverse_tau,
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
             # float64 extremes of two cells per position (sm_90, Triton 3.9): hard 212 registers a
             # thread at 4 warps, 112 at 8; soft 246 at 4, and at 8 128 with a few bytes of spills

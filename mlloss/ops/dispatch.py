@@ -251,27 +251,23 @@ def _pair_loss_op(
             hardest=pairs == "hardest", reduction=reduction, status=status,
             values=levels.values if aggregated else None, linear=cost == "linear", check=checked_in_kernels,
         )
-    elif on_kernels and pairs == "all":
+    elif on_kernels:  # the layout of (group, level) cells, then all pairs or max-violation pairs
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
+            from ..kernels.hardest import hardest_loss_and_grad
             from ..kernels.pairwise import pair_loss_and_grad
 
         layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None)
-        result = pair_loss_and_grad(
-            scores, levels, layout, mixing=mixing, cost=cost, surrogate=surrogate, margin=margin,
-            reduction=reduction, status=status,
-        )
-    elif on_kernels:
-        # max-violation pairs, hard or soft: of binary problems, and of LaA's levels (its label
-        # patterns or an ordinal column) by a walk over each group's cells
-        with needs_extra("triton", 'backend="triton"'):
-            from ..kernels.hardest import hardest_loss_and_grad
-
-        layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None)
-        result = hardest_loss_and_grad(
-            scores, levels, layout, mixing=mixing,
-            surrogate=surrogate, margin=margin, temperature=temperature, reduction=reduction, status=status,
-            cost=cost,
-        )
+        if pairs == "all":
+            result = pair_loss_and_grad(
+                scores, levels, layout, mixing=mixing, cost=cost, surrogate=surrogate, margin=margin,
+                reduction=reduction, status=status,
+            )
+        else:  # max-violation pairs, hard or soft: of binary problems, and of LaA's levels (its
+            # label patterns or an ordinal column) by a walk over each group's cells
+            result = hardest_loss_and_grad(
+                scores, levels, layout, mixing=mixing, surrogate=surrogate, margin=margin,
+                temperature=temperature, reduction=reduction, status=status, cost=cost,
+            )
     else:  # the PyTorch tiers: closed forms, or the blocked all-pairs sums and their tables
         result = torch_tier.pair_loss_and_grad(
             scores, levels, groups, mixing=mixing, options=options, exact=tier == "exact", owned=owned
@@ -294,8 +290,9 @@ def _pair_loss_op(
 def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor, Tensor] | None = None) -> PairLayout:
     """The Triton tier's ``PairLayout``: for at most ``kernels.levels.COUNTING_LEVELS`` levels a
     counting sort inside each group (two launches, three past ``kernels.levels.SCAN_BLOCKS``
-    blocks of positions, after one sort of the group ids if there are groups), else ``layout.pair_layout``'s sorts and binary searches; the same layout. ``check``
-    (binary label columns as passed: two levels) makes the data check in the counting launch."""
+    blocks of positions, after one sort of the group ids if there are groups), else
+    ``layout.pair_layout``'s sorts and binary searches; the same layout. ``check`` (binary label
+    columns as passed: two levels) makes the data check in the counting launch."""
     from ..kernels.levels import COUNTING_LEVELS, counting_layout
 
     if levels.num_ranks <= COUNTING_LEVELS:
