@@ -37,7 +37,11 @@ and PDAOM sizes: the kernels' and copies' own time, without the host path that b
 calls in eager mode (no target; the report's lines put it beside the eager call). CUDA only: the
 CPU smoke run records the rows as skipped. At the same sizes ``mlloss-unchecked`` times the eager
 call with ``validate_args=False``: no data check, so no host sync, and the host path overlaps the
-kernels (the eager rows of the targets keep the default check, whose status read waits for them).
+kernels (the eager rows of the targets keep the default check, whose status read waits for them),
+and ``mlloss-replay`` the eager call with graph replay on (``mlloss.set_graph_replay(True)``: the
+call's kernels replayed from a CUDA graph captured at its second call, the data check kept; the
+host path left is the library's Python, the inputs' copies into the graph and its outputs' copies
+out).
 
 N = 1,024 to 1,048,576 (x4) in the full run; ``--quick``: N = 1,024, 16,384, 1,048,576 (grouped:
 16,384 and 1,048,576), AUC prior 0.1 only, and fewer compiled rows -- every acceptance line in a
@@ -319,7 +323,7 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
                 reason = f"run budget of {args.budget_s:.0f} s spent"
             elif impl.startswith("libauc") and libauc_missing:
                 reason = libauc_missing
-            elif impl.partition("@")[0] == "mlloss-graph" and not clock.cuda:
+            elif impl.partition("@")[0] in ("mlloss-graph", "mlloss-replay") and not clock.cuda:
                 reason = "a CUDA graph needs a CUDA device"
             elif n not in case.get("only_at", {}).get(impl, [n]):
                 sizes = ", ".join(f"{size:,}" for size in case["only_at"][impl])

@@ -213,35 +213,39 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
     # The host-bound calls (the small-call targets) again in a CUDA graph: their kernels' own time.
     # and eager without the data check (validate_args=False: no host sync, the host path and the
     # kernels overlap), as a training step that has checked its data elsewhere runs it.
-    graph_at = {"mlloss-graph": [1024, HEADLINE_SPEEDUP_N], "mlloss-unchecked": [1024, HEADLINE_SPEEDUP_N]}
+    graph_at = {impl: [1024, HEADLINE_SPEEDUP_N] for impl in ("mlloss-graph", "mlloss-unchecked", "mlloss-replay")}
     if section == 1:
         # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
         priors = [0.1] if quick else [0.5, 0.1]
-        impls = ["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-layout", "mlloss-torch", "naive", "libauc"]
+        impls = ["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-layout", "mlloss-torch",
+                 "naive", "libauc"]
         if not quick:
-            impls.insert(5, "naive-compile")
+            impls.insert(6, "naive-compile")
         return [dict(auc_logistic(p), section=1, sizes=sweep, impls=impls,
                      only_at=compile_at_speedup_n | layout_at | graph_at) for p in priors]
     if section == 2:
         return [dict(laa_logistic(), section=2, sizes=sweep,
-                     impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-torch", "naive", "naive-compile"],
+                     impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-torch", "naive",
+                            "naive-compile"],
                      only_at=(compile_at_speedup_n if quick else {}) | graph_at)]
     if section == 3:
         if sizes_override:
             big = max(sizes_override)
         return [dict(case, section=3, sizes=[big], impls=["mlloss-exact", "mlloss-triton", "mlloss-torch"])
                 for case in closed_forms(group_size=GROUP_SIZE)] + [
-            dict(pdaom(group_size=GROUP_SIZE), section=3, sizes=[big], impls=["mlloss", "mlloss-graph", "mlloss-unchecked", "naive-scatter"])]
+            dict(pdaom(group_size=GROUP_SIZE), section=3, sizes=[big], impls=["mlloss", "mlloss-graph", "mlloss-unchecked", "mlloss-replay",
+                                                                   "naive-scatter"])]
     if section == 4:
-        impls = ["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-layout", "mlloss-torch", "naive",
-                 "libauc-loop"]
+        impls = ["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-layout", "mlloss-torch",
+                 "naive", "libauc-loop"]
         if not quick:
-            impls.insert(5, "naive-compile")
+            impls.insert(6, "naive-compile")
         return [dict(grouped_auc_logistic(), section=4, sizes=grouped_sweep, impls=impls,
                      only_at=compile_at_speedup_n | layout_at, dense_case=AUC_CASE)]
     if section == 5:
         return [dict(grouped_laa_logistic(), section=5, sizes=grouped_sweep,
-                     impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-torch", "naive", "naive-compile"],
+                     impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-torch", "naive",
+                            "naive-compile"],
                      only_at=compile_at_speedup_n if quick else {}, dense_case=LAA_CASE)]
     if section == 6:
         sizes = [big] if mode != "full" or sizes_override else [HEADLINE_SPEEDUP_N, big]
@@ -388,6 +392,9 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
     loss of float64 copies of the scores (section 6's reference); ``"mlloss-layout"`` is the Triton
     tier with its dense small-batch kernels off (``kernels/dense.py``), the layout kernels at every N,
     ``"mlloss-unchecked"`` the Triton tier with ``validate_args=False`` (no data check, no host sync),
+    ``"mlloss-replay"`` the Triton tier with graph replay on (``mlloss.set_graph_replay``: the call
+    replayed from its CUDA graph after its second run; the rows' warm-up calls capture it; every
+    other mlloss row turns replay off),
     and ``"mlloss-layout@64x64x8"`` the same with those tiles (section 7; ``kernel_settings``).
     ``"naive-compile"`` is
     ``naive_broadcast_loss`` under ``torch.compile(backend=compile_backend, dynamic=False)``,
@@ -411,8 +418,12 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
         backend = backend.removesuffix("-f64")
         layout_only = backend == "layout"  # the Triton tier without its dense small-batch kernels
         unchecked = backend == "unchecked"  # the Triton tier with validate_args=False
-        backend = "triton" if layout_only or unchecked else backend
+        replayed = backend == "replay"  # the Triton tier replayed from CUDA graphs
+        backend = "triton" if layout_only or unchecked or replayed else backend
         loss_fn = mlloss_loss(spec, backend=backend, validate_args=not unchecked)
+        import mlloss
+
+        mlloss.set_graph_replay(replayed)  # (off: also releases the graphs of an earlier row)
 
         def forward():
             s = scores.double() if float64 else scores

@@ -57,7 +57,7 @@ tests)
     # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
-        tests/test_compile.py 2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
+        tests/test_compile.py tests/test_graph_replay.py 2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
     ;;
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -iap "$out/bench.log" | quiet_tail 30
@@ -120,7 +120,7 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 40 + 100 + 130 + 65 + 65 = 400 s, training 100 + 140 + 110 = 350 s,
+    # files. Limits (H100, 16 cores): kernels 40 + 110 + 130 + 65 + 65 = 410 s, training 100 + 140 + 110 = 350 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
@@ -129,12 +129,12 @@ kernels|training)
         # cannot take the timing sections' time; then the profile of a call. A budget leaves its
         # limit room for the start (imports, ~10 s) and the row in flight. (Sections 1-5 took 74 s on
         # 2026-11-26, before their mlloss-graph rows: about 9 more rows of 1-2 s; the mlloss-unchecked
-        # rows add about as many.) The profile compiles the kernels of four calls (the grouped AUC and
+        # rows add about as many, the mlloss-replay rows about as many again.) The profile compiles the kernels of four calls (the grouped AUC and
         # PDAOM calls at 2^20 since cbe1c89).
         # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
         # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
         # figures stand, and the tests show the failure.
-        plan=("40 launch-check" "100 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
+        plan=("40 launch-check" "110 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
               "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "65 profile")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16

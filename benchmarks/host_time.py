@@ -31,7 +31,7 @@ of a checkout of the other version, as ``bench_cpu_path.py`` takes it; ``--compa
 
 Usage::
 
-    python benchmarks/host_time.py [--calls 300] [--rounds 3] [--match AUC] [--root DIR] [--output benchmarks/results/host-time.json]
+    python benchmarks/host_time.py [--calls 300] [--rounds 3] [--match AUC] [--replay] [--root DIR] [--output benchmarks/results/host-time.json]
     python benchmarks/host_time.py --compare old-1.json old-2.json --to new-1.json new-2.json --output ab.json
 
 Not under ``TRITON_INTERPRET=1``: the kernels are compiled, not interpreted.
@@ -61,6 +61,8 @@ def _arguments(argv):
     parser.add_argument("--rounds", type=int, default=3,
                         help="times every row this many times, in turn, and keeps each row's fastest (default 3)")
     parser.add_argument("--match", help="only the losses whose name contains this")
+    parser.add_argument("--replay", action="store_true",
+                        help="also time each row with graph replay on (mlloss.set_graph_replay), replaying a stand-in graph")
     parser.add_argument("--root", default=os.path.dirname(HERE), help="directory to import mlloss from")
     parser.add_argument("--output", default=os.path.join(HERE, "results", "host-time.json"), help="JSON file for the rows")
     parser.add_argument("--compare", nargs="+", metavar="JSON", help="no timing: compare the runs in these files "
@@ -84,6 +86,7 @@ class HostTime:
     grouped: bool
     layout: bool  # the layout kernels forced where the dense small-batch kernels would run
     num_items: int
+    replay: bool  # replayed from a captured graph (mlloss.set_graph_replay), launches included in it
     launches: int  # kernel launches per call
     host_us: float  # CPU microseconds of one forward + backward (the smallest block median)
     without_launches_us: float  # the same with every Triton launch removed
@@ -221,8 +224,12 @@ def _alternating_us(call, calls: int, blocks: int = BLOCKS) -> tuple[float, floa
     return min(with_launches), min(without)
 
 
-def host_time(name: str, *, grouped: bool, layout: bool, calls: int, num_items: int = NUM_ITEMS) -> HostTime:
-    """One row: loss ``name`` of ``host_path.LOSSES`` on ``host_path.batch(num_items)``."""
+def host_time(name: str, *, grouped: bool, layout: bool, calls: int, num_items: int = NUM_ITEMS,
+              replay: bool = False) -> HostTime:
+    """One row: loss ``name`` of ``host_path.LOSSES`` on ``host_path.batch(num_items)``; ``replay``:
+    with graph replay on, each call replaying its graph, which stands in for a CUDA graph here and
+    launches nothing (``mlloss.ops.replay.stand_in_on_cpu(rerun=False)``): the host path of a
+    replayed call (the copies into the graph's inputs and out of its outputs, the library's Python)."""
     import host_path
 
     scores, labels, groups = host_path.batch(num_items)
@@ -234,22 +241,32 @@ def host_time(name: str, *, grouped: bool, layout: bool, calls: int, num_items: 
         x = scores.clone().requires_grad_(True)
         loss(x, labels, groups).backward()
 
-    with compiled_cuda_launches(), host_path.dense_kernels_off() if layout else contextlib.nullcontext():
+    with contextlib.ExitStack() as context:
+        context.enter_context(compiled_cuda_launches())
+        if layout:
+            context.enter_context(host_path.dense_kernels_off())
+        if replay:
+            from mlloss.ops.replay import stand_in_on_cpu
+
+            context.enter_context(stand_in_on_cpu(rerun=False))
+            call()  # runs as it is, compiling the kernels; the next call captures
+            call()
         with counting_launches() as launched:
-            call()  # compiles every kernel the call launches
+            call()  # compiles every kernel the call launches (a replay launches none)
         for _ in range(50):
             call()
         with_launches, without = _alternating_us(call, calls)
-    return HostTime(name, grouped, layout, num_items, launched[0], with_launches, without)
+    return HostTime(name, grouped, layout, num_items, replay, launched[0], with_launches, without)
 
 
-def cases(match: str | None) -> list[tuple[str, bool, bool]]:
-    """(loss, grouped, layout): every loss with and without groups, and the dense kernels' losses
-    on the layout kernels they replace."""
+def cases(match: str | None, replay: bool = False) -> list[tuple[str, bool, bool, bool]]:
+    """(loss, grouped, layout, replay): every loss with and without groups, and the dense kernels'
+    losses on the layout kernels they replace; with ``replay`` each of these replayed too."""
     import host_path
 
     rows = [(name, grouped, False) for name in host_path.LOSSES for grouped in (False, True)]
     rows += [(name, grouped, True) for name in host_path.DENSE_LOSSES for grouped in (False, True)]
+    rows = [(*row, replayed) for row in rows for replayed in ((False, True) if replay else (False,))]
     return [row for row in rows if match is None or match in row[0]]
 
 
@@ -261,8 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     rows = []
     for _ in range(options.rounds):  # the VM's slow spells last seconds: each row's fastest round
-        timed = [host_time(name, grouped=grouped, layout=layout, calls=options.calls)
-                 for name, grouped, layout in cases(options.match)]
+        timed = [host_time(name, grouped=grouped, layout=layout, calls=options.calls, replay=replay)
+                 for name, grouped, layout, replay in cases(options.match, options.replay)]
         rows = timed if not rows else [min(a, b, key=lambda row: row.host_us) for a, b in zip(rows, timed)]
     _print_rows(rows)
     import _measure
@@ -289,7 +306,7 @@ def compare(before: list[str], after: list[str], output: str) -> None:
         rows = {}
         for run in runs:
             for row in run["rows"]:
-                key = (row["loss"], row["grouped"], row["layout"])
+                key = (row["loss"], row["grouped"], row["layout"], row.get("replay", False))
                 if key not in rows or row["host_us"] < rows[key]["host_us"]:
                     rows[key] = row
         first = runs[0]
@@ -305,7 +322,7 @@ def compare(before: list[str], after: list[str], output: str) -> None:
         if key in old:
             ratio = row["host_us"] / old[key]["host_us"]
             ratios.append(ratio)
-            table.append(f"| {row['loss']} | {row['grouped']} | {_kernels(HostTime(**row))} | {row['launches']} | "
+            table.append(f"| {row['loss']} | {row['grouped']} | {_kernels(_row(row))} | {row['launches']} | "
                          f"{old[key]['host_us']:.0f} | {row['host_us']:.0f} | {ratio:.2f} |")
     summary = (f"{len(before)} runs of {old_root} (before) and {len(after)} of {new_root} (after), each row's "
                f"smallest host time; after / before {min(ratios):.2f}-{max(ratios):.2f}, median "
@@ -313,7 +330,7 @@ def compare(before: list[str], after: list[str], output: str) -> None:
     print(summary)
     print("\n".join(table))
     result = {"command": " ".join(["python", *sys.argv]), "summary": summary, "before": before, "after": after,
-              "rows": [{"loss": k[0], "grouped": k[1], "layout": k[2], "before_us": old[k]["host_us"],
+              "rows": [{"loss": k[0], "grouped": k[1], "layout": k[2], "replay": k[3], "before_us": old[k]["host_us"],
                         "after_us": new[k]["host_us"], "launches": new[k]["launches"]} for k in new if k in old]}
     with open(output, "w") as handle:
         json.dump(result, handle, indent=1)
@@ -329,20 +346,26 @@ def _triton_version() -> str:
     return triton.__version__
 
 
+def _row(fields: dict) -> HostTime:
+    """A row of this tool's JSON (files written before the ``replay`` field included)."""
+    return HostTime(**{"replay": False, **fields})
+
+
 def _kernels(row: HostTime) -> str:
     import host_path
 
-    return "dense" if row.loss in host_path.DENSE_LOSSES and not row.layout else "layout"
+    kernels = "dense" if row.loss in host_path.DENSE_LOSSES and not row.layout else "layout"
+    return kernels + (" replayed" if row.replay else "")
 
 
 def _print_rows(rows: list[HostTime]) -> None:
     print(f"host time of one forward + backward at N = {NUM_ITEMS:,}, checks off, CPU tensors, the launch path "
           "to a stand-in driver (us, thread CPU time)")
-    print(f"{'loss':<24} {'groups':>6} {'kernels':>7} {'launches':>8} {'host us':>8} {'launches removed':>17} "
+    print(f"{'loss':<24} {'groups':>6} {'kernels':>15} {'launches':>8} {'host us':>8} {'launches removed':>17} "
           f"{'per launch':>10}")
     for row in rows:
         per_launch = (row.host_us - row.without_launches_us) / max(row.launches, 1)
-        print(f"{row.loss:<24} {str(row.grouped):>6} {_kernels(row):>7} {row.launches:>8} "
+        print(f"{row.loss:<24} {str(row.grouped):>6} {_kernels(row):>15} {row.launches:>8} "
               f"{row.host_us:8.0f} {row.without_launches_us:17.0f} {per_launch:10.1f}")
 
 

@@ -17,6 +17,7 @@ from . import _extras
 from .diagnostics import DictatorshipReport, label_dictatorship
 from .bce import BCELoss, BCEPlusRanking
 from .losses import AUCLoss, LaALoss, LoALoss, PDAOMLoss
+from .ops.replay import graph_replay_enabled, set_graph_replay
 from .registry import build_loss, register_loss
 
 # A source checkout keeps the kernels in the top-level kernels/ folder: import it as mlloss.kernels.
@@ -33,6 +34,8 @@ __all__ = [
     "LoALoss",
     "PDAOMLoss",
     "build_loss",
+    "graph_replay_enabled",
     "label_dictatorship",
     "register_loss",
+    "set_graph_replay",
 ]

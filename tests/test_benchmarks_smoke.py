@@ -70,20 +70,20 @@ def test_both_runners_plan_the_same_loss_for_a_case_name_and_count_its_pairs(cas
 def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_path):
     output = tmp_path / "smoke.json"
     bench_gpu.main(["--device", "cpu", "--sections", "2,5", "--sizes", "96", "--min-repeats", "1",
-                    "--max-repeats", "1", "--impls", "mlloss-triton,mlloss-graph,mlloss-unchecked,mlloss-torch,naive",
+                    "--max-repeats", "1", "--impls", "mlloss-triton,mlloss-graph,mlloss-unchecked,mlloss-replay,mlloss-torch,naive",
                     "--output", str(output)])
     report = json.loads(output.read_text())
     rows = report["results"]
-    impls = ("mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-torch", "naive")
+    impls = ("mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-torch", "naive")
     assert {(r["section"], r["impl"]) for r in rows} == {(section, impl) for section in (2, 5) for impl in impls}
-    graphed = [row for row in rows if row["impl"] == "mlloss-graph"]  # captured on CUDA only
+    graphed = [row for row in rows if row["impl"] in ("mlloss-graph", "mlloss-replay")]  # captured on CUDA only
     assert graphed and all(row["skipped"] == "a CUDA graph needs a CUDA device" for row in graphed)
     # without the data check: the same bits as the checked call (section 2 runs it at 1,024 and 16,384 only)
     unchecked = {row["section"]: row for row in rows if row["impl"] == "mlloss-unchecked"}
     assert unchecked[2]["skipped"].startswith("run time: this mode runs mlloss-unchecked here only at")
     assert unchecked[5]["value_rel_diff"] == 0 and unchecked[5]["grad_rel_diff"] == 0
     for row in rows:
-        if row["impl"] == "mlloss-graph" or row is unchecked[2]:
+        if row in graphed or row is unchecked[2]:
             continue
         assert "error" not in row and "skipped" not in row, row
         assert row["time_s"] > 0 and row["pairs_per_s"] > 0
@@ -534,22 +534,23 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
 def test_host_time_compiles_the_kernels_and_times_each_call_with_and_without_triton_launches(tmp_path):
     """benchmarks/host_time.py (interpreter off: the kernels compiled for sm_90 on their first
     launch, launched through Triton's JIT path to a stand-in driver) for PDAOM: a row per groups
-    and kernels setting, with its launches per call and both times; under TRITON_INTERPRET=1 the
-    tool refuses to run."""
+    and kernels setting, with its launches per call and both times, and each replayed from a
+    stand-in graph (``--replay``: no launch); under TRITON_INTERPRET=1 the tool refuses to run."""
     import subprocess
 
     out = tmp_path / "host-time.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, str(BENCHMARKS / "host_time.py"), "--match", "PDAOM", "--calls", "12", "--rounds", "2",
-                           "--output", str(out)], capture_output=True, text=True, timeout=600, env=env)
+                           "--replay", "--output", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
-    assert {(row["grouped"], row["layout"]) for row in rows} == {(False, False), (True, False), (False, True), (True, True)}
+    assert sorted((row["grouped"], row["layout"], row["replay"]) for row in rows) == sorted(
+        (grouped, layout, replay) for grouped in (False, True) for layout in (False, True) for replay in (False, True))
     for row in rows:
         assert row["loss"] == "PDAOMLoss" and row["num_items"] == 1024
         # the dense kernel and the combine step; the counting layout's two launches, the cells'
-        # scan and its carries, the max-violation kernel and the combine step
-        assert row["launches"] == (6 if row["layout"] else 2), row
+        # scan and its carries, the max-violation kernel and the combine step; a replay: none
+        assert row["launches"] == (0 if row["replay"] else 6 if row["layout"] else 2), row
         assert row["host_us"] > 0 and row["without_launches_us"] > 0
     refused = subprocess.run([sys.executable, str(BENCHMARKS / "host_time.py")], capture_output=True, text=True,
                              timeout=120, env=dict(os.environ, TRITON_INTERPRET="1"))

@@ -143,6 +143,10 @@ COMMANDS: dict[str, Coverage] = {
         "elsewhere", note="times every loss (numbers for the README), not run by the tests; a run of one loss, "
         "its kernels compiled for sm_90, is tested",
         test_file="tests/test_benchmarks_smoke.py", mentions="host_time.py"),
+    "python benchmarks/host_time.py --replay": Coverage(
+        "elsewhere", note="times every loss with and without graph replay (numbers for the README), not run by the "
+        "tests; a run of one loss with --replay is tested",
+        test_file="tests/test_benchmarks_smoke.py", mentions='"--replay"'),
     "TRITON_INTERPRET=1 python benchmarks/host_path.py --memory 1048576": Coverage(
         "elsewhere", note=NOT_A_BENCHMARK_RUN + " (one call at N = 1,048,576 per loss); the counting it shares is tested",
         test_file="tests/test_host_path.py", mentions="host_path"),

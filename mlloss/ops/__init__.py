@@ -12,6 +12,8 @@
   (``kernels.pairwise``, ``kernels.dense``, ``kernels.hardest``); imported only when a call runs on it.
 * ``fused``: the dtype rule, the registration and the autograd formula every op shares (the
   gradient is computed in the forward pass); ``pointwise``: the binary cross-entropy op.
+* ``replay``: opt-in replay of eager Triton-tier calls from CUDA graphs
+  (``mlloss.set_graph_replay``), the host path paid once per shape.
 
 The surrogates' formulas and the one table of their names are ``mlloss.surrogates``; the checks
 are ``mlloss._validation``. docs/architecture.md draws the layers and the path of one call.

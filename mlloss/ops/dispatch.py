@@ -52,7 +52,7 @@ from torch import Tensor
 
 from .. import _validation as check
 from .._extras import needs_extra
-from . import torch_tier
+from . import replay, torch_tier
 from .closed_form import CLOSED_FORMS as _CLOSED_FORM_TABLE
 from .fused import accumulation_dtype, fused_loss_op
 from .layout import Levels, PairLayout, pair_layout
@@ -203,20 +203,54 @@ def _pair_loss_op(
     values: list[float],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
+    return _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, values, replayable=False)
+
+
+def _pair_loss_eager(*inputs) -> tuple[Tensor, Tensor, Tensor]:
+    """``_pair_loss_op`` of an eager call: replayed from a CUDA graph when ``replay`` is on."""
+    return _pair_loss(*inputs, replayable=True)
+
+
+def _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, values, *, replayable: bool):
     options, tier, validate, real_levels, rank, world_size = _decoded(tuple(flags), tuple(values))
+    label_rule = _label_rule(labels, label_weights is not None, real_levels)
+    if tier != "triton" or scores.shape[0] < 2:
+        return _torch_tier_loss(scores, labels, groups, mask, mixing, label_weights, options, tier, validate,
+                                label_rule, (rank, world_size))
+    tensors = (scores, labels, groups, mask, mixing)
+    host = (None if label_weights is None else tuple(label_weights), tuple(flags), tuple(values))
+    if replayable and replay.replaying(scores):  # from the call's CUDA graph, once captured (``replay``)
+        loss, stats, grad, status = replay.run(_kernel_work, tensors, host, keep=3)
+    else:
+        loss, stats, grad, status = _kernel_work(*tensors, *host)
+    if validate:
+        _raise_for(int(status.item()), scores, labels, groups, mask, label_rule)
+    return loss, stats, grad
+
+
+def _kernel_work(
+    scores: Tensor,
+    labels: Tensor,
+    groups: Tensor | None,
+    mask: Tensor | None,
+    mixing: Tensor | None,
+    label_weights: tuple[float, ...] | None,
+    flags: tuple[int, ...],
+    values: tuple[float, ...],
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The Triton tier's part of ``_pair_loss_op``: (loss, stats, grad, the data-check status or
+    None with the checks off), computed on the device without a host read (what a CUDA graph
+    captures: ``replay``)."""
+    options, _, validate, real_levels, _, _ = _decoded(flags, values)
     cost, surrogate, margin, pairs, temperature, reduction = options
-    # decided on the caller's groups (a mask gives ungrouped items a group of their own below)
-    owned = (rank, world_size) if splits_pair_work(tier, pairs, groups, world_size) else None
     aggregated = label_weights is not None
-    label_rule = _label_rule(labels, aggregated, real_levels)
-    on_kernels = tier == "triton" and scores.shape[0] >= 2
-    if on_kernels:  # the kernels index flat memory: a strided view (a task's column of (N, K) scores,
-        # an expanded group id) is copied; a contiguous tensor is passed as it is (no op)
-        scores, groups, mask, mixing = (None if t is None else t.contiguous() for t in (scores, groups, mask, mixing))
+    # the kernels index flat memory: a strided view (a task's column of (N, K) scores, an expanded
+    # group id) is copied; a contiguous tensor is passed as it is (no op)
+    scores, groups, mask, mixing = (None if t is None else t.contiguous() for t in (scores, groups, mask, mixing))
     # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
     # label patterns (an ordinal column's levels only the data tell): every pair in registers, no
     # layout, and the mask read by the kernels; the other paths get the masked items set apart.
-    dense = on_kernels and (pairs == "all" or (temperature is None and not aggregated))
+    dense = pairs == "all" or (temperature is None and not aggregated)
     if dense:
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
@@ -226,32 +260,26 @@ def _pair_loss_op(
     if mask is not None and not dense:
         scores, labels, groups = without_masked(scores, labels, groups, mask)
         mask = None
-    # Binary label columns that the kernels read as the caller passed them (a transposed view, no
-    # int32 copy), making the data check in the same launch: the dense kernels, and the counting
-    # layout (all pairs and max-violation pairs of binary problems read no rank after it).
-    columns_as_passed = on_kernels and not aggregated
-    checked_in_kernels = validate and columns_as_passed
     status = None
-    if validate and on_kernels:  # fused into the kernels' launches, read at the end
-        with needs_extra("triton", 'backend="triton"'):
-            from ..kernels.pairwise import check_batch
-
+    if validate:  # fused into the kernels' launches, read after the call
         status = torch.zeros(1, dtype=torch.int32, device=scores.device)
-        if not checked_in_kernels:
-            check_batch(scores, labels, status, label_rule=label_rule, mask=mask)
-    elif validate:  # the PyTorch tiers check first, with tensor operations
-        check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
-    if columns_as_passed:
-        levels = Levels(labels.t(), 2, None)
-    else:
-        levels = problem_levels(labels, label_weights, on_kernels=on_kernels)
+        if aggregated:
+            with needs_extra("triton", 'backend="triton"'):
+                from ..kernels.pairwise import check_batch
+
+            check_batch(scores, labels, status, label_rule=_label_rule(labels, aggregated, real_levels), mask=mask)
+    # Binary label columns the kernels read as the caller passed them (a transposed view, no int32
+    # copy), making the data check in the same launch: the dense kernels, and the counting layout
+    # (all pairs and max-violation pairs of binary problems read no rank after it).
+    levels = problem_levels(labels, label_weights, on_kernels=True) if aggregated else Levels(labels.t(), 2, None)
+    checked_in_kernels = validate and not aggregated
     if dense:
         result = dense_kernels.dense_loss_and_grad(
             scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
             hardest=pairs == "hardest", reduction=reduction, status=status,
             values=levels.values if aggregated else None, linear=cost == "linear", check=checked_in_kernels,
         )
-    elif on_kernels:  # the layout of (group, level) cells, then all pairs or max-violation pairs
+    else:  # the layout of (group, level) cells, then all pairs or max-violation pairs
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
             from ..kernels.hardest import hardest_loss_and_grad
             from ..kernels.pairwise import pair_loss_and_grad
@@ -268,23 +296,44 @@ def _pair_loss_op(
                 scores, levels, layout, mixing=mixing, surrogate=surrogate, margin=margin,
                 temperature=temperature, reduction=reduction, status=status, cost=cost,
             )
-    else:  # the PyTorch tiers: closed forms, or the blocked all-pairs sums and their tables
-        result = torch_tier.pair_loss_and_grad(
-            scores, levels, groups, mixing=mixing, options=options, exact=tier == "exact", owned=owned
-        )
-        if validate:
-            overflow = check.overflow_status(result[0])
-            status = overflow if status is None else status | overflow
-    if validate and torch.finfo(scores.dtype).max < torch.finfo(result[2].dtype).max:
-        # float16 scores: the loss and gradient are float32, but the gradient goes back as float16
-        overflow = check.overflow_status(result[2].to(scores.dtype).sum(dtype=torch.float32))
-        status = overflow if status is None else status | overflow
     if validate:
-        code = int(status.item())
-        if code and mask is not None:  # name an offending entry among the items that count
-            scores, labels, _ = without_masked(scores, labels, groups, mask)
-        check.raise_for_status(code, scores, labels, label_rule)
+        status = _with_narrow_gradient(status, scores, result[2])
+    return (*result, status)
+
+
+def _torch_tier_loss(scores, labels, groups, mask, mixing, label_weights, options, tier, validate, label_rule,
+                     partition) -> tuple[Tensor, Tensor, Tensor]:
+    """The PyTorch tiers' part of ``_pair_loss_op``: the closed forms, or the blocked all-pairs
+    sums and their tables, with the data checked first by tensor operations."""
+    # decided on the caller's groups (a mask gives ungrouped items a group of their own below)
+    owned = partition if splits_pair_work(tier, options.pairs, groups, partition[1]) else None
+    if mask is not None:
+        scores, labels, groups = without_masked(scores, labels, groups, mask)
+    if validate:
+        check.raise_for_status(check.data_status(scores, labels, label_rule), scores, labels, label_rule)
+    levels = problem_levels(labels, label_weights)
+    result = torch_tier.pair_loss_and_grad(scores, levels, groups, mixing=mixing, options=options,
+                                           exact=tier == "exact", owned=owned)
+    if validate:
+        status = _with_narrow_gradient(check.overflow_status(result[0]), scores, result[2])
+        _raise_for(int(status.item()), scores, labels, groups, None, label_rule)
     return result
+
+
+def _with_narrow_gradient(status: Tensor, scores: Tensor, grad: Tensor) -> Tensor:
+    """``status`` with the overflow bit also set where the gradient, computed in float32 for
+    float16 scores, overflows float16, the dtype it goes back in."""
+    if torch.finfo(scores.dtype).max >= torch.finfo(grad.dtype).max:
+        return status
+    return status | check.overflow_status(grad.to(scores.dtype).sum(dtype=torch.float32))
+
+
+def _raise_for(code: int, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
+               label_rule: str) -> None:
+    """Raise the error of a set status ``code``, naming an offending entry among the items that count."""
+    if code and mask is not None:
+        scores, labels, _ = without_masked(scores, labels, groups, mask)
+    check.raise_for_status(code, scores, labels, label_rule)
 
 
 def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor, Tensor] | None = None) -> PairLayout:
@@ -335,7 +384,7 @@ def _pair_loss_fake(scores, labels, groups, mask, mixing, label_weights, *args):
     )
 
 
-_pair_loss_fused = fused_loss_op(_pair_loss_op, _pair_loss_fake)
+_pair_loss_fused = fused_loss_op(_pair_loss_op, _pair_loss_fake, eager=_pair_loss_eager)
 
 
 # --------------------------------------------------------------------------- #

@@ -59,22 +59,25 @@ def current_device_of(tensor: Tensor):
     return contextlib.nullcontext()
 
 
-def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
+def fused_loss_op(implementation: Callable, fake: Callable, *, eager: Callable | None = None) -> Callable:
     """Register ``implementation`` (annotated: its schema is inferred from them; returns
     ``(loss, ..., grad)``) as the operator ``mlloss::<its name without leading underscores and
     ``_op``>``, with ``fake`` for meta and fake tensors and the autograd formula below, and return
     a function of its arguments that differentiates the loss with respect to the first: under
     ``torch.compile`` (and for meta or fake tensors) the operator, opaque to the compiler; in
-    eager mode the implementation itself inside a ``torch.autograd.Function``, without the
-    dispatcher's round trip through the operator. Either way it runs on its scores' device."""
+    eager mode ``eager`` (default: the implementation; the same results by other means, such as
+    ``replay``'s CUDA graphs, which must not run inside a compiled graph's memory pool) inside a
+    ``torch.autograd.Function``, without the dispatcher's round trip through the operator.
+    Either way it runs on its scores' device."""
     name = implementation.__name__.strip("_").removesuffix("_op")
     LIBRARY.define(name + torch.library.infer_schema(implementation, mutates_args=()))
 
-    def on_scores_device(*inputs):
+    def on_scores_device(*inputs, run=implementation):
         with current_device_of(inputs[0]):
-            return implementation(*inputs)
+            return run(*inputs)
 
     LIBRARY.impl(name, on_scores_device, "CompositeExplicitAutograd")  # the same code on every device
+    eager = eager or implementation
     qualname = f"mlloss::{name}"
     torch.library.register_fake(qualname, fake, lib=LIBRARY)
     torch.library.register_autograd(qualname, _scale_gradient, setup_context=_save_gradient, lib=LIBRARY)
@@ -85,7 +88,7 @@ def fused_loss_op(implementation: Callable, fake: Callable) -> Callable:
         # forward without ctx and a separate setup_context: the form torch.func.grad accepts
         @staticmethod
         def forward(*inputs):
-            return on_scores_device(*inputs)
+            return on_scores_device(*inputs, run=eager)
 
         @staticmethod
         def setup_context(ctx, inputs, outputs):

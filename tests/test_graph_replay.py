@@ -1,0 +1,223 @@
+"""Eager calls replayed from CUDA graphs (``mlloss.set_graph_replay``, ``mlloss.ops.replay``).
+
+On the CPU (under TRITON_INTERPRET=1) a captured call's graph is the module's stand-in, whose
+replay runs the call's function again on the static inputs and writes the results into the
+static outputs, as a graph's kernels would: what these tests check there is the bookkeeping
+(signatures, the static inputs and outputs, the copies in and out, the data check after a
+replay, eviction, the fallback). With MLLOSS_TEST_DEVICE=cuda on a GPU the same tests capture
+real CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import mlloss  # noqa: E402
+from mlloss.ops import replay  # noqa: E402
+
+pytestmark = pytest.mark.triton
+DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
+
+LOSSES = {
+    "AUCLoss": lambda **kw: mlloss.AUCLoss(backend="triton", **kw),
+    "LaALoss": lambda **kw: mlloss.LaALoss(backend="triton", **kw),
+    "LaALoss(soft hardest)": lambda **kw: mlloss.LaALoss(pairs="hardest", temperature=0.5, backend="triton", **kw),
+    "LoALoss(balanced)": lambda **kw: mlloss.LoALoss("balanced", num_labels=2, backend="triton", **kw),
+    "PDAOMLoss": lambda **kw: mlloss.PDAOMLoss(backend="triton", **kw),
+    "bce+pdaom": lambda **kw: mlloss.build_loss("bce+pdaom", backend="triton", **kw),
+}
+SINGLE_LABEL = ("AUCLoss", "PDAOMLoss")
+
+
+@contextlib.contextmanager
+def replay_on(**options):
+    """Replay on: real CUDA graphs on a GPU, the stand-in graphs on the CPU."""
+    if DEVICE == "cuda":
+        mlloss.set_graph_replay(True, **options)
+        try:
+            yield
+        finally:
+            mlloss.set_graph_replay(False)
+    else:
+        with replay.stand_in_on_cpu():
+            if options:
+                replay._STATE.max_graphs = options["max_graphs"]
+            yield
+
+
+@contextlib.contextmanager
+def layout_kernels():
+    """The layout kernels at every N (the dense small-batch kernels off), as past 2,048 items."""
+    from mlloss.kernels import dense
+
+    limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
+    try:
+        yield
+    finally:
+        dense.MAX_ITEMS = limit
+
+
+def make_batch(name: str, seed: int, num_items: int = 96, masked: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    tasks = 2 if name == "bce+pdaom" else 1
+    scores = torch.randn(num_items, tasks, generator=gen).squeeze(1)
+    labels = torch.randint(0, 2, (num_items, 2), generator=gen).float()
+    labels = labels[:, 0] if name in SINGLE_LABEL else labels
+    groups = torch.randint(0, 6 + seed, (num_items,), generator=gen) * 7
+    mask = torch.rand(num_items, generator=gen) > 0.25 if masked else None
+    return tuple(None if t is None else t.to(DEVICE) for t in (scores, labels, groups, mask))
+
+
+def calls(loss, batches):
+    """(value, gradient) of each batch's forward + backward."""
+    out = []
+    for scores, labels, groups, mask in batches:
+        x = scores.clone().requires_grad_(True)
+        kwargs = {} if mask is None else {"mask": mask}
+        value = loss(x, labels, groups, **kwargs)
+        value.backward()
+        out.append((value.detach(), x.grad))
+    return out
+
+
+CASES = [(name, validate, dense, False) for name in LOSSES for validate in (True, False) for dense in (True, False)]
+CASES += [(name, True, dense, True) for name in ("AUCLoss", "LaALoss") for dense in (True, False)]
+
+
+@pytest.mark.parametrize("name,validate,dense,masked", CASES)
+def test_replayed_calls_give_the_bits_of_calls_without_replay(name, validate, dense, masked):
+    """Batches of one shape with other scores, labels and groups (and masks): the first call runs
+    as it is, the second captures, the third replays; every value and gradient is bit-identical to
+    the same call without replay."""
+    batches = [make_batch(name, seed, masked=masked) for seed in range(3)]
+    with contextlib.nullcontext() if dense else layout_kernels():
+        expected = calls(LOSSES[name](validate_args=validate).to(DEVICE), batches)
+        with replay_on():
+            got = calls(LOSSES[name](validate_args=validate).to(DEVICE), batches)
+            assert replay.captured_signatures() == 1
+    for (value, grad), (want_value, want_grad) in zip(got, expected):
+        assert torch.equal(value, want_value)
+        assert torch.equal(grad, want_grad)
+
+
+def test_an_earlier_calls_outputs_survive_later_replays():
+    """Two calls of one signature before either backward: each keeps its own loss, gradient and
+    statistics (the graph's outputs are copied out; ``parts`` are read from the statistics
+    lazily, after the second call here)."""
+    batches = [make_batch("AUCLoss", seed) for seed in range(4)]
+    plain = LOSSES["AUCLoss"]()
+    expected = []
+    for scores, labels, groups, _ in batches[2:]:
+        x = scores.clone().requires_grad_(True)
+        value = plain(x, labels, groups)
+        value.backward()
+        expected.append((value.detach(), x.grad, plain.parts["valid_pairs"], plain.parts["groups_with_pairs"]))
+    loss = LOSSES["AUCLoss"]()
+    with replay_on():
+        calls(loss, batches[:2])  # run, then capture
+        inputs = [b[0].clone().requires_grad_(True) for b in batches[2:]]
+        values, parts = [], []
+        for x, (_, labels, groups, _) in zip(inputs, batches[2:]):
+            values.append(loss(x, labels, groups))
+            parts.append(loss.parts)
+        sum(values).backward()
+    for value, x, part, (want_value, want_grad, want_pairs, want_groups) in zip(values, inputs, parts, expected):
+        assert torch.equal(value.detach(), want_value) and torch.equal(x.grad, want_grad)
+        assert torch.equal(part["valid_pairs"], want_pairs) and torch.equal(part["groups_with_pairs"], want_groups)
+    assert not torch.equal(expected[0][2], expected[1][2])  # the two batches differ in what is checked
+
+
+def test_a_replayed_call_still_raises_for_bad_data():
+    """The data check runs inside the graph and is read after each replay: a NaN score in a
+    replayed call raises the error that names it, and the next good batch replays again."""
+    loss = LOSSES["LaALoss"]()
+    with replay_on():
+        calls(loss, [make_batch("LaALoss", seed) for seed in range(2)])
+        assert replay.captured_signatures() == 1
+        scores, labels, groups, _ = make_batch("LaALoss", 7)
+        scores[41] = float("nan")
+        with pytest.raises(ValueError, match="41"):
+            loss(scores, labels, groups)
+        labels = labels.clone()
+        labels[5, 1] = 3.0
+        with pytest.raises(ValueError, match="label"):
+            loss(make_batch("LaALoss", 8)[0], labels, groups)
+        good = make_batch("LaALoss", 9)
+        (value, grad), = calls(loss, [good])
+    (want_value, want_grad), = calls(LOSSES["LaALoss"](), [good])
+    assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
+
+
+def test_signatures_beyond_max_graphs_release_the_least_recent():
+    loss = LOSSES["AUCLoss"]()
+    with replay_on(max_graphs=2):
+        for num_items in (40, 50, 60):
+            calls(loss, [make_batch("AUCLoss", seed, num_items) for seed in range(2)])
+        assert replay.captured_signatures() == 2
+        signatures = list(replay._STATE.graphs)
+        assert [key[5][0][0] for key in signatures] == [50, 60]  # the scores' shapes: 40 released
+        calls(loss, [make_batch("AUCLoss", 3, 50)])  # a replay makes 50 the most recent
+        assert [key[5][0][0] for key in replay._STATE.graphs] == [60, 50]
+
+
+def test_a_failed_capture_warns_once_and_runs_the_call_as_it_is(monkeypatch):
+    def failing(*args):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(replay, "_capture", failing)
+    batches = [make_batch("AUCLoss", seed) for seed in range(4)]
+    expected = calls(LOSSES["AUCLoss"](), batches)
+    with replay_on():
+        loss = LOSSES["AUCLoss"]()
+        with pytest.warns(RuntimeWarning, match="could not capture a loss call in a CUDA graph.*not permitted"):
+            got = calls(loss, batches[:2])
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got += calls(loss, batches[2:])  # no capture tried again, no second warning
+        assert replay.captured_signatures() == 0
+    for (value, grad), (want_value, want_grad) in zip(got, expected):
+        assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
+
+
+def test_the_pytorch_tier_and_the_closed_forms_are_not_replayed():
+    with replay_on():
+        for backend in ("torch", "exact"):
+            calls(mlloss.AUCLoss(surrogate="exponential", backend=backend), [make_batch("AUCLoss", s) for s in range(3)])
+        assert replay.captured_signatures() == 0
+
+
+def test_set_graph_replay_checks_its_arguments():
+    with pytest.raises(ValueError, match="max_graphs"):
+        mlloss.set_graph_replay(True, max_graphs=0)
+    with pytest.raises(TypeError, match="enabled"):
+        mlloss.set_graph_replay("yes")
+    assert not mlloss.graph_replay_enabled()
+
+
+def test_calls_inside_a_compiled_graph_are_not_replayed():
+    """Under ``torch.compile`` the loss is the opaque operator, which runs as it is: a compiled
+    step's CUDA graphs (mode="reduce-overhead") keep their memory pool to themselves, and a graph
+    of ours allocated in it would be a tensor they do not track."""
+    loss = LOSSES["AUCLoss"](validate_args=False)
+
+    def step(scores, labels, groups):
+        return loss(scores, labels, groups)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    batches = [make_batch("AUCLoss", seed) for seed in range(3)]
+    with replay_on():
+        got = [compiled(scores, labels, groups) for scores, labels, groups, _ in batches]
+        assert replay.captured_signatures() == 0
+    expected = [step(scores, labels, groups) for scores, labels, groups, _ in batches]
+    for value, want in zip(got, expected):
+        assert torch.equal(value, want)
