@@ -88,8 +88,11 @@ def calls(loss, batches):
     return out
 
 
-CASES = [(name, validate, dense, False) for name in LOSSES for validate in (True, False) for dense in (True, False)]
-CASES += [(name, True, dense, True) for name in ("AUCLoss", "LaALoss") for dense in (True, False)]
+# Every loss with its data check on (its status is one of the graph's outputs), on the dense and
+# the layout kernels; AUC and LaA also without the check and with a mask.
+CASES = [(name, True, dense, False) for name in LOSSES for dense in (True, False)]
+CASES += [(name, validate, dense, validate) for name in ("AUCLoss", "LaALoss") for validate in (False, True)
+          for dense in (True, False)]
 
 
 @pytest.mark.parametrize("name,validate,dense,masked", CASES)
@@ -163,9 +166,9 @@ def test_signatures_beyond_max_graphs_release_the_least_recent():
             calls(loss, [make_batch("AUCLoss", seed, num_items) for seed in range(2)])
         assert replay.captured_signatures() == 2
         signatures = list(replay._STATE.graphs)
-        assert [key[5][0][0] for key in signatures] == [50, 60]  # the scores' shapes: 40 released
+        assert [key[6][0][0] for key in signatures] == [50, 60]  # the scores' shapes: 40 released
         calls(loss, [make_batch("AUCLoss", 3, 50)])  # a replay makes 50 the most recent
-        assert [key[5][0][0] for key in replay._STATE.graphs] == [60, 50]
+        assert [key[6][0][0] for key in replay._STATE.graphs] == [60, 50]
 
 
 def test_a_failed_capture_warns_once_and_runs_the_call_as_it_is(monkeypatch):
@@ -221,3 +224,23 @@ def test_calls_inside_a_compiled_graph_are_not_replayed():
     expected = [step(scores, labels, groups) for scores, labels, groups, _ in batches]
     for value, want in zip(got, expected):
         assert torch.equal(value, want)
+
+
+def test_calls_under_inference_mode_keep_graphs_of_their_own():
+    """A validation loop under ``torch.inference_mode`` (Lightning's default) and training calls of
+    the same shapes: tensors made in inference mode cannot be written outside it, so each mode
+    captures its own graph, and both give the bits of calls without replay."""
+    loss = LOSSES["AUCLoss"]()
+    batches = [make_batch("AUCLoss", seed) for seed in range(3)]
+    with torch.inference_mode():
+        expected_eval = [LOSSES["AUCLoss"]()(scores, labels, groups) for scores, labels, groups, _ in batches]
+    expected_train = calls(LOSSES["AUCLoss"](), batches)
+    with replay_on():
+        with torch.inference_mode():
+            got_eval = [loss(scores, labels, groups) for scores, labels, groups, _ in batches]
+        got_train = calls(loss, batches)
+        assert replay.captured_signatures() == 2
+    for value, want in zip(got_eval, expected_eval):
+        assert torch.equal(value, want)
+    for (value, grad), (want_value, want_grad) in zip(got_train, expected_train):
+        assert torch.equal(value, want_value) and torch.equal(grad, want_grad)

@@ -13,7 +13,8 @@ inputs to the loss, its statistics, the gradient and the data-check status) is c
 signature copies its inputs into the graph's own, replays the graph (one launch) and copies the
 outputs out. The first call runs as it is, so a shape seen once is never captured. A signature
 is the op, its host options (surrogate, cost, reduction, label weights, ...), each tensor
-input's shape, strides and dtype, the device, the current stream and the calling thread: every
+input's shape, strides and dtype, the device, the current stream, the calling thread and whether
+inference mode is on (Lightning validates under it; its tensors cannot be written outside it): every
 call of one signature runs the same kernels with the same launch arguments, which is what a
 replay repeats. The results are the same bits as without replay (the same kernels on the same
 values), and the data check is read after the replay as before.
@@ -170,7 +171,8 @@ def run(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple, *, 
 def _signature(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple) -> tuple:
     device = tensors[0].device
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    return (function, host, device, stream, threading.get_ident(),
+    # inference mode: the tensors a capture makes in it (the static inputs) cannot be written outside it
+    return (function, host, device, stream, threading.get_ident(), torch.is_inference_mode_enabled(),
             *[None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors])
 
 
