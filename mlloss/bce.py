@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from . import _validation as check
 from .distributed import refusing_together
 from .ops.pointwise import binary_cross_entropy
-from .parts import LossParts
+from .parts import LossParts, keep_call_state
 
 __all__ = ["BCELoss", "BCEPlusRanking", "INPUTS"]
 
@@ -53,7 +53,7 @@ class BCELoss(nn.Module):
         # The entries close over the op's statistics, never over the differentiable loss: kept until
         # the next call, it would hold the step's autograd graph (and, in a step captured in a CUDA
         # graph, nodes of an eager call outside it, which broke the capture).
-        self.parts = LossParts(_task_entries({"bce": task_losses.sum}, {"bce": task_losses}))
+        keep_call_state(self, parts=LossParts(_task_entries({"bce": task_losses.sum}, {"bce": task_losses})))
         return loss
 
     def extra_repr(self) -> str:
@@ -150,7 +150,7 @@ class BCEPlusRanking(nn.Module):
             totals["valid_pairs"] = lambda: sum(p["valid_pairs"] for p in task_parts)
             totals["groups_with_pairs"] = lambda: sum(p["groups_with_pairs"] for p in task_parts)
             per_task["valid_pairs"] = [lambda p=p: p["valid_pairs"] for p in task_parts]
-        self.parts = LossParts(_task_entries(totals, per_task if num_tasks > 1 else {}))
+        keep_call_state(self, parts=LossParts(_task_entries(totals, per_task if num_tasks > 1 else {})))
         return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
 
     def _ranking_scores(self, column: Tensor, mask: Tensor | None) -> Tensor:

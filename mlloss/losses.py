@@ -20,7 +20,7 @@ from . import _validation as check
 from ._constants import ConstantBuffers
 from .distributed import gather_batch, gather_batch_with_rows, partition, refusing_together, share_failed, sum_shares
 from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss, resolve_tier, splits_pair_work
-from .parts import LossParts, pair_parts
+from .parts import LossParts, keep_call_state, pair_parts
 from .surrogates import USES_MARGIN
 
 __all__ = ["AUCLoss", "LEVEL_RESOLUTION", "LaALoss", "LoALoss", "PDAOMLoss", "pair_parts"]
@@ -130,10 +130,11 @@ class _PairwiseLoss(nn.Module):
             labels = check.label_columns(labels, scores.shape[0])
             groups = check.group_vector(groups, scores.shape[0])
             mask = check.mask_vector(mask, scores)
-        self._own_rows = None
+        own_rows = None
         if self.cross_device:
-            (scores, labels, groups, mask), self._own_rows = gather_batch_with_rows(scores, labels, groups, mask)
-        self._counted = scores.shape[0] if mask is None else mask
+            (scores, labels, groups, mask), own_rows = gather_batch_with_rows(scores, labels, groups, mask)
+        check.check_loss_items(scores.shape[0])  # before any work on the batch (balanced LoA's label counts)
+        keep_call_state(self, _own_rows=own_rows, _counted=scores.shape[0] if mask is None else mask)
         return scores, labels, groups, mask
 
     @property
@@ -223,7 +224,7 @@ class AUCLoss(_PairwiseLoss):
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
         check.require_single_column(labels, type(self).__name__)
         result = self._pair_loss(scores, labels, groups, mask)
-        self.parts = pair_parts(result)
+        keep_call_state(self, parts=pair_parts(result))
         return result.loss
 
 
@@ -357,7 +358,7 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         if counts is not None:  # stored once the batch is accepted: one the data check refuses is not counted
             self._store_counts(*counts)
         names = self.label_names or tuple(str(k) for k in range(labels.shape[1]))
-        self.parts = pair_parts(result, label_names=names, mixing=mixing)
+        keep_call_state(self, parts=pair_parts(result, label_names=names, mixing=mixing))
         return result.loss
 
     def mixing_weights(self, labels: Tensor) -> Tensor:
@@ -534,7 +535,7 @@ class LaALoss(_PairwiseLoss):
         result = self._pair_loss(
             scores, labels, groups, mask, label_weights=label_weights, cost=self.cost, real_levels=self.real_levels
         )
-        self.parts = pair_parts(result)
+        keep_call_state(self, parts=pair_parts(result))
         return result.loss
 
 

@@ -21,7 +21,6 @@ them pays nothing for them (no kernel launch, no host synchronisation).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -59,6 +58,14 @@ class LossParts(Mapping[str, Tensor]):
         return (_made_parts, (dict(self.items()),))
 
 
+def keep_call_state(module: torch.nn.Module, **state: object) -> None:
+    """Set a loss module's per-call attributes (its ``parts``, the last batch's counts): written
+    into the instance's dict, without ``nn.Module.__setattr__``'s lookups of parameters, buffers
+    and submodules (about 3 us an attribute on this repository's CPU, on every call). The names
+    must be none of these."""
+    module.__dict__.update(state)
+
+
 def _made_parts(values: dict[str, Tensor]) -> LossParts:
     parts = LossParts(dict.fromkeys(values))
     parts._made = dict(values)
@@ -70,7 +77,7 @@ def pair_parts(
 ) -> LossParts:
     """``parts`` of a pairwise loss (see ``mlloss.parts``): totals over its problems, and with
     ``label_names`` (LoA) one entry per label of its term, mixing weight and valid pairs."""
-    result = dataclasses.replace(result, loss=None)  # the makers read the statistics: no autograd graph kept alive
+    result = type(result)(loss=None, stats=result.stats, partial=result.partial)  # the makers read the statistics: no autograd graph kept alive
     makers = {
         "valid_pairs": lambda: result.valid_pairs.sum(),
         "groups_with_pairs": lambda: result.groups_with_pairs.sum(),
