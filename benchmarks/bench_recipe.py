@@ -65,6 +65,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import ctr_cvr  # noqa: E402
 from ctr_cvr_options import COMPILE_MODES  # noqa: E402
+import mlloss  # noqa: E402
 from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
 from _measure import device_name  # noqa: E402
 from op_count import OpCounter  # noqa: E402
@@ -386,11 +387,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                         metavar="MODE", help="the recipe's --compile [MODE]")
     parser.add_argument("--fixed-batches", action="store_true", help="the recipe's --fixed-batches (padded, one shape)")
+    parser.add_argument("--graph-replay", action="store_true",
+                        help="the recipe's --graph-replay (the losses' calls replayed from CUDA graphs)")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default results/recipe-<device>.json)")
     args = parser.parse_args(argv)
     if args.rounds < 0:
         parser.error(f"--rounds must be >= 0 (0: no framework-overhead runs); got {args.rounds}")
     torch.set_num_threads(args.threads)
+    mlloss.set_graph_replay(args.graph_replay)
     device = torch.device(args.device)
     if args.compile:
         # One graph of the recipe's step per (loss, batch size) in this process (the modules share the
@@ -403,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
     data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(data_argv))
     result = {"device": device_name(device), "torch": torch.__version__, "train_impressions": len(data[0]),
               "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "steps_per_call": args.steps_per_call,
-              "fixed_batches": args.fixed_batches,
+              "fixed_batches": args.fixed_batches, "graph_replay": args.graph_replay,
               "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": [],
               "framework": []}
     write(result, output)

@@ -14,10 +14,10 @@
 #   bash benchmarks/gpu_session.sh launch-check  # python benchmarks/check_launcher.py: the direct launches give
 #                                                # Triton's results bit for bit (status 1 if not)
 #   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench, profile: issue 10's GPU lines in one device command
-#   bash benchmarks/gpu_session.sh training  # step (plain, then CUDA graphs), then recipe: issue 12's
+#   bash benchmarks/gpu_session.sh training  # step (plain), the recipe, the step with graph replay: issue 12's
 #
 # A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
-# included): kernels and training, run back to back, are sized to fit it together, 400 + 350 s of
+# included): kernels and training, run back to back, are sized to fit it together, 400 + 310 s of
 # stage limits (see the plans below). Pass the device tool a timeout_s of at most what is left.
 # Results go to $OUT (the device tool's output folder; at most 8 files come back) or ./gpu-out.
 # The device image has torch, triton and pytorch-lightning but no network: nothing is installed from
@@ -120,7 +120,7 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 40 + 110 + 130 + 65 + 65 = 410 s, training 100 + 140 + 110 = 350 s,
+    # files. Limits (H100, 16 cores): kernels 40 + 100 + 130 + 65 + 65 = 400 s, training 100 + 110 + 100 = 310 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
@@ -134,19 +134,21 @@ kernels|training)
         # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
         # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
         # figures stand, and the tests show the failure.
-        plan=("40 launch-check" "110 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
+        plan=("40 launch-check" "100 tests" "130 bench --budget-s 105 --sections 2,5,3,1,4" \
               "65 bench --budget-s 40 --sections 6,7 --output $out/accuracy-and-tiles.json" "65 profile")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
         # training rows fit); then the plain recipe, three epochs a run (the first warms up), as far as
-        # its limit goes; then the step with CUDA graphs at the launch-bound batch of 1,024 (a compile
-        # per loss; its framework overhead, that of an uncompiled stand-in model, left out: the plain
-        # run has it), last, so that a command stopped early by what is left of the loan loses it
-        # first. recipe-compiled runs in a command of its own. (On an H100 in an earlier session the
+        # its limit goes; then the step at the launch-bound batch of 1,024 with the losses' calls
+        # replayed from CUDA graphs (fixed batches: one shape; its framework overhead left out: the
+        # plain run has it), last, so that a command stopped early by what is left of the loan loses
+        # it first. The step under torch.compile's CUDA graphs (step --compile reduce-overhead
+        # --fixed-batches --rounds 0 --batch-sizes 1024: measured at a20b70f) and recipe-compiled
+        # run in commands of their own. (On an H100 in an earlier session the
         # compiled step did 3 losses in about 100 s; its 4th, laa, failed then; the recipe did 4 runs
         # in 120 s.)
         plan=("100 step --rounds 3" "110 recipe --epochs 3" \
-              "140 step --compile reduce-overhead --fixed-batches --rounds 0 --batch-sizes 1024")
+              "100 step --graph-replay --fixed-batches --rounds 0 --batch-sizes 1024")
     fi
     for entry in "${plan[@]}"; do
         read -r limit stage <<< "$entry"

@@ -231,12 +231,14 @@ class CtrCvrModule(pl.LightningModule):
 def main(argv: Sequence[str] | None = None) -> dict:
     """Run the recipe; returns the dictionary also written to ``results.json``."""
     args = parse_args(argv)
-    threads = torch.get_num_threads()
+    threads, replaying = torch.get_num_threads(), mlloss.graph_replay_enabled()
     torch.set_num_threads(args.cpu_threads)
+    mlloss.set_graph_replay(args.graph_replay or replaying)
     try:
         return run(args)
     finally:
         torch.set_num_threads(threads)
+        mlloss.set_graph_replay(replaying)
 
 
 def run(args: argparse.Namespace) -> dict:

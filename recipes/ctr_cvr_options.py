@@ -152,6 +152,9 @@ def build_parser() -> OptionParser:
                    help="pad every training batch to --batch-size rows (filler rows left out of the losses by "
                         "their mask=): one shape for every step, so that --compile reduce-overhead records one "
                         "CUDA graph instead of one per batch size (~8%% more rows computed at batch 1,024)")
+    g.add_argument("--graph-replay", action=argparse.BooleanOptionalAction, default=False,
+                   help="replay the pairwise losses' eager calls on a GPU from CUDA graphs (mlloss.set_graph_replay): "
+                        "their host path paid once per batch shape, so best with --fixed-batches")
     g.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
                    help="show Lightning's progress bar")
     return p

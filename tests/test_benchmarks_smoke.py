@@ -442,8 +442,8 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
     assert len([call for call in training_calls if call[0] == "recipes/ctr_cvr.py"]) == 8
     summary = json.loads((training_out / "gpu-recipe-throughput.json").read_text())
     assert summary["bce batch 1024"]["impressions_per_s_median"] == 2500.0  # epochs 2-3: the first warms up
-    compiled_step = [call for call in training_calls if call[0] == "benchmarks/bench_recipe.py" and "--compile" in call]
-    assert len(compiled_step) == 1 and "--rounds" in compiled_step[0]
+    replayed_step = [call for call in training_calls if call[0] == "benchmarks/bench_recipe.py" and "--graph-replay" in call]
+    assert len(replayed_step) == 1 and "--rounds" in replayed_step[0] and "--fixed-batches" in replayed_step[0]
 
 
 def test_gpu_session_times_through_tritons_path_when_the_direct_launches_differ(gpu_session):
