@@ -64,6 +64,7 @@ class CallCount:
     sync_names: list[str] = field(default_factory=list)
     masked: bool = False  # a mask leaves out every fourth item (a fixed-size batch's fillers)
     layout: bool = False  # the layout kernels forced where the dense small-batch kernels would run
+    replay: bool = False  # replayed from its captured graph (mlloss.set_graph_replay; a stand-in graph here)
 
 
 # Every loss on the Triton backend; PDAOM is the max-violation loss.
@@ -193,24 +194,32 @@ def dense_kernels_off():
 
 
 def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False, layout: bool = False,
-               num_items: int = 64) -> CallCount:
+               replay: bool = False, num_items: int = 64) -> CallCount:
     """Ops and syncs of one forward + backward of loss ``name`` (after one warm-up call), with
     ``masked`` every fourth item left out by ``mask=``; ``layout``: with the dense small-batch
-    kernels off, as a batch of more than ``kernels.dense.MAX_ITEMS`` items runs."""
+    kernels off, as a batch of more than ``kernels.dense.MAX_ITEMS`` items runs; ``replay``: with
+    graph replay on, a call that replays its graph (after the call that runs as it is and the one
+    that captures it), a stand-in for a CUDA graph that launches nothing (what a replayed call
+    issues besides the graph: the copies in and out, the autograd formula)."""
+    from mlloss.ops.replay import stand_in_on_cpu
+
     scores, labels, groups = batch(num_items)
     labels = loss_labels(name, labels)
     loss = LOSSES[name](validate)
     groups = groups if grouped else None
     options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
-    for counted in (False, True):  # the first call compiles the kernels
-        x = scores.clone().requires_grad_(True)
-        counter = OpCounter()
-        with kernels_uncounted(), dense_kernels_off() if layout else contextlib.nullcontext(), \
-                counter if counted else contextlib.nullcontext():
-            loss(x, labels, groups, **options).backward()
+    warm_up = 2 if replay else 1  # the first call compiles the kernels; with replay the second captures
+    with stand_in_on_cpu(rerun=False) if replay else contextlib.nullcontext():
+        for call in range(warm_up + 1):
+            counted = call == warm_up
+            x = scores.clone().requires_grad_(True)
+            counter = OpCounter()
+            with kernels_uncounted(), dense_kernels_off() if layout else contextlib.nullcontext(), \
+                    counter if counted else contextlib.nullcontext():
+                loss(x, labels, groups, **options).backward()
     return CallCount(
         name, grouped, validate, len(counter.ops), len(counter.syncs),
-        dict(collections.Counter(counter.ops)), counter.syncs, masked, layout,
+        dict(collections.Counter(counter.ops)), counter.syncs, masked, layout, replay,
     )
 
 
@@ -218,9 +227,14 @@ def all_counts() -> list[CallCount]:
     calls = [(name, grouped, masked, False) for name in LOSSES
              for grouped, masked in ((False, False), (True, False), (True, True))]
     calls += [(name, grouped, False, True) for name in DENSE_LOSSES for grouped in (False, True)]
-    return [
+    counts = [
         count_call(name, grouped=grouped, validate=validate, masked=masked, layout=layout)
         for name, grouped, masked, layout in calls
+        for validate in (True, False)
+    ]
+    return counts + [
+        count_call(name, grouped=grouped, validate=validate, masked=masked, replay=True)
+        for name in LOSSES for grouped, masked in ((False, False), (True, False), (True, True))
         for validate in (True, False)
     ]
 
@@ -232,10 +246,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory", type=int, metavar="N", help="also the peak bytes of a call at N items")
     options = parser.parse_args(argv)
     counts = all_counts()
-    print(f"{'loss':<24} {'kernels':>7} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
+    print(f"{'loss':<24} {'kernels':>8} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
     for row in counts:
-        kernels = "layout" if row.layout or row.loss not in DENSE_LOSSES else "dense"
-        print(f"{row.loss:<24} {kernels:>7} {str(row.grouped):>6} {str(row.masked):>6} {str(row.validate):>6} "
+        kernels = "replayed" if row.replay else "layout" if row.layout or row.loss not in DENSE_LOSSES else "dense"
+        print(f"{row.loss:<24} {kernels:>8} {str(row.grouped):>6} {str(row.masked):>6} {str(row.validate):>6} "
               f"{row.ops:>9} {row.syncs:>6}")
         if options.verbose:
             print("    ", row.op_names, row.sync_names)

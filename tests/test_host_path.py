@@ -67,6 +67,29 @@ def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool, 
         assert not HOST_DATA_OPS & set(call.op_names), call.op_names
 
 
+REPLAY_CASES = [(loss, grouped, masked) for loss in host_path.LOSSES for grouped, masked in ((False, False), (True, True))]
+
+
+@pytest.mark.parametrize("loss,grouped,masked", REPLAY_CASES,
+                         ids=[f"{c[0]}-{'groups' if c[1] else 'no-groups'}{'-mask' * c[2]}" for c in REPLAY_CASES])
+def test_a_replayed_call_issues_its_copies_and_the_autograd_formula(loss: str, grouped: bool, masked: bool) -> None:
+    """With graph replay on (``mlloss.set_graph_replay``), a call that replays its graph issues none
+    of the call's device work (no allocation of the kernels' outputs, no sort, no status word made):
+    the copies of its inputs into the graph's, the three copies of the outputs, the data check's
+    read (with the checks on) and the autograd formula, within the same budgets."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
+    checked = host_path.count_call(loss, grouped=grouped, validate=True, masked=masked, replay=True)
+    unchecked = host_path.count_call(loss, grouped=grouped, validate=False, masked=masked, replay=True)
+    for call in (checked, unchecked):
+        assert not {"empty", "zeros", "sort", "searchsorted"} & set(call.op_names), call.op_names
+        assert call.op_names["clone"] == 3 and call.op_names["copy_"] >= 2, call.op_names  # outputs; scores, labels
+        assert not HOST_DATA_OPS & set(call.op_names), call.op_names
+        assert call.ops <= MAX_OPS, call.op_names
+    assert checked.sync_names == ["_local_scalar_dense"], checked.sync_names
+    assert unchecked.syncs == 0, unchecked.sync_names
+
+
 def test_the_counter_sees_syncs_and_library_internals() -> None:
     # The counter must not be blind: the same call on the PyTorch tier (its dense tables read
     # sizes on the host) shows syncs, and a deliberate .item() is one.
