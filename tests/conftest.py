@@ -4,6 +4,7 @@ they drew from the global generators, depends on the scheduling."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -16,3 +17,14 @@ def _seeded_global_generators():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+def pytest_configure(config):
+    """``MLLOSS_TEST_REPLAY=1``: every eager Triton-tier call on the CPU replayed from a stand-in
+    graph (``mlloss.ops.replay.stand_in_on_cpu``: the call's function run again on the graph's
+    static inputs), to run any test with graph replay on; the results must not change (the tests
+    that count a call's ops do). On a GPU ``MLLOSS_GRAPH_REPLAY=1`` replays real CUDA graphs."""
+    if os.environ.get("MLLOSS_TEST_REPLAY") == "1":
+        from mlloss.ops import replay
+
+        replay._STATE.enabled, replay._STATE.stand_in = True, "rerun"

@@ -41,11 +41,12 @@ SINGLE_LABEL = ("AUCLoss", "PDAOMLoss")
 def replay_on(**options):
     """Replay on: real CUDA graphs on a GPU, the stand-in graphs on the CPU."""
     if DEVICE == "cuda":
+        before = mlloss.graph_replay_enabled()  # MLLOSS_GRAPH_REPLAY=1 may have turned it on for the run
         mlloss.set_graph_replay(True, **options)
         try:
             yield
         finally:
-            mlloss.set_graph_replay(False)
+            mlloss.set_graph_replay(before)
     else:
         with replay.stand_in_on_cpu():
             if options:
@@ -76,11 +77,13 @@ def calls(loss, batches):
     return out
 
 
-# Every loss with its data check on (its status is one of the graph's outputs), on the dense and
-# the layout kernels; AUC and LaA also without the check and with a mask.
-CASES = [(name, True, dense, False) for name in LOSSES for dense in (True, False)]
-CASES += [(name, validate, dense, validate) for name in ("AUCLoss", "LaALoss") for validate in (False, True)
-          for dense in (True, False)]
+# (loss, validate, dense, masked): each loss once, on the kernels it takes at 96 items or on the
+# layout kernels (as past 2,048 items), with the data check (its status is one of the graph's
+# outputs); AUC and LaA on both kernel paths and with a mask, AUC also without the check.
+# ``MLLOSS_TEST_REPLAY=1`` runs any other test with every call replayed (tests/conftest.py).
+CASES = [("AUCLoss", True, True, False), ("AUCLoss", True, False, False), ("AUCLoss", False, False, True),
+         ("LaALoss", True, True, True), ("LaALoss", True, False, False), ("LaALoss(soft hardest)", True, False, False),
+         ("LoALoss(balanced)", True, True, False), ("PDAOMLoss", True, False, True), ("bce+pdaom", True, True, False)]
 
 
 @pytest.mark.parametrize("name,validate,dense,masked", CASES)
@@ -191,11 +194,13 @@ def test_the_pytorch_tier_and_the_closed_forms_are_not_replayed():
 
 
 def test_set_graph_replay_checks_its_arguments():
-    with pytest.raises(ValueError, match="max_graphs"):
+    """Bad arguments raise, naming the argument, and change nothing."""
+    before = mlloss.graph_replay_enabled()
+    with pytest.raises(ValueError, match="max_graphs must be >= 1; got 0"):
         mlloss.set_graph_replay(True, max_graphs=0)
-    with pytest.raises(TypeError, match="enabled"):
+    with pytest.raises(TypeError, match="enabled must be a bool; got 'yes'"):
         mlloss.set_graph_replay("yes")
-    assert not mlloss.graph_replay_enabled()
+    assert mlloss.graph_replay_enabled() == before
 
 
 def test_calls_inside_a_compiled_graph_are_not_replayed():

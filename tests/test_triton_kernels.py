@@ -478,16 +478,17 @@ def test_counting_layout_writes_every_position_for_ranks_outside_the_levels():
     assert torch.equal(layout.order.cpu(), torch.sort(clamped, stable=True).indices.to(torch.int32))
 
 
-def group_ids(pattern: str, num_items: int, gen: torch.Generator) -> torch.Tensor:
+def group_ids(pattern: str, num_items: int, gen: torch.Generator, block: int = 512) -> torch.Tensor:
     """Group ids of ``pattern``: users of ~50 items in runs (some crossing the counting layout's
-    blocks of 512 positions with groups), the same ids shuffled (negative ones too), one group,
-    one item per group."""
+    blocks of ``block`` positions with groups: 512), the same ids shuffled (negative ones too), one
+    group, one item per group."""
     if pattern == "one group":
         return torch.full((num_items,), 7)
     if pattern == "singletons":
         return torch.randperm(num_items, generator=gen) - num_items // 2
     runs = torch.cumsum(torch.rand(num_items, generator=gen) < 0.02, 0)
-    runs[900:2200] = runs[900]  # one user across a whole block and two block edges
+    first, last = 900 * block // 512, 2200 * block // 512
+    runs[first:last] = runs[first]  # one user across a whole block and two block edges
     if pattern == "runs":
         return runs
     return (runs * 37 - 500)[torch.randperm(num_items, generator=gen)]
@@ -527,11 +528,13 @@ def test_counting_layout_over_many_blocks(monkeypatch, scanned, pattern, problem
     monkeypatch.setattr(level_kernels, "COUNT_BLOCK", 2)
     monkeypatch.setattr(level_kernels, "SCAN_CHUNK", 4)
     monkeypatch.setattr(level_kernels, "SCAN_BLOCKS", 0 if scanned else 1 << 30)
+    monkeypatch.setattr(level_kernels, "BLOCK", 256)  # blocks of a quarter of the size: the same
+    monkeypatch.setattr(level_kernels, "GROUPED_BLOCK", 128)  # loops at a quarter of the items
     gen = torch.Generator().manual_seed(len(pattern or "") * 100 + num_ranks * 10 + problems)
-    num_items = 5000  # 10 blocks of 512 positions with groups, 5 of 1,024 without
+    num_items = 1250  # 10 blocks of 128 positions with groups, 5 of 256 without
     rank = torch.randint(0, num_ranks, (problems, num_items), generator=gen, dtype=torch.int32)
-    rank[:, 1000:1500] = num_ranks - 1
-    groups = None if pattern is None else group_ids(pattern, num_items, gen).to(DEVICE)
+    rank[:, 250:375] = num_ranks - 1
+    groups = None if pattern is None else group_ids(pattern, num_items, gen, block=128).to(DEVICE)
     levels = Levels(rank.to(DEVICE), num_ranks, None)
     assert_same_layout(level_kernels.counting_layout(levels, groups), pair_layout(levels, groups))
 

@@ -230,14 +230,14 @@ class _StandInGraph:
 @contextlib.contextmanager
 def stand_in_on_cpu(rerun: bool = True) -> Iterator[None]:
     """Inside: replay on (if it was not), with CPU calls captured in ``_StandInGraph``s."""
-    enabled, max_graphs = _STATE.enabled, _STATE.max_graphs
+    enabled, max_graphs, stand_in = _STATE.enabled, _STATE.max_graphs, _STATE.stand_in
     _STATE.clear()
     _STATE.enabled, _STATE.stand_in = True, "rerun" if rerun else "skip"
     try:
         yield
     finally:
         _STATE.clear()
-        _STATE.enabled, _STATE.max_graphs, _STATE.stand_in = enabled, max_graphs, None
+        _STATE.enabled, _STATE.max_graphs, _STATE.stand_in = enabled, max_graphs, stand_in
 
 
 def captured_signatures() -> int:
