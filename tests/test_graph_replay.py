@@ -4,7 +4,7 @@ On the CPU (under TRITON_INTERPRET=1) a captured call's graph is the module's st
 replay runs the call's function again on the static inputs and writes the results into the
 static outputs, as a graph's kernels would: what these tests check there is the bookkeeping
 (signatures, the static inputs and outputs, the copies in and out, the data check after a
-replay, eviction, the fallback). With MLLOSS_TEST_DEVICE=cuda on a GPU the same tests capture
+replay, the bound on graphs, the fallback). With MLLOSS_TEST_DEVICE=cuda on a GPU the same tests capture
 real CUDA graphs.
 """
 
@@ -153,16 +153,19 @@ def test_a_replayed_call_still_raises_for_bad_data():
     assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
 
 
-def test_signatures_beyond_max_graphs_release_the_least_recent():
+def test_signatures_past_max_graphs_run_as_they_are():
+    """The first ``max_graphs`` signatures to come twice keep their graphs; later ones run as
+    they are, with no capture (batches of ever new sizes would otherwise capture a graph and
+    release another at nearly every call), and give the same results."""
+    batches = {n: [make_batch("AUCLoss", seed, n) for seed in range(3)] for n in (40, 50, 60)}
+    expected = {n: calls(LOSSES["AUCLoss"](), b) for n, b in batches.items()}
     loss = LOSSES["AUCLoss"]()
     with replay_on(max_graphs=2):
-        for num_items in (40, 50, 60):
-            calls(loss, [make_batch("AUCLoss", seed, num_items) for seed in range(2)])
-        assert replay.captured_signatures() == 2
-        signatures = list(replay._STATE.graphs)
-        assert [key[6][0][0] for key in signatures] == [50, 60]  # the scores' shapes: 40 released
-        calls(loss, [make_batch("AUCLoss", 3, 50)])  # a replay makes 50 the most recent
-        assert [key[6][0][0] for key in replay._STATE.graphs] == [60, 50]
+        got = {n: calls(loss, b) for n, b in batches.items()}
+        assert sorted(key[6][0][0] for key in replay._STATE.graphs) == [40, 50]  # the scores' lengths
+    for n in batches:
+        for (value, grad), (want_value, want_grad) in zip(got[n], expected[n]):
+            assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
 
 
 def test_a_failed_capture_warns_once_and_runs_the_call_as_it_is(monkeypatch):

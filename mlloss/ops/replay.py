@@ -27,8 +27,11 @@ is from then on.
 
 Memory: a captured signature keeps its call's working memory (the peak of one call,
 ``benchmarks/host_path.py --memory``: about 30-40 bytes per item) in its graph's private pool,
-besides its inputs' copies. At most ``max_graphs`` signatures are kept (default 8), the least
-recently used released first; ``set_graph_replay(False)`` releases every graph.
+besides its inputs' copies. At most ``max_graphs`` signatures keep a graph (default 8): the first
+ones to come twice. Later signatures run as they are, with no capture: batches of many sizes
+(users kept whole) would otherwise capture a graph and release another at nearly every call;
+pad them to one size (``mlloss.data.GroupDataModule(fixed_size=True)``, the recipe's
+``--fixed-batches``) to replay them. ``set_graph_replay`` releases every graph.
 """
 
 from __future__ import annotations
@@ -69,8 +72,9 @@ class _Captured:
         return kept + self.outputs[keep:]
 
     def release(self) -> None:
-        """Called when the cache drops this graph: wait for any replay in flight, since what it
-        reads and writes is freed with the last reference (another thread may still hold one)."""
+        """Called when the cache drops this graph (``set_graph_replay``): wait for any replay in
+        flight, since what it reads and writes is freed with the last reference (another thread
+        may still hold one)."""
         if isinstance(self.graph, torch.cuda.CUDAGraph):
             torch.cuda.synchronize(self.inputs[0].device)
 
@@ -80,14 +84,14 @@ class _State:
     enabled: bool = False
     max_graphs: int = DEFAULT_MAX_GRAPHS
     seen: OrderedDict = field(default_factory=OrderedDict)  # signature -> calls so far
-    graphs: OrderedDict = field(default_factory=OrderedDict)  # signature -> _Captured, least recent first
+    graphs: dict = field(default_factory=dict)  # signature -> _Captured
     failed: set = field(default_factory=set)  # signatures whose capture failed
     stand_in: str | None = None  # "rerun" or "skip": CPU calls replay a ``_StandInGraph``
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def clear(self) -> None:
         with self.lock:
-            graphs, self.graphs = list(self.graphs.values()), OrderedDict()
+            graphs, self.graphs = list(self.graphs.values()), {}
             self.seen.clear()
             self.failed.clear()
         for captured in graphs:
@@ -99,8 +103,8 @@ _STATE = _State()
 
 def set_graph_replay(enabled: bool, *, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
     """Turn the replay of eager Triton-tier calls from CUDA graphs on or off (see the module).
-    ``max_graphs``: how many call signatures keep a graph. Turning it off, or changing
-    ``max_graphs``, releases every graph."""
+    ``max_graphs``: how many call signatures keep a graph (the first to come twice). Every call
+    releases the graphs captured so far."""
     from .._validation import check_bool, check_int
 
     enabled = check_bool("enabled", enabled)
@@ -133,9 +137,8 @@ def run(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple, *, 
     with state.lock:
         captured = state.graphs.get(key)
         if captured is not None:
-            state.graphs.move_to_end(key)
             action = "replay"
-        elif key in state.failed:
+        elif key in state.failed or len(state.graphs) >= state.max_graphs:
             action = "run"
         else:
             calls = state.seen.pop(key, 0) + 1
@@ -162,9 +165,6 @@ def run(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple, *, 
         return function(*tensors, *host)
     with state.lock:
         state.graphs[key] = captured
-        evicted = [state.graphs.popitem(last=False)[1] for _ in range(len(state.graphs) - state.max_graphs)]
-    for old in evicted:
-        old.release()
     return captured.replay(tensors, keep)
 
 
