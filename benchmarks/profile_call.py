@@ -11,6 +11,7 @@ by device time and by host time, with the device time per call.
 Usage::
 
     python benchmarks/profile_call.py                          # CUDA if available, each case at its target size
+    python benchmarks/profile_call.py --impls mlloss-triton mlloss-replay --cases AUC PDAOM  # and replayed
     python benchmarks/profile_call.py --device cpu --num-items 256 --output /tmp/profile.txt
 
 On the CPU the kernels run on the host too (``TRITON_INTERPRET=1`` for ``backend="triton"``):
@@ -44,8 +45,9 @@ CASES = {"AUC": cases.auc_logistic(0.1), "LaA": cases.laa_logistic(), "grouped-A
 SIZES = {"AUC": 16_384, "LaA": 16_384, "grouped-AUC": 1 << 20, "grouped-AUC-16K": 16_384, "PDAOM": 1 << 20}
 
 
-def profile_case(name: str, num_items: int, device: torch.device, steps: int, profiled: int, seed: int) -> str:
-    spec = dict(CASES[name], impl="mlloss-triton", n=num_items, seed=seed)
+def profile_case(name: str, num_items: int, device: torch.device, steps: int, profiled: int, seed: int,
+                 impl: str = "mlloss-triton") -> str:
+    spec = dict(CASES[name], impl=impl, n=num_items, seed=seed)
     inputs = tuple(None if t is None else t.to(device) for t in cases.make_inputs(spec))
     step = cases.build_step(spec, inputs)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -63,8 +65,9 @@ def profile_case(name: str, num_items: int, device: torch.device, steps: int, pr
             step()
         sync()
     averages = prof.key_averages()
-    lines = [f"## {spec['case']}, N = {num_items:,}, {device.type}: {1e3 * per_step:.3f} ms per forward + backward "
-             f"(wall clock, {steps} calls)"]
+    replayed = " with graph replay on" if impl == "mlloss-replay" else ""
+    lines = [f"## {spec['case']}, N = {num_items:,}, {device.type}{replayed}: {1e3 * per_step:.3f} ms per forward "
+             f"+ backward (wall clock, {steps} calls)"]
     if device.type == "cuda":
         device_us = sum(e.self_device_time_total for e in averages) / profiled
         lines.append(f"device time per call: {device_us / 1e3:.3f} ms (kernels and copies, from the profile)")
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> str:
                         help="items per call of every case (default: each case's target size, " +
                         ", ".join(f"{name} {size:,}" for name, size in SIZES.items()) + ")")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--impls", nargs="+", default=["mlloss-triton"], choices=["mlloss-triton", "mlloss-replay"],
+                        help="each case's eager call as it is, and/or replayed from its CUDA graph "
+                             "(mlloss.set_graph_replay: the host path left)")
     parser.add_argument("--steps", type=int, default=50, help="timed calls")
     parser.add_argument("--profiled", type=int, default=10, help="profiled calls")
     parser.add_argument("--seed", type=int, default=0, help="bench_gpu.py's --seed")
@@ -88,8 +94,8 @@ def main(argv: list[str] | None = None) -> str:
     device = torch.device(args.device)
     header = f"# profile_call.py: {device_name(device)}, torch {torch.__version__}"
     with contextlib.redirect_stderr(io.StringIO()):  # the profiler's warnings
-        sections = [profile_case(name, args.num_items or SIZES[name], device, args.steps, args.profiled, args.seed)
-                    for name in args.cases]
+        sections = [profile_case(name, args.num_items or SIZES[name], device, args.steps, args.profiled, args.seed, impl)
+                    for impl in args.impls for name in args.cases]
     report = "\n\n".join([header] + sections) + "\n"
     print(report)
     if args.output:

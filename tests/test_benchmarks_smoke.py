@@ -435,7 +435,7 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
     kernels_calls, kernels_files, _ = runs["kernels"]
     assert [call[0] for call in kernels_calls] == (["benchmarks/check_launcher.py"] + ["benchmarks/bench_gpu.py"] * 2
                                                   + ["benchmarks/profile_call.py"])
-    assert {"tests.txt", "bench.log", "accuracy-and-tiles.json", "profile.txt"} <= kernels_files
+    assert {"tests.txt", "bench.log", "accuracy.json", "profile.txt"} <= kernels_files
     assert not any(word.startswith("MLLOSS_TRITON_LAUNCH") for call in kernels_calls for word in call)
     assert "bit-identical to Triton's path" in (runs["kernels"][2] / "device.txt").read_text()
     training_calls, _, training_out = runs["training"]
@@ -529,6 +529,10 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
         assert f"## {name}, N = 64, cpu:" in report
     assert report.count("## grouped AUC logistic, ~50 items/user, prior 0.1, N = 64, cpu:") == 2  # at both sizes
     assert report.count("Self CPU time total") == 5
+    report = profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1",
+                                "--impls", "mlloss-replay", "--cases", "AUC"])  # on a GPU: the replayed call
+    assert report.count("## AUC logistic, prior 0.1, N = 64, cpu with graph replay on:") == 1
+    assert report.count("Self CPU time total") == 1
 
 
 def test_host_time_compiles_the_kernels_and_times_each_call_with_and_without_triton_launches(tmp_path):
