@@ -571,3 +571,24 @@ def test_check_launcher_runs_every_loss_and_finds_equal_bits_under_the_interpret
                           env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count(": loss ") == 9 and "bit-identical to Triton's path" in done.stdout
+
+
+def test_gpu_report_judges_the_replayed_calls_beside_the_eager_ones(bench_gpu, cases):
+    """The acceptance lines of a GPU run with ``mlloss-replay`` rows: each eager target also for the
+    replayed call, and the naive baselines over it (rows made up here, not measured)."""
+    import gpu_report
+
+    def row(case, impl, n, ms):
+        return {"section": 2, "case": case, "impl": impl, "n": n, "time_s": ms / 1e3, "pairs_per_s": 1.0,
+                "peak_extra_mb": 1.0}
+
+    laa, n = cases.LAA_CASE, cases.HEADLINE_SPEEDUP_N
+    rows = [row(laa, "mlloss-triton", n, 0.8), row(laa, "mlloss-replay", n, 0.25), row(laa, "naive-compile", n, 1.6),
+            row(laa, "naive", n, 10.0)]
+    lines = "\n".join(gpu_report.acceptance_lines(rows, gpu=True))
+    assert f"{laa}, mlloss-triton forward + backward at N=16,384: 0.8 ms; target <= 0.3 ms: FAIL" in lines
+    assert f"{laa}, mlloss-replay forward + backward at N=16,384: 0.25 ms; target <= 0.3 ms: PASS" in lines
+    assert "naive torch.compile / Triton at N=16,384: 2.0x (1.6 ms vs 0.8 ms); target >= 5x: FAIL" in lines
+    assert "naive torch.compile / Triton with graph replay at N=16,384: 6.4x (1.6 ms vs 0.25 ms); target >= 5x: PASS" in lines
+    # a run without replayed rows says nothing of them
+    assert "graph replay" not in "\n".join(gpu_report.acceptance_lines(rows[:1] + rows[2:], gpu=True))
