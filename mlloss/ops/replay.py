@@ -64,9 +64,7 @@ class _Captured:
     outputs: tuple[Tensor | None, ...]
 
     def replay(self, tensors: tuple[Tensor | None, ...], keep: int) -> tuple[Tensor | None, ...]:
-        for static, tensor in zip(self.inputs, tensors):
-            if static is not None:
-                static.copy_(tensor)
+        _copy_into(self.inputs, tensors)
         self.graph.replay()
         kept = tuple(None if output is None else output.clone() for output in self.outputs[:keep])
         return kept + self.outputs[keep:]
