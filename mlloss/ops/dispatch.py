@@ -154,9 +154,9 @@ def pair_loss(
     ``partition=(rank, world_size)``, for a batch gathered from every rank: on the "torch"
     all-pairs tier with groups, compute only this rank's groups (contiguous groups of about
     equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
-    the loss); other tiers compute the whole batch.
+    the loss); other tiers compute the whole batch. The batch's size is checked by the caller
+    (``losses._PairwiseLoss._checked_batch``: at most ``_validation.MAX_LOSS_ITEMS`` items).
     """
-    check.check_loss_items(scores.shape[0])
     tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0])
     rank, world_size = partition if partition is not None else (0, 1)
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
