@@ -11,8 +11,8 @@ variants"):
 or, with a temperature tau, the min and max replaced by log-mean-exp,
 softmin = -tau log(mean exp(-s / tau)), softmax = tau log(mean exp(s / tau)).
 
-Each cell's extreme comes from a segmented scan over the positions (``_cell_scan_kernel``, in
-blocks, then ``_cell_carry_kernel`` across blocks, as ``reduce.group_sums`` does for sums): of
+Each cell's extreme comes from a segmented scan over the positions (``scan``: in blocks,
+``_cell_scan_kernel``, then across blocks, as ``reduce.group_sums`` does for sums): of
 v = s in a positive cell (its min) and v = -s in a negative one (minus its max; with several
 levels every cell is both, in two rows), keeping with the min the items attaining it, or with a
 temperature the sum of exp((min - v) / tau) over the cell, rescaled as parts merge (every term
@@ -43,11 +43,12 @@ import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
 from ._common import (
-    INTERPRET, cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device,
+    cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device,
 )
+from . import scan
 from ._launch import launcher
 from .pairwise import FINALIZE_BLOCK
-from .reduce import CARRY_CHUNK, combine
+from .reduce import combine
 
 __all__ = ["hardest_loss_and_grad"]
 
@@ -82,88 +83,17 @@ def _spans(cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, po
 # A cell's items hold values v (a score, or its negation: the max of s is -(the min of -s)); the
 # scan keeps (min of v, what goes with it): the items attaining it (hard), or the sum of
 # exp((min - v) / tau) over the cell (soft), rescaled to the smaller min as two parts merge.
-@triton.jit
-def _merge(min_a, acc_a, min_b, acc_b, inverse_temperature, SOFT: tl.constexpr):
-    """Two parts of a cell merged: (min, items attaining it) or (min, sum of exp((min - v) / tau)).
-    An empty part is (+inf, 0)."""
-    low = tl.minimum(min_a, min_b)
-    if SOFT:  # a part of sum 0 adds 0 (inf - inf would make NaN)
-        acc = (tl.where(acc_a != 0, acc_a * tl.exp((low - min_a) * inverse_temperature), 0.0)
-               + tl.where(acc_b != 0, acc_b * tl.exp((low - min_b) * inverse_temperature), 0.0))
-    else:
-        acc = tl.where(min_a == low, acc_a, 0.0) + tl.where(min_b == low, acc_b, 0.0)
-    return low, acc
-
-
-@triton.jit
-def _restarting_hard(start_a, min_a, acc_a, start_b, min_b, acc_b):
-    """The hard scan's operator: (min, items attaining it), restarting where a cell starts (start_b)."""
-    low, acc = _merge(min_a, acc_a, min_b, acc_b, 1.0, False)
-    restart = start_b != 0
-    return start_a | start_b, tl.where(restart, min_b, low), tl.where(restart, acc_b, acc)
-
-
-@triton.jit
-def _restarting_soft(start_a, min_a, acc_a, scale_a, start_b, min_b, acc_b, scale_b):
-    """The soft scan's operator: (min, sum of exp((min - v) / tau)), restarting where a cell
-    starts; ``scale`` is 1 / tau in every lane (the operator takes no other argument)."""
-    low, acc = _merge(min_a, acc_a, min_b, acc_b, scale_b, True)
-    restart = start_b != 0
-    return start_a | start_b, tl.where(restart, min_b, low), tl.where(restart, acc_b, acc), scale_b
-
-
-if INTERPRET:
-
-    @triton.jit
-    def _scan_cells(restart, value, acc, inverse_temperature, SOFT: tl.constexpr):
-        """The interpreter's stand-in for the scan below: the interpreter runs a
-        ``tl.associative_scan`` one lane at a time, a Python call of the operator per lane (a
-        test suite's worth of max-violation calls took minutes). The same segmented scan with the
-        same merge, by doubling steps (Hillis and Steele): log2(lanes) merges of whole vectors."""
-        lanes = tl.arange(0, value.shape[0])
-        started = restart.to(tl.int32)
-        low = value
-        step = 1
-        while step < value.shape[0]:
-            source = tl.maximum(lanes - step, 0)
-            reaches = lanes >= step
-            merged_low, merged_acc = _merge(tl.gather(low, source, 0), tl.gather(acc, source, 0), low, acc,
-                                            inverse_temperature, SOFT)
-            open_part = reaches & (started == 0)  # no cell start yet between this lane's part and it
-            started = tl.where(reaches, started | tl.gather(started, source, 0), started)
-            low = tl.where(open_part, merged_low, low)
-            acc = tl.where(open_part, merged_acc, acc)
-            step *= 2
-        return started, low, acc
-
-else:
-
-    @triton.jit
-    def _scan_cells(restart, value, acc, inverse_temperature, SOFT: tl.constexpr):
-        """(started, min, acc) of a segmented inclusive scan of parts (value, acc) along axis 0,
-        restarting where ``restart``."""
-        if SOFT:
-            scale = tl.zeros_like(value) + inverse_temperature
-            started, low, acc, _ = tl.associative_scan((restart.to(tl.int32), value, acc, scale), 0,
-                                                       _restarting_soft)
-        else:
-            started, low, acc = tl.associative_scan((restart.to(tl.int32), value, acc), 0, _restarting_hard)
-        return started, low, acc
-
-
 @triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _cell_scan_kernel(
     scores_ptr, order_ptr, cell_start_ptr, group_start_ptr, extremes_ptr, carries_ptr, N, num_blocks,
     inverse_temperature: tl.float64, HAS_GROUPS: tl.constexpr, BOTH: tl.constexpr, SOFT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Grid (position blocks, R). Each position's (min, acc) of its cell's values v from the
-    cell's first position, or from the block's first position if the cell began in an earlier
-    block, to it: extremes[r, 0, p] and [r, 1, p]; the block's open part (from its last cell
-    start, or its first position, to its end) to carries[r, 0..1, block] and whether a cell
-    starts in it to carries[r, 2, block]. Binary problems (not BOTH, r the problem): v = s for
-    a positive, -s for a negative (a positive's cell starts after its group's start); one
-    problem of several levels (BOTH): v = s (row 0, the cells' min) and v = -s (row 1, their max)."""
+    """Grid (position blocks, R). Level one of the cells' scans (``scan.scan_block``): each
+    position's (min, acc) of its cell's values v up to it, to extremes[r, 0, p] and [r, 1, p].
+    Binary problems (not BOTH, r the problem): v = s for a positive, -s for a negative (a
+    positive's cell starts after its group's start); one problem of several levels (BOTH): v = s
+    (row 0, the cells' min) and v = -s (row 1, their max)."""
     block = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     row = 0 if BOTH else r * N
@@ -182,58 +112,18 @@ def _cell_scan_kernel(
     # each item a part of its own (acc 1: one item attains its min, its term is exp(0)); the lanes
     # past N empty parts
     value = tl.where(mask, value, float("inf"))
-    started, low, acc = _scan_cells(mask & (cell_start == positions), value, tl.where(mask, 1.0, 0.0).to(tl.float64),
-                                    inverse_temperature, SOFT)
-    out = extremes_ptr + r * 2 * N + positions
-    tl.store(out, low, mask=mask)
-    tl.store(out + N, acc, mask=mask)
-    last = tl.arange(0, BLOCK) == BLOCK - 1
-    carries = carries_ptr + r * 5 * num_blocks + block
-    tl.store(carries, tl.min(tl.where(last, low, float("inf"))))
-    tl.store(carries + num_blocks, tl.sum(tl.where(last, acc, 0.0)))
-    tl.store(carries + 2 * num_blocks, tl.max(started, axis=0).to(tl.float64))
-
-
-@triton.jit(do_not_specialize=("num_blocks",))  # batch sizes: see _common.py
-def _cell_carry_kernel(carries_ptr, num_blocks, inverse_temperature: tl.float64, SOFT: tl.constexpr,
-                       CHUNK: tl.constexpr):
-    """Grid (R,). carries[r, 3..4, k]: (min, acc) of the part before block k of the cell open at
-    block k's first position (the restarting scan of the blocks' open parts up to block k - 1),
-    in chunks of CHUNK blocks."""
-    row = carries_ptr + tl.program_id(0).to(tl.int64) * 5 * num_blocks
-    lanes = tl.arange(0, CHUNK)
-    carry_min = tl.min(tl.full([CHUNK], float("inf"), dtype=tl.float64))  # float64 scalars between chunks
-    carry_acc = tl.sum(tl.zeros([CHUNK], dtype=tl.float64))
-    for begin in range(0, num_blocks, CHUNK):
-        blocks = begin + lanes
-        before = (blocks > 0) & (blocks <= num_blocks)
-        open_min = tl.load(row + blocks - 1, mask=before, other=float("inf"))
-        open_acc = tl.load(row + num_blocks + blocks - 1, mask=before, other=0.0)
-        starts = tl.load(row + 2 * num_blocks + blocks - 1, mask=before, other=0.0) != 0
-        started, low, acc = _scan_cells(starts, open_min, open_acc, inverse_temperature, SOFT)
-        merged_min, merged_acc = _merge(carry_min, carry_acc, low, acc, inverse_temperature, SOFT)
-        low = tl.where(started != 0, low, merged_min)
-        acc = tl.where(started != 0, acc, merged_acc)
-        inside = blocks < num_blocks
-        tl.store(row + 3 * num_blocks + blocks, low, mask=inside)
-        tl.store(row + 4 * num_blocks + blocks, acc, mask=inside)
-        carry_min = tl.min(tl.where(lanes == CHUNK - 1, low, float("inf")))
-        carry_acc = tl.sum(tl.where(lanes == CHUNK - 1, acc, 0.0))
+    scan.scan_block(extremes_ptr + r * 2 * N, carries_ptr + r * 5 * num_blocks, block, num_blocks, N, positions, mask,
+                    mask & (cell_start == positions), value, tl.where(mask, 1.0, 0.0).to(tl.float64),
+                    inverse_temperature, "softmin" if SOFT else "min", BLOCK)
 
 
 @triton.jit
 def _cell_extreme(extremes_row, carries_row, start, end, N, num_blocks, mask, inverse_temperature,
                   SOFT: tl.constexpr, BLOCK: tl.constexpr):
     """(min of v over the cell [start, end), acc: the items attaining it, or the sum of
-    exp((min - v) / tau)) from ``_cell_scan_kernel``'s scan at the cell's last position and, if
-    the cell began in an earlier block, ``_cell_carry_kernel``'s carry into that block."""
-    last = end - 1
-    low = tl.load(extremes_row + last, mask=mask, other=0.0)
-    acc = tl.load(extremes_row + N + last, mask=mask, other=1.0)
-    began_before = mask & (start // BLOCK != last // BLOCK)
-    carry_min = tl.load(carries_row + 3 * num_blocks + last // BLOCK, mask=began_before, other=float("inf"))
-    carry_acc = tl.load(carries_row + 4 * num_blocks + last // BLOCK, mask=began_before, other=0.0)
-    return _merge(carry_min, carry_acc, low, acc, inverse_temperature, SOFT)
+    exp((min - v) / tau)) from ``_cell_scan_kernel``'s scan (``scan.segment_total``)."""
+    return scan.segment_total(extremes_row, carries_row, start, end, N, num_blocks, mask, inverse_temperature,
+                              "softmin" if SOFT else "min", BLOCK)
 
 
 @triton.jit
@@ -263,7 +153,7 @@ def _hardest_kernel(
     SOFT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Grid (position blocks, B); see the module docstring. ``extremes``, ``carries``: the cells'
-    scans (``_cell_scan_kernel``, ``_cell_carry_kernel``): a positive cell's min of s, a
+    scans (``_cell_scan_kernel``, ``scan.carry_across_blocks``): a positive cell's min of s, a
     negative cell's min of -s. No rank is read: a group's positives are the cell after its first."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
@@ -452,12 +342,12 @@ def hardest_loss_and_grad(
     # problem's positive cells need only the min and its negative cells only the max (one row).
     rows = 2 if several else num_problems
     extremes = torch.empty((rows, 2, n), dtype=torch.float64, device=scores.device)
-    carries = torch.empty((rows, 5, num_blocks), dtype=torch.float64, device=scores.device)
+    carries = scan.new_carries(rows, num_blocks, scores.device)
     launcher(_cell_scan_kernel)[(num_blocks, rows)](
         scores, layout.order, layout.cell_start, spans[2], extremes, carries, n, num_blocks, inverse_tau,
         HAS_GROUPS=has_groups, BOTH=several, SOFT=soft, BLOCK=block, num_warps=8,
     )
-    launcher(_cell_carry_kernel)[(rows,)](carries, num_blocks, inverse_tau, SOFT=soft, CHUNK=CARRY_CHUNK)
+    scan.carry_across_blocks(carries, "softmin" if soft else "min", inverse_tau)
     if several:
         walk_block = LEVELS_BLOCK[launch_target(scores.device)]
         walk_blocks = cdiv(n, walk_block)

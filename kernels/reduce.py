@@ -18,6 +18,7 @@ import triton.language as tl
 from .._validation import STATUS_OVERFLOW
 from ..ops.layout import MAX_WALK_LEVELS
 from ._common import cdiv, next_cell, rank_at, tl_dtype
+from . import scan
 from ._launch import launcher
 
 __all__ = ["combine", "finalize", "normaliser_source"]
@@ -31,8 +32,8 @@ _OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
 @triton.jit
 def _group_normaliser(
     order_row, rank_row, values_row, cell_end_row, group_sums_row, carries_row, positions, mask,
-    cell_start, group_start, group_end, num_levels, NORMALISER: tl.constexpr, COST_LINEAR: tl.constexpr,
-    BLOCK: tl.constexpr,
+    cell_start, group_start, group_end, num_levels, N, num_blocks, NORMALISER: tl.constexpr,
+    COST_LINEAR: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Z_u of each position's group, float64, by ``NORMALISER`` (see ``normaliser_source``):
 
@@ -42,8 +43,7 @@ def _group_normaliser(
       items at value v adds n * (number below) (uniform cost), or n * (v * number below - sum of
       the values below) (linear cost);
     * ``"shares"``: the shares of Z_u that kernel 1 wrote, summed over each group by
-      ``group_sums``: Z_u = the sum at the group's last position, plus the carry into its block
-      when the group began in an earlier block."""
+      ``group_sums`` (``scan.segment_total``)."""
     if NORMALISER == "binary":
         cell_end = tl.load(cell_end_row + positions, mask=mask, other=0)
         boundary = tl.where(cell_start > group_start, cell_start, cell_end)
@@ -67,10 +67,8 @@ def _group_normaliser(
             count_below += count
             start = tl.where(here, end, start)
     else:
-        last = group_end - 1
-        normaliser = tl.load(group_sums_row + last, mask=mask, other=0.0)
-        began_before = mask & (group_start // BLOCK != last // BLOCK)
-        normaliser += tl.load(carries_row + last // BLOCK, mask=began_before, other=0.0)
+        normaliser, _ = scan.segment_total(group_sums_row, carries_row, group_start, group_end, N, num_blocks, mask,
+                                           1.0, "sum", BLOCK)
     return normaliser
 
 
@@ -109,8 +107,8 @@ def _finalize_kernel(
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
     cost = _group_normaliser(
         order_ptr + row, rank_ptr + row, values_ptr + problem * num_ranks, cell_end_ptr + row,
-        group_sums_ptr + row, carries_ptr + (problem * 3 + 2) * num_blocks, positions, mask, cell_start,
-        group_start, group_end, num_ranks, NORMALISER, COST_LINEAR, BLOCK,
+        group_sums_ptr + row, carries_ptr + problem * 5 * num_blocks, positions, mask, cell_start,
+        group_start, group_end, num_ranks, N, num_blocks, NORMALISER, COST_LINEAR, BLOCK,
     )
     has_pairs = cost > 0
     coefficient = tl.where(has_pairs, 1.0 / tl.where(has_pairs, cost, 1.0), 0.0)
@@ -162,26 +160,14 @@ def finalize(
 
 
 # --------------------------------------------------------------------------- #
-# Each group's own sum of per-position values (a segmented scan)              #
+# Each group's own sum of per-position values (a segmented scan: ``scan``)     #
 # --------------------------------------------------------------------------- #
-# Blocks whose open sums one step of the carry kernel scans.
-CARRY_CHUNK = 1024
-
-
-@triton.jit
-def _restarting_sum(start_a, sum_a, start_b, sum_b):
-    """The segmented scan's operator: a sum that restarts where a group starts (start_b)."""
-    return start_a | start_b, tl.where(start_b != 0, sum_b, sum_a + sum_b)
-
-
 @triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _group_scan_kernel(values_ptr, group_start_ptr, carries_ptr, N, num_blocks,
                        HAS_GROUPS: tl.constexpr, BLOCK: tl.constexpr):
-    """Grid (position blocks, B). Replaces each position's value (in place) by the sum of its
-    group's values from the group's first position, or from the block's first position if the
-    group began in an earlier block, to it; writes the block's open sum (from its last group
-    start, or its first position, to its end) to carries[b, 0, block] and whether a group
-    starts in it to carries[b, 1, block]."""
+    """Grid (position blocks, B). Level one of ``group_sums``' scan (``scan.scan_block``): each
+    position's value replaced, in place, by its group's sum from the group's first position (or
+    the block's) to it."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
     positions = block * BLOCK + tl.arange(0, BLOCK)
@@ -192,51 +178,23 @@ def _group_scan_kernel(values_ptr, group_start_ptr, carries_ptr, N, num_blocks,
         starts = mask & (tl.load(group_start_ptr + positions, mask=mask, other=0) == positions)
     else:
         starts = positions == 0
-    started, sums = tl.associative_scan((starts.to(tl.int32), value), 0, _restarting_sum)
-    tl.store(row + positions, sums, mask=mask)
-    carries = carries_ptr + problem * 3 * num_blocks + block
-    tl.store(carries, tl.sum(tl.where(tl.arange(0, BLOCK) == BLOCK - 1, sums, 0.0)))
-    tl.store(carries + num_blocks, tl.max(started, axis=0).to(tl.float64))
-
-
-@triton.jit(do_not_specialize=("num_blocks",))  # batch sizes: see _common.py
-def _group_carry_kernel(carries_ptr, num_blocks, CHUNK: tl.constexpr):
-    """Grid (B,). carries[b, 2, k]: the sum over the blocks before k of the group open at block
-    k's first position (the restarting sum of the blocks' open sums up to block k - 1), in
-    chunks of CHUNK blocks."""
-    row = carries_ptr + tl.program_id(0).to(tl.int64) * 3 * num_blocks
-    lanes = tl.arange(0, CHUNK)
-    carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64))  # a float64 scalar, carried between chunks
-    for begin in range(0, num_blocks, CHUNK):
-        blocks = begin + lanes
-        before = (blocks > 0) & (blocks <= num_blocks)
-        open_sum = tl.load(row + blocks - 1, mask=before, other=0.0)
-        starts = tl.load(row + num_blocks + blocks - 1, mask=before, other=0.0) != 0
-        started, sums = tl.associative_scan((starts.to(tl.int32), open_sum), 0, _restarting_sum)
-        sums = tl.where(started != 0, sums, sums + carry)
-        tl.store(row + 2 * num_blocks + blocks, sums, mask=blocks < num_blocks)
-        carry = tl.sum(tl.where(lanes == CHUNK - 1, sums, 0.0))
+    scan.scan_block(row, carries_ptr + problem * 5 * num_blocks, block, num_blocks, N, positions, mask, starts,
+                    value, tl.zeros_like(value), 1.0, "sum", BLOCK)
 
 
 def group_sums(values: torch.Tensor, group_start: torch.Tensor | None, block: int) -> torch.Tensor:
     """Sum (B, N) float64 ``values`` over each group in blocks of ``block`` positions, in place,
-    and return the carries (B, 3, blocks) float64, as the finalize step reads them
-    (``_group_normaliser``'s "shares" source): a group's sum is the value at its last position,
-    plus carries[b, 2, its block] when it began in an earlier block.
-
-    A prefix sum over the whole batch (``cumsum``) would give a group's sum as a difference of two
-    running totals, which lose a small group after a large one: a group of Z_u = 1e-6 after one
-    of 5e11 got 0 and left the loss. Each group's sum here adds only its own values, in a fixed
-    order (a segmented scan in blocks, then across blocks): deterministic, and as exact as the
-    values."""
+    and return the scan's carries (B, 5, blocks), as the finalize step reads them
+    (``_group_normaliser``'s "shares" source, ``scan.segment_total``). Each group adds only its
+    own values, in a fixed order (see ``scan``): deterministic, and as exact as the values."""
     num_problems, n = values.shape
     num_blocks = cdiv(n, block)
-    carries = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=values.device)
+    carries = scan.new_carries(num_problems, num_blocks, values.device)
     has_groups = group_start is not None
     launcher(_group_scan_kernel)[(num_blocks, num_problems)](
         values, group_start if has_groups else values, carries, n, num_blocks, HAS_GROUPS=has_groups, BLOCK=block,
     )
-    launcher(_group_carry_kernel)[(num_problems,)](carries, num_blocks, CHUNK=CARRY_CHUNK)
+    scan.carry_across_blocks(carries, "sum")
     return carries
 
 

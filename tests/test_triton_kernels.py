@@ -8,6 +8,7 @@ tiny batches exercise the unmasked loop, the masked loop and the chunked two-lev
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -15,8 +16,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
+from mlloss.kernels import scan  # noqa: E402
 from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
 from mlloss.kernels.pairwise import STATUS_OVERFLOW, pair_loss_and_grad  # noqa: E402
 from mlloss.kernels.reduce import normaliser_source  # noqa: E402
@@ -283,7 +286,7 @@ def test_hardest_pairs_of_cells_across_many_scan_blocks(monkeypatch, several, gr
     from mlloss.kernels import hardest as hardest_kernels
 
     monkeypatch.setattr(hardest_kernels, "FINALIZE_BLOCK", {"cuda": 16, "interpreter": 16})
-    monkeypatch.setattr(hardest_kernels, "CARRY_CHUNK", 4)
+    monkeypatch.setattr(scan, "CARRY_CHUNK", 4)
     scores, levels, groups = ordinal_case([1, 300, 3, 17, 2, 150], 4, seed=11, integer_scores=temperature is None)
     groups = groups if grouped else None
     if several:
@@ -383,7 +386,7 @@ def test_group_sums_add_only_each_groups_own_values(monkeypatch, block, chunk, g
     # batch of a few hundred items cross both levels of the segmented scan.
     from mlloss.kernels import reduce
 
-    monkeypatch.setattr(reduce, "CARRY_CHUNK", chunk)
+    monkeypatch.setattr(scan, "CARRY_CHUNK", chunk)
     gen = torch.Generator().manual_seed(block + chunk)
     sizes = torch.randint(1, 40, (30,), generator=gen)
     ids = torch.repeat_interleave(torch.arange(30), sizes)
@@ -400,9 +403,74 @@ def test_group_sums_add_only_each_groups_own_values(monkeypatch, block, chunk, g
     for b in range(2):
         for start, end in sorted(set(zip(starts.tolist(), ends.tolist()))):
             last = end - 1
-            got = sums[b, last] + (carries[b, 2, last // block] if start // block != last // block else 0.0)
+            got = sums[b, last] + (carries[b, 3, last // block] if start // block != last // block else 0.0)
             expected = values[b, start:end].sum()
             assert abs(float(got - expected)) <= 1e-13 * float(values[b, start:end].abs().sum()), (b, start, end)
+
+
+def _sequential_scan(restart, x, y, inverse_temperature, monoid):
+    """The segmented inclusive scan lane by lane, in float64 (the reference of ``kernels.scan``)."""
+    out = []
+    for i, (r, xi, yi) in enumerate(zip(restart.tolist(), x.tolist(), y.tolist())):
+        if r or i == 0:
+            part = (xi, yi)
+        elif monoid == "sum":
+            part = (part[0] + xi, part[1] + yi)
+        else:
+            low = min(part[0], xi)
+            if monoid == "min":
+                part = (low, (part[1] if part[0] == low else 0.0) + (yi if xi == low else 0.0))
+            else:
+                part = (low, sum(v * math.exp((low - m) * inverse_temperature) for m, v in (part, (xi, yi)) if v != 0))
+        out.append(part)
+    started = torch.cummax(restart.to(torch.int64), 0).values.to(torch.float64)
+    return started, torch.tensor([p[0] for p in out], dtype=torch.float64), torch.tensor([p[1] for p in out],
+                                                                                       dtype=torch.float64)
+
+
+@triton.jit
+def _both_scans_kernel(restart_ptr, x_ptr, y_ptr, out_ptr, inverse_temperature, MONOID: tl.constexpr,
+               LANES: tl.constexpr):
+    lanes = tl.arange(0, LANES)
+    restart = tl.load(restart_ptr + lanes) != 0
+    x = tl.load(x_ptr + lanes)
+    y = tl.load(y_ptr + lanes)
+    started, x_a, y_a = scan.scan_associative(restart, x, y, inverse_temperature, MONOID)
+    tl.store(out_ptr + lanes, started.to(tl.float64))
+    tl.store(out_ptr + LANES + lanes, x_a)
+    tl.store(out_ptr + 2 * LANES + lanes, y_a)
+    started, x_d, y_d = scan.scan_by_doubling(restart, x, y, inverse_temperature, MONOID)
+    tl.store(out_ptr + 3 * LANES + lanes, started.to(tl.float64))
+    tl.store(out_ptr + 4 * LANES + lanes, x_d)
+    tl.store(out_ptr + 5 * LANES + lanes, y_d)
+
+
+
+@pytest.mark.parametrize("monoid", ["sum", "min", "softmin"])
+def test_both_scans_of_a_block_equal_the_sequential_scan(monoid):
+    """``kernels.scan``'s block scan runs ``tl.associative_scan`` on CUDA and doubling steps in
+    the interpreter (which would run the former a Python call per lane): both equal a lane-by-lane
+    scan, for every monoid, with ties, empty parts (+inf, 0) and a segment open at lane 0."""
+    lanes, inverse_temperature = 64, 1 / 0.7
+    gen = torch.Generator().manual_seed(5)
+    restart = torch.rand(lanes, generator=gen) < 0.2
+    restart[0] = False
+    if monoid == "sum":
+        x = torch.randn(lanes, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-3, 4, (lanes,), generator=gen)
+        y = torch.zeros(lanes, dtype=torch.float64)
+    else:
+        x = torch.randint(0, 4, (lanes,), generator=gen).to(torch.float64)  # ties
+        y = torch.randint(1, 4, (lanes,), generator=gen).to(torch.float64)
+        if monoid == "softmin":
+            y = torch.rand(lanes, generator=gen, dtype=torch.float64) + 0.5
+        empty = torch.rand(lanes, generator=gen) < 0.15
+        x[empty], y[empty] = float("inf"), 0.0
+    out = torch.empty(6, lanes, dtype=torch.float64, device=DEVICE)
+    _both_scans_kernel[(1,)](restart.to(torch.int32).to(DEVICE), x.to(DEVICE), y.to(DEVICE), out, inverse_temperature,
+                     MONOID=monoid, LANES=lanes)
+    expected = torch.stack(_sequential_scan(restart, x, y, inverse_temperature, monoid))
+    for got in out.cpu().view(2, 3, lanes):  # associative, doubling
+        torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
 
 
 def test_a_small_groups_normaliser_survives_a_large_group_before_it():
