@@ -8,9 +8,9 @@
 The recipe wires library parts together (docs/recipe.md): data, sampler and datamodule from
 ``mlloss.data``, towers from ``mlloss.models``, the objective from ``mlloss.build_loss``, AUC/GAUC
 from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing``
-(its Lightning plugin in ``mlloss.integrations``). Its siblings:
-``ctr_cvr_options.py`` (command line, named configs in ``configs/``, and the data, model and strategy they select), ``ctr_cvr_report.py``
-(baselines, results.md, curves.png) and ``ctr_cvr_resume.py`` (``--resume``).
+(its Lightning plugin in ``mlloss.integrations``). Its siblings: ``ctr_cvr_options.py`` (command line, named configs
+in ``configs/``, the data, model and strategy they select), ``ctr_cvr_report.py`` (baselines, results.md,
+curves.png) and ``ctr_cvr_resume.py`` (``--resume``).
 """
 
 from __future__ import annotations
@@ -197,8 +197,7 @@ class CtrCvrModule(pl.LightningModule):
     test_step = validation_step
 
     def on_validation_epoch_end(self) -> None:
-        samples = self._train_samples  # of all ranks
-        train_seconds = self._train_end - self._epoch_start
+        samples, train_seconds = self._train_samples, self._train_end - self._epoch_start  # samples: of all ranks
         row = {"epoch": self.current_epoch + 1, "train_loss": self._train_loss, "train_samples": samples,
                "seconds": time.perf_counter() - self._epoch_start, "train_seconds": train_seconds,
                "train_samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"), **scorer_results(self.metrics)}
@@ -253,18 +252,15 @@ def run(args: argparse.Namespace) -> dict:
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
     module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=recorded_options(args),
                           compile=args.compile, steps_per_call=args.steps_per_call)
-    callbacks = [] if args.no_checkpoint else [
-        ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last", save_top_k=1, enable_version_counter=False)
-    ]
+    callbacks = [] if args.no_checkpoint else [ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last",
+                                                               save_top_k=1, enable_version_counter=False)]
     trainer = pl.Trainer(
         accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
-        max_epochs=args.epochs,
-        use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,  # see GroupDataModule
+        max_epochs=args.epochs, use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,  # see GroupDataModule
         num_sanity_val_steps=0, logger=False,
         callbacks=[*callbacks, OptimizerOptions(args.lr, args.weight_decay), *fault_test_callbacks()],
         plugins=[AtomicCheckpointIO()],  # write to a temporary file, fsync, rename (docs/checkpoints.md)
-        enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar,
-        enable_model_summary=False,
+        enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar, enable_model_summary=False,
     )
     check_batches((train, val, test), args, trainer.world_size)
     if ckpt_path is not None:
