@@ -424,13 +424,13 @@ def _sequential_scan(restart, x, y, inverse_temperature, monoid):
                 part = (low, sum(v * math.exp((low - m) * inverse_temperature) for m, v in (part, (xi, yi)) if v != 0))
         out.append(part)
     started = torch.cummax(restart.to(torch.int64), 0).values.to(torch.float64)
-    return started, torch.tensor([p[0] for p in out], dtype=torch.float64), torch.tensor([p[1] for p in out],
-                                                                                       dtype=torch.float64)
+    x, y = torch.tensor(out, dtype=torch.float64).unbind(1)
+    return started, x, y
 
 
 @triton.jit
-def _both_scans_kernel(restart_ptr, x_ptr, y_ptr, out_ptr, inverse_temperature, MONOID: tl.constexpr,
-               LANES: tl.constexpr):
+def _both_scans_kernel(restart_ptr, x_ptr, y_ptr, out_ptr, inverse_temperature: tl.float64,  # not fp32 on CUDA
+                       MONOID: tl.constexpr, LANES: tl.constexpr):
     lanes = tl.arange(0, LANES)
     restart = tl.load(restart_ptr + lanes) != 0
     x = tl.load(x_ptr + lanes)
@@ -443,7 +443,6 @@ def _both_scans_kernel(restart_ptr, x_ptr, y_ptr, out_ptr, inverse_temperature, 
     tl.store(out_ptr + 3 * LANES + lanes, started.to(tl.float64))
     tl.store(out_ptr + 4 * LANES + lanes, x_d)
     tl.store(out_ptr + 5 * LANES + lanes, y_d)
-
 
 
 @pytest.mark.parametrize("monoid", ["sum", "min", "softmin"])
