@@ -24,7 +24,8 @@ values.
 
 The carries of R rows and B blocks are (R, 5, B) float64 (``new_carries``): rows 0-1 the
 blocks' open parts, 2 whether a segment starts in the block, 3-4 the part carried into the
-block (of the segment open at its first position, from the blocks before it).
+block (of the segment open at its first position, from the blocks before it). A sum has no y:
+rows 1 and 4 are neither written nor read.
 """
 
 from __future__ import annotations
@@ -134,13 +135,13 @@ def scan_block(out_row, carries_row, block, num_blocks, N, positions, mask, rest
     y to ``out_row + N`` (not for a sum), and the block's carries to ``carries_row`` (R, 5, B)'s
     row of this problem."""
     started, x, y = _scan(restart, x, y, inverse_temperature, MONOID)
-    tl.store(out_row + positions, x, mask=mask)
-    if MONOID != "sum":
-        tl.store(out_row + N + positions, y, mask=mask)
     last = tl.arange(0, BLOCK) == BLOCK - 1
     carries = carries_row + block
+    tl.store(out_row + positions, x, mask=mask)
     tl.store(carries, tl.sum(tl.where(last, x, 0.0)))
-    tl.store(carries + num_blocks, tl.sum(tl.where(last, y, 0.0)))
+    if MONOID != "sum":
+        tl.store(out_row + N + positions, y, mask=mask)
+        tl.store(carries + num_blocks, tl.sum(tl.where(last, y, 0.0)))
     tl.store(carries + 2 * num_blocks, tl.max(started, axis=0).to(tl.float64))
 
 
@@ -159,7 +160,10 @@ def _carry_kernel(carries_ptr, num_blocks, inverse_temperature: tl.float64, MONO
         blocks = begin + lanes
         before = (blocks > 0) & (blocks <= num_blocks)
         open_x = tl.load(row + blocks - 1, mask=before, other=_empty_x(MONOID))
-        open_y = tl.load(row + num_blocks + blocks - 1, mask=before, other=0.0)
+        if MONOID == "sum":
+            open_y = tl.zeros_like(open_x)
+        else:
+            open_y = tl.load(row + num_blocks + blocks - 1, mask=before, other=0.0)
         starts = tl.load(row + 2 * num_blocks + blocks - 1, mask=before, other=0.0) != 0
         started, x, y = _scan(starts, open_x, open_y, inverse_temperature, MONOID)
         merged_x, merged_y = merge(carry_x, carry_y, x, y, inverse_temperature, MONOID)
@@ -167,7 +171,8 @@ def _carry_kernel(carries_ptr, num_blocks, inverse_temperature: tl.float64, MONO
         y = tl.where(started != 0, y, merged_y)
         inside = blocks < num_blocks
         tl.store(row + 3 * num_blocks + blocks, x, mask=inside)
-        tl.store(row + 4 * num_blocks + blocks, y, mask=inside)
+        if MONOID != "sum":
+            tl.store(row + 4 * num_blocks + blocks, y, mask=inside)
         carry_x = tl.sum(tl.where(lanes == CHUNK - 1, x, 0.0))
         carry_y = tl.sum(tl.where(lanes == CHUNK - 1, y, 0.0))
 
@@ -186,7 +191,10 @@ def segment_total(scanned_row, carries_row, start, end, N, num_blocks, mask, inv
         y = tl.load(scanned_row + N + last, mask=mask, other=1.0)
     began_before = mask & (start // BLOCK != last // BLOCK)
     carry_x = tl.load(carries_row + 3 * num_blocks + last // BLOCK, mask=began_before, other=_empty_x(MONOID))
-    carry_y = tl.load(carries_row + 4 * num_blocks + last // BLOCK, mask=began_before, other=0.0)
+    if MONOID == "sum":
+        carry_y = tl.zeros_like(carry_x)
+    else:
+        carry_y = tl.load(carries_row + 4 * num_blocks + last // BLOCK, mask=began_before, other=0.0)
     return merge(carry_x, carry_y, x, y, inverse_temperature, MONOID)
 
 
