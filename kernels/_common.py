@@ -235,6 +235,19 @@ def rank_at(order_row, rank_row, positions, mask):
 
 
 @triton.jit
+def group_spans(group_start_ptr, group_end_ptr, positions, mask, N, HAS_GROUPS: tl.constexpr):
+    """(start, end) of each position's group in a ``PairLayout``: [0, N) without groups, and
+    [0, 1) outside ``mask`` with them."""
+    if HAS_GROUPS:
+        start = tl.load(group_start_ptr + positions, mask=mask, other=0)
+        end = tl.load(group_end_ptr + positions, mask=mask, other=1)
+    else:
+        start = tl.zeros_like(positions)
+        end = tl.zeros_like(positions) + N
+    return start, end
+
+
+@triton.jit
 def next_cell(order_row, rank_row, cell_end_row, start, group_end, mask):
     """One step of a walk over a group's cells in level order (a ``PairLayout``'s positions
     sorted by level within each group): (here, end, level) of the cell that starts at position

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
 from ._common import (
-    cdiv, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device,
+    cdiv, group_spans, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device,
 )
 from . import scan
 from ._launch import launcher
@@ -68,12 +68,7 @@ def _spans(cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, po
     """(cell start, cell end, group start, group end) of the positions; one group without groups."""
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
     cell_end = tl.load(cell_end_ptr + row + positions, mask=mask, other=0)
-    if HAS_GROUPS:
-        group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
-        group_end = tl.load(group_end_ptr + positions, mask=mask, other=0)
-    else:
-        group_start = tl.zeros_like(cell_start)
-        group_end = tl.zeros_like(cell_start) + N
+    group_start, group_end = group_spans(group_start_ptr, group_end_ptr, positions, mask, N, HAS_GROUPS)
     return cell_start, cell_end, group_start, group_end
 
 

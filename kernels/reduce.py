@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .._validation import STATUS_OVERFLOW
 from ..ops.layout import MAX_WALK_LEVELS
-from ._common import cdiv, next_cell, rank_at, tl_dtype
+from ._common import cdiv, group_spans, next_cell, rank_at, tl_dtype
 from . import scan
 from ._launch import launcher
 
@@ -98,12 +98,7 @@ def _finalize_kernel(
         row_loss += tl.load(part + chunk * N, mask=mask, other=0.0)
         row_grad += tl.load(part + (num_chunks + chunk) * N, mask=mask, other=0.0)
         row_grad += tl.load(part + (2 * num_chunks + chunk) * N, mask=mask, other=0.0)
-    if HAS_GROUPS:
-        group_start = tl.load(group_start_ptr + positions, mask=mask, other=0)
-        group_end = tl.load(group_end_ptr + positions, mask=mask, other=1)
-    else:
-        group_start = tl.zeros([BLOCK], dtype=tl.int32)
-        group_end = tl.zeros([BLOCK], dtype=tl.int32) + N
+    group_start, group_end = group_spans(group_start_ptr, group_end_ptr, positions, mask, N, HAS_GROUPS)
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
     cost = _group_normaliser(
         order_ptr + row, rank_ptr + row, values_ptr + problem * num_ranks, cell_end_ptr + row,
