@@ -54,6 +54,7 @@ from ..ops.layout import PairLayout
 from ._common import cdiv, int32_addressable, validate_device
 from ._launch import launcher
 from .check import report_binary_check
+from .scan import running_extreme
 
 __all__ = ["COUNTING_LEVELS", "counting_layout", "pattern_ranks"]
 
@@ -203,16 +204,6 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, order_ptr, group
                             BAD_LABEL)
 
 
-@triton.jit
-def _max_scan(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _min_scan(a, b):
-    return tl.minimum(a, b)
-
-
 @triton.jit(do_not_specialize=("N", "num_blocks"))  # batch sizes: see _common.py
 def _block_scan_kernel(counts_ptr, edges_ptr, carried_ptr, N, num_blocks, WIDTH: tl.constexpr,
                        CHUNK: tl.constexpr, GROUPED: tl.constexpr):
@@ -237,7 +228,7 @@ def _block_scan_kernel(counts_ptr, edges_ptr, carried_ptr, N, num_blocks, WIDTH:
         if edges:
             # each block's predecessor inside this chunk (the one before the chunk is in last_start)
             earlier = tl.load(edges_ptr + 2 * (blocks - 1), mask=(blocks > start) & inside, other=-1)
-            tl.store(carried_ptr + 2 * blocks, tl.maximum(tl.associative_scan(earlier, 0, _max_scan), last_start),
+            tl.store(carried_ptr + 2 * blocks, tl.maximum(running_extreme(earlier, True, False), last_start),
                      mask=inside)
             last_start = tl.maximum(last_start, tl.max(tl.load(edges_ptr + 2 * blocks, mask=inside, other=-1)))
     tl.store(counts_row + num_blocks * WIDTH + levels, running)
@@ -249,7 +240,7 @@ def _block_scan_kernel(counts_ptr, edges_ptr, carried_ptr, N, num_blocks, WIDTH:
             blocks = start + offsets
             later = tl.load(edges_ptr + 2 * (blocks + 1) + 1, mask=blocks + 1 < end, other=N + 1)
             tl.store(carried_ptr + 2 * blocks + 1,
-                     tl.minimum(tl.associative_scan(later, 0, _min_scan, reverse=True), first_end), mask=blocks < end)
+                     tl.minimum(running_extreme(later, False, True), first_end), mask=blocks < end)
             first_end = tl.minimum(first_end, tl.min(tl.load(edges_ptr + 2 * blocks + 1, mask=blocks < end,
                                                              other=N + 1)))
 
@@ -322,13 +313,12 @@ def _level_positions_kernel(
             ORDERED, SCANNED)
         # the prefix at each position's group start and end: prefixes grow along the positions, so
         # a group's is the largest at a group start up to p, the smallest at a group end from p
-        group_start = tl.maximum(tl.associative_scan(tl.where(first, positions, -1), 0, _max_scan), carry_start)
-        group_end = tl.minimum(tl.associative_scan(tl.where(last, positions + 1, N + 1), 0, _min_scan, reverse=True),
-                               carry_end)
-        at_start = tl.maximum(tl.associative_scan(tl.where(first[:, None], prefix, -1), 0, _max_scan),
+        group_start = tl.maximum(running_extreme(tl.where(first, positions, -1), True, False), carry_start)
+        group_end = tl.minimum(running_extreme(tl.where(last, positions + 1, N + 1), False, True), carry_end)
+        at_start = tl.maximum(running_extreme(tl.where(first[:, None], prefix, -1), True, False),
                               before_carry[None, :])
-        at_end = tl.minimum(tl.associative_scan(tl.where(last[:, None], prefix + one_hot, N + 1), 0, _min_scan,
-                                                reverse=True), after_carry[None, :])
+        at_end = tl.minimum(running_extreme(tl.where(last[:, None], prefix + one_hot, N + 1), False, True),
+                            after_carry[None, :])
         size = at_end - at_start  # [BLOCK, WIDTH] items of each level in the item's group
         cell_start = group_start + tl.sum(one_hot * (tl.cumsum(size, axis=1) - size), axis=1)
         cell_end = cell_start + tl.sum(one_hot * size, axis=1)

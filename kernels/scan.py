@@ -26,6 +26,13 @@ The carries of R rows and B blocks are (R, 5, B) float64 (``new_carries``): rows
 blocks' open parts, 2 whether a segment starts in the block, 3-4 the part carried into the
 block (of the segment open at its first position, from the blocks before it). A sum has no y:
 rows 1 and 4 are neither written nor read.
+
+``running_extreme`` is the scan without segments, a block's running max or min along axis 0
+(the counting layout's group edges and prefixes, ``levels``).
+
+Each scan has two branches of the same meaning, chosen at import: ``tl.associative_scan`` on
+CUDA, and doubling steps (log2(lanes) whole-vector steps) under the interpreter, which would run
+``tl.associative_scan`` a Python call of the operator per lane.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import triton.language as tl
 from ._common import INTERPRET
 from ._launch import launcher
 
-__all__ = ["CARRY_CHUNK", "carry_across_blocks", "new_carries", "scan_block", "segment_total"]
+__all__ = ["CARRY_CHUNK", "carry_across_blocks", "new_carries", "running_extreme", "scan_block", "segment_total"]
 
 # Blocks whose open parts one step of the carry kernel scans.
 CARRY_CHUNK = 1024
@@ -106,9 +113,8 @@ def scan_associative(restart, x, y, inverse_temperature, MONOID: tl.constexpr):
 @triton.jit
 def scan_by_doubling(restart, x, y, inverse_temperature, MONOID: tl.constexpr):
     """The same scan by doubling steps (Hillis and Steele): log2(lanes) merges of whole vectors.
-    The interpreter's stand-in for ``scan_associative``, whose ``tl.associative_scan`` it runs one
-    lane at a time, a Python call of the operator per lane (a test suite's worth of max-violation
-    calls took minutes)."""
+    The interpreter's stand-in for ``scan_associative`` (a test suite's worth of max-violation
+    calls took minutes with ``tl.associative_scan`` there)."""
     lanes = tl.arange(0, x.shape[0])
     started = restart.to(tl.int32)
     step = 1
@@ -125,6 +131,52 @@ def scan_by_doubling(restart, x, y, inverse_temperature, MONOID: tl.constexpr):
 
 
 _scan = scan_by_doubling if INTERPRET else scan_associative
+
+
+# Running extremes: a scan without segments (the counting layout's group edges and prefixes).
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def running_extreme_associative(x, MAX: tl.constexpr, REVERSE: tl.constexpr):
+    """Each lane's max (MAX) or min of x over the lanes along axis 0 up to it (from it to the
+    last: REVERSE)."""
+    if MAX:
+        return tl.associative_scan(x, 0, _maximum, reverse=REVERSE)
+    else:
+        return tl.associative_scan(x, 0, _minimum, reverse=REVERSE)
+
+
+@triton.jit
+def running_extreme_by_doubling(x, MAX: tl.constexpr, REVERSE: tl.constexpr):
+    """The same by doubling steps, the interpreter's stand-in (as ``scan_by_doubling``). A max
+    or min takes a lane twice without harm, so a step reads the first (last) lane where it
+    would read past the end."""
+    lanes = tl.arange(0, x.shape[0])
+    if len(x.shape) == 2:
+        lanes = tl.broadcast_to(lanes[:, None], x.shape)
+    step = 1
+    while step < x.shape[0]:
+        if REVERSE:
+            other = tl.gather(x, tl.minimum(lanes + step, x.shape[0] - 1), 0)
+        else:
+            other = tl.gather(x, tl.maximum(lanes - step, 0), 0)
+        if MAX:
+            x = tl.maximum(x, other)
+        else:
+            x = tl.minimum(x, other)
+        step *= 2
+    return x
+
+
+running_extreme = running_extreme_by_doubling if INTERPRET else running_extreme_associative
 
 
 @triton.jit

@@ -472,6 +472,40 @@ def test_both_scans_of_a_block_equal_the_sequential_scan(monoid):
         torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
 
 
+@triton.jit
+def _both_running_extremes_kernel(x_ptr, out_ptr, MAX: tl.constexpr, REVERSE: tl.constexpr, LANES: tl.constexpr,
+                                  WIDTH: tl.constexpr):
+    lanes = tl.arange(0, LANES)
+    at = lanes[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
+    x = tl.load(x_ptr + at)  # [LANES, WIDTH]; its column 0 also as a vector
+    column = tl.load(x_ptr + lanes * WIDTH)
+    tl.store(out_ptr + at, scan.running_extreme_associative(x, MAX, REVERSE))
+    tl.store(out_ptr + LANES * WIDTH + at, scan.running_extreme_by_doubling(x, MAX, REVERSE))
+    tl.store(out_ptr + 2 * LANES * WIDTH + lanes, scan.running_extreme_associative(column, MAX, REVERSE))
+    tl.store(out_ptr + 2 * LANES * WIDTH + LANES + lanes, scan.running_extreme_by_doubling(column, MAX, REVERSE))
+
+
+@pytest.mark.parametrize("extreme", ["max", "min"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_both_running_extremes_equal_torch_cummax(extreme, reverse):
+    """``kernels.scan.running_extreme`` (the counting layout's group edges and prefixes):
+    ``tl.associative_scan`` on CUDA, doubling steps in the interpreter; both equal torch's
+    cummax / cummin along axis 0, from the first lane or from the last, of a matrix and of a
+    vector, with ties."""
+    lanes, width = 128, 4
+    x = torch.randint(-50, 50, (lanes, width), generator=torch.Generator().manual_seed(11), dtype=torch.int32)
+    out = torch.empty(2 * lanes * width + 2 * lanes, dtype=torch.int32, device=DEVICE)
+    _both_running_extremes_kernel[(1,)](x.to(DEVICE), out, MAX=extreme == "max", REVERSE=reverse, LANES=lanes,
+                                        WIDTH=width)
+    running = torch.cummax if extreme == "max" else torch.cummin
+    expected = running(x.flip(0), 0).values.flip(0) if reverse else running(x, 0).values
+    out = out.cpu()
+    for got in out[: 2 * lanes * width].view(2, lanes, width):  # associative, doubling
+        assert torch.equal(got, expected)
+    for got in out[2 * lanes * width :].view(2, lanes):
+        assert torch.equal(got, expected[:, 0])
+
+
 def test_a_small_groups_normaliser_survives_a_large_group_before_it():
     # LaA of an ordinal column (the "shares" normaliser: Z_u from per-position shares): group 1's only pair costs 1e-6, after a group
     # whose costs sum to 5e11. Its Z_u came out 0: the group silently left the loss.
