@@ -1,0 +1,57 @@
+"""The suite's interpreter patching (``triton_interpreter.py``): one patch of the language per
+launch, restored when the launch ends, and the same results as Triton's own interpreter."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("the interpreter's patching: TRITON_INTERPRET=1", allow_module_level=True)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+
+@triton.jit
+def _twice(x):
+    return tl.sum(x * 2.0, axis=0)
+
+
+@triton.jit
+def _calls_kernel(x_ptr, out_ptr, CALLS: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, 16))
+    total = 0.0
+    for _ in tl.static_range(CALLS):
+        total += _twice(x)
+    tl.store(out_ptr, total)
+
+
+def _launch(calls: int) -> float:
+    x = torch.arange(16, dtype=torch.float32)
+    out = torch.zeros(1)
+    _calls_kernel[(1,)](x, out, CALLS=calls)
+    return float(out)
+
+
+def test_a_launch_patches_the_language_once_and_restores_it(monkeypatch):
+    """Twelve device function calls, each calling tl.sum (another JIT function), in one launch:
+    Triton's patching runs for the launch and once for tl.sum's module, not 24 more times; the
+    language is Triton's own again after the launch."""
+    wrapper = interpreter._patch_lang
+    assert hasattr(wrapper, "original"), "conftest did not install triton_interpreter's patching"
+    patched = []
+
+    def counting(fn):
+        patched.append(fn.__name__)
+        return triton_patch(fn)
+
+    triton_patch = wrapper.original
+    monkeypatch.setattr(wrapper, "original", counting)
+    assert _launch(12) == 12 * 2 * sum(range(16))
+    assert patched[0] == "_calls_kernel" and len(patched) <= 2, patched
+    assert tl.core.is_builtin(tl.arange)
