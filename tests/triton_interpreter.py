@@ -39,9 +39,13 @@ def patch_the_language_once_per_launch() -> bool:
         return True
     languages = (tl, tl.core)
     patched: list[set[int]] = []  # the language modules patched in the running launch
+    sees: dict[object, set[int]] = {}  # the language modules a function's globals name
 
     def patch_lang(fn):
-        seen = {id(value) for value in fn.__globals__.values() if inspect.ismodule(value) and value in languages}
+        seen = sees.get(fn)
+        if seen is None:
+            seen = sees[fn] = {id(value) for value in fn.__globals__.values()
+                               if inspect.ismodule(value) and value in languages}
         if patched and seen <= patched[-1]:
             return scope_type()  # a device function's call inside the launch: nothing to restore
         scope = patch_lang.original(fn)
