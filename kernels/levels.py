@@ -228,8 +228,8 @@ def _block_scan_kernel(counts_ptr, edges_ptr, carried_ptr, N, num_blocks, WIDTH:
         if edges:
             # each block's predecessor inside this chunk (the one before the chunk is in last_start)
             earlier = tl.load(edges_ptr + 2 * (blocks - 1), mask=(blocks > start) & inside, other=-1)
-            tl.store(carried_ptr + 2 * blocks, tl.maximum(running_extreme(earlier, True, False), last_start),
-                     mask=inside)
+            last_starts = running_extreme(earlier, MAX=True, REVERSE=False)
+            tl.store(carried_ptr + 2 * blocks, tl.maximum(last_starts, last_start), mask=inside)
             last_start = tl.maximum(last_start, tl.max(tl.load(edges_ptr + 2 * blocks, mask=inside, other=-1)))
     tl.store(counts_row + num_blocks * WIDTH + levels, running)
     if edges:
@@ -240,7 +240,7 @@ def _block_scan_kernel(counts_ptr, edges_ptr, carried_ptr, N, num_blocks, WIDTH:
             blocks = start + offsets
             later = tl.load(edges_ptr + 2 * (blocks + 1) + 1, mask=blocks + 1 < end, other=N + 1)
             tl.store(carried_ptr + 2 * blocks + 1,
-                     tl.minimum(running_extreme(later, False, True), first_end), mask=blocks < end)
+                     tl.minimum(running_extreme(later, MAX=False, REVERSE=True), first_end), mask=blocks < end)
             first_end = tl.minimum(first_end, tl.min(tl.load(edges_ptr + 2 * blocks + 1, mask=blocks < end,
                                                              other=N + 1)))
 
@@ -313,11 +313,12 @@ def _level_positions_kernel(
             ORDERED, SCANNED)
         # the prefix at each position's group start and end: prefixes grow along the positions, so
         # a group's is the largest at a group start up to p, the smallest at a group end from p
-        group_start = tl.maximum(running_extreme(tl.where(first, positions, -1), True, False), carry_start)
-        group_end = tl.minimum(running_extreme(tl.where(last, positions + 1, N + 1), False, True), carry_end)
-        at_start = tl.maximum(running_extreme(tl.where(first[:, None], prefix, -1), True, False),
+        group_start = tl.maximum(running_extreme(tl.where(first, positions, -1), MAX=True, REVERSE=False), carry_start)
+        group_end = tl.minimum(running_extreme(tl.where(last, positions + 1, N + 1), MAX=False, REVERSE=True),
+                               carry_end)
+        at_start = tl.maximum(running_extreme(tl.where(first[:, None], prefix, -1), MAX=True, REVERSE=False),
                               before_carry[None, :])
-        at_end = tl.minimum(running_extreme(tl.where(last[:, None], prefix + one_hot, N + 1), False, True),
+        at_end = tl.minimum(running_extreme(tl.where(last[:, None], prefix + one_hot, N + 1), MAX=False, REVERSE=True),
                             after_carry[None, :])
         size = at_end - at_start  # [BLOCK, WIDTH] items of each level in the item's group
         cell_start = group_start + tl.sum(one_hot * (tl.cumsum(size, axis=1) - size), axis=1)
