@@ -55,3 +55,11 @@ def test_a_launch_patches_the_language_once_and_restores_it(monkeypatch):
     assert _launch(12) == 12 * 2 * sum(range(16))
     assert patched[0] == "_calls_kernel" and len(patched) <= 2, patched
     assert tl.core.is_builtin(tl.arange)
+
+
+def test_installing_it_again_wraps_triton_once():
+    from triton_interpreter import patch_the_language_once_per_launch
+
+    wrapper = interpreter._patch_lang
+    assert patch_the_language_once_per_launch() is True
+    assert interpreter._patch_lang is wrapper and not hasattr(wrapper.original, "original")
