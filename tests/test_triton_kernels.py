@@ -466,7 +466,7 @@ def test_both_scans_of_a_block_equal_the_sequential_scan(monoid):
         x[empty], y[empty] = float("inf"), 0.0
     out = torch.empty(6, lanes, dtype=torch.float64, device=DEVICE)
     _both_scans_kernel[(1,)](restart.to(torch.int32).to(DEVICE), x.to(DEVICE), y.to(DEVICE), out, inverse_temperature,
-                     MONOID=monoid, LANES=lanes)
+                             MONOID=monoid, LANES=lanes)
     expected = torch.stack(_sequential_scan(restart, x, y, inverse_temperature, monoid))
     for got in out.cpu().view(2, 3, lanes):  # associative, doubling
         torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
