@@ -11,7 +11,8 @@ Method:
 1. **Record** (``TRITON_INTERPRET=1``): run one forward + backward of each case on CPU tensors
    with the library's CUDA launch choices: ``kernels._common.launch_target`` answers ``"cuda"``
    (tiles, blocks, chunks and fast math as on a GPU) and the device has H100_SMS multiprocessors.
-   Every launch is recorded as (kernel, parameter types, constexpr values, ``num_warps``) from
+   Every launch is recorded as (kernel, parameter types, constexpr values, ``num_warps``, and
+   ``maxnreg`` where the launch caps the registers) from
    its actual arguments, then run by the interpreter: the fast branch included, whose inline PTX
    ops the interpreter computes exactly (``kernels/_common.py``), so that the call computes the
    values a GPU would, but for the approximations' own error.
@@ -207,7 +208,7 @@ def cuda_launch_choices(**patches: Callable) -> Iterator[None]:
 @contextlib.contextmanager
 def recording_cuda_launches() -> Iterator[list[dict]]:
     """Inside: the kernels get the CUDA launch choices and each launch appends its specialization
-    (module, kernel, signature, constexprs, num_warps) to the yielded list; the interpreter runs
+    (module, kernel, signature, constexprs, num_warps[, maxnreg]) to the yielded list; the interpreter runs
     it (see the module docstring)."""
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -228,6 +229,7 @@ def recording_cuda_launches() -> Iterator[list[dict]]:
             "signature": signature,
             "constexprs": {name: _constexpr_json(bound[name]) for name, kind in signature.items() if kind == "constexpr"},
             "num_warps": int(kwargs.get("num_warps", 4)),
+            **({"maxnreg": int(kwargs["maxnreg"])} if kwargs.get("maxnreg") else {}),
         })
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -311,6 +313,7 @@ class _Variant:
     signature: dict
     constexprs: dict
     num_warps: int
+    maxnreg: int | None = None
 
 
 def _compile(spec: dict) -> dict:
@@ -323,7 +326,7 @@ def _compile(spec: dict) -> dict:
         kernel = getattr(importlib.import_module(spec["module"]), spec["kernel"])
         constexprs = {k: getattr(tl, v["tl"]) if isinstance(v, dict) else v for k, v in spec["constexprs"].items()}
         _, registers, spills = compile_sass(_Variant(spec["kernel"], kernel, spec["signature"], constexprs,
-                                                     spec["num_warps"]))
+                                                     spec["num_warps"], spec.get("maxnreg")))
     except Exception as exc:  # noqa: BLE001  (reported per specialization)
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
     return {"ok": True, "registers": registers, "spill_store_bytes": spills.store_bytes,
@@ -347,7 +350,8 @@ def describe(spec: dict) -> str:
     """kernel[constexprs](its pointers' element types) num_warps."""
     constexprs = ", ".join(f"{k}={v['tl'] if isinstance(v, dict) else v}" for k, v in spec["constexprs"].items())
     pointers = ",".join(sorted({t[1:] for t in spec["signature"].values() if t.startswith("*")}))
-    return f"{spec['kernel']}[{constexprs}]({pointers}) num_warps={spec['num_warps']}"
+    cap = f" maxnreg={spec['maxnreg']}" if spec.get("maxnreg") else ""
+    return f"{spec['kernel']}[{constexprs}]({pointers}) num_warps={spec['num_warps']}{cap}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

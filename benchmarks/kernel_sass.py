@@ -29,7 +29,12 @@ Method:
   tiles (:func:`pairs_per_thread`). Per-pair numbers are the loop's counts divided by it, and
   a variant's totals add them over its loops whose label contains ``"full"``, ``"masked"``, and
   over all loops (a pair visited by two loops, e.g. an upper-owning and a lower-owning pass,
-  costs the sum).
+  costs the sum). A label ending in ``"(fallback)"`` names a loop that runs only for inputs
+  outside the common case (the fast logistic's row blocks whose scores spread too far for its
+  factored terms): reported, and left out of the totals.
+* **Labels.** A variant names its innermost loops in address order, or in the order of its
+  ``loop_key`` of each loop's opcode histogram (what the loop holds), when the compiler's layout
+  varies (the fast logistic's eight loops: Triton 3.6 and 3.9 place them differently).
 * **Registers and spills** come from ``ptxas -v`` of the same compilation (Triton prints the
   log when ``knobs.nvidia.dump_ptxas_log`` is set; the compile cache is bypassed so that ptxas
   runs): registers per thread, spill store / load bytes and the stack frame.
@@ -66,7 +71,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 #: Compile target: Hopper (H100 / H200), warp size 32.
 ARCH = 90
@@ -100,6 +105,10 @@ class KernelVariant:
     num_warps: int
     pairs_per_iteration: float  # pairs one thread handles per loop iteration
     loops: tuple[str, ...]  # label of each innermost loop, in SASS address order
+    # Optional: a key of (opcode histogram, pairs_per_iteration); the loops are labelled in its
+    # order instead (loops whose address order changes with the Triton version).
+    loop_key: Callable[[Counter, float], Any] | None = None
+    maxnreg: int | None = None  # optional: the register cap of the launch (ptxas .maxnreg)
 
 
 @dataclass(frozen=True)
@@ -237,8 +246,10 @@ def compile_sass(variant: Any) -> tuple[str, int, Spills]:
         fn=variant.kernel, signature=_checked_signature(variant), constexprs=dict(variant.constexprs)
     )
     with _ptxas_log() as log:
-        compiled = triton.compile(source, target=GPUTarget("cuda", ARCH, WARP_SIZE),
-                                  options={"num_warps": variant.num_warps})
+        options = {"num_warps": variant.num_warps}
+        if getattr(variant, "maxnreg", None):  # the register cap the launch passes
+            options["maxnreg"] = variant.maxnreg
+        compiled = triton.compile(source, target=GPUTarget("cuda", ARCH, WARP_SIZE), options=options)
     registers, spills = _parse_ptxas_log(log.getvalue(), variant.name)
     return _disassemble(compiled.asm["cubin"]), registers, spills
 
@@ -306,6 +317,10 @@ def loop_report(label: str, loop: Loop, pairs_per_iteration: float) -> LoopRepor
     )
 
 
+#: The end of the label of a loop that the totals leave out (see the module docstring).
+FALLBACK = "(fallback)"
+
+
 def _sum_per_pair(loops: Sequence[LoopReport]) -> PerPair | None:
     if not loops:
         return None
@@ -326,13 +341,19 @@ def analyse(variant: Any) -> VariantReport:
             f"variant {variant.name!r}: SASS has {len(loops)} innermost loops ({found}) but "
             f"variant.loops names {len(variant.loops)}: {variant.loops}"
         )
+    key = getattr(variant, "loop_key", None)
+    if key is not None:  # labelled by what the loops hold, not where the compiler put them
+        loops = sorted(loops, key=lambda loop: key(Counter(i.opcode for i in loop.body), variant.pairs_per_iteration))
     reports = [loop_report(label, loop, variant.pairs_per_iteration) for label, loop in zip(variant.loops, loops)]
+    counted = [r for r in reports if not r.label.endswith(FALLBACK)]
     return VariantReport(
         name=variant.name, num_warps=variant.num_warps, pairs_per_iteration=variant.pairs_per_iteration,
         constexprs={k: str(v) for k, v in variant.constexprs.items()},
         registers=registers, spills=spills, loops=reports,
-        totals={kind: _sum_per_pair([r for r in reports if kind in r.label]) for kind in ("full", "masked")}
-        | {"all": _sum_per_pair(reports)},
+        totals={kind: _sum_per_pair([r for r in counted if kind in r.label]) for kind in ("full", "masked")}
+        | {"all": _sum_per_pair(counted)}
+        | {f"fallback {kind}": _sum_per_pair([r for r in reports if r.label.endswith(FALLBACK) and kind in r.label])
+           for kind in ("full", "masked")},
     )
 
 
@@ -463,8 +484,10 @@ def format_report(report: dict) -> list[str]:
     """One line for the variant, then one per loop."""
     totals, spills = report["totals"], report["spills"]
     # A pair runs through one loop of each pass: the full loops of both passes (tiles every row
-    # covers), or the masked ones; with no such labels (one loop per pass), all loops.
+    # covers), or the masked ones; with no such labels (one loop per pass), all loops; then the
+    # fallback loops' (the fast logistic's row blocks that do not fit its factored terms).
     kinds = [kind for kind in ("full", "masked") if totals[kind]] or ["all"]
+    kinds += [kind for kind in ("fallback full", "fallback masked") if totals.get(kind)]
     per_kind = " | ".join(
         f"{kind}: {_fmt(totals[kind]['instructions'])} instr, {_fmt(totals[kind]['mufu'])} MUFU, "
         f"{_fmt(totals[kind]['shfl'])} SHFL per pair"

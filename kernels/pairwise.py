@@ -21,9 +21,13 @@ position's level value, measured from its group's lowest level, in the accumulat
    its partner range through registers. Per-pair terms go into [BLOCK_M, BLOCK_N] register
    accumulators that are reduced once after the loops: no cross-thread reduction inside a loop.
    Tiles where every row's partner range covers the whole tile run a loop with no masks;
-   the others run a second, masked loop. The partner range of a row block is split into
-   ``num_chunks`` chunks (more programs when N is small, so that the GPU fills up); each
-   (block, chunk, pass) writes its own slice of a partial buffer.
+   the others run a second, masked loop. The fast logistic (CUDA, float32) factors each pair's
+   2^x into a row term and a column term (``_common.factored_logistic_terms``) in row blocks whose
+   scores lie within ~44 of each other (nearly all): one exp per row and per column of a tile
+   instead of one per pair; other blocks run the same loops with the per-pair terms. The
+   partner range of a row block is split into ``num_chunks`` chunks (more programs when N is
+   small, so that the GPU fills up); each (block, chunk, pass) writes its own slice of a partial
+   buffer.
 2. ``_finalize_kernel`` (in ``reduce``), grid (position blocks, B): sums the chunks of each
    position in a fixed order, divides by its group's Z_u (in closed form for binary problems,
    from a walk over the group's cells for a few levels, from each group's own sum of the
@@ -56,7 +60,10 @@ import triton
 import triton.language as tl
 
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE, STATUS_OVERFLOW
-from ._common import cdiv, launch_target, rank_at, reverse_margin_terms, tl_dtype
+from ._common import (
+    SURROGATES, cdiv, factored_logistic_terms, factored_rows, factored_span, launch_target, rank_at,
+    reverse_margin_terms, tl_dtype,
+)
 from ._launch import launcher
 from .check import check_batch
 from .reduce import combine, finalize, normaliser_source
@@ -77,18 +84,22 @@ __all__ = [
 # --------------------------------------------------------------------------- #
 @triton.jit
 def _accumulate(
-    s_m, s_n, w, keep, margin, acc_value, acc_pull,
-    UPPER_ROWS: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    row, s_n, w, keep, margin, centre, acc_value, acc_pull,
+    UPPER_ROWS: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr, FACTORED: tl.constexpr,
     WEIGHTED: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Add one tile's terms to the register accumulators. Rows are the upper items
-    (UPPER_ROWS: value and pull) or the lower items (pull only). ``w`` is the pair cost
-    (WEIGHTED) and ``keep`` the validity mask (MASKED)."""
-    if UPPER_ROWS:
-        x = s_n[None, :] - s_m[:, None]
+    (UPPER_ROWS: value and pull) or the lower items (pull only); ``row`` is their scores, or
+    with FACTORED their factors a_m of ``factored_logistic_terms`` (``centre`` its centre).
+    ``w`` is the pair cost (WEIGHTED) and ``keep`` the validity mask (MASKED)."""
+    if FACTORED:
+        value, pull = factored_logistic_terms(row, s_n, centre, UPPER_ROWS)
     else:
-        x = s_m[:, None] - s_n[None, :]
-    value, pull = reverse_margin_terms(x, margin, SURROGATE, UPPER_ROWS, FAST)
+        if UPPER_ROWS:
+            x = s_n[None, :] - row[:, None]
+        else:
+            x = row[:, None] - s_n[None, :]
+        value, pull = reverse_margin_terms(x, margin, SURROGATE, UPPER_ROWS, FAST)
     if MASKED:
         # Selecting the accumulator (not the term) lets ptxas predicate the add: invalid pairs,
         # whose terms may be inf (exponential), cost no select of their own.
@@ -141,17 +152,56 @@ def _partner_tile(
 
 
 @triton.jit
+def _scan_partners(
+    scores_ptr, values_row, order_row, row, centre, v_m, lo_m, hi_m, block_lo, block_hi,
+    k0, k1, fs, fe, margin,
+    UPPER_ROWS: tl.constexpr, COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    FACTORED: tl.constexpr, SCORE_SCALE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The rows' sums of value and pull over this chunk's partner tiles [k0, k1): the unmasked
+    ones [fs, fe) in one loop, the others in a masked one (``_accumulate``'s arguments)."""
+    acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+    acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+    for k in range(fs, fe):
+        offs_n, s_n, w = _partner_tile(
+            scores_ptr, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
+            UPPER_ROWS, COST_LINEAR, False, SCORE_SCALE, ACC, BLOCK_N,
+        )
+        acc_value, acc_pull = _accumulate(
+            row, s_n, w, True, margin, centre, acc_value, acc_pull,
+            UPPER_ROWS, SURROGATE, FAST, FACTORED, COST_LINEAR, False,
+        )
+    head = fs - k0
+    for i in range(head + (k1 - fe)):
+        k = tl.where(i < head, k0 + i, fe + (i - head))
+        offs_n, s_n, w = _partner_tile(
+            scores_ptr, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
+            UPPER_ROWS, COST_LINEAR, True, SCORE_SCALE, ACC, BLOCK_N,
+        )
+        # offs_n - lo_m < hi_m - lo_m as unsigned: one subtraction and one compare per pair.
+        keep = (offs_n[None, :] - lo_m[:, None]).to(tl.uint32, bitcast=True) < (hi_m - lo_m).to(
+            tl.uint32, bitcast=True
+        )[:, None]
+        acc_value, acc_pull = _accumulate(
+            row, s_n, w, keep, margin, centre, acc_value, acc_pull,
+            UPPER_ROWS, SURROGATE, FAST, FACTORED, COST_LINEAR, True,
+        )
+    return tl.sum(acc_value, axis=1), tl.sum(acc_pull, axis=1)
+
+
+@triton.jit
 def _pass(
     scores_ptr, values_row, order_row, lo_ptr, hi_ptr, grad_row, value_row,
     N, margin, row_block, chunk, num_chunks,
     UPPER_ROWS: tl.constexpr, LO_IS_ZERO: tl.constexpr, HI_IS_N: tl.constexpr,
-    COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr,
+    COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr, FAST: tl.constexpr, FACTOR: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Rows [row_block * BLOCK_M, +BLOCK_M) against their partner ranges [lo, hi), one chunk.
     Writes the rows' side of the gradient to ``grad_row`` and (UPPER_ROWS) their loss to
-    ``value_row``."""
+    ``value_row``. FACTOR (the fast logistic): the factored terms where the rows fit them."""
     first = row_block * BLOCK_M
     last = tl.minimum(first + BLOCK_M, N) - 1
     rows = first + tl.arange(0, BLOCK_M)
@@ -191,35 +241,31 @@ def _pass(
     fs = tl.minimum(tl.maximum(first_full, k0), k1)
     fe = tl.minimum(tl.maximum(end_full, fs), k1)
 
-    acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
-    acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
-    for k in range(fs, fe):
-        offs_n, s_n, w = _partner_tile(
-            scores_ptr, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
-            UPPER_ROWS, COST_LINEAR, False, SCORE_SCALE, ACC, BLOCK_N,
+    # FACTOR: 2^x factors into row and column terms (``factored_logistic_terms``) for row blocks
+    # whose scores fit; the others take the per-pair terms.
+    if FACTOR:
+        fits, centre = factored_span(s_m, row_mask)
+    else:
+        fits, centre = False, 0.0  # constants: only the per-pair loops are compiled
+    if fits:
+        a_m = factored_rows(s_m, centre, row_mask)
+        row_value, row_pull = _scan_partners(
+            scores_ptr, values_row, order_row, a_m, centre, v_m, lo_m, hi_m, block_lo, block_hi,
+            k0, k1, fs, fe, margin, UPPER_ROWS, COST_LINEAR, SURROGATE, FAST, True, SCORE_SCALE, ACC,
+            BLOCK_M, BLOCK_N,
         )
-        acc_value, acc_pull = _accumulate(
-            s_m, s_n, w, True, margin, acc_value, acc_pull, UPPER_ROWS, SURROGATE, FAST, COST_LINEAR, False
-        )
-    head = fs - k0
-    for i in range(head + (k1 - fe)):
-        k = tl.where(i < head, k0 + i, fe + (i - head))
-        offs_n, s_n, w = _partner_tile(
-            scores_ptr, values_row, order_row, block_lo + k * BLOCK_N, v_m, block_hi,
-            UPPER_ROWS, COST_LINEAR, True, SCORE_SCALE, ACC, BLOCK_N,
-        )
-        # offs_n - lo_m < hi_m - lo_m as unsigned: one subtraction and one compare per pair.
-        keep = (offs_n[None, :] - lo_m[:, None]).to(tl.uint32, bitcast=True) < (hi_m - lo_m).to(
-            tl.uint32, bitcast=True
-        )[:, None]
-        acc_value, acc_pull = _accumulate(
-            s_m, s_n, w, keep, margin, acc_value, acc_pull, UPPER_ROWS, SURROGATE, FAST, COST_LINEAR, True
+        if UPPER_ROWS:
+            row_pull = row_pull * a_m  # the factored pulls are divided by a_m
+    else:
+        row_value, row_pull = _scan_partners(
+            scores_ptr, values_row, order_row, s_m, 0.0, v_m, lo_m, hi_m, block_lo, block_hi,
+            k0, k1, fs, fe, margin, UPPER_ROWS, COST_LINEAR, SURROGATE, FAST, False, SCORE_SCALE, ACC,
+            BLOCK_M, BLOCK_N,
         )
 
-    row_pull = tl.sum(acc_pull, axis=1)
     if UPPER_ROWS:
         tl.store(grad_row + rows, -row_pull, mask=row_mask)  # d/ds_upper = -pull
-        tl.store(value_row + rows, tl.sum(acc_value, axis=1) * VALUE_SCALE, mask=row_mask)
+        tl.store(value_row + rows, row_value * VALUE_SCALE, mask=row_mask)
     else:
         tl.store(grad_row + rows, row_pull, mask=row_mask)  # d/ds_lower = +pull
     return v_m, lo_m, hi_m, rows, row_mask
@@ -230,7 +276,7 @@ def _pair_partials_kernel(
     scores_ptr, values_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr,
     group_end_ptr, partials_ptr, shares_ptr, N, num_chunks,
     MARGIN: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr,
-    FAST: tl.constexpr, SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
+    FAST: tl.constexpr, FACTOR: tl.constexpr, SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     WRITE_SHARES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid (row blocks * num_chunks, 2, B). ``partials`` (B, 3, num_chunks, N) gets, per chunk,
@@ -252,7 +298,7 @@ def _pair_partials_kernel(
         v_m, lo_m, hi_m, rows, row_mask = _pass(
             scores_ptr, values_row, order_row, group_start_ptr, cell_start_ptr + row,
             part + num_chunks * N, part, N, MARGIN, row_block, chunk, num_chunks,
-            True, not HAS_GROUPS, False, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
+            True, not HAS_GROUPS, False, COST_LINEAR, SURROGATE, FAST, FACTOR, SCORE_SCALE, VALUE_SCALE,
             ACC, BLOCK_M, BLOCK_N,
         )
         if WRITE_SHARES:
@@ -276,7 +322,7 @@ def _pair_partials_kernel(
         _pass(
             scores_ptr, values_row, order_row, cell_end_ptr + row, group_end_ptr,
             part + 2 * num_chunks * N, part, N, MARGIN, row_block, chunk, num_chunks,
-            False, False, not HAS_GROUPS, COST_LINEAR, SURROGATE, FAST, SCORE_SCALE, VALUE_SCALE,
+            False, False, not HAS_GROUPS, COST_LINEAR, SURROGATE, FAST, FACTOR, SCORE_SCALE, VALUE_SCALE,
             ACC, BLOCK_M, BLOCK_N,
         )
 
@@ -295,10 +341,12 @@ def pair_partials(
     accumulation: torch.dtype,
     tiles: tuple[int, int, int],
     num_chunks: int,
+    max_registers: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch kernel 1 (after ``position_values`` for a linear cost); returns (partials
     (B, 3, num_chunks, N), the shares of Z_u (B, N) float64 where
-    ``reduce.normaliser_source(levels)`` is "shares", else None)."""
+    ``reduce.normaliser_source(levels)`` is "shares", else None). ``max_registers``: the
+    register cap (``MAX_REGISTERS``) of a launch with the fast logistic's factored terms, or None."""
     num_problems, n = layout.order.shape
     block_m, block_n, num_warps = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
@@ -306,14 +354,18 @@ def pair_partials(
     shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
     values = position_values(levels, layout, accumulation) if cost_linear else scores
     has_groups = layout.group_start is not None
+    factor = fast and surrogate_id == SURROGATES["logistic"] and FACTOR_LOGISTIC
+    cap = {"maxnreg": max_registers} if factor and max_registers else {}
     launcher(_pair_partials_kernel)[(cdiv(n, block_m) * num_chunks, 2, num_problems)](
         scores, values, layout.order, layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
         layout.group_end if has_groups else layout.cell_end,
         partials, shares if write_shares else partials, n, num_chunks,
         MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
+        FACTOR=factor,
         SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=write_shares,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        **cap,
     )
     return partials, shares
 
@@ -386,7 +438,19 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 # 2^20. Float64 accumulators take twice the registers: 64 x 64 spilled 5.9 KB per thread with
 # groups, 32 x 32 none (188 registers; benchmarks/cuda_specializations.py). The interpreter pays
 # about a millisecond per program-and-tile step whatever the tile size: big tiles are cheapest.
+# The fast logistic's factored terms (``_common.factored_logistic_terms``: 3 special-function ops
+# a pair over both passes instead of 5, for row blocks whose scores fit; kernel_sass.py). False: the
+# per-pair terms everywhere, the kernel before them, which bench_gpu.py's "@per-pair" rows time
+# beside the library's (benchmarks/cases.py ``kernel_settings``).
+FACTOR_LOGISTIC = True
 TILES = {"cuda": (64, 64, 8), "cuda groups": (64, 16, 2), "cuda float64": (32, 32, 4), "interpreter": (128, 128, 4)}
+# The register cap (ptxas .maxnreg) of the fast logistic's launches (FACTOR_LOGISTIC) with a key of
+# TILES. 64 x 64 x 8 at 128 registers runs two programs (16 warps) per SM, the occupancy at which it
+# was the fastest on an H100 (above). With both the factored and the per-pair loops in one kernel,
+# ptxas gives the linear cost 162 registers otherwise (one program per SM); at 128 it spills
+# nothing and spends ~0.4 more instructions a pair (kernel_sass.py). The other surrogates' kernels
+# take 90-117 registers uncapped. bench_gpu.py's "@uncapped" rows time the cap's effect.
+MAX_REGISTERS = {"cuda": 128}
 FINALIZE_BLOCK = {"cuda": 1024, "interpreter": 1024}
 # Kernel 1 aims at this many programs per streaming multiprocessor (each pass of each problem
 # counts), splitting partner ranges into chunks when N alone gives too few row blocks.
@@ -435,6 +499,7 @@ def pair_loss_and_grad(
     status: torch.Tensor | None,
     tiles: tuple[int, int, int] | None = None,
     chunks: int | None = None,
+    fast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every problem's all-pairs loss over a ``PairLayout``, mixed, and its gradient.
 
@@ -448,6 +513,8 @@ def pair_loss_and_grad(
         status: a one-element int32 tensor that gets STATUS_OVERFLOW if the loss is not
             finite, or None for no check.
         tiles, chunks: override :func:`launch_config` (tests).
+        fast: override ``_common.fast_math`` for float32 (tests: the fast branch's algebra under
+            the interpreter, which computes its special functions exactly).
 
     Returns:
         (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)):
@@ -458,15 +525,17 @@ def pair_loss_and_grad(
 
     validate_device(scores, levels.rank, layout.order)
     accumulation = accumulation_dtype(scores)
+    grouped = layout.group_start is not None
     default_tiles, default_chunks, finalize_block = launch_config(
-        scores.device, layout.num_items, layout.num_problems, accumulation, grouped=layout.group_start is not None
+        scores.device, layout.num_items, layout.num_problems, accumulation, grouped=grouped
     )
-    fast = fast_math(scores.device, accumulation)
+    fast = fast_math(scores.device, accumulation) if fast is None else fast and accumulation == torch.float32
     partials, shares = pair_partials(
         scores, levels, layout,
         cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=fast,
         score_scale=score_scale(surrogate, fast), value_scale=value_scale(surrogate, fast),
         accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=chunks or default_chunks,
+        max_registers=None if tiles else MAX_REGISTERS.get(tile_key(launch_target(scores.device), accumulation, grouped)),
     )
     num_problems, n = layout.order.shape
     # One problem: its gradient goes straight to the output, which combine scales in place.

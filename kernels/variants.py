@@ -23,7 +23,7 @@ from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..surrogates import USES_MARGIN
 from ._common import SURROGATES, score_scale, value_scale
 from . import dense
-from .pairwise import TILES, _pair_partials_kernel
+from .pairwise import MAX_REGISTERS, TILES, _pair_partials_kernel
 
 __all__ = ["SassVariant", "sass_variants"]
 
@@ -43,6 +43,24 @@ _POINTERS = {
 # In SASS address order: the lower-owning pass (the kernel's else branch) is laid out first,
 # and each pass has its unmasked loop before its masked one.
 _LOOPS = ("lower full", "lower masked", "upper full", "upper masked")
+# The fast logistic's passes have two pairs of loops each: the per-pair terms for row blocks whose
+# scores do not fit the factored terms (``kernel_sass`` reports these "(fallback)" loops without
+# adding them to the totals), and the factored ones. Triton 3.6 lays these eight loops out in
+# another order than 3.9 (and the passes the other way round), so they are labelled by what they
+# hold (``_factored_loop_key``), in this order.
+_FACTORED_LOOPS = tuple(
+    label for side in ("lower", "upper") for label in
+    (f"{side} full (fallback)", f"{side} masked (fallback)", f"{side} full", f"{side} masked")
+)
+
+
+def _factored_loop_key(opcodes: dict[str, int], pairs_per_iteration: float) -> tuple[bool, bool, bool]:
+    """(upper pass, factored, masked) of a loop of the fast logistic kernel, from its opcodes: the
+    upper pass takes a log (``MUFU.LG2``), the per-pair terms an ex2 per pair (the factored ones
+    one per column), a masked loop an unsigned compare per pair (the partner-range test)."""
+    ex2 = opcodes.get("MUFU.EX2", 0)
+    unsigned_compares = sum(n for op, n in opcodes.items() if op.startswith("ISETP") and ".U32" in op)
+    return "MUFU.LG2" in opcodes, ex2 < pairs_per_iteration, unsigned_compares >= pairs_per_iteration
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,10 @@ class SassVariant:
     num_warps: int
     pairs_per_iteration: float
     loops: tuple
+    #: When set, the loops are labelled in the order of this key of (opcodes, pairs per iteration)
+    #: rather than in address order (``kernel_sass.analyse``).
+    loop_key: object = None
+    maxnreg: int | None = None  # the launch's register cap (pairwise.MAX_REGISTERS)
 
 
 # The tile shape at which the issue's per-pair instruction budget was stated (../gpu-baseline: the
@@ -67,18 +89,20 @@ class SassVariant:
 BUDGET_TILES = (64, 64, 4)
 
 
-def _ordinal_variant(name: str, surrogate: str, cost: str, grouped: bool, tiles: tuple) -> SassVariant:
+def _ordinal_variant(name: str, surrogate: str, cost: str, grouped: bool, tiles: tuple,
+                     maxnreg: int | None = None) -> SassVariant:
     block_m, block_n, num_warps = tiles
     constexprs = dict(
         MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, HAS_GROUPS=grouped,
-        COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True,
+        COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True, FACTOR=surrogate == "logistic",
         SCORE_SCALE=score_scale(surrogate, True), VALUE_SCALE=value_scale(surrogate, True),
         ACC=tl.float32, WRITE_SHARES=False, BLOCK_M=block_m, BLOCK_N=block_n,
     )
     return SassVariant(
         name=name, kernel=_pair_partials_kernel, signature=dict(_POINTERS, **{k: "constexpr" for k in constexprs}),
         constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps),
-        loops=_LOOPS,
+        loops=_FACTORED_LOOPS if surrogate == "logistic" else _LOOPS,
+        loop_key=_factored_loop_key if surrogate == "logistic" else None, maxnreg=maxnreg,
     )
 
 
@@ -87,8 +111,9 @@ def sass_variants() -> list[SassVariant]:
     at the budget's tiles, then the dense kernels."""
     variants = [
         _ordinal_variant(f"ordinal {surrogate} {cost}" + (" groups" if grouped else ""), surrogate, cost, grouped,
-                         TILES["cuda groups" if grouped else "cuda"])
+                         TILES[key], MAX_REGISTERS.get(key) if surrogate == "logistic" else None)
         for surrogate in SURROGATES for cost in ("uniform", "linear") for grouped in (False, True)
+        for key in ["cuda groups" if grouped else "cuda"]
     ]
     return variants + budget_variants() + dense_variants()
 

@@ -49,7 +49,7 @@ def ordinal_case(sizes: list[int], num_levels: int, seed: int, *, integer_scores
 
 
 def kernel_loss(scores, label_columns, groups, *, label_weights=None, mixing=None, cost="uniform",
-                surrogate="logistic", margin=1.0, reduction="mean", config=CONFIGS[0], status=None):
+                surrogate="logistic", margin=1.0, reduction="mean", config=CONFIGS[0], status=None, fast=None):
     """(loss, stats, grad) of the all-pairs kernels for labels (N, K) on DEVICE."""
     labels = label_columns.to(DEVICE)
     levels = problem_levels(labels, label_weights)
@@ -57,7 +57,7 @@ def kernel_loss(scores, label_columns, groups, *, label_weights=None, mixing=Non
     tiles, chunks = config
     return pair_loss_and_grad(
         scores.to(DEVICE), levels, layout, mixing=mixing, cost=cost, surrogate=surrogate, margin=margin,
-        reduction=reduction, status=status, tiles=tiles if DEVICE == "cpu" else None, chunks=chunks,
+        reduction=reduction, status=status, tiles=tiles if DEVICE == "cpu" else None, chunks=chunks, fast=fast,
     )
 
 
@@ -124,6 +124,60 @@ def test_ungrouped_binary_ties_and_hinge_kinks(config, surrogate: str) -> None:
     labels = (levels > levels.min()).to(torch.float64)
     loss, _, grad = kernel_loss(scores, labels[:, None], None, surrogate=surrogate, config=config)
     assert_close(loss, grad, *reference(scores, labels, None, surrogate=surrogate), rtol=1e-9)
+
+
+# Scores of the fast logistic's cases (natural units; base 2 multiplies them by 1.44): the factored
+# terms serve row blocks whose scores span at most 64 / 1.44 = 44, whose columns may lie anywhere.
+FAST_SCORES = {
+    # every block fits
+    "moderate": lambda gen, n: torch.randn(n, generator=gen, dtype=torch.float64) * 3,
+    # upper rows fit, their lower partners lie 70 above (past b's cap of 2^92 / 1.44 = 64: the
+    # excess) or 70 below (b flushes); the lower rows span 140 and take the per-pair terms
+    "far lower partners": lambda gen, n: torch.randn(n, generator=gen, dtype=torch.float64),
+    # the other way round
+    "far upper partners": lambda gen, n: torch.randn(n, generator=gen, dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS[1:3], ids=["16x32-chunks3", "32x16-chunks2"])
+@pytest.mark.parametrize("grouped", [True, False], ids=["groups", "no-groups"])
+@pytest.mark.parametrize("cost", ["uniform", "linear"])
+@pytest.mark.parametrize("case", FAST_SCORES)
+def test_fast_logistic_matches_brute_force(config, grouped: bool, cost: str, case: str) -> None:
+    """The fast branch of the logistic (CUDA's, forced here; the interpreter computes its special
+    functions exactly): the factored terms of row blocks that fit, the per-pair terms of those that
+    do not, partners far above and below a block's centre. Float32 against the float64 brute force."""
+    gen = torch.Generator().manual_seed(11)
+    _, levels, groups = ordinal_case([1, 70, 3, 1, 45, 30, 60], 3, seed=11)
+    scores = FAST_SCORES[case](gen, len(levels))
+    top, bottom = levels.max(), levels.min()
+    far = torch.where(torch.rand(len(levels), generator=gen) < 0.5, 70.0, -70.0).to(torch.float64)
+    if case == "far lower partners":
+        scores = torch.where(levels == bottom, far, scores)
+    elif case == "far upper partners":
+        scores = torch.where(levels == top, far, scores)
+    scores = scores.to(torch.float32).to(torch.float64)  # the float64 reference sees the same scores
+    groups = groups if grouped else None
+    loss, _, grad = kernel_loss(scores.to(torch.float32), levels[:, None], groups, label_weights=[1.0], cost=cost,
+                                config=config, fast=True)
+    assert grad.dtype == torch.float32
+    assert_close(loss, grad, *reference(scores, levels, groups, cost=cost), rtol=2e-5)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("level", ["lowest", "highest"])
+def test_fast_logistic_keeps_what_a_non_finite_score_gives(bad: float, level: str) -> None:
+    """One infinite or NaN score (the data check off): the fast branch's loss and gradient are
+    the exact branch's (a NaN stays NaN: the block reductions skip it, its row's factor keeps it)."""
+    _, levels, groups = ordinal_case([1, 70, 3, 1, 45, 30, 60], 3, seed=12)
+    scores = torch.randn(len(levels), generator=torch.Generator().manual_seed(12))
+    scores[(levels == (levels.min() if level == "lowest" else levels.max())).nonzero()[3]] = bad
+    (loss, _, grad), (exact_loss, _, exact_grad) = (
+        kernel_loss(scores, levels[:, None], groups, label_weights=[1.0], fast=fast) for fast in (True, False)
+    )
+    assert grad.isnan().any() == math.isnan(bad)
+    torch.testing.assert_close(loss, exact_loss, rtol=1e-5, atol=0, equal_nan=True)
+    torch.testing.assert_close(grad, exact_grad, rtol=1e-5, atol=1e-7, equal_nan=True)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
