@@ -30,6 +30,10 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
    behind their host path. AUC and LaA at N = 16,384 with cases.TILE_CANDIDATES, the grouped AUC
    and LaA (users of ~50 items) at 16,384 and 1,048,576 with cases.GROUPED_TILE_CANDIDATES: the
    data for ``pairwise.TILES["cuda"]`` at small N and ``pairwise.TILES["cuda groups"]``.
+9. The fast logistic's factored terms in CUDA graphs (not in the default run): AUC and LaA with
+   and without users of ~50 items at 16,384 and 1,048,576, the library's kernel (``mlloss-graph``)
+   beside ``mlloss-graph@per-pair`` (its per-pair terms everywhere: the kernel before the factored
+   terms) and ``mlloss-graph@uncapped`` (without ``pairwise.MAX_REGISTERS``' cap).
 
 Sections 1-5 also run ``mlloss-graph``: the Triton call captured once in a CUDA graph and
 replayed (``cases.graphed_step``), at N = 1,024 and 16,384 (sections 1 and 2) and at the grouped

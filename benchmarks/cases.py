@@ -120,6 +120,11 @@ SPILLING_TILES = ("128x128x8",)
 # the partner positions of the groups its rows fall in, about BLOCK_M + 50 positions rounded up to
 # BLOCK_N tiles, where ~50 hold valid pairs: smaller tiles waste less (pairwise.TILES["cuda groups"]).
 GRAPH_TILES_PREFIX = "graph tiles: "
+# Section 9: the layout kernel's calls in CUDA graphs with the library's settings, with the fast
+# logistic's per-pair terms everywhere (``@per-pair``: the kernel before its factored terms, 5
+# special-function ops a pair instead of 3) and without the register cap (``@uncapped``); AUC and
+# LaA with and without users of ~50 items, at 16,384 and 1,048,576.
+FACTORED_PREFIX = "factored: "
 GROUPED_TILE_CANDIDATES = ("64x64x4", "64x32x4", "32x64x4", "32x32x4", "32x32x2", "16x64x4", "16x32x2", "64x16x2",
                            "32x16x2")
 
@@ -140,6 +145,12 @@ def tile_sass_variants() -> list[Any]:
             v, name=f"{v.name} {shape}", num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps),
             constexprs=dict(v.constexprs, BLOCK_M=block_m, BLOCK_N=block_n)) for v in wanted]
     return shaped
+
+
+#: ``kernel_settings``' words besides tile shapes: "@per-pair" rows time the fast logistic's
+#: per-pair terms (the kernel before its factored terms), "@uncapped" the library's tiles without
+#: their register cap, each beside the library's own row.
+PER_PAIR, UNCAPPED = "per-pair", "uncapped"
 
 
 def parse_tiles(shape: str) -> tuple[int, int, int]:
@@ -185,6 +196,7 @@ GPU_SECTION_TITLES = {
     6: "Section 6: float32 accuracy of the Triton path against float64",
     7: "Section 7: the layout kernel's tiles (BLOCK_M x BLOCK_N x warps)",
     8: "Section 8: the layout kernel's tiles in CUDA graphs (the kernels' time, no host path)",
+    9: "Section 9: the fast logistic's factored terms against its per-pair terms (CUDA graphs)",
 }
 # bench_gpu.py's sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
 GPU_SIZES = {
@@ -268,6 +280,11 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
                 for case in (grouped_auc_logistic(), grouped_laa_logistic())] + [
             dict(case, case=GRAPH_TILES_PREFIX + case["case"], section=8, sizes=small, impls=graphs(TILE_CANDIDATES))
             for case in (auc_logistic(0.1), laa_logistic())]
+    if section == 9:
+        sizes = sizes_override or ([big] if mode == "smoke" else [HEADLINE_SPEEDUP_N, big])
+        impls = ["mlloss-graph", f"mlloss-graph@{PER_PAIR}", f"mlloss-graph@{UNCAPPED}"]
+        return [dict(case, case=FACTORED_PREFIX + case["case"], section=9, sizes=sizes, impls=impls)
+                for case in (auc_logistic(0.1), laa_logistic(), grouped_auc_logistic(), grouped_laa_logistic())]
     raise ValueError(f"unknown section {section}; expected one of {sorted(GPU_SECTION_TITLES)}")
 
 
@@ -486,28 +503,39 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
 @contextlib.contextmanager
 def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
     """The Triton tier's launch settings changed for one call: its dense small-batch kernels off
-    (``layout_only``: the layout kernels at every N), and the layout kernel's (BLOCK_M, BLOCK_N,
-    warps) on ``device``'s target, with and without groups (``tiles``, e.g. ``"64x64x8"``; see
-    ``parse_tiles``)."""
+    (``layout_only``: the layout kernels at every N), and the layout kernel's ``tiles`` setting on
+    ``device``'s target, with and without groups: (BLOCK_M, BLOCK_N, warps) such as ``"64x64x8"``
+    (see ``parse_tiles``; launched without ``pairwise.MAX_REGISTERS``' cap), ``"uncapped"`` (the
+    library's tiles without that cap) or ``"per-pair"`` (the fast logistic's per-pair terms
+    everywhere: ``pairwise.FACTOR_LOGISTIC`` off)."""
     if not (layout_only or tiles):
         yield
         return
     from mlloss.kernels import dense, pairwise
     from mlloss.kernels._common import launch_target
 
-    max_items, saved_tiles = dense.MAX_ITEMS, dict(pairwise.TILES)
+    max_items, saved_tiles, saved_caps = dense.MAX_ITEMS, dict(pairwise.TILES), dict(pairwise.MAX_REGISTERS)
+    factor = pairwise.FACTOR_LOGISTIC
     try:
         if layout_only:
             dense.MAX_ITEMS = 0
-        if tiles:  # with and without groups
-            target = launch_target(device)
-            for key in {pairwise.tile_key(target), pairwise.tile_key(target, grouped=True)}:
-                pairwise.TILES[key] = parse_tiles(tiles)
+        target = launch_target(device)
+        keys = {pairwise.tile_key(target), pairwise.tile_key(target, grouped=True)}
+        if tiles == PER_PAIR:
+            pairwise.FACTOR_LOGISTIC = False
+        elif tiles:  # with and without groups
+            for key in keys:
+                pairwise.MAX_REGISTERS.pop(key, None)
+                if tiles != UNCAPPED:
+                    pairwise.TILES[key] = parse_tiles(tiles)
         yield
     finally:
         dense.MAX_ITEMS = max_items
+        pairwise.FACTOR_LOGISTIC = factor
         pairwise.TILES.clear()
         pairwise.TILES.update(saved_tiles)
+        pairwise.MAX_REGISTERS.clear()
+        pairwise.MAX_REGISTERS.update(saved_caps)
 
 
 def mlloss_loss(spec: dict[str, Any], **options):

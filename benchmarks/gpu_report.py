@@ -111,7 +111,7 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
     of the same case and N, so that a call's host path (their difference) is on record."""
     lines = []
     for graph in (r for r in rows if r["impl"] == "mlloss-graph" and "time_s" in r
-                  and not r["case"].startswith(cases.GRAPH_TILES_PREFIX)):
+                  and not r["case"].startswith((cases.GRAPH_TILES_PREFIX, cases.FACTORED_PREFIX))):
         eager = [r for r in _measured(rows, graph["case"], "mlloss" if graph["case"] == cases.PDAOM_CASE
                                       else "mlloss-triton") if r["n"] == graph["n"]]
         unchecked = [r for r in _measured(rows, graph["case"], "mlloss-unchecked") if r["n"] == graph["n"]]
@@ -127,13 +127,14 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _tile_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Sections 7 and 8, no target: per case and N, the fastest tiles of the
-    layout kernel against the library's choice (the ``mlloss-layout`` row, or in section 8 the
-    ``mlloss-graph`` row; the twin with the library's tiles shows the run's noise)."""
+    """Sections 7, 8 and 9, no target: per case and N, the fastest tiles (or settings) of the
+    layout kernel against the library's choice (the ``mlloss-layout`` row, or in sections 8 and 9
+    the ``mlloss-graph`` row; the twin with the library's tiles shows the run's noise)."""
     lines = []
-    prefixes = (cases.TILES_PREFIX, cases.GRAPH_TILES_PREFIX)
+    prefixes = (cases.TILES_PREFIX, cases.GRAPH_TILES_PREFIX, cases.FACTORED_PREFIX)
     for case in sorted({r["case"] for r in rows if r["case"].startswith(prefixes) and "time_s" in r}):
-        reference = "mlloss-graph" if case.startswith(cases.GRAPH_TILES_PREFIX) else "mlloss-layout"
+        graphed = case.startswith((cases.GRAPH_TILES_PREFIX, cases.FACTORED_PREFIX))
+        reference = "mlloss-graph" if graphed else "mlloss-layout"
         for n in sorted({r["n"] for r in rows if r["case"] == case and "time_s" in r}):
             measured = [r for r in rows if r["case"] == case and r["n"] == n and "time_s" in r]
             library = [r for r in measured if r["impl"] == reference]

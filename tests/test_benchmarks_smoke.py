@@ -157,6 +157,14 @@ def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_th
         assert pairwise.TILES["interpreter"] == (16, 16, 1) and dense.MAX_ITEMS == 0
         raise RuntimeError
     assert (dict(pairwise.TILES), dense.MAX_ITEMS) == before
+    caps = dict(pairwise.MAX_REGISTERS)
+    with pytest.raises(RuntimeError), cases.kernel_settings(torch.device("cpu"), tiles=cases.PER_PAIR):
+        assert pairwise.FACTOR_LOGISTIC is False and dict(pairwise.TILES) == before[0]
+        raise RuntimeError
+    with pytest.raises(RuntimeError), cases.kernel_settings(torch.device("cpu"), tiles="16x16x1"):
+        pairwise.MAX_REGISTERS["interpreter"] = 64  # as a tile candidate's row might leave it
+        raise RuntimeError
+    assert pairwise.FACTOR_LOGISTIC is True and dict(pairwise.MAX_REGISTERS) == caps
 
 
 def test_a_tile_variant_is_projected_from_the_reference_at_the_same_size(bench_gpu):
@@ -433,9 +441,9 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
         assert sum(limits) <= 400, limits
         runs[composite] = [call for call in calls if call[0].endswith(".py")], files, out
     kernels_calls, kernels_files, _ = runs["kernels"]
-    assert [call[0] for call in kernels_calls] == (["benchmarks/check_launcher.py"] + ["benchmarks/bench_gpu.py"] * 2
-                                                  + ["benchmarks/profile_call.py"])
-    assert {"tests.txt", "bench.log", "accuracy.json", "profile.txt"} <= kernels_files
+    assert [call[0] for call in kernels_calls] == ["benchmarks/check_launcher.py"] + ["benchmarks/bench_gpu.py"] * 2
+    assert kernels_calls[1][kernels_calls[1].index("--sections") + 1].startswith("9,")  # the factored terms first
+    assert {"tests.txt", "bench.log", "accuracy.json"} <= kernels_files
     assert not any(word.startswith("MLLOSS_TRITON_LAUNCH") for call in kernels_calls for word in call)
     assert "bit-identical to Triton's path" in (runs["kernels"][2] / "device.txt").read_text()
     training_calls, _, training_out = runs["training"]
@@ -452,7 +460,7 @@ def test_gpu_session_times_through_tritons_path_when_the_direct_launches_differ(
     calls, _, _, done = gpu_session("kernels", behaviour="launch-differs")
     later = [call for call in calls if call[0].endswith(".py") and call[0] != "benchmarks/check_launcher.py"]
     later += [call for call in calls if call[:2] == ["-m", "pytest"]]
-    assert len(later) == 4 and all(call[-1] == "MLLOSS_TRITON_LAUNCH=triton" for call in later), later
+    assert len(later) == 3 and all(call[-1] == "MLLOSS_TRITON_LAUNCH=triton" for call in later), later
     assert "launch-check stopped with status 1" in done.stdout
     assert "the later stages launch through Triton's" in done.stdout
 
