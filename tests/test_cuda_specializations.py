@@ -96,6 +96,30 @@ def test_recording_leaves_the_results_unchanged(tool, name):
         assert constexprs["FAST"] is (case.dtype == "float32")
 
 
+def test_the_fast_logistic_launches_its_factored_terms_with_the_register_cap(tool, monkeypatch):
+    """The layout kernel of a CUDA float32 logistic call takes the factored terms (FACTOR) and,
+    with the 64 x 64 x 8 tiles, ``MAX_REGISTERS``' cap; ``FACTOR_LOGISTIC = False`` (bench_gpu.py's
+    ``@per-pair`` rows) launches the per-pair kernel without the cap, and both compute the same
+    loss and gradient (float32 rounding apart)."""
+    from host_path import dense_kernels_off
+
+    from mlloss.kernels import pairwise
+
+    case = _case(tool, "AUC logistic layout")
+    scores, labels, groups, _ = tool._inputs(case)
+    runs = []
+    for factor in (True, False):
+        monkeypatch.setattr(pairwise, "FACTOR_LOGISTIC", factor)
+        x = scores.clone().requires_grad_(True)
+        with tool.recording_cuda_launches() as launches, dense_kernels_off():
+            case.make()(x, labels, groups).backward()
+        (launch,) = [x for x in launches if x["kernel"] == "_pair_partials_kernel"]
+        assert launch["constexprs"]["FACTOR"] is factor
+        assert launch.get("maxnreg") == (pairwise.MAX_REGISTERS["cuda"] if factor else None)
+        runs.append(x.grad)
+    torch.testing.assert_close(runs[0], runs[1], rtol=1e-5, atol=1e-9)
+
+
 @pytest.mark.parametrize("name", ["PDAOM soft layout groups", "LaA soft hardest layout", "AUC hinge dense groups"])
 def test_no_float_argument_reaches_a_cuda_kernel_as_float32(tool, name):
     """Triton's launcher types a plain Python float as fp32 on CUDA, so a float64 loss with
