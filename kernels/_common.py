@@ -240,8 +240,9 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
 @triton.jit
 def factored_span(s_m, row_mask):
     """(fits, centre) of a row block of base-2 scores for ``factored_logistic_terms``: whether
-    the scores span at most 64 (natural scores within ~44 of each other; an infinity fails, a
-    NaN is skipped: its row's factor is NaN) and the middle of their range."""
+    the scores span at most 64 (natural scores within ~44 of each other; an infinity fails; a
+    NaN is skipped by CUDA's max and min and fails the interpreter's, and its terms are NaN either
+    way) and the middle of their range."""
     top = tl.max(tl.where(row_mask, s_m, -float("inf")), axis=0)
     bottom = tl.min(tl.where(row_mask, s_m, float("inf")), axis=0)
     centre = 0.5 * top + 0.5 * bottom  # not (top + bottom) / 2, which overflows near the float max
