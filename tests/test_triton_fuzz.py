@@ -6,7 +6,8 @@ and, with ``kernels.dense.MAX_ITEMS`` lowered, the layout kernels) and with smal
 batches of a few dozen items cross block boundaries. Values, gradients (with a random upstream
 gradient), ``loss.parts`` and run-to-run bits are compared.
 
-(The full fuzz, a few thousand cases, is a scratch script; these cases are its cheap sample.)
+(The full fuzz, a few thousand cases, is a scratch script; these cases are its cheap sample. A second
+sample runs the layout kernel's fast branch, CUDA's, on the logistic cases.)
 """
 
 from __future__ import annotations
@@ -194,6 +195,42 @@ def test_triton_tier_against_brute_force_and_torch_tier(seed, kernel_paths):
     assert parts.keys() == torch_parts.keys()
     for name in parts:
         assert parts[name] == pytest.approx(torch_parts[name], rel=tolerance, abs=1e-6), name
+
+
+def _fast_logistic_seeds(count: int) -> list[int]:
+    """The first ``count`` seeds whose case is an all-pairs logistic loss of float32, float16 or
+    bfloat16 scores: the layout kernel's fast branch serves them on CUDA."""
+    seeds, seed = [], 0
+    while len(seeds) < count:
+        case = make_case(seed)
+        if case["surrogate"] == "logistic" and case["pairs"] == "all" and case["dtype"] != torch.float64:
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
+@pytest.mark.parametrize("seed", _fast_logistic_seeds(12))
+def test_fast_logistic_on_the_layout_kernels_against_brute_force(seed, kernel_paths, monkeypatch):
+    """The layout kernel's fast branch (CUDA's: base-2 scores, the factored terms in row blocks
+    that fit, the per-pair terms in the others; the interpreter computes its special functions
+    exactly) on the fuzz's cases, every second one with 30% of its scores 80 times larger (blocks
+    that do not fit, partners far from a block's centre)."""
+    from mlloss.kernels import _common
+
+    case = make_case(seed)
+    kernel_paths(dict(case, layout=True))
+    monkeypatch.setattr(_common, "fast_math", lambda device, accumulation: accumulation == torch.float32)
+    if seed % 2:
+        wide = torch.rand(case["n"], generator=torch.Generator().manual_seed(seed)) < 0.3
+        case["scores"] = (case["scores"].double() * torch.where(wide, 80.0, 1.0)).to(case["dtype"])
+    value, grad, _ = run(case, "triton")
+    scores = case["scores"].to(torch.float64, copy=True).requires_grad_(True)
+    expected, _, _, _ = brute_force(case, scores)
+    (expected * case["upstream"]).backward()
+    torch.testing.assert_close(value.double(), expected.detach(), rtol=1e-4, atol=1e-6)
+    tolerance = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(case["dtype"], 1e-4)
+    scale = max(float(scores.grad.abs().max()), 1e-6)  # a float16 gradient below ~6e-8 is 0 in every branch
+    torch.testing.assert_close(grad.double() / scale, scores.grad / scale, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
