@@ -131,8 +131,9 @@ def test_ungrouped_binary_ties_and_hinge_kinks(config, surrogate: str) -> None:
 FAST_SCORES = {
     # every block fits
     "moderate": lambda gen, n: torch.randn(n, generator=gen, dtype=torch.float64) * 3,
-    # upper rows fit, their lower partners lie 70 above (past b's cap of 2^92 / 1.44 = 64: the
-    # excess) or 70 below (b flushes); the lower rows span 140 and take the per-pair terms
+    # upper rows fit, their lower partners lie 100 above (past b's cap of 2^92 / 1.44 = 64: the
+    # excess) or 100 below (b flushes); the lower rows span 200 and take the per-pair terms (their
+    # factors would overflow: 2^(100 * 1.44) > the float32 max)
     "far lower partners": lambda gen, n: torch.randn(n, generator=gen, dtype=torch.float64),
     # the other way round
     "far upper partners": lambda gen, n: torch.randn(n, generator=gen, dtype=torch.float64),
@@ -151,7 +152,7 @@ def test_fast_logistic_matches_brute_force(config, grouped: bool, cost: str, cas
     _, levels, groups = ordinal_case([1, 70, 3, 1, 45, 30, 60], 3, seed=11)
     scores = FAST_SCORES[case](gen, len(levels))
     top, bottom = levels.max(), levels.min()
-    far = torch.where(torch.rand(len(levels), generator=gen) < 0.5, 70.0, -70.0).to(torch.float64)
+    far = torch.where(torch.rand(len(levels), generator=gen) < 0.5, 100.0, -100.0).to(torch.float64)
     if case == "far lower partners":
         scores = torch.where(levels == bottom, far, scores)
     elif case == "far upper partners":
