@@ -341,12 +341,14 @@ def pair_partials(
     accumulation: torch.dtype,
     tiles: tuple[int, int, int],
     num_chunks: int,
+    factor: bool = False,
     max_registers: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch kernel 1 (after ``position_values`` for a linear cost); returns (partials
     (B, 3, num_chunks, N), the shares of Z_u (B, N) float64 where
-    ``reduce.normaliser_source(levels)`` is "shares", else None). ``max_registers``: the
-    register cap (``MAX_REGISTERS``) of a launch with the fast logistic's factored terms, or None."""
+    ``reduce.normaliser_source(levels)`` is "shares", else None). ``factor``: the fast logistic's
+    factored terms (``factored``); ``max_registers``: the launch's register cap (``register_cap``),
+    or None."""
     num_problems, n = layout.order.shape
     block_m, block_n, num_warps = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
@@ -354,8 +356,7 @@ def pair_partials(
     shares = torch.empty((num_problems, n), dtype=torch.float64, device=scores.device) if write_shares else None
     values = position_values(levels, layout, accumulation) if cost_linear else scores
     has_groups = layout.group_start is not None
-    factor = fast and surrogate_id == SURROGATES["logistic"] and FACTOR_LOGISTIC
-    cap = {"maxnreg": max_registers} if factor and max_registers else {}
+    cap = {"maxnreg": max_registers} if max_registers else {}
     launcher(_pair_partials_kernel)[(cdiv(n, block_m) * num_chunks, 2, num_problems)](
         scores, values, layout.order, layout.cell_start, layout.cell_end,
         layout.group_start if has_groups else layout.cell_start,
@@ -458,6 +459,17 @@ PROGRAMS_PER_SM = 8
 MAX_CHUNKS = 32
 
 
+def factored(fast: bool, surrogate_id: int) -> bool:
+    """Whether kernel 1 takes the fast logistic's factored terms (its FACTOR constexpr)."""
+    return fast and surrogate_id == SURROGATES["logistic"] and FACTOR_LOGISTIC
+
+
+def register_cap(key: str, factor: bool) -> int | None:
+    """The register cap of a kernel-1 launch with the tiles ``TILES[key]``: ``MAX_REGISTERS``' for
+    the factored kernel, none for the others."""
+    return MAX_REGISTERS.get(key) if factor else None
+
+
 def launch_config(
     device: torch.device, num_items: int, num_problems: int, accumulation: torch.dtype = torch.float32,
     grouped: bool = False,
@@ -530,12 +542,14 @@ def pair_loss_and_grad(
         scores.device, layout.num_items, layout.num_problems, accumulation, grouped=grouped
     )
     fast = fast_math(scores.device, accumulation) if fast is None else fast and accumulation == torch.float32
+    surrogate_index = surrogate_id(surrogate)
+    factor = factored(fast, surrogate_index)
     partials, shares = pair_partials(
         scores, levels, layout,
-        cost_linear=cost == "linear", surrogate_id=surrogate_id(surrogate), margin=float(margin), fast=fast,
+        cost_linear=cost == "linear", surrogate_id=surrogate_index, margin=float(margin), fast=fast,
         score_scale=score_scale(surrogate, fast), value_scale=value_scale(surrogate, fast),
-        accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=chunks or default_chunks,
-        max_registers=None if tiles else MAX_REGISTERS.get(tile_key(launch_target(scores.device), accumulation, grouped)),
+        accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=chunks or default_chunks, factor=factor,
+        max_registers=None if tiles else register_cap(tile_key(launch_target(scores.device), accumulation, grouped), factor),
     )
     num_problems, n = layout.order.shape
     # One problem: its gradient goes straight to the output, which combine scales in place.

@@ -23,7 +23,7 @@ from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..surrogates import USES_MARGIN
 from ._common import SURROGATES, score_scale, value_scale
 from . import dense
-from .pairwise import MAX_REGISTERS, TILES, _pair_partials_kernel
+from .pairwise import TILES, _pair_partials_kernel, factored, register_cap
 
 __all__ = ["SassVariant", "sass_variants"]
 
@@ -90,19 +90,22 @@ BUDGET_TILES = (64, 64, 4)
 
 
 def _ordinal_variant(name: str, surrogate: str, cost: str, grouped: bool, tiles: tuple,
-                     maxnreg: int | None = None) -> SassVariant:
+                     tile_key: str | None = None) -> SassVariant:
+    """The kernel as launched with ``tiles`` (with ``tile_key``, the key of ``pairwise.TILES`` they
+    come from: its register cap too)."""
     block_m, block_n, num_warps = tiles
+    factor = factored(True, SURROGATES[surrogate])
     constexprs = dict(
         MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, HAS_GROUPS=grouped,
-        COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True, FACTOR=surrogate == "logistic",
+        COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True, FACTOR=factor,
         SCORE_SCALE=score_scale(surrogate, True), VALUE_SCALE=value_scale(surrogate, True),
         ACC=tl.float32, WRITE_SHARES=False, BLOCK_M=block_m, BLOCK_N=block_n,
     )
     return SassVariant(
         name=name, kernel=_pair_partials_kernel, signature=dict(_POINTERS, **{k: "constexpr" for k in constexprs}),
         constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=block_m * block_n / (32 * num_warps),
-        loops=_FACTORED_LOOPS if surrogate == "logistic" else _LOOPS,
-        loop_key=_factored_loop_key if surrogate == "logistic" else None, maxnreg=maxnreg,
+        loops=_FACTORED_LOOPS if factor else _LOOPS, loop_key=_factored_loop_key if factor else None,
+        maxnreg=register_cap(tile_key, factor) if tile_key else None,
     )
 
 
@@ -111,7 +114,7 @@ def sass_variants() -> list[SassVariant]:
     at the budget's tiles, then the dense kernels."""
     variants = [
         _ordinal_variant(f"ordinal {surrogate} {cost}" + (" groups" if grouped else ""), surrogate, cost, grouped,
-                         TILES[key], MAX_REGISTERS.get(key) if surrogate == "logistic" else None)
+                         TILES[key], key)
         for surrogate in SURROGATES for cost in ("uniform", "linear") for grouped in (False, True)
         for key in ["cuda groups" if grouped else "cuda"]
     ]
