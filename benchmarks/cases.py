@@ -519,12 +519,11 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
     try:
         if layout_only:
             dense.MAX_ITEMS = 0
-        target = launch_target(device)
-        keys = {pairwise.tile_key(target), pairwise.tile_key(target, grouped=True)}
         if tiles == PER_PAIR:
             pairwise.FACTOR_LOGISTIC = False
         elif tiles:  # with and without groups
-            for key in keys:
+            target = launch_target(device)
+            for key in {pairwise.tile_key(target), pairwise.tile_key(target, grouped=True)}:
                 pairwise.MAX_REGISTERS.pop(key, None)
                 if tiles != UNCAPPED:
                     pairwise.TILES[key] = parse_tiles(tiles)
