@@ -62,8 +62,13 @@ def keep_call_state(module: torch.nn.Module, **state: object) -> None:
     """Set a loss module's per-call attributes (its ``parts``, the last batch's counts): written
     into the instance's dict, without ``nn.Module.__setattr__``'s lookups of parameters, buffers
     and submodules (about 3 us an attribute on this repository's CPU, on every call). The names
-    must be none of these."""
-    module.__dict__.update(state)
+    must be none of these. Under ``torch.compile`` they go through ``setattr``: Dynamo before
+    torch 2.13 cannot trace ``__dict__.update`` (a graph break, which ``fullgraph=True`` refuses)."""
+    if torch.compiler.is_compiling():
+        for name, value in state.items():
+            setattr(module, name, value)
+    else:
+        module.__dict__.update(state)
 
 
 def _made_parts(values: dict[str, Tensor]) -> LossParts:
