@@ -13,7 +13,7 @@
 #   bash benchmarks/gpu_session.sh profile [OPTION...]  # python benchmarks/profile_call.py (host or kernel bound?)
 #   bash benchmarks/gpu_session.sh launch-check  # python benchmarks/check_launcher.py: the direct launches give
 #                                                # Triton's results bit for bit (status 1 if not)
-#   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench (section 9 first), accuracy: issue 10's GPU lines in one device command
+#   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench, accuracy, profile: issue 10's GPU lines in one device command
 #   bash benchmarks/gpu_session.sh training  # step (plain), the recipe, the step with graph replay: issue 12's
 #
 # A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
@@ -120,24 +120,27 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 40 + 100 + 220 + 40 = 400 s, training 100 + 110 + 100 = 310 s,
+    # files. Limits (H100, 16 cores): kernels 40 + 100 + 160 + 40 + 60 = 400 s, training 100 + 110 + 100 = 310 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
-        # the launch check, then tests (69 s on an H100 before the launch check compiled part of their kernels), then bench_gpu.py --quick (issue 10): sections 1-5,
+        # the launch check, then tests (69 s on an H100 before the launch check compiled part of their
+        # kernels, 84-87 s with today's suite), then bench_gpu.py --quick (issue 10): sections 1-5,
         # then 6 (accuracy) in a file of their own, so that a slow float64 reference cannot take
         # the timing sections' time (section 7, the tiles, ran at a20b70f and before: `bench
-        # --sections 7` in a command of its own). Section 9 (the fast logistic's factored terms against
-        # its per-pair terms, in CUDA graphs; ~24 rows) runs first since 2026-11-27, in the time of the
-        # profile of a call (`profile`, ran last until then). A budget leaves its
-        # limit room for the start (imports, ~10 s) and the row in flight. (Sections 1-5 took 74 s on
-        # 2026-11-26, before their mlloss-graph rows: about 9 more rows of 1-2 s; the mlloss-unchecked
-        # rows add about as many, the mlloss-replay rows about as many again: 30 s more of budget.)
+        # --sections 7` in a command of its own), then the profile of the host-bound calls, eager and
+        # replayed (35 s on 2026-11-27). A budget leaves its limit room for the start (imports,
+        # ~10 s) and the row in flight. (Sections 1-5 took 74 s on 2026-11-26, before their
+        # mlloss-graph, mlloss-unchecked and mlloss-replay rows: about 30 rows of 1-2 s more.)
+        # Section 9 (the fast logistic's factored terms against its per-pair terms and without the
+        # register cap) answered its question at eb07a70 (both stay) and left the plan: `bench
+        # --sections 9` reruns it after a kernel change.
         # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
         # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
         # figures stand, and the tests show the failure.
-        plan=("40 launch-check" "100 tests" "220 bench --budget-s 195 --sections 9,2,5,3,1,4" \
-              "40 bench --budget-s 25 --sections 6 --output $out/accuracy.json")
+        plan=("40 launch-check" "100 tests" "160 bench --budget-s 140 --sections 2,5,3,1,4" \
+              "40 bench --budget-s 25 --sections 6 --output $out/accuracy.json" \
+              "60 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
         # training rows fit); then the plain recipe, three epochs a run (the first warms up), as far as

@@ -441,9 +441,12 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
         assert sum(limits) <= 400, limits
         runs[composite] = [call for call in calls if call[0].endswith(".py")], files, out
     kernels_calls, kernels_files, _ = runs["kernels"]
-    assert [call[0] for call in kernels_calls] == ["benchmarks/check_launcher.py"] + ["benchmarks/bench_gpu.py"] * 2
-    assert kernels_calls[1][kernels_calls[1].index("--sections") + 1].startswith("9,")  # the factored terms first
-    assert {"tests.txt", "bench.log", "accuracy.json"} <= kernels_files
+    assert [call[0] for call in kernels_calls] == (
+        ["benchmarks/check_launcher.py"] + ["benchmarks/bench_gpu.py"] * 2 + ["benchmarks/profile_call.py"])
+    assert set(kernels_calls[1][kernels_calls[1].index("--sections") + 1].split(",")) == {"1", "2", "3", "4", "5"}
+    profiled = kernels_calls[3]
+    assert profiled[profiled.index("--impls") + 1:profiled.index("--impls") + 3] == ["mlloss-triton", "mlloss-replay"]
+    assert {"tests.txt", "bench.log", "accuracy.json", "profile.txt"} <= kernels_files
     assert not any(word.startswith("MLLOSS_TRITON_LAUNCH") for call in kernels_calls for word in call)
     assert "bit-identical to Triton's path" in (runs["kernels"][2] / "device.txt").read_text()
     training_calls, _, training_out = runs["training"]
@@ -460,7 +463,7 @@ def test_gpu_session_times_through_tritons_path_when_the_direct_launches_differ(
     calls, _, _, done = gpu_session("kernels", behaviour="launch-differs")
     later = [call for call in calls if call[0].endswith(".py") and call[0] != "benchmarks/check_launcher.py"]
     later += [call for call in calls if call[:2] == ["-m", "pytest"]]
-    assert len(later) == 3 and all(call[-1] == "MLLOSS_TRITON_LAUNCH=triton" for call in later), later
+    assert len(later) == 4 and all(call[-1] == "MLLOSS_TRITON_LAUNCH=triton" for call in later), later  # bench x2, profile, tests
     assert "launch-check stopped with status 1" in done.stdout
     assert "the later stages launch through Triton's" in done.stdout
 
