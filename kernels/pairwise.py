@@ -442,7 +442,9 @@ def position_values(levels, layout, dtype: torch.dtype) -> torch.Tensor:
 # The fast logistic's factored terms (``_common.factored_logistic_terms``: 3 special-function ops
 # a pair over both passes instead of 5, for row blocks whose scores fit; kernel_sass.py). False: the
 # per-pair terms everywhere, the kernel before them, which bench_gpu.py's "@per-pair" rows time
-# beside the library's (benchmarks/cases.py ``kernel_settings``).
+# beside the library's (benchmarks/cases.py ``kernel_settings``). On an H100 (eb07a70, section 9,
+# CUDA graphs) AUC / LaA at 2^20 took 95.4 / 318 ms factored against 137 / 414 per pair (1.03e12 /
+# 9.4e11 pairs/s), at 16,384 0.084 / 0.130 ms against 0.096 / 0.158, with groups the same within 3%.
 FACTOR_LOGISTIC = True
 TILES = {"cuda": (64, 64, 8), "cuda groups": (64, 16, 2), "cuda float64": (32, 32, 4), "interpreter": (128, 128, 4)}
 # The register cap (ptxas .maxnreg) of the fast logistic's launches (FACTOR_LOGISTIC) with a key of
@@ -450,7 +452,9 @@ TILES = {"cuda": (64, 64, 8), "cuda groups": (64, 16, 2), "cuda float64": (32, 3
 # was the fastest on an H100 (above). With both the factored and the per-pair loops in one kernel,
 # ptxas gives the linear cost 162 registers otherwise (one program per SM); at 128 it spills
 # nothing and spends ~0.4 more instructions a pair (kernel_sass.py). The other surrogates' kernels
-# take 90-117 registers uncapped. bench_gpu.py's "@uncapped" rows time the cap's effect.
+# take 90-117 registers uncapped. bench_gpu.py's "@uncapped" rows time the cap's effect: on an H100
+# (eb07a70) LaA at 2^20 took 618 ms uncapped against 318, AUC (uniform cost, 125 registers either
+# way) 94.9 against 95.4.
 MAX_REGISTERS = {"cuda": 128}
 FINALIZE_BLOCK = {"cuda": 1024, "interpreter": 1024}
 # Kernel 1 aims at this many programs per streaming multiprocessor (each pass of each problem
