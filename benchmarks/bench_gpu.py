@@ -34,6 +34,11 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
    and without users of ~50 items at 16,384 and 1,048,576, the library's kernel (``mlloss-graph``)
    beside ``mlloss-graph@per-pair`` (its per-pair terms everywhere: the kernel before the factored
    terms) and ``mlloss-graph@uncapped`` (without ``pairwise.MAX_REGISTERS``' cap).
+10. The dense kernels' threshold (``kernels/dense.py`` MAX_ITEMS, 2,048 items; not in the default
+   run): the grouped AUC and LaA (users of ~50 items, as the recipe's batches) at 2,048 to 16,384
+   items on the layout kernels (``mlloss-layout``, ``mlloss-graph@layout``) and on the dense ones
+   (``mlloss-triton@dense``, ``mlloss-graph@dense``), eager and in CUDA graphs: whether the
+   dense kernels' fewer launches and ops pay for their N^2 pairs above 2,048 items.
 
 Sections 1-5 also run ``mlloss-graph``: the Triton call captured once in a CUDA graph and
 replayed (``cases.graphed_step``), at N = 1,024 and 16,384 (sections 1 and 2) and at the grouped

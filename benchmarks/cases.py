@@ -125,6 +125,13 @@ GRAPH_TILES_PREFIX = "graph tiles: "
 # special-function ops a pair instead of 3) and without the register cap (``@uncapped``); AUC and
 # LaA with and without users of ~50 items, at 16,384 and 1,048,576.
 FACTORED_PREFIX = "factored: "
+# Section 10: the dense kernels' threshold (kernels/dense.py MAX_ITEMS, 2,048 items): the grouped AUC
+# and LaA (users of ~50 items, the recipe's batches) on the dense kernels (``@dense``: every N up to
+# DENSE_LIMIT) and on the layout kernels (``mlloss-layout``, ``@layout``), eager and in CUDA graphs,
+# at 2,048 to 16,384 items. The dense kernels visit all N^2 pairs (38-52 instructions a pair) but
+# need 2 launches and 9-19 aten ops, the layout kernels a group's pairs only after 5 launches and
+# 14-30 ops: the eager calls are bound by the host, the graphs by the device.
+DENSE_PREFIX = "dense or layout: "
 GROUPED_TILE_CANDIDATES = ("64x64x4", "64x32x4", "32x64x4", "32x32x4", "32x32x2", "16x64x4", "16x32x2", "64x16x2",
                            "32x16x2")
 
@@ -151,6 +158,10 @@ def tile_sass_variants() -> list[Any]:
 #: per-pair terms (the kernel before its factored terms), "@uncapped" the library's tiles without
 #: their register cap, each beside the library's own row.
 PER_PAIR, UNCAPPED = "per-pair", "uncapped"
+#: ``kernel_settings``' words for section 10: "@dense" rows take the dense kernels up to DENSE_LIMIT
+#: items (their packed counts need fewer than 2^15), "@layout" rows the layout kernels at every N.
+DENSE, LAYOUT = "dense", "layout"
+DENSE_LIMIT = 2**15 - 1
 
 
 def parse_tiles(shape: str) -> tuple[int, int, int]:
@@ -197,6 +208,7 @@ GPU_SECTION_TITLES = {
     7: "Section 7: the layout kernel's tiles (BLOCK_M x BLOCK_N x warps)",
     8: "Section 8: the layout kernel's tiles in CUDA graphs (the kernels' time, no host path)",
     9: "Section 9: the fast logistic's factored terms against its per-pair terms (CUDA graphs)",
+    10: "Section 10: the dense kernels against the layout kernels, 2,048 to 16,384 items (eager and CUDA graphs)",
 }
 # bench_gpu.py's sizes per mode: the mlloss sweep, the grouped sweep, and the one size of section 3.
 GPU_SIZES = {
@@ -285,6 +297,11 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
         impls = ["mlloss-graph", f"mlloss-graph@{PER_PAIR}", f"mlloss-graph@{UNCAPPED}"]
         return [dict(case, case=FACTORED_PREFIX + case["case"], section=9, sizes=sizes, impls=impls)
                 for case in (auc_logistic(0.1), laa_logistic(), grouped_auc_logistic(), grouped_laa_logistic())]
+    if section == 10:
+        sizes = sizes_override or ([256] if mode == "smoke" else [2048, 4096, 8192, 16384])
+        impls = ["mlloss-layout", f"mlloss-triton@{DENSE}", f"mlloss-graph@{LAYOUT}", f"mlloss-graph@{DENSE}"]
+        return [dict(case, case=DENSE_PREFIX + case["case"], section=10, sizes=sizes, impls=impls)
+                for case in (grouped_auc_logistic(), grouped_laa_logistic())]
     raise ValueError(f"unknown section {section}; expected one of {sorted(GPU_SECTION_TITLES)}")
 
 
@@ -506,8 +523,9 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
     (``layout_only``: the layout kernels at every N), and the layout kernel's ``tiles`` setting on
     ``device``'s target, with and without groups: (BLOCK_M, BLOCK_N, warps) such as ``"64x64x8"``
     (see ``parse_tiles``; launched without ``pairwise.MAX_REGISTERS``' cap), ``"uncapped"`` (the
-    library's tiles without that cap) or ``"per-pair"`` (the fast logistic's per-pair terms
-    everywhere: ``pairwise.FACTOR_LOGISTIC`` off)."""
+    library's tiles without that cap), ``"per-pair"`` (the fast logistic's per-pair terms
+    everywhere: ``pairwise.FACTOR_LOGISTIC`` off), ``"dense"`` (the dense kernels up to
+    ``DENSE_LIMIT`` items) or ``"layout"`` (the layout kernels at every N, as ``layout_only``)."""
     if not (layout_only or tiles):
         yield
         return
@@ -519,7 +537,9 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
     try:
         if layout_only:
             dense.MAX_ITEMS = 0
-        if tiles == PER_PAIR:
+        if tiles in (DENSE, LAYOUT):
+            dense.MAX_ITEMS = DENSE_LIMIT if tiles == DENSE else 0
+        elif tiles == PER_PAIR:
             pairwise.FACTOR_LOGISTIC = False
         elif tiles:  # with and without groups
             target = launch_target(device)

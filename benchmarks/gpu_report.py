@@ -103,7 +103,8 @@ def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
         lines += _replayed_line(rows, case, HEADLINE_MEMORY_N, GROUPED_CALL_TARGET_S, gpu)
     lines += _time_line(rows, cases.PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
     lines += _replayed_line(rows, cases.PDAOM_CASE, HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
-    return lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu) + _graph_lines(rows) + _tile_lines(rows)
+    return (lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu) + _graph_lines(rows) + _tile_lines(rows)
+            + _dense_or_layout_lines(rows))
 
 
 def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -143,6 +144,25 @@ def _tile_lines(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"- {case} at N={n:,} (no target): fastest {best['impl'].partition('@')[2] or 'library tiles'} "
                          f"{best['time_s'] * 1e3:.3g} ms; {base} ({len(measured)} rows)")
     return lines
+
+
+def _dense_or_layout_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Section 10, no target: per case and N, the layout and the dense kernels' times, eager and in
+    a CUDA graph (the data for ``kernels/dense.py`` MAX_ITEMS)."""
+    kinds = (("eager", "mlloss-layout", f"mlloss-triton@{cases.DENSE}"),
+             ("in a CUDA graph", f"mlloss-graph@{cases.LAYOUT}", f"mlloss-graph@{cases.DENSE}"))
+    lines = []
+    for case in sorted({r["case"] for r in rows if r["case"].startswith(cases.DENSE_PREFIX) and "time_s" in r}):
+        for n in sorted({r["n"] for r in rows if r["case"] == case and "time_s" in r}):
+            times = {r["impl"]: r["time_s"] for r in rows if r["case"] == case and r["n"] == n and "time_s" in r}
+            parts = [f"{kind} layout {_ms(times.get(layout))} / dense {_ms(times.get(dense))}"
+                     for kind, layout, dense in kinds]
+            lines.append(f"- {case} at N={n:,} (no target): " + "; ".join(parts))
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return "not measured" if seconds is None else f"{seconds * 1e3:.3g} ms"
 
 
 def _accuracy_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:

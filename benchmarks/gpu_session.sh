@@ -134,11 +134,13 @@ kernels|training)
         # mlloss-graph, mlloss-unchecked and mlloss-replay rows: about 30 rows of 1-2 s more.)
         # Section 9 (the fast logistic's factored terms against its per-pair terms and without the
         # register cap) answered its question at eb07a70 (both stay) and left the plan: `bench
-        # --sections 9` reruns it after a kernel change.
+        # --sections 9` reruns it after a kernel change. Section 10 (the dense kernels against the
+        # layout kernels at 2,048-16,384 items, 32 rows) comes last in the bench stage: the budget
+        # cuts it first.
         # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
         # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
         # figures stand, and the tests show the failure.
-        plan=("40 launch-check" "100 tests" "160 bench --budget-s 140 --sections 2,5,3,1,4" \
+        plan=("40 launch-check" "100 tests" "160 bench --budget-s 140 --sections 2,5,3,1,4,10" \
               "40 bench --budget-s 25 --sections 6 --output $out/accuracy.json" \
               "60 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
     else

@@ -66,7 +66,10 @@ __all__ = ["MAX_ITEMS", "MAX_LEVELS", "dense_loss_and_grad"]
 #: launches. 2,048 items are 2.1M pairs, about 10 us of an H100 at a third of the layout kernel's
 #: measured 7.7e11 pairs/s (../shared/gpu-baseline). On an H100 an AUC call at N = 1,024 took
 #: 1.01 ms on these kernels and 1.28 ms on the layout's (benchmarks/bench_gpu.py --quick at
-#: da5adbf, its ``mlloss-layout`` row), both bound by the host.
+#: da5adbf, its ``mlloss-layout`` row), both bound by the host. Above 2,048 items the recipe's
+#: pairwise terms (users kept whole, on the layout kernels) cost an H100 0.5-1 ms more host time a
+#: step at 8,192 than at 1,024 (benchmarks/results/recipe-cuda-eb07a70.md): bench_gpu.py's section
+#: 10 times both kinds of kernel at 2,048-16,384 items, eager and in CUDA graphs, for this threshold.
 MAX_ITEMS = 2048
 #: Most levels of LaA's aggregated label the dense kernels take (two binary labels make three):
 #: a row counts its group's items per level in one int64, 16 bits a level.

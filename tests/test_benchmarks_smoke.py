@@ -167,6 +167,37 @@ def test_tile_section_runs_the_layout_kernel_with_each_candidate_and_restores_th
     assert pairwise.FACTOR_LOGISTIC is True and dict(pairwise.MAX_REGISTERS) == caps
 
 
+def test_dense_or_layout_section_times_both_kernels_and_restores_the_threshold(bench_gpu, cases, tmp_path):
+    """Section 10: the grouped AUC and LaA on the layout kernels and on the dense ones (the CUDA
+    graph rows are skipped on the CPU): the two agree within float32 summation error, the dense
+    kernels' threshold is what the word asks inside and the library's after (also after an error),
+    and the report puts the two side by side."""
+    import torch
+
+    from mlloss.kernels import dense
+
+    before = dense.MAX_ITEMS
+    output = tmp_path / "dense.json"
+    bench_gpu.main(["--device", "cpu", "--sections", "10", "--sizes", "200", "--min-repeats", "1",
+                    "--max-repeats", "1", "--output", str(output)])
+    assert dense.MAX_ITEMS == before
+    report = json.loads(output.read_text())
+    rows = {(r["case"], r["impl"]): r for r in report["results"]}
+    for case in (cases.DENSE_PREFIX + spec["case"] for spec in (cases.grouped_auc_logistic(), cases.grouped_laa_logistic())):
+        assert rows[case, "mlloss-layout"]["reference"]
+        assert rows[case, f"mlloss-triton@{cases.DENSE}"]["value_rel_diff"] < 1e-6
+        assert rows[case, f"mlloss-triton@{cases.DENSE}"]["grad_rel_diff"] < 1e-5
+        assert "CUDA graph" in rows[case, f"mlloss-graph@{cases.DENSE}"]["skipped"]
+    lines = [line for line in report["acceptance"] if line.startswith("- " + cases.DENSE_PREFIX)]
+    assert len(lines) == 2 and all("eager layout" in line and "/ dense" in line for line in lines), lines
+
+    for word, inside in ((cases.DENSE, cases.DENSE_LIMIT), (cases.LAYOUT, 0)):
+        with pytest.raises(RuntimeError), cases.kernel_settings(torch.device("cpu"), tiles=word):
+            assert dense.MAX_ITEMS == inside
+            raise RuntimeError
+        assert dense.MAX_ITEMS == before
+
+
 def test_a_tile_variant_is_projected_from_the_reference_at_the_same_size(bench_gpu):
     """A tile variant's step at N = 2^20 is the reference's there times their ratio at 16,384: a
     host-bound 16,384 row scaled by the ratio of pairs would project seconds and skip it."""
@@ -443,7 +474,7 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
     kernels_calls, kernels_files, _ = runs["kernels"]
     assert [call[0] for call in kernels_calls] == (
         ["benchmarks/check_launcher.py"] + ["benchmarks/bench_gpu.py"] * 2 + ["benchmarks/profile_call.py"])
-    assert set(kernels_calls[1][kernels_calls[1].index("--sections") + 1].split(",")) == {"1", "2", "3", "4", "5"}
+    assert set(kernels_calls[1][kernels_calls[1].index("--sections") + 1].split(",")) == {"1", "2", "3", "4", "5", "10"}
     profiled = kernels_calls[3]
     assert profiled[profiled.index("--impls") + 1:profiled.index("--impls") + 3] == ["mlloss-triton", "mlloss-replay"]
     assert {"tests.txt", "bench.log", "accuracy.json", "profile.txt"} <= kernels_files
