@@ -120,7 +120,7 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 40 + 100 + 160 + 40 + 60 = 400 s, training 100 + 110 + 100 = 310 s,
+    # files. Limits (H100, 16 cores): kernels 40 + 100 + 160 + 40 + 60 = 400 s, training 90 + 130 + 90 = 310 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
@@ -153,9 +153,11 @@ kernels|training)
         # --fixed-batches --rounds 0 --batch-sizes 1024: measured at a20b70f) and recipe-compiled
         # run in commands of their own. (On an H100 in an earlier session the
         # compiled step did 3 losses in about 100 s; its 4th, laa, failed then; the recipe did 4 runs
-        # in 120 s.)
-        plan=("100 step --rounds 3" "110 recipe --epochs 3" \
-              "100 step --graph-replay --fixed-batches --rounds 0 --batch-sizes 1024")
+        # in 120 s. On 2026-11-27 the three stages took about 210 s in all, the recipe its whole 110 s
+        # for 3 runs: its `laa` run at 1,024 was cut. So the recipe stage has 130 s since, for the four
+        # losses at 1,024, and the step stages 90 s each.)
+        plan=("90 step --rounds 3" "130 recipe --epochs 3" \
+              "90 step --graph-replay --fixed-batches --rounds 0 --batch-sizes 1024")
     fi
     for entry in "${plan[@]}"; do
         read -r limit stage <<< "$entry"
