@@ -81,11 +81,15 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     # LaA of one ordinal column (graded relevance 0-2): its levels known only from the data
     "LaALoss(graded)": lambda validate: mlloss.LaALoss(backend="triton", validate_args=validate),
     "LaALoss(graded hardest)": lambda validate: mlloss.LaALoss(pairs="hardest", backend="triton", validate_args=validate),
+    # a two-task model's heads in one call: (N, 2) scores, a label column each (AUCLoss.task_columns)
+    "AUCLoss(2 task columns)": lambda validate: mlloss.AUCLoss(backend="triton", validate_args=validate),
+    "PDAOMLoss(2 task columns)": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
 }
 SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
 GRADED = {"LaALoss(graded)", "LaALoss(graded hardest)"}
+TASK_COLUMNS = {"AUCLoss(2 task columns)", "PDAOMLoss(2 task columns)"}
 # On the dense kernels up to 2,048 items (LaA: its 2 binary columns make 3 levels).
-DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss")
+DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss", *sorted(TASK_COLUMNS))
 
 
 def loss_labels(name: str, labels: torch.Tensor) -> torch.Tensor:
@@ -94,6 +98,12 @@ def loss_labels(name: str, labels: torch.Tensor) -> torch.Tensor:
     if name in SINGLE_LABEL:
         return labels[:, 0]
     return labels.sum(dim=1, keepdim=True) if name in GRADED else labels
+
+
+def loss_scores(name: str, scores: torch.Tensor) -> torch.Tensor:
+    """What loss ``name`` takes of a batch's scores: two task columns (the second the first
+    reversed), or the scores as they are."""
+    return torch.stack([scores, scores.flip(0)], dim=1) if name in TASK_COLUMNS else scores
 
 
 def batch(num_items: int = 64, seed: int = 0):
@@ -204,7 +214,7 @@ def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False
     from mlloss.ops.replay import stand_in_on_cpu
 
     scores, labels, groups = batch(num_items)
-    labels = loss_labels(name, labels)
+    scores, labels = loss_scores(name, scores), loss_labels(name, labels)
     loss = LOSSES[name](validate)
     groups = groups if grouped else None
     options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}

@@ -233,7 +233,7 @@ def host_time(name: str, *, grouped: bool, layout: bool, calls: int, num_items: 
     import host_path
 
     scores, labels, groups = host_path.batch(num_items)
-    labels = host_path.loss_labels(name, labels)
+    scores, labels = host_path.loss_scores(name, scores), host_path.loss_labels(name, labels)
     loss = host_path.LOSSES[name](False)
     groups = groups if grouped else None
 

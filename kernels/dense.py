@@ -130,7 +130,7 @@ def _dense_rows_kernel(
     SURROGATE: tl.constexpr, MARGIN: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHECK: tl.constexpr, BAD_SCORE: tl.constexpr,
-    BAD_LABEL: tl.constexpr,
+    BAD_LABEL: tl.constexpr, SCORE_COLUMNS: tl.constexpr,
 ):
     """Grid (row blocks, problems). Rows [pid * BLOCK_M, +BLOCK_M) of one problem (a binary label
     column, LEVELS = 2; or LaA's aggregated label as ranks into the level values ``values_ptr``,
@@ -138,10 +138,13 @@ def _dense_rows_kernel(
     gradient (before the mean over groups), and the block's sums of the items' loss terms, of 1 /
     group size over the items of groups with a valid pair (a group's items add up to 1) and of the
     valid pairs counted at their upper items, as ``reduce.combine`` reads them. CHECK: the data
-    check of ``kernels.check`` (binary labels) on the block's rows, OR-ed into ``status``."""
+    check of ``kernels.check`` (binary labels) on the block's rows, OR-ed into ``status``.
+    SCORE_COLUMNS: each problem reads its own scores, row ``problem`` of (B, N) ``scores``."""
     block = tl.program_id(0)
     problem = tl.program_id(1)  # a label column: its 0/1 labels, gradient and block sums
     labels_ptr += problem * label_stride_problem
+    if SCORE_COLUMNS:
+        scores_ptr += problem.to(tl.int64) * N
     grad_ptr += problem * N
     block_sums_ptr += problem * 3 * num_blocks
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -281,6 +284,7 @@ def dense_loss_and_grad(
     values: torch.Tensor | None = None,
     linear: bool = False,
     check: bool = False,
+    score_columns: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)) of B
     binary problems over the same scores, mixed by ``mixing`` (B,) (None: ones; the tier contract
@@ -297,7 +301,12 @@ def dense_loss_and_grad(
 
     ``check`` (binary labels, with a ``status``): the rows kernel also makes the data check of
     ``kernels.check.check_batch`` (non-finite scores, labels other than 0/1, over the mask) and
-    ORs its bits into ``status``: no launch of its own."""
+    ORs its bits into ``status``: no launch of its own.
+
+    ``score_columns``: ``scores`` (B, N), contiguous, problem b reading row b (a multi-task
+    model's task columns, each with its own label column); the gradient comes back (N, B), each
+    problem's own in its column, scaled by its mixing weight and its reduction
+    (``reduce.combine``'s ``separate``)."""
     validate_device(scores, labels, groups, mask, values)
     num_problems, n = labels.shape
     if n > MAX_ITEMS:
@@ -315,8 +324,9 @@ def dense_loss_and_grad(
     block_m, block_n, num_warps = TILES[kind]
     num_blocks = cdiv(n, block_m)
     labels = int32_addressable(labels)  # the kernel's label offsets are int32
-    # One problem: its gradient goes straight to the output, which combine scales in place.
-    grad = torch.empty((num_problems, n), dtype=loss_dtype if num_problems == 1 else torch.float64,
+    # One problem: its gradient goes straight to the output, which combine scales in place; score
+    # columns' go to their columns of another output; problems over shared scores sum in float64.
+    grad = torch.empty((num_problems, n), dtype=loss_dtype if num_problems == 1 or score_columns else torch.float64,
                        device=scores.device)
     block_sums = torch.empty((num_problems, 3, num_blocks), dtype=torch.float64, device=scores.device)
     if n:
@@ -328,7 +338,8 @@ def dense_loss_and_grad(
             LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), MARGIN=float(margin), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
             ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, CHECK=check, BAD_SCORE=STATUS_BAD_SCORE,
-            BAD_LABEL=STATUS_BAD_LABEL, num_warps=num_warps,
+            BAD_LABEL=STATUS_BAD_LABEL, SCORE_COLUMNS=score_columns, num_warps=num_warps,
         )
     return combine(grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=loss_dtype,
-                   status=status, block=FINALIZE_BLOCK[kind], grad=grad[0] if num_problems == 1 else None)
+                   status=status, block=FINALIZE_BLOCK[kind],
+                   grad=grad[0] if num_problems == 1 and not score_columns else None, separate=score_columns)

@@ -82,16 +82,19 @@ def _spans(cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, row, po
 def _cell_scan_kernel(
     scores_ptr, order_ptr, cell_start_ptr, group_start_ptr, extremes_ptr, carries_ptr, N, num_blocks,
     inverse_temperature: tl.float64, HAS_GROUPS: tl.constexpr, BOTH: tl.constexpr, SOFT: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, SCORE_COLUMNS: tl.constexpr,
 ):
     """Grid (position blocks, R). Level one of the cells' scans (``scan.scan_block``): each
     position's (min, acc) of its cell's values v up to it, to extremes[r, 0, p] and [r, 1, p].
     Binary problems (not BOTH, r the problem): v = s for a positive, -s for a negative (a
     positive's cell starts after its group's start); one problem of several levels (BOTH): v = s
-    (row 0, the cells' min) and v = -s (row 1, their max)."""
+    (row 0, the cells' min) and v = -s (row 1, their max). SCORE_COLUMNS (binary problems): each
+    problem reads its own scores, row r of (B, N) ``scores``."""
     block = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     row = 0 if BOTH else r * N
+    if SCORE_COLUMNS:
+        scores_ptr += row
     positions = block * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
@@ -145,14 +148,17 @@ def _hardest_kernel(
     scores_ptr, order_ptr, cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr,
     extremes_ptr, carries_ptr, grad_ptr, block_sums_ptr, N, num_blocks, temperature: tl.float64,
     inverse_temperature: tl.float64, MARGIN: tl.constexpr, SURROGATE: tl.constexpr, HAS_GROUPS: tl.constexpr,
-    SOFT: tl.constexpr, BLOCK: tl.constexpr,
+    SOFT: tl.constexpr, BLOCK: tl.constexpr, SCORE_COLUMNS: tl.constexpr,
 ):
     """Grid (position blocks, B); see the module docstring. ``extremes``, ``carries``: the cells'
     scans (``_cell_scan_kernel``, ``scan.carry_across_blocks``): a positive cell's min of s, a
-    negative cell's min of -s. No rank is read: a group's positives are the cell after its first."""
+    negative cell's min of -s. No rank is read: a group's positives are the cell after its first.
+    SCORE_COLUMNS: each problem reads its own scores, row ``problem`` of (B, N) ``scores``."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
     row = problem * N
+    if SCORE_COLUMNS:
+        scores_ptr += row
     positions = block * BLOCK + tl.arange(0, BLOCK)
     mask = positions < N
     cell_start, cell_end, group_start, group_end = _spans(
@@ -303,18 +309,21 @@ def hardest_loss_and_grad(
     reduction: str,
     status: torch.Tensor | None,
     cost: str = "uniform",
+    score_columns: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every problem's max-violation loss over a ``PairLayout``, mixed.
 
     Same contract as ``pairwise.pair_loss_and_grad``:
     binary problems (``levels.rank`` the 0/1 labels) or one problem of several levels
-    (``levels.values``: LaA's aggregated label, with pair cost ``cost``), hard or soft.
+    (``levels.values``: LaA's aggregated label, with pair cost ``cost``), hard or soft;
+    ``score_columns`` (binary problems): (B, N) scores, a row per problem, and an (N, B) gradient.
     """
     validate_device(scores, levels.rank, layout.order)
     num_problems, n = layout.order.shape
     several = levels.values is not None
-    if several and num_problems != 1:
-        raise ValueError(f"the several-level kernel takes one problem; got {num_problems} problems")
+    if several and (num_problems != 1 or score_columns):
+        raise ValueError(f"the several-level kernel takes one problem; got {num_problems} problems"
+                         + (" on score columns" if score_columns else ""))
     block = FINALIZE_BLOCK[launch_target(scores.device)]
     num_blocks = cdiv(n, block)
     has_groups = layout.group_start is not None
@@ -329,10 +338,10 @@ def hardest_loss_and_grad(
     # float it went through a float32 constant (2e-9 relative at tau = 0.3)
     inverse_tau = 1.0 / tau
     loss_dtype = accumulation_dtype(scores)
-    # One problem: its gradient goes straight to the output, which combine scales in place.
-    grad = torch.empty(n, dtype=loss_dtype, device=scores.device) if num_problems == 1 else torch.empty(
-        (num_problems, n), dtype=torch.float64, device=scores.device
-    )
+    # One problem: its gradient goes straight to the output, which combine scales in place; score
+    # columns' go to their columns of another output; problems over shared scores sum in float64.
+    grad = torch.empty((num_problems, n), dtype=loss_dtype if num_problems == 1 or score_columns else torch.float64,
+                       device=scores.device)
     # Each cell's min of s and max of s (rows of v = s and v = -s), or their soft sums: a binary
     # problem's positive cells need only the min and its negative cells only the max (one row).
     rows = 2 if several else num_problems
@@ -340,7 +349,7 @@ def hardest_loss_and_grad(
     carries = scan.new_carries(rows, num_blocks, scores.device)
     launcher(_cell_scan_kernel)[(num_blocks, rows)](
         scores, layout.order, layout.cell_start, spans[2], extremes, carries, n, num_blocks, inverse_tau,
-        HAS_GROUPS=has_groups, BOTH=several, SOFT=soft, BLOCK=block, num_warps=8,
+        HAS_GROUPS=has_groups, BOTH=several, SOFT=soft, BLOCK=block, SCORE_COLUMNS=score_columns, num_warps=8,
     )
     scan.carry_across_blocks(carries, "softmin" if soft else "min", inverse_tau)
     if several:
@@ -358,11 +367,12 @@ def hardest_loss_and_grad(
         launcher(_hardest_kernel)[(num_blocks, num_problems)](
             scores, layout.order, *spans, extremes, carries, grad, block_sums, n, num_blocks, tau, inverse_tau,
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
+            SCORE_COLUMNS=score_columns,
             # float64 extremes of two cells per position (sm_90, Triton 3.9): hard 212 registers a
             # thread at 4 warps, 112 at 8; soft 246 at 4, and at 8 128 with a few bytes of spills
             num_warps=4 if soft else 8,
         )
     return combine(
-        grad, 0, n, block_sums, mixing, mean=reduction == "mean",
-        loss_dtype=loss_dtype, status=status, block=block, grad=grad if num_problems == 1 else None,
+        grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=loss_dtype, status=status, block=block,
+        grad=grad[0] if num_problems == 1 and not score_columns else None, separate=score_columns,
     )

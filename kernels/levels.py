@@ -183,12 +183,12 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, order_ptr, group
                          scores_ptr, status_ptr, N, num_blocks,
                          LEVELS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, ORDERED: tl.constexpr,
                          GROUPED: tl.constexpr, CHECK: tl.constexpr, BAD_SCORE: tl.constexpr,
-                         BAD_LABEL: tl.constexpr):
+                         BAD_LABEL: tl.constexpr, SCORE_COLUMNS: tl.constexpr):
     """Grid (blocks of positions, B): counts[b, block, l], the items of level l in this block
     (counts has a row more per problem, for ``_block_scan_kernel``'s totals).
     GROUPED: also edges[block] = (the block's last group start, its first group end + 1; -1 and
     N + 1 without). CHECK (0/1 labels as the ranks): also the data check of ``kernels.check`` on
-    the block, into ``status``."""
+    the block, into ``status``, of the problem's own row of (B, N) scores with SCORE_COLUMNS."""
     block = tl.program_id(0)
     problem = tl.program_id(1).to(tl.int64)
     positions, mask, items, stored, one_hot = _block_levels(rank_ptr + problem * stride_problem, stride_item,
@@ -200,6 +200,8 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, order_ptr, group
             tl.store(edges_ptr + 2 * block, tl.max(tl.where(first, positions, -1)))
             tl.store(edges_ptr + 2 * block + 1, tl.min(tl.where(last, positions + 1, N + 1)))
     if CHECK:
+        if SCORE_COLUMNS:
+            scores_ptr += problem * N
         report_binary_check(status_ptr, tl.load(scores_ptr + items, mask=mask, other=0.0), stored, mask, BAD_SCORE,
                             BAD_LABEL)
 
@@ -339,13 +341,14 @@ def _level_positions_kernel(
 
 
 def counting_layout(levels, groups: torch.Tensor | None = None, *,
-                    check: tuple[torch.Tensor, torch.Tensor] | None = None):
+                    check: tuple[torch.Tensor, torch.Tensor] | None = None, score_columns: bool = False):
     """The ``PairLayout`` of ``levels`` (a ``mlloss.ops.layout.Levels`` of at most
     ``COUNTING_LEVELS`` ranks, any integer or float dtype and strides: binary label columns
     transposed, a view) and the optional (N,) int64 ``groups``, by a counting sort inside each
     group: equal to ``pair_layout(levels, groups)`` bit for bit.
     ``check`` (scores, status) with 0/1 labels as the ranks: the data check of
-    ``kernels.check.check_batch`` in the same launch, its bits OR-ed into status."""
+    ``kernels.check.check_batch`` in the same launch, its bits OR-ed into status; with
+    ``score_columns`` the scores are (B, N), each problem checking its own row."""
     rank = int32_addressable(levels.rank)
     validate_device(rank, *(check or ()), *((groups,) if groups is not None else ()))
     if levels.num_ranks > COUNTING_LEVELS:
@@ -376,7 +379,7 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *,
             rank, rank.stride(0), rank.stride(1), _or(order, spare), _or(sorted_groups, spare), counts,
             _or(edges, spare), scores, status, n, num_blocks, LEVELS=levels.num_ranks, WIDTH=width, BLOCK=block,
             ORDERED=order is not None, GROUPED=groups is not None, CHECK=check is not None,
-            BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL,
+            BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL, SCORE_COLUMNS=score_columns,
         )
         # [BLOCK, WIDTH] one-hot counts in registers (sm_90, ptxas of Triton 3.9): without groups
         # 8 levels spill at 4 warps; with groups, the prefixes at the group edges too: blocks of

@@ -277,7 +277,7 @@ def _pair_partials_kernel(
     group_end_ptr, partials_ptr, shares_ptr, N, num_chunks,
     MARGIN: tl.constexpr, HAS_GROUPS: tl.constexpr, COST_LINEAR: tl.constexpr, SURROGATE: tl.constexpr,
     FAST: tl.constexpr, FACTOR: tl.constexpr, SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
-    WRITE_SHARES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WRITE_SHARES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCORE_COLUMNS: tl.constexpr,
 ):
     """Grid (row blocks * num_chunks, 2, B). ``partials`` (B, 3, num_chunks, N) gets, per chunk,
     the row loss of the upper pass, the upper side and the lower side of the gradient. With
@@ -285,11 +285,14 @@ def _pair_partials_kernel(
     upper pass writes each position's share of its group's Z_u to ``shares`` (B, N) float64
     (the finalize step finds the other problems' Z_u itself). ``values`` (B, N), read with
     COST_LINEAR: each position's level value from ``_position_values_kernel``. MARGIN is a
-    constexpr so that the float64 path sees it unrounded (a float argument is typed fp32)."""
+    constexpr so that the float64 path sees it unrounded (a float argument is typed fp32).
+    SCORE_COLUMNS: each problem reads its own scores, row ``problem`` of (B, N) ``scores``."""
     row_block = tl.program_id(0) // num_chunks
     chunk = tl.program_id(0) % num_chunks
     problem = tl.program_id(2).to(tl.int64)
     row = problem * N
+    if SCORE_COLUMNS:
+        scores_ptr += row
     values_row = values_ptr + row
     order_row = order_ptr + row
     part = partials_ptr + (problem * 3 * num_chunks + chunk) * N
@@ -343,12 +346,13 @@ def pair_partials(
     num_chunks: int,
     factor: bool = False,
     max_registers: int | None = None,
+    score_columns: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch kernel 1 (after ``position_values`` for a linear cost); returns (partials
     (B, 3, num_chunks, N), the shares of Z_u (B, N) float64 where
     ``reduce.normaliser_source(levels)`` is "shares", else None). ``factor``: the fast logistic's
     factored terms (``factored``); ``max_registers``: the launch's register cap (``register_cap``),
-    or None."""
+    or None; ``score_columns``: (B, N) scores, a row per problem (``pair_loss_and_grad``)."""
     num_problems, n = layout.order.shape
     block_m, block_n, num_warps = tiles
     partials = torch.empty((num_problems, 3, num_chunks, n), dtype=accumulation, device=scores.device)
@@ -365,7 +369,7 @@ def pair_partials(
         MARGIN=margin, HAS_GROUPS=has_groups, COST_LINEAR=cost_linear, SURROGATE=surrogate_id, FAST=fast,
         FACTOR=factor,
         SCORE_SCALE=score_scale, VALUE_SCALE=value_scale, ACC=tl_dtype(accumulation), WRITE_SHARES=write_shares,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, SCORE_COLUMNS=score_columns, num_warps=num_warps,
         **cap,
     )
     return partials, shares
@@ -516,6 +520,7 @@ def pair_loss_and_grad(
     tiles: tuple[int, int, int] | None = None,
     chunks: int | None = None,
     fast: bool | None = None,
+    score_columns: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every problem's all-pairs loss over a ``PairLayout``, mixed, and its gradient.
 
@@ -531,6 +536,8 @@ def pair_loss_and_grad(
         tiles, chunks: override :func:`launch_config` (tests).
         fast: override ``_common.fast_math`` for float32 (tests: the fast branch's algebra under
             the interpreter, which computes its special functions exactly).
+        score_columns: ``scores`` (B, N), contiguous, a row of its own for each problem (binary
+            problems: a multi-task model's task columns); the gradient comes back (N, B).
 
     Returns:
         (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)):
@@ -554,6 +561,7 @@ def pair_loss_and_grad(
         score_scale=score_scale(surrogate, fast), value_scale=value_scale(surrogate, fast),
         accumulation=accumulation, tiles=tiles or default_tiles, num_chunks=chunks or default_chunks, factor=factor,
         max_registers=None if tiles else register_cap(tile_key(launch_target(scores.device), accumulation, grouped), factor),
+        score_columns=score_columns,
     )
     num_problems, n = layout.order.shape
     # One problem: its gradient goes straight to the output, which combine scales in place.
@@ -561,5 +569,5 @@ def pair_loss_and_grad(
     block_sums = finalize(partials, shares, levels, layout, grad, cost_linear=cost == "linear", block=finalize_block)
     return combine(
         grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=accumulation, status=status,
-        block=finalize_block, grad=grad if num_problems == 1 else None,
+        block=finalize_block, grad=grad if num_problems == 1 and not score_columns else None, separate=score_columns,
     )

@@ -203,11 +203,12 @@ def _combine_kernel(
     grad_parts_ptr, grad_parts_offset, grad_parts_stride, block_sums_ptr, mixing_ptr, grad_ptr, loss_ptr, stats_ptr, status_ptr,
     N, num_problems, num_blocks,
     MEAN: tl.constexpr, HAS_MIXING: tl.constexpr, CHECK: tl.constexpr, ACC: tl.constexpr,
-    BLOCK: tl.constexpr, SUM_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, SUM_BLOCK: tl.constexpr, SEPARATE: tl.constexpr,
 ):
     """Grid (position blocks,). ``grad_parts``: problem b's gradient (caller order) at
     ``grad_parts + grad_parts_offset + b * grad_parts_stride``. stats (3, B) float64: [loss_b], [valid pairs],
-    [groups with pairs]."""
+    [groups with pairs]. The gradient: the problems' scaled gradients summed into ``grad`` (N,),
+    or with SEPARATE each written to its own column of ``grad`` (N, B) (score columns)."""
     block = tl.program_id(0)
     items = block * BLOCK + tl.arange(0, BLOCK)
     mask = items < N
@@ -242,12 +243,18 @@ def _combine_kernel(
         loss += tl.where(weight != 0, weight * problem_loss, 0.0)
         scale = (weight / denominator).to(ACC)
         problem_grad = grad_parts_ptr + grad_parts_offset + problem * grad_parts_stride
-        grad += tl.where(scale != 0, scale * tl.load(problem_grad + items, mask=mask, other=0.0), 0.0)
+        scaled = tl.where(scale != 0, scale * tl.load(problem_grad + items, mask=mask, other=0.0), 0.0)
+        if SEPARATE:  # column ``problem`` of (N, B): item-major, as the caller's task columns
+            tl.store(grad_ptr + items.to(tl.int64) * num_problems + problem, scaled.to(grad_ptr.dtype.element_ty),
+                     mask=mask)
+        else:
+            grad += scaled
         if block == 0:
             tl.store(stats_ptr + problem, problem_loss)
             tl.store(stats_ptr + num_problems + problem, tl.floor(tl.sum(pairs) + 0.5))
             tl.store(stats_ptr + 2 * num_problems + problem, groups_total)
-    tl.store(grad_ptr + items, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+    if not SEPARATE:
+        tl.store(grad_ptr + items, grad.to(grad_ptr.dtype.element_ty), mask=mask)
     if block == 0:
         stored = loss.to(loss_ptr.dtype.element_ty)
         tl.store(loss_ptr, stored)
@@ -268,21 +275,24 @@ def combine(
     status: torch.Tensor | None,
     block: int,
     grad: torch.Tensor | None = None,
+    separate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch kernel 3 on the problems' gradients in ``grad_parts`` (problem b's N values, in
     the caller's order, start at element ``grad_parts_offset + b * grad_parts_stride``); returns
     (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), the
     loss and the gradient in ``loss_dtype``. ``grad`` may be ``grad_parts`` itself (one problem):
-    every element is read and then written by the same program."""
+    every element is read and then written by the same program. ``separate`` (score columns, each
+    problem on its own scores): grad (N, B), each problem's gradient in its column, scaled by its
+    weight and reduction, not summed."""
     num_problems, n = block_sums.shape[0], grad_parts.shape[-1]
     loss = torch.empty((), dtype=loss_dtype, device=grad_parts.device)
     stats = torch.empty(3 * num_problems, dtype=torch.float64, device=grad_parts.device)
     if grad is None:
-        grad = torch.empty(n, dtype=loss_dtype, device=grad_parts.device)
+        grad = torch.empty((n, num_problems) if separate else n, dtype=loss_dtype, device=grad_parts.device)
     launcher(_combine_kernel)[(max(cdiv(n, block), 1),)](
         grad_parts, grad_parts_offset, grad_parts_stride, block_sums, mixing if mixing is not None else block_sums, grad, loss, stats,
         status if status is not None else stats, n, num_problems, block_sums.shape[2],
         MEAN=mean, HAS_MIXING=mixing is not None, CHECK=status is not None,
-        ACC=tl_dtype(grad_parts.dtype), BLOCK=block, SUM_BLOCK=256,
+        ACC=tl_dtype(grad_parts.dtype), BLOCK=block, SUM_BLOCK=256, SEPARATE=separate,
     )
     return loss, stats, grad

@@ -99,7 +99,7 @@ def _ordinal_variant(name: str, surrogate: str, cost: str, grouped: bool, tiles:
         MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, HAS_GROUPS=grouped,
         COST_LINEAR=cost == "linear", SURROGATE=SURROGATES[surrogate], FAST=True, FACTOR=factor,
         SCORE_SCALE=score_scale(surrogate, True), VALUE_SCALE=value_scale(surrogate, True),
-        ACC=tl.float32, WRITE_SHARES=False, BLOCK_M=block_m, BLOCK_N=block_n,
+        ACC=tl.float32, WRITE_SHARES=False, BLOCK_M=block_m, BLOCK_N=block_n, SCORE_COLUMNS=False,
     )
     return SassVariant(
         name=name, kernel=_pair_partials_kernel, signature=dict(_POINTERS, **{k: "constexpr" for k in constexprs}),
@@ -150,6 +150,7 @@ def dense_variants() -> list[SassVariant]:
             SURROGATE=SURROGATES[surrogate], MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, FAST=not hardest,
             SCORE_SCALE=score_scale(surrogate, not hardest), VALUE_SCALE=value_scale(surrogate, not hardest),
             ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n, CHECK=False, BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL,
+            SCORE_COLUMNS=False,
         )
         variants.append(SassVariant(
             name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}" + (" groups" if grouped else "")

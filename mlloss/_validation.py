@@ -293,11 +293,25 @@ def scores_vector(scores: object, *, finite: bool = True) -> Tensor:
     return scores
 
 
+def is_score_matrix(scores: object) -> bool:
+    """Whether ``scores`` is a tensor of shape (N, K), K > 1: a loss's task columns."""
+    return isinstance(scores, Tensor) and scores.dim() == 2 and scores.shape[1] > 1
+
+
+def score_matrix(scores: object) -> Tensor:
+    """Scores of shape (N, K), floating (task columns); values are checked by the loss's data check."""
+    require_tensor(scores, "scores")
+    if not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    if scores.dim() != 2:
+        raise ValueError(f"task columns take scores of shape (N, K); got {tuple(scores.shape)}")
+    return scores
+
+
 def _require_finite_scores(scores: Tensor) -> None:
     finite = torch.isfinite(scores)
-    if not bool(finite.all()):
-        index = int((~finite).nonzero()[0, 0])
-        raise ValueError(f"scores must be finite; scores[{index}] = {scores[index].item()}")
+    if not bool(finite.all()):  # scores[i], or scores[i, k] for task columns
+        raise ValueError(f"scores must be finite; {_first_entry('scores', scores, ~finite)}")
 
 
 def label_columns(labels: object, num_items: int | None) -> Tensor:

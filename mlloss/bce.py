@@ -76,6 +76,9 @@ class BCEPlusRanking(nn.Module):
     Multi-task models: scores and labels (N, K), one column per task (click, purchase): the
     objective is the sum over tasks of ``mean_i CE_ik + lam_k * ranking_k``, the ranking loss
     applied to each task's column (with the same groups); ``lam`` is one number or one per task.
+    An ``AUCLoss`` or ``PDAOMLoss`` ranking (not ``cross_device``) computes the K terms in one call
+    on the task columns (``AUCLoss.task_columns``: one set of kernel launches and one host path,
+    not K); any other ranking module is called once per task.
 
     Args:
         ranking: the pairwise loss (one binary label column at a time).
@@ -131,6 +134,8 @@ class BCEPlusRanking(nn.Module):
             if len(weights) != num_tasks:
                 raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
             bce = self.bce(scores, labels, mask=mask)
+        if num_tasks > 1 and self._takes_task_columns():
+            return bce + self._ranking_in_one_call(scores, labels, groups, mask, weights)
         terms, task_parts, items = [], [], None
         for task in range(num_tasks):
             ranking_args = {} if mask is None else {"mask": mask}  # ranking losses of other libraries take none
@@ -153,11 +158,44 @@ class BCEPlusRanking(nn.Module):
         keep_call_state(self, parts=LossParts(_task_entries(totals, per_task if num_tasks > 1 else {})))
         return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
 
+    def _takes_task_columns(self) -> bool:
+        """Whether the ranking loss computes every task's term in one call (``AUCLoss.task_columns``,
+        ``PDAOMLoss``'s too): the kernels' launches and host work of one call instead of K."""
+        return callable(getattr(self.ranking, "task_columns", None)) and not getattr(self.ranking, "cross_device", False)
+
+    def _ranking_in_one_call(self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
+                             weights: tuple[float, ...]) -> Tensor:
+        """``sum_k lam_k * ranking_k`` of the K task columns in one ranking call, with the same
+        ``parts`` as the call per task."""
+        equal = all(w == weights[0] for w in weights)
+        result = self.ranking.task_columns(self._ranking_scores(scores, mask), labels, groups, mask,
+                                           weights=None if equal else self._weights_on(weights, scores.device))
+        term, per_task = result.loss, result.problem_losses
+        if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
+            items = check.at_least_one(self.ranking.num_items)
+            term, per_task = term / items, per_task / items
+        bce_parts, stats = self.bce.parts, type(result)(loss=None, stats=result.stats)  # no autograd graph kept
+        per_task = per_task.detach().to(term.dtype)  # the dtype of the per-task calls' terms
+        totals = {"bce": lambda: bce_parts["bce"], "ranking": per_task.sum,
+                  "valid_pairs": lambda: stats.valid_pairs.sum(), "groups_with_pairs": lambda: stats.groups_with_pairs.sum()}
+        tasks = {"bce": bce_parts, "ranking": per_task,
+                 "valid_pairs": [lambda k=k: stats.valid_pairs[k] for k in range(len(weights))]}
+        keep_call_state(self, parts=LossParts(_task_entries(totals, tasks)))
+        return term * weights[0] if equal and weights[0] != 1 else term
+
+    def _weights_on(self, weights: tuple[float, ...], device: torch.device) -> Tensor:
+        """``lam`` as a (K,) float64 tensor on ``device``, made once per device."""
+        cache = self.__dict__.setdefault("_lam_on_device", {})
+        if device not in cache:
+            cache[device] = torch.tensor(weights, dtype=torch.float64).to(device)
+        return cache[device]
+
     def _ranking_scores(self, column: Tensor, mask: Tensor | None) -> Tensor:
+        """What the ranking loss sees of a score column, or of (N, K) task columns."""
         if mask is not None and (self.inputs == "logits") == (self.ranking_input == "probability"):
             # The rows left out take part in no pair whatever they hold, but sigmoid / logit of a
             # NaN filler would make their zero gradient NaN (0 * NaN): they enter as a neutral value.
-            column = column.masked_fill(~mask, 0.0 if self.inputs == "logits" else 0.5)
+            column = column.masked_fill(~(mask[:, None] if column.dim() == 2 else mask), 0.0 if self.inputs == "logits" else 0.5)
         if (self.inputs == "logits") == (self.ranking_input == "logit"):
             return column
         # In float32 at least: half-precision probabilities tie (bfloat16 keeps 8 bits) and clamp

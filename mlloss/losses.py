@@ -119,14 +119,15 @@ class _PairwiseLoss(nn.Module):
         )
 
     def _checked_batch(
-        self, scores: object, labels: object, groups: object, mask: object = None
+        self, scores: object, labels: object, groups: object, mask: object = None, *, score_columns: bool = False
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """(scores (N,), labels (N, K) in their own dtype, groups (N,) int64 or None, mask (N,)
         bool or None), shapes and dtypes checked, gathered across processes when
         ``cross_device=True`` (see ``mlloss.distributed``). The values are checked by the op
-        (``validate_args``), which also sets the items outside the mask apart."""
+        (``validate_args``), which also sets the items outside the mask apart. ``score_columns``:
+        scores (N, K) (``AUCLoss.task_columns``)."""
         with refusing_together(self.cross_device, getattr(scores, "device", None)):
-            scores = check.scores_vector(scores, finite=False)
+            scores = check.score_matrix(scores) if score_columns else check.scores_vector(scores, finite=False)
             labels = check.label_columns(labels, scores.shape[0])
             groups = check.group_vector(groups, scores.shape[0])
             mask = check.mask_vector(mask, scores)
@@ -201,6 +202,13 @@ class AUCLoss(_PairwiseLoss):
     groups (N,) integer ids (e.g. user ids, any order); mask (N,) bool, True for the items that
     count: the others (a fixed-size batch's filler rows) take part in no pair, whatever their
     values, and get a zero gradient. A batch without a valid pair gives exactly 0.
+
+    Task columns (a multi-task model's heads): scores (N, K) and labels (N, K), one binary label
+    column per score column, give the sum over the columns of each column's loss on its own
+    scores, with the same groups and mask, in one call (the kernels' launches and the host's
+    work of one loss, not K): ``loss(logits[:, :2], labels)`` for click and purchase heads.
+    ``parts`` then also holds ``label_loss/k``, ``mixing_weight/k`` and ``valid_pairs/k`` per
+    column (see ``mlloss.parts``). Not with ``cross_device=True``: call it once per column there.
     """
 
     def __init__(
@@ -221,11 +229,38 @@ class AUCLoss(_PairwiseLoss):
         )
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        if check.is_score_matrix(scores) and isinstance(labels, Tensor) and labels.dim() == 2:
+            return self.task_columns(scores, labels, groups, mask).loss
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
         check.require_single_column(labels, type(self).__name__)
         result = self._pair_loss(scores, labels, groups, mask)
         keep_call_state(self, parts=pair_parts(result))
         return result.loss
+
+    def task_columns(
+        self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None,
+        weights: Tensor | None = None,
+    ) -> PairLossResult:
+        """The loss of each column of ``scores`` (N, K) for the same column of ``labels`` (N, K),
+        in one call: ``result.loss`` is their sum (weighted by ``weights``, (K,) float64 on the
+        scores' device, if given; what ``forward`` returns for (N, K) scores, and
+        ``BCEPlusRanking``'s ``lam``-weighted ranking term), ``result.problem_losses`` each
+        column's (unweighted, detached)."""
+        if self.cross_device:
+            raise ValueError(
+                f"{type(self).__name__}(cross_device=True) takes one score column per call; got scores of shape "
+                f"{tuple(scores.shape)}: call it once per column"
+            )
+        scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask, score_columns=True)
+        if labels.shape[1] != scores.shape[1]:
+            raise ValueError(
+                f"{type(self).__name__} with scores of shape (N, K) takes one binary label column per score column; "
+                f"got scores of shape {tuple(scores.shape)} and labels of shape {tuple(labels.shape)}"
+            )
+        result = self._pair_loss(scores, labels, groups, mask, mixing=weights)
+        names = [str(k) for k in range(scores.shape[1])]
+        keep_call_state(self, parts=pair_parts(result, label_names=names, mixing=weights))
+        return result
 
 
 class PDAOMLoss(AUCLoss):

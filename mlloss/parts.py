@@ -5,7 +5,7 @@ Every loss exposes the same kinds of entries, each a detached scalar tensor, so 
 
 | loss | entries |
 | --- | --- |
-| ``AUCLoss``, ``PDAOMLoss``, ``LaALoss`` | ``valid_pairs``, ``groups_with_pairs`` |
+| ``AUCLoss``, ``PDAOMLoss``, ``LaALoss`` | ``valid_pairs``, ``groups_with_pairs``; ``AUCLoss`` and ``PDAOMLoss`` on (N, K) task columns also ``label_loss/k``, ``mixing_weight/k``, ``valid_pairs/k`` per column |
 | ``LoALoss`` | ``valid_pairs``, ``groups_with_pairs`` (over its labels), and per label k: ``label_loss/k``, ``mixing_weight/k``, ``valid_pairs/k`` (k the label's index, or its name from ``label_names``) |
 | ``BCELoss`` | ``bce`` |
 | ``bce+<name>`` | ``bce``, ``ranking``, ``valid_pairs``, ``groups_with_pairs``; with K tasks also ``bce/k``, ``ranking/k``, ``valid_pairs/k`` |

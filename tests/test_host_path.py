@@ -72,6 +72,20 @@ def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool, 
         assert not HOST_DATA_OPS & set(call.op_names), call.op_names
 
 
+@pytest.mark.parametrize("loss", ["AUCLoss", "PDAOMLoss"])
+@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
+def test_task_columns_cost_one_call_not_one_per_column(loss: str, layout: bool) -> None:
+    # Two task columns (AUCLoss.task_columns, which bce+auc and bce+pdaom use) issue one call's ops:
+    # the one-column call's and the copy of the columns into rows, not twice the one-column call's.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
+    for validate in (True, False):
+        one = count_call(loss, grouped=True, validate=validate, layout=layout)
+        columns = count_call(f"{loss}(2 task columns)", grouped=True, validate=validate, layout=layout)
+        assert columns.ops <= one.ops + 3 < 2 * one.ops, (columns.op_names, one.op_names)
+        assert columns.syncs == one.syncs
+
+
 # every loss with groups and a mask (the most inputs to copy), AUC also without
 REPLAY_CASES = [("AUCLoss", False, False)] + [(loss, True, True) for loss in host_path.LOSSES]
 

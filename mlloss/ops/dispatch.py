@@ -151,12 +151,20 @@ def pair_loss(
     float64 (the a_k of LoA; None for ones). ``label_weights`` [w_k]: one problem whose level is
     ``sum_k w_k y_k`` (K > 1 binary columns) or ``w_0 y_0`` (one ordinal column, whole numbers
     unless ``real_levels``): LaA.
+    Score columns: ``scores`` (N, K) with K binary label columns (``label_weights=None``), problem
+    k on its own scores ``scores[:, k]`` (a multi-task model's task heads, one label column each)
+    with the same groups and mask, in one call: the loss is ``sum_k mixing_k L_k(scores[:, k])``,
+    the gradient (N, K).
     ``partition=(rank, world_size)``, for a batch gathered from every rank: on the "torch"
     all-pairs tier with groups, compute only this rank's groups (contiguous groups of about
     equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
     the loss); other tiers compute the whole batch. The batch's size is checked by the caller
     (``losses._PairwiseLoss._checked_batch``: at most ``_validation.MAX_LOSS_ITEMS`` items).
     """
+    if scores.dim() == 2 and (label_weights is not None or tuple(labels.shape) != tuple(scores.shape)):
+        raise ValueError(f"score columns (scores of shape (N, K)) take K binary label columns of the same shape; got "
+                         f"scores {tuple(scores.shape)}, labels {tuple(labels.shape)}"
+                         + (", aggregated labels (LaA)" if label_weights is not None else ""))
     tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0])
     rank, world_size = partition if partition is not None else (0, 1)
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
@@ -202,7 +210,8 @@ def _pair_loss_op(
     flags: list[int],
     values: list[float],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,))."""
+    """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,), or
+    (N, B) for score columns)."""
     return _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, values, replayable=False)
 
 
@@ -244,9 +253,12 @@ def _kernel_work(
     options, _, validate, real_levels, _, _ = _decoded(flags, values)
     cost, surrogate, margin, pairs, temperature, reduction = options
     aggregated = label_weights is not None
+    score_columns = scores.dim() == 2  # (N, B): problem b on scores[:, b], as a (B, N) row of its own
     # the kernels index flat memory: a strided view (a task's column of (N, K) scores, an expanded
     # group id) is copied; a contiguous tensor is passed as it is (no op)
-    scores, groups, mask, mixing = (None if t is None else t.contiguous() for t in (scores, groups, mask, mixing))
+    scores, groups, mask, mixing = (None if t is None else t.contiguous()
+                                    for t in (scores.t() if score_columns else scores, groups, mask, mixing))
+    num_items = scores.shape[-1]
     # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
     # label patterns (an ordinal column's levels only the data tell): every pair in registers, no
     # layout, and the mask read by the kernels; the other paths get the masked items set apart.
@@ -254,11 +266,11 @@ def _kernel_work(
     if dense:
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
-        dense = scores.shape[0] <= dense_kernels.MAX_ITEMS and (
+        dense = num_items <= dense_kernels.MAX_ITEMS and (
             not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
         )
     if mask is not None and not dense:
-        scores, labels, groups = without_masked(scores, labels, groups, mask)
+        scores, labels, groups = without_masked(scores, labels, groups, mask, score_rows=score_columns)
         mask = None
     status = None
     if validate:  # fused into the kernels' launches, read after the call
@@ -278,23 +290,25 @@ def _kernel_work(
             scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
             hardest=pairs == "hardest", reduction=reduction, status=status,
             values=levels.values if aggregated else None, linear=cost == "linear", check=checked_in_kernels,
+            score_columns=score_columns,
         )
     else:  # the layout of (group, level) cells, then all pairs or max-violation pairs
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
             from ..kernels.hardest import hardest_loss_and_grad
             from ..kernels.pairwise import pair_loss_and_grad
 
-        layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None)
+        layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None,
+                               score_columns=score_columns)
         if pairs == "all":
             result = pair_loss_and_grad(
                 scores, levels, layout, mixing=mixing, cost=cost, surrogate=surrogate, margin=margin,
-                reduction=reduction, status=status,
+                reduction=reduction, status=status, score_columns=score_columns,
             )
         else:  # max-violation pairs, hard or soft: of binary problems, and of LaA's levels (its
             # label patterns or an ordinal column) by a walk over each group's cells
             result = hardest_loss_and_grad(
                 scores, levels, layout, mixing=mixing, surrogate=surrogate, margin=margin,
-                temperature=temperature, reduction=reduction, status=status, cost=cost,
+                temperature=temperature, reduction=reduction, status=status, cost=cost, score_columns=score_columns,
             )
     if validate:
         status = _with_narrow_gradient(status, scores, result[2])
@@ -336,21 +350,24 @@ def _raise_for(code: int, scores: Tensor, labels: Tensor, groups: Tensor | None,
     check.raise_for_status(code, scores, labels, label_rule)
 
 
-def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor, Tensor] | None = None) -> PairLayout:
+def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor, Tensor] | None = None,
+                  score_columns: bool = False) -> PairLayout:
     """The Triton tier's ``PairLayout``: for at most ``kernels.levels.COUNTING_LEVELS`` levels a
     counting sort inside each group (two launches, three past ``kernels.levels.SCAN_BLOCKS``
     blocks of positions, after one sort of the group ids if there are groups), else
     ``layout.pair_layout``'s sorts and binary searches; the same layout. ``check`` (binary label
-    columns as passed: two levels) makes the data check in the counting launch."""
+    columns as passed: two levels) makes the data check in the counting launch (``score_columns``:
+    of (B, N) scores, a row per problem)."""
     from ..kernels.levels import COUNTING_LEVELS, counting_layout
 
     if levels.num_ranks <= COUNTING_LEVELS:
-        return counting_layout(levels, groups, check=check)
+        return counting_layout(levels, groups, check=check, score_columns=score_columns)
     assert check is None, "binary columns as passed take the counting layout, where their data check runs"
     return pair_layout(levels, groups)
 
 
-def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor, *,
+                   score_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """The batch with the items outside ``mask`` in a group of their own, all at one level: they
     form no valid pair, so no loss term, normaliser or gradient sees them (loss spec, "Groups":
     groups without a valid pair drop out of the reduction). Their scores and labels, which may be
@@ -365,8 +382,10 @@ def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: 
     if groups is None:
         groups = dropped.to(torch.int64)
     else:
-        groups = torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, scores.shape[0])
-    return scores.masked_fill(dropped, 0), labels.masked_fill(dropped[:, None], 0), groups
+        groups = torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, mask.shape[0])
+    # score columns: (N, B) scores, or the kernels' (B, N) rows (``score_rows``)
+    dropped_scores = dropped[:, None] if scores.dim() == 2 and not score_rows else dropped
+    return scores.masked_fill(dropped_scores, 0), labels.masked_fill(dropped[:, None], 0), groups
 
 
 def splits_pair_work(tier: str, pairs: str, groups: Tensor | None, world_size: int) -> bool:
@@ -380,7 +399,7 @@ def _pair_loss_fake(scores, labels, groups, mask, mixing, label_weights, *args):
     return (
         scores.new_empty((), dtype=accumulation_dtype(scores)),
         scores.new_empty(3 * num_problems, dtype=torch.float64),
-        scores.new_empty(scores.shape, dtype=accumulation_dtype(scores)),
+        scores.new_empty(scores.shape, dtype=accumulation_dtype(scores)),  # (N, B) for score columns
     )
 
 

@@ -67,29 +67,33 @@ def pair_loss_and_grad(
     (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), the
     contract of the Triton tier's ``pair_loss_and_grad``. ``exact``: the closed forms for
     ``pairs="all"`` (the "exact" tier); ``owned=(rank, world_size)``: only that rank's share of
-    the groups, with the global normalisers (``dispatch.pair_loss``'s ``partition``)."""
+    the groups, with the global normalisers (``dispatch.pair_loss``'s ``partition``).
+    Score columns: ``scores`` (N, B), problem b on ``scores[:, b]``; the gradient (N, B) then, each
+    problem's own in its column."""
     output_dtype = accumulation_dtype(scores)
     num_problems, num_items = levels.rank.shape
+    score_columns = scores.dim() == 2
     stats = torch.zeros((3, num_problems), dtype=torch.float64, device=scores.device)
-    grad = torch.zeros(num_items, dtype=output_dtype, device=scores.device)
+    grads = torch.zeros((num_items, num_problems if score_columns else 1), dtype=output_dtype, device=scores.device)
     loss = torch.zeros((), dtype=torch.float64, device=scores.device)
-    if num_items < 2:  # no pair at all
-        return loss.to(output_dtype), stats.flatten(), grad
-    layout = pair_layout(levels, groups)
-    for problem in range(num_problems):
-        tables = dense_tables(layout, levels, problem)
-        problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
-            scores, tables, options, exact, owned
-        )
-        if mixing is None:
-            loss = loss + problem_loss.to(torch.float64)
-            grad[tables.order] += problem_grad.to(output_dtype)
-        else:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
-            weight = mixing[problem]
-            loss = loss + torch.where(weight != 0, weight * problem_loss.to(torch.float64), 0.0)
-            grad[tables.order] += torch.where(weight != 0, weight * problem_grad, 0.0).to(output_dtype)
-        stats[:, problem] = torch.stack([problem_loss.to(torch.float64), valid_pairs, groups_with_pairs.to(torch.float64)])
-    return loss.to(output_dtype), stats.flatten(), grad
+    if num_items >= 2:  # else no pair at all
+        layout = pair_layout(levels, groups)
+        for problem in range(num_problems):
+            tables = dense_tables(layout, levels, problem)
+            problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
+                scores[:, problem] if score_columns else scores, tables, options, exact, owned
+            )
+            grad = grads[:, problem if score_columns else 0]
+            if mixing is None:
+                loss = loss + problem_loss.to(torch.float64)
+                grad[tables.order] += problem_grad.to(output_dtype)
+            else:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
+                weight = mixing[problem]
+                loss = loss + torch.where(weight != 0, weight * problem_loss.to(torch.float64), 0.0)
+                grad[tables.order] += torch.where(weight != 0, weight * problem_grad, 0.0).to(output_dtype)
+            stats[:, problem] = torch.stack([problem_loss.to(torch.float64), valid_pairs,
+                                             groups_with_pairs.to(torch.float64)])
+    return loss.to(output_dtype), stats.flatten(), grads if score_columns else grads[:, 0]
 
 
 def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptions, exact: bool, owned):

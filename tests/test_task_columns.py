@@ -1,0 +1,207 @@
+"""Task columns: ``AUCLoss`` / ``PDAOMLoss`` on (N, K) scores, each column with its own label
+column, in one call (``AUCLoss.task_columns``, the op's score columns), and ``bce+<ranking>``
+objectives that use it for their K tasks.
+
+Every value and gradient is checked against the float64 brute force of ``reference`` applied to
+each column alone, on both tiers, on the Triton tier's dense kernels and on its layout kernels
+(forced), with and without groups, a mask and weights. Under ``TRITON_INTERPRET=1`` the kernels
+run on the CPU; ``MLLOSS_TEST_DEVICE=cuda`` runs the same tests on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mlloss
+from reference import hardest_loss, pair_loss
+
+DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.triton)]
+# (backend, kernels): the PyTorch tier, and the Triton tier's dense and layout kernels
+TIERS = [("torch", "dense"), pytest.param("triton", "dense", marks=pytest.mark.triton),
+         pytest.param("triton", "layout", marks=pytest.mark.triton)]
+
+
+def batch(seed: int, n: int = 80, tasks: int = 2):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, tasks + 1, generator=gen, dtype=torch.float64)  # a third head, as the recipe's
+    priors = torch.tensor([0.35, 0.12, 0.5][:tasks], dtype=torch.float64)
+    labels = (torch.rand(n, tasks, generator=gen, dtype=torch.float64) < priors).to(torch.float64)
+    groups = torch.randint(0, 9, (n,), generator=gen) * 7 - 20  # negative and sparse ids
+    mask = torch.rand(n, generator=gen) < 0.8
+    return logits, labels, groups, mask
+
+
+@contextlib.contextmanager
+def kernels(kind: str):
+    """The Triton tier's dense kernels (this batch size's own) or its layout kernels (forced)."""
+    if kind == "dense":
+        yield
+        return
+    pytest.importorskip("triton")
+    from mlloss.kernels import dense
+
+    limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
+    try:
+        yield
+    finally:
+        dense.MAX_ITEMS = limit
+
+
+def reference_columns(scores, labels, groups, mask, *, hardest: bool, weights=(1.0, 1.0, 1.0)):
+    """sum_k w_k L_k(scores[:, k]) over the items of the mask, each column alone (float64 brute force)."""
+    keep = torch.ones(len(scores), dtype=torch.bool) if mask is None else mask
+    groups = None if groups is None else groups[keep]
+    total = 0.0
+    for k in range(scores.shape[1]):
+        s, y = scores[keep, k], labels[keep, k]
+        term = (hardest_loss(s, y, groups, surrogate="exponential", reduction="sum") if hardest
+                else pair_loss(s, y, groups))
+        total = total + weights[k] * term
+    return total
+
+
+CASES = list(itertools.product(("auc", "pdaom"), (False, True), (False, True)))
+
+
+@pytest.mark.parametrize("backend,kind", TIERS)
+@pytest.mark.parametrize("name,grouped,masked", CASES)
+def test_task_columns_equal_each_column_alone(backend, kind, name, grouped, masked):
+    logits, labels, groups, mask = batch(len(name) + 2 * grouped + masked)
+    scores = logits[:, :2]
+    groups, mask = (groups if grouped else None), (mask if masked else None)
+    loss = mlloss.build_loss(name, backend=backend)
+    on_device = [None if t is None else t.to(DEVICE) for t in (labels, groups, mask)]
+    x = scores.to(DEVICE).clone().requires_grad_(True)
+    with kernels(kind):
+        value = loss(x, *on_device)
+    value.backward()
+    y = scores.clone().requires_grad_(True)
+    expected = reference_columns(y, labels, groups, mask, hardest=name == "pdaom")
+    expected.backward()
+    torch.testing.assert_close(value.detach().cpu(), expected.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=1e-8, atol=1e-12)
+    assert x.grad.shape == scores.shape
+    # parts: each column's own term and pairs, as a call on that column alone gives them
+    for k in range(2):
+        alone = mlloss.build_loss(name, backend=backend)
+        term = alone(scores[:, k].to(DEVICE), on_device[0][:, k], *on_device[1:])
+        torch.testing.assert_close(loss.parts[f"label_loss/{k}"].cpu(), term.detach().cpu().double(), rtol=1e-9, atol=1e-12)
+        assert float(loss.parts[f"valid_pairs/{k}"]) == float(alone.parts["valid_pairs"])
+    assert float(loss.parts["valid_pairs"]) == sum(float(loss.parts[f"valid_pairs/{k}"]) for k in range(2))
+
+
+@pytest.mark.parametrize("backend,kind", TIERS)
+def test_weighted_task_columns_in_float32_and_three_tasks(backend, kind):
+    logits, labels, groups, _ = batch(7, n=120, tasks=3)
+    weights = torch.tensor([0.5, 0.0, 3.0], dtype=torch.float64)  # a task of weight 0 adds nothing
+    loss = mlloss.AUCLoss(backend=backend)
+    logits = logits[:, :3]
+    x = logits.float().to(DEVICE).requires_grad_(True)
+    with kernels(kind):
+        result = loss.task_columns(x, labels.to(DEVICE), groups.to(DEVICE), weights=weights.to(DEVICE))
+    result.loss.backward()
+    assert result.loss.dtype == torch.float32 and x.grad.dtype == torch.float32
+    y = logits.clone().requires_grad_(True)
+    expected = reference_columns(y, labels, groups, None, hardest=False, weights=weights.tolist())
+    expected.backward()
+    torch.testing.assert_close(result.loss.detach().cpu().double(), expected.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad.cpu().double(), y.grad, rtol=1e-4, atol=1e-6)
+    assert torch.equal(x.grad[:, 1].cpu(), torch.zeros(120))  # weight 0: no gradient at all
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_task_columns_are_deterministic(backend):
+    logits, labels, groups, mask = batch(3, n=300)
+    loss = mlloss.AUCLoss(backend=backend)
+    runs = []
+    for _ in range(2):
+        x = logits[:, :2].float().to(DEVICE).requires_grad_(True)
+        loss(x, labels.to(DEVICE), groups.to(DEVICE), mask.to(DEVICE)).backward()
+        runs.append(x.grad)
+    assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ranking", ["auc", "pdaom"])
+@pytest.mark.parametrize("lam", [1.0, 0.5, (2.0, 0.25)])
+def test_bce_plus_ranking_in_one_call_equals_the_paper_objective(backend, ranking, lam):
+    # sum_k [mean_i CE_ik + lam_k * ranking_k], ranking_k each task's term on sigmoid(logits[:, k])
+    # (PDAOM: Sun et al. Eq. 7 over the items of the mask), against the brute force.
+    logits, labels, groups, mask = batch(11, n=90)
+    scores = logits[:, :2]
+    objective = mlloss.build_loss(f"bce+{ranking}", lam=lam, backend=backend)
+    x = scores.to(DEVICE).clone().requires_grad_(True)
+    value = objective(x, labels.to(DEVICE), groups.to(DEVICE), mask.to(DEVICE))
+    value.backward()
+    lams = lam if isinstance(lam, tuple) else (lam, lam)
+
+    def expected(z):
+        total = 0.0
+        items = int(mask.sum())
+        for k in range(2):
+            p = torch.sigmoid(z[mask, k])
+            if ranking == "pdaom":
+                term = hardest_loss(p, labels[mask, k], groups[mask], surrogate="exponential", reduction="sum") / items
+            else:
+                term = pair_loss(p, labels[mask, k], groups[mask])
+            total = total + F.binary_cross_entropy_with_logits(z[mask, k], labels[mask, k]) + lams[k] * term
+        return total
+
+    y = scores.clone().requires_grad_(True)
+    reference = expected(y)
+    reference.backward()
+    torch.testing.assert_close(value.detach().cpu(), reference.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=1e-8, atol=1e-12)
+    # the parts a per-task loop gives: bce/k, ranking/k, valid_pairs/k and the totals
+    assert {"bce", "ranking", "valid_pairs", "groups_with_pairs", "bce/0", "bce/1", "ranking/0", "ranking/1",
+            "valid_pairs/0", "valid_pairs/1"} <= set(objective.parts)
+    torch.testing.assert_close(objective.parts["ranking"], objective.parts["ranking/0"] + objective.parts["ranking/1"])
+
+
+def test_task_columns_check_their_inputs_and_name_the_entry():
+    loss = mlloss.AUCLoss()
+    logits, labels, groups, _ = batch(5)
+    with pytest.raises(ValueError, match=r"one binary label column per score column.*\(80, 2\).*\(80, 3\)"):
+        loss(logits[:, :2], torch.cat([labels, labels[:, :1]], 1))
+    bad = logits[:, :2].clone()
+    bad[17, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"scores must be finite; scores\[17, 1\] = nan"):
+        loss(bad, labels)
+    wrong = labels.clone()
+    wrong[4, 1] = 2.0
+    with pytest.raises(ValueError, match=r"labels\[4, 1\]"):
+        loss(logits[:, :2], wrong)
+    with pytest.raises(ValueError, match=r"cross_device=True\) takes one score column per call"):
+        mlloss.AUCLoss(cross_device=True)(logits[:, :2], labels)
+    with pytest.raises(ValueError, match=r"scores must have shape \(N,\) or \(N, 1\)"):
+        mlloss.LoALoss()(logits[:, :2], labels)  # LoA ranks one score by several labels
+
+
+@pytest.mark.triton
+def test_task_columns_compile_fullgraph_and_match_eager():
+    pytest.importorskip("triton")
+    if sys.platform == "win32":
+        pytest.skip("torch.compile")
+    logits, labels, groups, mask = batch(13, n=64)
+    objective = mlloss.build_loss("bce+auc", lam=(1.0, 0.5), backend="triton")
+
+    def step(z, y, g, m):
+        return objective(z, y, g, m)
+
+    eager_x = logits[:, :2].clone().requires_grad_(True)
+    step(eager_x, labels, groups, mask).backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    x = logits[:, :2].clone().requires_grad_(True)
+    compiled(x, labels, groups, mask).backward()
+    torch.testing.assert_close(x.grad, eager_x.grad, rtol=1e-12, atol=0)
