@@ -76,7 +76,7 @@ class MultiTaskObjective(nn.Module):
 
     def forward(self, logits: Tensor, labels: Tensor, users: Tensor, mask: Tensor | None = None) -> Tensor:
         """``mask``: the real rows of a padded batch (``--fixed-batches``); the losses leave out the rest."""
-        if isinstance(self.task_loss, (mlloss.BCELoss, mlloss.BCEPlusRanking)):  # (N, K) tasks in one call
+        if not getattr(self.task_loss, "cross_device", False):  # (N, K) tasks in one call (AUCLoss: one per rank)
             total = self.task_loss(logits[:, : len(TASKS)], labels, groups=users, mask=mask)
         else:
             total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users, mask=mask) for t in range(len(TASKS)))
