@@ -122,6 +122,10 @@ def cases() -> list[Case]:
                  grouped=False),
             Case(f"bce+pdaom {size} groups", lambda: mlloss.build_loss("bce+pdaom", backend="triton"), "two", layout,
                  tasks=2),
+            # two task columns in one call (AUCLoss.task_columns): the score-column specializations
+            Case(f"AUC task columns {size} groups mask", auc(), "two", layout, masked=True, tasks=2),
+            Case(f"PDAOM soft task columns {size} groups", lambda: mlloss.PDAOMLoss(temperature=0.5, backend="triton"),
+                 "two", layout, tasks=2),
         ]
     out += [  # a batch of more blocks than kernels.levels.SCAN_BLOCKS (2^20 items) scans the blocks' counts
         Case("AUC logistic layout scanned", auc(), "binary", True, grouped=False, scanned=True),

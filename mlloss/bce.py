@@ -184,7 +184,10 @@ class BCEPlusRanking(nn.Module):
         return term * weights[0] if equal and weights[0] != 1 else term
 
     def _weights_on(self, weights: tuple[float, ...], device: torch.device) -> Tensor:
-        """``lam`` as a (K,) float64 tensor on ``device``, made once per device."""
+        """``lam`` as a (K,) float64 tensor on ``device``: made once per device in eager calls (a
+        host-to-device copy each call otherwise), a constant of the graph under ``torch.compile``."""
+        if torch.compiler.is_compiling():
+            return torch.tensor(weights, dtype=torch.float64, device=device)
         cache = self.__dict__.setdefault("_lam_on_device", {})
         if device not in cache:
             cache[device] = torch.tensor(weights, dtype=torch.float64).to(device)

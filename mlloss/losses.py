@@ -249,7 +249,7 @@ class AUCLoss(_PairwiseLoss):
         if self.cross_device:
             raise ValueError(
                 f"{type(self).__name__}(cross_device=True) takes one score column per call; got scores of shape "
-                f"{tuple(scores.shape)}: call it once per column"
+                f"{tuple(getattr(scores, 'shape', ()))}: call it once per column"
             )
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask, score_columns=True)
         if labels.shape[1] != scores.shape[1]:
@@ -257,6 +257,12 @@ class AUCLoss(_PairwiseLoss):
                 f"{type(self).__name__} with scores of shape (N, K) takes one binary label column per score column; "
                 f"got scores of shape {tuple(scores.shape)} and labels of shape {tuple(labels.shape)}"
             )
+        if weights is not None:
+            check.require_tensor(weights, "weights")
+            if tuple(weights.shape) != (scores.shape[1],):
+                raise ValueError(f"weights must have one entry per score column, shape ({scores.shape[1]},); "
+                                 f"got {tuple(weights.shape)}")
+            weights = weights.to(device=scores.device, dtype=torch.float64)  # no op when it is already
         result = self._pair_loss(scores, labels, groups, mask, mixing=weights)
         names = [str(k) for k in range(scores.shape[1])]
         keep_call_state(self, parts=pair_parts(result, label_names=names, mixing=weights))

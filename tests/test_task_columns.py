@@ -57,43 +57,51 @@ def kernels(kind: str):
         dense.MAX_ITEMS = limit
 
 
-def reference_columns(scores, labels, groups, mask, *, hardest: bool, weights=(1.0, 1.0, 1.0)):
+def reference_columns(scores, labels, groups, mask, *, hardest: bool, weights=(1.0, 1.0, 1.0), temperature=None):
     """sum_k w_k L_k(scores[:, k]) over the items of the mask, each column alone (float64 brute force)."""
     keep = torch.ones(len(scores), dtype=torch.bool) if mask is None else mask
     groups = None if groups is None else groups[keep]
     total = 0.0
     for k in range(scores.shape[1]):
         s, y = scores[keep, k], labels[keep, k]
-        term = (hardest_loss(s, y, groups, surrogate="exponential", reduction="sum") if hardest
-                else pair_loss(s, y, groups))
+        term = (hardest_loss(s, y, groups, surrogate="exponential", reduction="sum", temperature=temperature)
+                if hardest else pair_loss(s, y, groups))
         total = total + weights[k] * term
     return total
 
 
-CASES = list(itertools.product(("auc", "pdaom"), (False, True), (False, True)))
+# the soft max-violation pairs always take the layout kernels: once on the Triton tier
+CASES = [pytest.param(backend, kind, name, grouped, masked, marks=[pytest.mark.triton] if backend == "triton" else [])
+         for (backend, kind), name, grouped, masked in itertools.product(
+             (("torch", "dense"), ("triton", "dense"), ("triton", "layout")), ("auc", "pdaom", "soft pdaom"),
+             (False, True), (False, True))
+         if not (name == "soft pdaom" and kind == "dense" and backend == "triton")]
+LOSSES = {"auc": lambda backend: mlloss.AUCLoss(backend=backend),
+          "pdaom": lambda backend: mlloss.PDAOMLoss(backend=backend),
+          "soft pdaom": lambda backend: mlloss.PDAOMLoss(temperature=0.5, backend=backend)}  # layout kernels only
 
 
-@pytest.mark.parametrize("backend,kind", TIERS)
-@pytest.mark.parametrize("name,grouped,masked", CASES)
+@pytest.mark.parametrize("backend,kind,name,grouped,masked", CASES)
 def test_task_columns_equal_each_column_alone(backend, kind, name, grouped, masked):
     logits, labels, groups, mask = batch(len(name) + 2 * grouped + masked)
     scores = logits[:, :2]
     groups, mask = (groups if grouped else None), (mask if masked else None)
-    loss = mlloss.build_loss(name, backend=backend)
+    loss = LOSSES[name](backend)
     on_device = [None if t is None else t.to(DEVICE) for t in (labels, groups, mask)]
     x = scores.to(DEVICE).clone().requires_grad_(True)
     with kernels(kind):
         value = loss(x, *on_device)
     value.backward()
     y = scores.clone().requires_grad_(True)
-    expected = reference_columns(y, labels, groups, mask, hardest=name == "pdaom")
+    expected = reference_columns(y, labels, groups, mask, hardest=name != "auc",
+                                 temperature=0.5 if name == "soft pdaom" else None)
     expected.backward()
     torch.testing.assert_close(value.detach().cpu(), expected.detach(), rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=1e-8, atol=1e-12)
     assert x.grad.shape == scores.shape
     # parts: each column's own term and pairs, as a call on that column alone gives them
     for k in range(2):
-        alone = mlloss.build_loss(name, backend=backend)
+        alone = LOSSES[name](backend)
         term = alone(scores[:, k].to(DEVICE), on_device[0][:, k], *on_device[1:])
         torch.testing.assert_close(loss.parts[f"label_loss/{k}"].cpu(), term.detach().cpu().double(), rtol=1e-9, atol=1e-12)
         assert float(loss.parts[f"valid_pairs/{k}"]) == float(alone.parts["valid_pairs"])
@@ -181,6 +189,8 @@ def test_task_columns_check_their_inputs_and_name_the_entry():
     wrong[4, 1] = 2.0
     with pytest.raises(ValueError, match=r"labels\[4, 1\]"):
         loss(logits[:, :2], wrong)
+    with pytest.raises(ValueError, match=r"weights must have one entry per score column, shape \(2,\); got \(3,\)"):
+        loss.task_columns(logits[:, :2], labels, weights=torch.ones(3, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"cross_device=True\) takes one score column per call"):
         mlloss.AUCLoss(cross_device=True)(logits[:, :2], labels)
     with pytest.raises(ValueError, match=r"scores must have shape \(N,\) or \(N, 1\)"):
