@@ -57,7 +57,7 @@ tests)
     # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
-        tests/test_compile.py tests/test_graph_replay.py 2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
+        tests/test_compile.py tests/test_graph_replay.py tests/test_task_columns.py 2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
     ;;
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -iap "$out/bench.log" | quiet_tail 30

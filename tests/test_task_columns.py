@@ -202,7 +202,7 @@ def test_task_columns_compile_fullgraph_and_match_eager():
     pytest.importorskip("triton")
     if sys.platform == "win32":
         pytest.skip("torch.compile")
-    logits, labels, groups, mask = batch(13, n=64)
+    logits, labels, groups, mask = (t.to(DEVICE) for t in batch(13, n=64))
     objective = mlloss.build_loss("bce+auc", lam=(1.0, 0.5), backend="triton")
 
     def step(z, y, g, m):
