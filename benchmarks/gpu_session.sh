@@ -120,12 +120,13 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 40 + 100 + 160 + 40 + 60 = 400 s, training 90 + 130 + 90 = 310 s,
+    # files. Limits (H100, 16 cores): kernels 40 + 115 + 160 + 40 + 45 = 400 s, training 90 + 130 + 90 = 310 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
         # the launch check, then tests (69 s on an H100 before the launch check compiled part of their
-        # kernels, 84-87 s with today's suite), then bench_gpu.py --quick (issue 10): sections 1-5,
+        # kernels, 84-87 s with the suite of 2026-11-26, before tests/test_task_columns.py's 55 tests
+        # and their 10 new specializations), then bench_gpu.py --quick (issue 10): sections 1-5,
         # then 6 (accuracy) in a file of their own, so that a slow float64 reference cannot take
         # the timing sections' time (section 7, the tiles, ran at a20b70f and before: `bench
         # --sections 7` in a command of its own), then the profile of the host-bound calls, eager and
@@ -140,9 +141,9 @@ kernels|training)
         # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
         # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
         # figures stand, and the tests show the failure.
-        plan=("40 launch-check" "100 tests" "160 bench --budget-s 140 --sections 2,5,3,1,4,10" \
+        plan=("40 launch-check" "115 tests" "160 bench --budget-s 140 --sections 2,5,3,1,4,10" \
               "40 bench --budget-s 25 --sections 6 --output $out/accuracy.json" \
-              "60 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
+              "45 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
         # training rows fit); then the plain recipe, three epochs a run (the first warms up), as far as
