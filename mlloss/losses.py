@@ -277,6 +277,7 @@ class PDAOMLoss(AUCLoss):
     Without ``groups`` this is DAOM (Eq. 5). The paper adds it to cross-entropy with weight lambda
     (Eq. 7): ``mlloss.build_loss("bce+pdaom", lam=...)``. With ``temperature`` the min and max
     become log-mean-exp (soft version). The paper feeds probabilities (sigmoid outputs) to it.
+    Like ``AUCLoss`` it takes a multi-task model's (N, K) task columns in one call.
     """
 
     def __init__(
