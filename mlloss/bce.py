@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from . import _validation as check
 from .distributed import refusing_together
+from .losses import AUCLoss
 from .ops.pointwise import binary_cross_entropy
 from .parts import LossParts, keep_call_state
 
@@ -160,8 +161,13 @@ class BCEPlusRanking(nn.Module):
 
     def _takes_task_columns(self) -> bool:
         """Whether the ranking loss computes every task's term in one call (``AUCLoss.task_columns``,
-        ``PDAOMLoss``'s too): the kernels' launches and host work of one call instead of K."""
-        return callable(getattr(self.ranking, "task_columns", None)) and not getattr(self.ranking, "cross_device", False)
+        ``PDAOMLoss``'s too): the kernels' launches and host work of one call instead of K. Not
+        across processes (``cross_device``), nor for a subclass of ``AUCLoss`` whose own
+        ``forward`` would change what a call per task computes."""
+        ranking = self.ranking
+        if getattr(ranking, "cross_device", False) or not callable(getattr(ranking, "task_columns", None)):
+            return False
+        return not isinstance(ranking, AUCLoss) or type(ranking).forward is AUCLoss.forward
 
     def _ranking_in_one_call(self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
                              weights: tuple[float, ...]) -> Tensor:

@@ -176,6 +176,21 @@ def test_bce_plus_ranking_in_one_call_equals_the_paper_objective(backend, rankin
     torch.testing.assert_close(objective.parts["ranking"], objective.parts["ranking/0"] + objective.parts["ranking/1"])
 
 
+def test_a_ranking_subclass_with_its_own_forward_is_called_per_task():
+    # A user's AUCLoss subclass that changes forward must keep its forward: bce+ calls it per task.
+    class Scaled(mlloss.AUCLoss):
+        def forward(self, scores, labels, groups=None, mask=None):
+            return 3.0 * super().forward(scores, labels, groups, mask)
+
+    logits, labels, groups, _ = batch(17)
+    objective = mlloss.BCEPlusRanking(Scaled(), lam=1.0)
+    value = objective(logits[:, :2], labels, groups)
+    per_task = sum(F.binary_cross_entropy_with_logits(logits[:, k], labels[:, k])
+                   + 3.0 * pair_loss(torch.sigmoid(logits[:, k]), labels[:, k], groups) for k in range(2))
+    torch.testing.assert_close(value, per_task, rtol=1e-10, atol=0)
+    assert not objective._takes_task_columns() and mlloss.build_loss("bce+auc")._takes_task_columns()
+
+
 def test_task_columns_check_their_inputs_and_name_the_entry():
     loss = mlloss.AUCLoss()
     logits, labels, groups, _ = batch(5)
