@@ -46,6 +46,10 @@ class LossParts(Mapping[str, Tensor]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._makers)
 
+    def __contains__(self, name: object) -> bool:
+        # Mapping's own would make the entry (it tries ``self[name]``): a membership test reads nothing
+        return name in self._makers
+
     def __len__(self) -> int:
         return len(self._makers)
 
