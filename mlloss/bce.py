@@ -6,7 +6,8 @@ registry that builds them by name is ``registry``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 from . import _validation as check
 from .distributed import refusing_together
 from .losses import AUCLoss
+from .ops.dispatch import cached_on_device
 from .ops.pointwise import binary_cross_entropy
 from .parts import LossParts, keep_call_state
 
@@ -141,23 +143,37 @@ class BCEPlusRanking(nn.Module):
         for task in range(num_tasks):
             ranking_args = {} if mask is None else {"mask": mask}  # ranking losses of other libraries take none
             term = self.ranking(self._ranking_scores(scores[:, task], mask), labels[:, task], groups, **ranking_args)
-            if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
-                if items is None:  # the same items for every task: counted once
-                    counted = scores.shape[0] if mask is None else mask.sum()  # a loss without num_items
-                    items = check.at_least_one(getattr(self.ranking, "num_items", counted))
+            if self._summed():  # Eq. 7 over N: see the class docstring
+                items = self._items(scores, mask) if items is None else items  # the same for every task
                 term = term / items
             terms.append(term)
             task_parts.append(getattr(self.ranking, "parts", {}))
+        self._keep_parts([term.detach() for term in terms], task_parts)
+        return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
+
+    def _summed(self) -> bool:
+        """Whether the ranking term is a sum over groups (PDAOM's Eq. 6), divided by the items."""
+        return getattr(self.ranking, "reduction", "mean") == "sum"
+
+    def _items(self, scores: Tensor, mask: Tensor | None) -> int | Tensor:
+        """N of Eq. 7 after a ranking call: the items it counted (over all ranks with
+        ``cross_device``), or those of the mask for a loss that does not count them; at least 1."""
+        counted = scores.shape[0] if mask is None else mask.sum()
+        return check.at_least_one(getattr(self.ranking, "num_items", counted))
+
+    def _keep_parts(self, terms: Sequence[Tensor] | Tensor, task_parts: list[Mapping[str, Tensor]]) -> None:
+        """``parts`` from the detached per-task ranking ``terms`` (scalars, or a (K,) tensor) and each
+        task's ranking parts (its ``valid_pairs`` and ``groups_with_pairs``, if it counts them), read
+        only when an entry is."""
         # parts close over detached terms only (see BCELoss.forward)
-        detached, bce_parts = [term.detach() for term in terms], self.bce.parts
-        totals = {"bce": lambda: bce_parts["bce"], "ranking": lambda: sum(detached[1:], detached[0])}
-        per_task = {"bce": bce_parts, "ranking": detached}
+        bce_parts = self.bce.parts
+        totals = {"bce": lambda: bce_parts["bce"], "ranking": lambda: sum(terms[1:], terms[0])}
+        per_task = {"bce": bce_parts, "ranking": terms}
         if all("valid_pairs" in p and "groups_with_pairs" in p for p in task_parts):  # a user's loss may count none
             totals["valid_pairs"] = lambda: sum(p["valid_pairs"] for p in task_parts)
             totals["groups_with_pairs"] = lambda: sum(p["groups_with_pairs"] for p in task_parts)
             per_task["valid_pairs"] = [lambda p=p: p["valid_pairs"] for p in task_parts]
-        keep_call_state(self, parts=LossParts(_task_entries(totals, per_task if num_tasks > 1 else {})))
-        return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
+        keep_call_state(self, parts=LossParts(_task_entries(totals, per_task if len(terms) > 1 else {})))
 
     def _takes_task_columns(self) -> bool:
         """Whether the ranking loss computes every task's term in one call (``AUCLoss.task_columns``,
@@ -175,29 +191,16 @@ class BCEPlusRanking(nn.Module):
         ``parts`` as the call per task."""
         equal = all(w == weights[0] for w in weights)
         result = self.ranking.task_columns(self._ranking_scores(scores, mask), labels, groups, mask,
-                                           weights=None if equal else self._weights_on(weights, scores.device))
+                                           weights=None if equal else _lam_on(weights, scores.device))
         term, per_task = result.loss, result.problem_losses
-        if getattr(self.ranking, "reduction", "mean") == "sum":  # Eq. 7 over N: see the class docstring
-            items = check.at_least_one(self.ranking.num_items)
+        if self._summed():  # Eq. 7 over N: see the class docstring
+            items = self._items(scores, mask)
             term, per_task = term / items, per_task / items
-        bce_parts, stats = self.bce.parts, type(result)(loss=None, stats=result.stats)  # no autograd graph kept
-        per_task = per_task.detach().to(term.dtype)  # the dtype of the per-task calls' terms
-        totals = {"bce": lambda: bce_parts["bce"], "ranking": per_task.sum,
-                  "valid_pairs": lambda: stats.valid_pairs.sum(), "groups_with_pairs": lambda: stats.groups_with_pairs.sum()}
-        tasks = {"bce": bce_parts, "ranking": per_task,
-                 "valid_pairs": [lambda k=k: stats.valid_pairs[k] for k in range(len(weights))]}
-        keep_call_state(self, parts=LossParts(_task_entries(totals, tasks)))
+        stats = type(result)(loss=None, stats=result.stats)  # the parts keep no autograd graph
+        task_parts = [LossParts({"valid_pairs": lambda k=k: stats.valid_pairs[k],
+                                 "groups_with_pairs": lambda k=k: stats.groups_with_pairs[k]}) for k in range(len(weights))]
+        self._keep_parts(per_task.detach().to(term.dtype), task_parts)  # the per-task calls' dtype
         return term * weights[0] if equal and weights[0] != 1 else term
-
-    def _weights_on(self, weights: tuple[float, ...], device: torch.device) -> Tensor:
-        """``lam`` as a (K,) float64 tensor on ``device``: made once per device in eager calls (a
-        host-to-device copy each call otherwise), a constant of the graph under ``torch.compile``."""
-        if torch.compiler.is_compiling():
-            return torch.tensor(weights, dtype=torch.float64, device=device)
-        cache = self.__dict__.setdefault("_lam_on_device", {})
-        if device not in cache:
-            cache[device] = torch.tensor(weights, dtype=torch.float64).to(device)
-        return cache[device]
 
     def _ranking_scores(self, column: Tensor, mask: Tensor | None) -> Tensor:
         """What the ranking loss sees of a score column, or of (N, K) task columns."""
@@ -218,6 +221,22 @@ class BCEPlusRanking(nn.Module):
 
 
 INPUTS = ("logits", "probabilities")
+
+
+def _lam_on(weights: tuple[float, ...], device: torch.device) -> Tensor:
+    """``lam`` as a (K,) float64 tensor on ``device``: a constant of the graph under
+    ``torch.compile``, else made once per weights and device (``ops.dispatch.cached_on_device``)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(weights, dtype=torch.float64, device=device)
+    return _lam_cached(weights, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _lam_cached(weights: tuple[float, ...], device: torch.device) -> Tensor:
+    (on_device,) = cached_on_device((torch.tensor(weights, dtype=torch.float64),), device,
+                                    built_by="bce+<ranking> with one lam per task builds its weights on its first "
+                                             "call for each lam and device")
+    return on_device
 
 
 def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:

@@ -486,11 +486,14 @@ def _pattern_tables(label_weights: tuple[float, ...], device: torch.device) -> t
     sums = rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64))
     values, rank = torch.unique(sums, return_inverse=True)
     powers = 2.0 ** torch.arange(num_labels, dtype=torch.float64)
-    return _cached_on_device((powers, rank.to(torch.int32), values[None]), device)
+    return cached_on_device((powers, rank.to(torch.int32), values[None]), device,
+                            built_by="LaALoss over several label columns builds its level tables on its first call for "
+                                     "each label weights and device")
 
 
-def _cached_on_device(tensors: tuple[Tensor, ...], device: torch.device) -> tuple[Tensor, ...]:
-    """Copies of CPU ``tensors`` on ``device`` for a cache that outlives the call. On CUDA another
+def cached_on_device(tensors: tuple[Tensor, ...], device: torch.device, *, built_by: str) -> tuple[Tensor, ...]:
+    """Copies of CPU ``tensors`` on ``device`` for a cache that outlives the call (``built_by``: what
+    builds them and when, for the error inside a CUDA graph's capture). On CUDA another
     thread allocates them, on the caller's stream: torch.compile(mode="reduce-overhead") allocates
     what the calling thread creates during a CUDA graph's warm-up run from the graph's private pool,
     and requires every live tensor there to be an output of the graph (a cache filled inside
@@ -501,9 +504,7 @@ def _cached_on_device(tensors: tuple[Tensor, ...], device: torch.device) -> tupl
         stream, capturing = torch.cuda.current_stream(), torch.cuda.is_current_stream_capturing()
     if capturing:
         raise RuntimeError(
-            "LaALoss over several label columns builds its level tables on its first call for each label "
-            "weights and device, which copies them to the GPU: make that call (a warm-up step) before "
-            "capturing a CUDA graph"
+            f"{built_by}, which copies them to the GPU: make that call (a warm-up step) before capturing a CUDA graph"
         )
 
     def copy() -> tuple[Tensor, ...]:
