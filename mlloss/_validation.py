@@ -281,13 +281,18 @@ def require_integer_ids(groups: Tensor, name: str) -> None:
         raise TypeError(f"{name} must hold integer ids; got dtype {groups.dtype}")
 
 
-def scores_vector(scores: object, *, finite: bool = True) -> Tensor:
-    """Scores as a floating vector of shape (N,); accepts (N,) or (N, 1). With ``finite`` the
-    values are checked too (a host read); the losses check them in their data check instead."""
+def floating_scores(scores: object) -> Tensor:
+    """``scores`` if it is a floating-point tensor (of any shape)."""
     require_tensor(scores, "scores")
     if not scores.is_floating_point():
         raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
-    scores = as_vector(scores, "scores")
+    return scores
+
+
+def scores_vector(scores: object, *, finite: bool = True) -> Tensor:
+    """Scores as a floating vector of shape (N,); accepts (N,) or (N, 1). With ``finite`` the
+    values are checked too (a host read); the losses check them in their data check instead."""
+    scores = as_vector(floating_scores(scores), "scores")
     if finite:
         _require_finite_scores(scores)
     return scores
@@ -300,9 +305,7 @@ def is_score_matrix(scores: object) -> bool:
 
 def score_matrix(scores: object) -> Tensor:
     """Scores of shape (N, K), floating (task columns); values are checked by the loss's data check."""
-    require_tensor(scores, "scores")
-    if not scores.is_floating_point():
-        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    scores = floating_scores(scores)
     if scores.dim() != 2:
         raise ValueError(f"task columns take scores of shape (N, K); got {tuple(scores.shape)}")
     return scores

@@ -241,9 +241,7 @@ def _lam_cached(weights: tuple[float, ...], device: torch.device) -> Tensor:
 
 def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:
     """Scores and labels as (N, K) task columns; (N,) is one task."""
-    check.require_tensor(scores, "scores")
-    if not scores.is_floating_point():
-        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    scores = check.floating_scores(scores)
     if scores.dim() == 1:
         scores = scores[:, None]
     if scores.dim() != 2:
