@@ -10,7 +10,6 @@ run on the CPU; ``MLLOSS_TEST_DEVICE=cuda`` runs the same tests on a GPU.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import sys
@@ -41,20 +40,13 @@ def batch(seed: int, n: int = 80, tasks: int = 2):
     return logits, labels, groups, mask
 
 
-@contextlib.contextmanager
-def kernels(kind: str):
-    """The Triton tier's dense kernels (this batch size's own) or its layout kernels (forced)."""
-    if kind == "dense":
-        yield
-        return
-    pytest.importorskip("triton")
-    from mlloss.kernels import dense
+def use_kernels(kind: str, monkeypatch) -> None:
+    """The Triton tier's dense kernels (this batch size's own), or its layout kernels (forced)."""
+    if kind == "layout":
+        pytest.importorskip("triton")
+        from mlloss.kernels import dense
 
-    limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
-    try:
-        yield
-    finally:
-        dense.MAX_ITEMS = limit
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
 
 
 def reference_columns(scores, labels, groups, mask, *, hardest: bool, weights=(1.0, 1.0, 1.0), temperature=None):
@@ -82,15 +74,15 @@ LOSSES = {"auc": lambda backend: mlloss.AUCLoss(backend=backend),
 
 
 @pytest.mark.parametrize("backend,kind,name,grouped,masked", CASES)
-def test_task_columns_equal_each_column_alone(backend, kind, name, grouped, masked):
+def test_task_columns_equal_each_column_alone(backend, kind, name, grouped, masked, monkeypatch):
+    use_kernels(kind, monkeypatch)
     logits, labels, groups, mask = batch(len(name) + 2 * grouped + masked)
     scores = logits[:, :2]
     groups, mask = (groups if grouped else None), (mask if masked else None)
     loss = LOSSES[name](backend)
     on_device = [None if t is None else t.to(DEVICE) for t in (labels, groups, mask)]
     x = scores.to(DEVICE).clone().requires_grad_(True)
-    with kernels(kind):
-        value = loss(x, *on_device)
+    value = loss(x, *on_device)
     value.backward()
     y = scores.clone().requires_grad_(True)
     expected = reference_columns(y, labels, groups, mask, hardest=name != "auc",
@@ -109,14 +101,14 @@ def test_task_columns_equal_each_column_alone(backend, kind, name, grouped, mask
 
 
 @pytest.mark.parametrize("backend,kind", TIERS)
-def test_weighted_task_columns_in_float32_and_three_tasks(backend, kind):
+def test_weighted_task_columns_in_float32_and_three_tasks(backend, kind, monkeypatch):
+    use_kernels(kind, monkeypatch)
     logits, labels, groups, _ = batch(7, n=120, tasks=3)
     weights = torch.tensor([0.5, 0.0, 3.0], dtype=torch.float64)  # a task of weight 0 adds nothing
     loss = mlloss.AUCLoss(backend=backend)
     logits = logits[:, :3]
     x = logits.float().to(DEVICE).requires_grad_(True)
-    with kernels(kind):
-        result = loss.task_columns(x, labels.to(DEVICE), groups.to(DEVICE), weights=weights.to(DEVICE))
+    result = loss.task_columns(x, labels.to(DEVICE), groups.to(DEVICE), weights=weights.to(DEVICE))
     result.loss.backward()
     assert result.loss.dtype == torch.float32 and x.grad.dtype == torch.float32
     y = logits.clone().requires_grad_(True)
