@@ -56,6 +56,7 @@ from ._launch import launcher
 from .check import report_binary_check
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
+from .scan import running_extreme
 
 __all__ = ["MAX_ITEMS", "MAX_LEVELS", "dense_loss_and_grad"]
 
@@ -82,12 +83,48 @@ TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, n
 
 
 @triton.jit
-def _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, g_m, rows,
-          GROUPED: tl.constexpr, MASKED: tl.constexpr, SCORE_SCALE: tl.constexpr, ACC: tl.constexpr,
-          BLOCK_N: tl.constexpr):
+def _run_edges(groups_ptr, positions, N):
+    """(starts, ends): whether each of ``positions`` starts a run of equal ids, and whether it ends one."""
+    inside = positions < N
+    ids = tl.load(groups_ptr + positions, mask=inside, other=0)
+    previous = tl.load(groups_ptr + positions - 1, mask=inside & (positions > 0), other=0)
+    following = tl.load(groups_ptr + positions + 1, mask=positions + 1 < N, other=0)
+    return inside & ((positions == 0) | (ids != previous)), inside & ((positions == N - 1) | (ids != following))
+
+
+@triton.jit
+def _run_bounds(groups_ptr, rows, row_start, row_end, N, BLOCK_N: tl.constexpr):
+    """(first position, one past the last) of the run of equal ids that holds each of ``rows``,
+    the consecutive positions [row_start, row_end): contiguous groups (RUNS), whose pairs lie
+    inside these bounds. The runs that cross the block's edges are followed tile by tile (of
+    BLOCK_N positions) to their ends: a step or two for users of tens of items."""
+    last_start = -1  # the last run start before the block (position 0 starts the first run)
+    start = row_start
+    while (last_start < 0) & (start > 0):
+        start = tl.maximum(start - BLOCK_N, 0)
+        positions = start + tl.arange(0, BLOCK_N)
+        starts, _ = _run_edges(groups_ptr, positions, row_start)
+        last_start = tl.max(tl.where(starts, positions, -1))
+    first_end = N + 1  # one past the first run end after the block (position N - 1 ends the last run)
+    start = row_end
+    while (first_end > N) & (start < N):
+        positions = start + tl.arange(0, BLOCK_N)
+        _, ends = _run_edges(groups_ptr, positions, N)
+        first_end = tl.min(tl.where(ends, positions + 1, N + 1))
+        start += BLOCK_N
+    starts, ends = _run_edges(groups_ptr, rows, N)
+    run_start = tl.maximum(running_extreme(tl.where(starts, rows, -1), MAX=True, REVERSE=False), last_start)
+    run_end = tl.minimum(running_extreme(tl.where(ends, rows + 1, N + 1), MAX=False, REVERSE=True), first_end)
+    return run_start, run_end
+
+
+@triton.jit
+def _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, g_m, rows, run_end,
+          GROUPED: tl.constexpr, RUNS: tl.constexpr, MASKED: tl.constexpr, SCORE_SCALE: tl.constexpr,
+          ACC: tl.constexpr, BLOCK_N: tl.constexpr):
     """The tile of items [start, start + BLOCK_N): scores, levels (0/1 labels of a binary
     problem), and the [BLOCK_M, BLOCK_N] flags of the (row, item) pairs in one group (items of
-    the mask, if MASKED)."""
+    the mask, if MASKED). RUNS: the rows' groups are the positions [g_m, run_end), no id read."""
     offs_n = start + tl.arange(0, BLOCK_N)
     in_range = offs_n < N
     s_n = tl.load(scores_ptr + offs_n, mask=in_range, other=0.0).to(ACC) * SCORE_SCALE
@@ -97,7 +134,9 @@ def _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, 
     # Every row as if it took part (a per-column flag the compiler keeps out of the pair loop);
     # the rows outside the batch or the mask are dropped after it (``has_pair``).
     same = in_range[None, :] & (rows[:, None] >= 0)
-    if GROUPED:
+    if RUNS:
+        same = same & (offs_n[None, :] >= g_m[:, None]) & (offs_n[None, :] < run_end[:, None])
+    elif GROUPED:
         g_n = tl.load(groups_ptr + offs_n, mask=in_range, other=0)
         same = same & (g_m[:, None] == g_n[None, :])
     return s_n, r_n, same
@@ -126,7 +165,8 @@ def _level_costs(values_ptr, r_m, row_ok, LEVELS: tl.constexpr, ACC: tl.constexp
 def _dense_rows_kernel(
     scores_ptr, labels_ptr, label_stride_problem, label_stride, groups_ptr, keep_ptr, values_ptr, grad_ptr,
     block_sums_ptr, status_ptr, N, num_blocks,
-    GROUPED: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr, LINEAR: tl.constexpr,
+    GROUPED: tl.constexpr, RUNS: tl.constexpr, MASKED: tl.constexpr, HARDEST: tl.constexpr, LEVELS: tl.constexpr,
+    LINEAR: tl.constexpr,
     SURROGATE: tl.constexpr, MARGIN: tl.constexpr, FAST: tl.constexpr,
     SCORE_SCALE: tl.constexpr, VALUE_SCALE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHECK: tl.constexpr, BAD_SCORE: tl.constexpr,
@@ -139,7 +179,10 @@ def _dense_rows_kernel(
     group size over the items of groups with a valid pair (a group's items add up to 1) and of the
     valid pairs counted at their upper items, as ``reduce.combine`` reads them. CHECK: the data
     check of ``kernels.check`` (binary labels) on the block's rows, OR-ed into ``status``.
-    SCORE_COLUMNS: each problem reads its own scores, row ``problem`` of (B, N) ``scores``."""
+    SCORE_COLUMNS: each problem reads its own scores, row ``problem`` of (B, N) ``scores``.
+    RUNS (with GROUPED, contiguous groups): a group is a run of consecutive equal ids, whose
+    bounds (``_run_bounds``) replace the ids, and the loops visit only the tiles of the rows' runs
+    (a block of rows of a few users meets a few tiles, not N / BLOCK_N)."""
     block = tl.program_id(0)
     problem = tl.program_id(1)  # a label column: its 0/1 labels, gradient and block sums
     labels_ptr += problem * label_stride_problem
@@ -158,7 +201,14 @@ def _dense_rows_kernel(
     if CHECK:  # NaN and inf stay so after the positive score scale
         report_binary_check(status_ptr, s_m, label_m, row_ok, BAD_SCORE, BAD_LABEL)
     up_m = r_m == 1
-    if GROUPED:
+    first_tile, end_tiles = 0, N  # the items [first_tile, end_tiles) the loops visit, in tiles of BLOCK_N
+    run_end = rows
+    if RUNS:  # g_m: the first position of the row's run; the rows' runs are all its pairs
+        g_m, run_end = _run_bounds(groups_ptr, rows, block * BLOCK_M, tl.minimum(block * BLOCK_M + BLOCK_M, N), N,
+                                   BLOCK_N)
+        first_tile = tl.min(tl.where(in_batch, g_m, N)) // BLOCK_N * BLOCK_N
+        end_tiles = tl.max(tl.where(in_batch, run_end, 0))
+    elif GROUPED:
         g_m = tl.load(groups_ptr + rows, mask=row_ok, other=0)
     else:
         g_m = rows
@@ -174,9 +224,9 @@ def _dense_rows_kernel(
     else:
         acc_value = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
         acc_pull = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
-    for start in range(0, N, BLOCK_N):
+    for start in range(first_tile, end_tiles, BLOCK_N):
         s_n, r_n, same = _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, g_m, rows,
-                               GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
+                               run_end, GROUPED, RUNS, MASKED, SCORE_SCALE, ACC, BLOCK_N)
         up_n = r_n == 1
         if LEVELS == 2:
             members += tl.where(same, tl.where(up_n, 65536, 1)[None, :], 0)
@@ -236,9 +286,9 @@ def _dense_rows_kernel(
         high = tl.max(highest, axis=1)
         low_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         high_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        for start in range(0, N, BLOCK_N):
+        for start in range(first_tile, end_tiles, BLOCK_N):
             s_n, r_n, same = _tile(scores_ptr, labels_ptr, label_stride, groups_ptr, keep_ptr, start, N, g_m, rows,
-                                   GROUPED, MASKED, SCORE_SCALE, ACC, BLOCK_N)
+                                   run_end, GROUPED, RUNS, MASKED, SCORE_SCALE, ACC, BLOCK_N)
             up_n = r_n == 1
             low_ties += (same & up_n[None, :] & (s_n[None, :] == low[:, None])).to(tl.int32)
             high_ties += (same & ~up_n[None, :] & (s_n[None, :] == high[:, None])).to(tl.int32)
@@ -285,6 +335,7 @@ def dense_loss_and_grad(
     linear: bool = False,
     check: bool = False,
     score_columns: bool = False,
+    contiguous_groups: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)) of B
     binary problems over the same scores, mixed by ``mixing`` (B,) (None: ones; the tier contract
@@ -306,7 +357,11 @@ def dense_loss_and_grad(
     ``score_columns``: ``scores`` (B, N), contiguous, problem b reading row b (a multi-task
     model's task columns, each with its own label column); the gradient comes back (N, B), each
     problem's own in its column, scaled by its mixing weight and its reduction
-    (``reduce.combine``'s ``separate``)."""
+    (``reduce.combine``'s ``separate``).
+
+    ``contiguous_groups``: a group is a run of consecutive equal ids (an id that comes back after
+    another's run starts another group), as ``ops.layout.run_ordinals`` numbers them; each block
+    of rows then visits only the tiles of its rows' runs."""
     validate_device(scores, labels, groups, mask, values)
     num_problems, n = labels.shape
     if n > MAX_ITEMS:
@@ -334,7 +389,8 @@ def dense_loss_and_grad(
             scores, labels, labels.stride(0), labels.stride(1), groups if groups is not None else labels,
             mask if mask is not None else labels,
             values if values is not None else scores, grad, block_sums, status if check else block_sums, n, num_blocks,
-            GROUPED=groups is not None, MASKED=mask is not None, HARDEST=hardest, LEVELS=num_levels,
+            GROUPED=groups is not None, RUNS=groups is not None and contiguous_groups, MASKED=mask is not None,
+            HARDEST=hardest, LEVELS=num_levels,
             LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), MARGIN=float(margin), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),
             ACC=tl_dtype(loss_dtype), BLOCK_M=block_m, BLOCK_N=block_n, CHECK=check, BAD_SCORE=STATUS_BAD_SCORE,

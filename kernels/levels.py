@@ -341,11 +341,14 @@ def _level_positions_kernel(
 
 
 def counting_layout(levels, groups: torch.Tensor | None = None, *,
-                    check: tuple[torch.Tensor, torch.Tensor] | None = None, score_columns: bool = False):
+                    check: tuple[torch.Tensor, torch.Tensor] | None = None, score_columns: bool = False,
+                    contiguous_groups: bool = False):
     """The ``PairLayout`` of ``levels`` (a ``mlloss.ops.layout.Levels`` of at most
     ``COUNTING_LEVELS`` ranks, any integer or float dtype and strides: binary label columns
     transposed, a view) and the optional (N,) int64 ``groups``, by a counting sort inside each
     group: equal to ``pair_layout(levels, groups)`` bit for bit.
+    ``contiguous_groups``: a group is a run of consecutive equal ids, which stays where it is (no
+    sort of the ids: the layout of ``pair_layout`` given the runs' ordinals, ``run_ordinals``).
     ``check`` (scores, status) with 0/1 labels as the ranks: the data check of
     ``kernels.check.check_batch`` in the same launch, its bits OR-ed into status; with
     ``score_columns`` the scores are (B, N), each problem checking its own row."""
@@ -359,7 +362,9 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *,
     # pair_layout's stable sort of (group, level) keys leaves them. (At N = 2^20 each int64
     # temporary is 8 MB: dropped as soon as used.)
     order = sorted_groups = None
-    if groups is not None:
+    if groups is not None and contiguous_groups:  # in runs already: the group edges are where the id changes
+        sorted_groups = groups
+    elif groups is not None:
         sorted_groups, order = torch.sort(groups, stable=True)
     block = BLOCK if groups is None else GROUPED_BLOCK
     num_blocks = max(cdiv(n, block), 1)

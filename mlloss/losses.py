@@ -40,6 +40,7 @@ class _PairwiseLoss(nn.Module):
         backend: str,
         cross_device: bool,
         validate_args: bool,
+        contiguous_groups: bool,
     ) -> None:
         super().__init__()
         self.surrogate = check.check_choice("surrogate", surrogate, check.SURROGATES)
@@ -55,6 +56,7 @@ class _PairwiseLoss(nn.Module):
             )
         self.cross_device = check.check_bool("cross_device", cross_device)
         self.validate_args = check.check_bool("validate_args", validate_args)
+        self.contiguous_groups = check.check_bool("contiguous_groups", contiguous_groups)
         self.parts = LossParts()  # batch facts of the last call, for logging (mlloss.parts)
         self._counted: int | Tensor = 0  # the last batch's item count, or its (gathered) mask
         self._own_rows: tuple[int, int] | None = None  # this rank's positions in a gathered batch
@@ -93,6 +95,7 @@ class _PairwiseLoss(nn.Module):
                 validate=self.validate_args,
                 real_levels=real_levels,
                 partition=shares,
+                contiguous_groups=self.contiguous_groups,
             )
         except Exception as error:
             if splits:  # the other ranks wait in sum_shares for this rank's share
@@ -156,6 +159,8 @@ class _PairwiseLoss(nn.Module):
             options.append("cross_device=True")
         if not self.validate_args:
             options.append("validate_args=False")
+        if self.contiguous_groups:
+            options.append("contiguous_groups=True")
         return ", ".join(options)
 
 
@@ -197,9 +202,16 @@ class AUCLoss(_PairwiseLoss):
             for the exponential, squared and hinge surrogates above 2,048 items) read sizes on
             the host whatever this says: for a captured step, give a closed-form surrogate
             ``backend="triton"``. Shapes, dtypes and arguments are always checked.
+        contiguous_groups: ``True`` when each group's items are consecutive rows of the batch
+            (a user-grouped sampler's batches, such as ``mlloss.data.TensorBatches``; a jagged
+            batch's sessions): a group is then a *run* of consecutive equal ids, and an id that
+            comes back after another id's run starts another group. The Triton kernels' layout
+            then keeps the groups where they are instead of sorting the ids (on CUDA a sort is
+            about ten launches and their scratch memory a call). Same loss as ``False`` on such
+            batches, up to the order of the float sums over the groups.
 
     ``forward(scores, labels, groups=None, mask=None)``: scores (N,) or (N, 1); labels (N,) binary;
-    groups (N,) integer ids (e.g. user ids, any order); mask (N,) bool, True for the items that
+    groups (N,) integer ids (e.g. user ids, any order unless ``contiguous_groups``); mask (N,) bool, True for the items that
     count: the others (a fixed-size batch's filler rows) take part in no pair, whatever their
     values, and get a zero gradient. A batch without a valid pair gives exactly 0.
 
@@ -222,10 +234,12 @@ class AUCLoss(_PairwiseLoss):
         backend: str = "auto",
         cross_device: bool = False,
         validate_args: bool = True,
+        contiguous_groups: bool = False,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs=pairs, temperature=temperature,
             reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
+            contiguous_groups=contiguous_groups,
         )
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
@@ -290,10 +304,12 @@ class PDAOMLoss(AUCLoss):
         backend: str = "auto",
         cross_device: bool = False,
         validate_args: bool = True,
+        contiguous_groups: bool = False,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs="hardest", temperature=temperature,
             reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
+            contiguous_groups=contiguous_groups,
         )
 
 
@@ -317,8 +333,8 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
             at construction. Without it the estimate is sized by the first batch, which makes a
             ``torch.compile``-d step compile once more after that batch.
         label_names: names of the K labels in ``parts`` (``label_loss/click``); default their index.
-        surrogate, margin, pairs, temperature, reduction, backend, cross_device: as in ``AUCLoss``.
-            With groups, each L_k is reduced over the groups where label k has a valid pair.
+        surrogate, margin, pairs, temperature, reduction, backend, cross_device, validate_args,
+            contiguous_groups: as in ``AUCLoss``. With groups, each L_k is reduced over the groups where label k has a valid pair.
 
     ``forward(scores, labels, groups=None, mask=None)``: labels (N, K) binary; ``mask`` as in
     ``AUCLoss`` (the balanced priors count only the items of the mask). ``parts["label_loss/k"]``
@@ -342,10 +358,12 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         backend: str = "auto",
         cross_device: bool = False,
         validate_args: bool = True,
+        contiguous_groups: bool = False,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs=pairs, temperature=temperature,
             reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
+            contiguous_groups=contiguous_groups,
         )
         self.balanced = isinstance(weights, str)
         if self.balanced and weights != "balanced":
@@ -528,7 +546,8 @@ class LaALoss(_PairwiseLoss):
         real_levels: one label column holds real-valued levels (graded relevance in steps of
             0.5, say). Without it a single column must hold whole numbers (0/1, or ordinal levels
             such as 0..4 ratings): a column of probabilities passed as labels by mistake raises.
-        surrogate, margin, pairs, temperature, reduction, backend, cross_device: as in ``AUCLoss``.
+        surrogate, margin, pairs, temperature, reduction, backend, cross_device, validate_args,
+            contiguous_groups: as in ``AUCLoss``.
 
     ``forward(scores, labels, groups=None, mask=None)``: labels (N, K) binary, or one ordinal column
     (N,) / (N, 1) such as a 0..4 rating, whose values are the levels (whole numbers unless
@@ -549,10 +568,12 @@ class LaALoss(_PairwiseLoss):
         backend: str = "auto",
         cross_device: bool = False,
         validate_args: bool = True,
+        contiguous_groups: bool = False,
     ) -> None:
         super().__init__(
             surrogate=surrogate, margin=margin, pairs=pairs, temperature=temperature,
             reduction=reduction, backend=backend, cross_device=cross_device, validate_args=validate_args,
+            contiguous_groups=contiguous_groups,
         )
         # Host constants: the op derives its level tables from them once per device.
         self.weights = check.check_weights("weights", weights, strictly_positive=True)

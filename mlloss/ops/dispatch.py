@@ -55,7 +55,7 @@ from .._extras import needs_extra
 from . import replay, torch_tier
 from .closed_form import CLOSED_FORMS as _CLOSED_FORM_TABLE
 from .fused import accumulation_dtype, fused_loss_op
-from .layout import Levels, PairLayout, pair_layout
+from .layout import Levels, PairLayout, pair_layout, run_ordinals
 from .torch_tier import PairOptions
 
 CLOSED_FORMS = tuple(_CLOSED_FORM_TABLE)  # the surrogates with an all-pairs closed form
@@ -142,6 +142,7 @@ def pair_loss(
     validate: bool,
     real_levels: bool = False,
     partition: tuple[int, int] | None = None,
+    contiguous_groups: bool = False,
 ) -> PairLossResult:
     """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional int64 ``groups``,
     over the items of the optional (N,) bool ``mask`` (the others, whatever they hold, form no
@@ -158,7 +159,9 @@ def pair_loss(
     ``partition=(rank, world_size)``, for a batch gathered from every rank: on the "torch"
     all-pairs tier with groups, compute only this rank's groups (contiguous groups of about
     equal sum of n_u^2) with the global normalisers (``partial=True``: the ranks' losses sum to
-    the loss); other tiers compute the whole batch. The batch's size is checked by the caller
+    the loss); other tiers compute the whole batch. ``contiguous_groups``: a group is a run of
+    consecutive equal ids (``layout.run_ordinals``), which the layout keeps in place instead of
+    sorting the ids. The batch's size is checked by the caller
     (``losses._PairwiseLoss._checked_batch``: at most ``_validation.MAX_LOSS_ITEMS`` items).
     """
     if scores.dim() == 2 and (label_weights is not None or tuple(labels.shape) != tuple(scores.shape)):
@@ -168,7 +171,7 @@ def pair_loss(
     tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0])
     rank, world_size = partition if partition is not None else (0, 1)
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
-             int(validate), int(real_levels), rank, world_size]
+             int(validate), int(real_levels), rank, world_size, int(contiguous_groups)]
     values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
     loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
     partial = splits_pair_work(tier, pairs, groups, world_size)
@@ -190,14 +193,14 @@ NO_TEMPERATURE = -1.0  # temperatures are > 0
 
 
 @functools.lru_cache(maxsize=256)
-def _decoded(flags: tuple[int, ...], values: tuple[float, ...]) -> tuple[PairOptions, str, bool, bool, int, int]:
-    """(the pair options, tier, validate, real_levels, rank, world_size) from the op's ``flags``
-    and ``values``."""
+def _decoded(flags: tuple[int, ...], values: tuple[float, ...]) -> tuple[PairOptions, str, bool, bool, int, int, bool]:
+    """(the pair options, tier, validate, real_levels, rank, world_size, contiguous_groups) from the
+    op's ``flags`` and ``values``."""
     cost, surrogate, pairs, reduction, tier = (choices[code] for choices, code in zip(_CHOICES, flags))
     margin, temperature = values
     options = PairOptions(cost, surrogate, margin, pairs, None if temperature == NO_TEMPERATURE else temperature,
                           reduction)
-    return options, tier, bool(flags[5]), bool(flags[6]), flags[7], flags[8]
+    return options, tier, bool(flags[5]), bool(flags[6]), flags[7], flags[8], bool(flags[9])
 
 
 def _pair_loss_op(
@@ -221,9 +224,11 @@ def _pair_loss_eager(*inputs) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, values, *, replayable: bool):
-    options, tier, validate, real_levels, rank, world_size = _decoded(tuple(flags), tuple(values))
+    options, tier, validate, real_levels, rank, world_size, contiguous = _decoded(tuple(flags), tuple(values))
     label_rule = _label_rule(labels, label_weights is not None, real_levels)
     if tier != "triton" or scores.shape[0] < 2:
+        if contiguous and groups is not None:
+            groups = run_ordinals(groups)
         return _torch_tier_loss(scores, labels, groups, mask, mixing, label_weights, options, tier, validate,
                                 label_rule, (rank, world_size))
     tensors = (scores, labels, groups, mask, mixing)
@@ -250,7 +255,7 @@ def _kernel_work(
     """The Triton tier's part of ``_pair_loss_op``: (loss, stats, grad, the data-check status or
     None with the checks off), computed on the device without a host read (what a CUDA graph
     captures: ``replay``)."""
-    options, _, validate, real_levels, _, _ = _decoded(flags, values)
+    options, _, validate, real_levels, _, _, contiguous = _decoded(flags, values)
     cost, surrogate, margin, pairs, temperature, reduction = options
     aggregated = label_weights is not None
     score_columns = scores.dim() == 2  # (N, B): problem b on scores[:, b], as a (B, N) row of its own
@@ -269,6 +274,11 @@ def _kernel_work(
         dense = num_items <= dense_kernels.MAX_ITEMS and (
             not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
         )
+    contiguous = contiguous and groups is not None
+    if contiguous and mask is not None and not dense:
+        # the masked items' set-apart ranks the ids: it takes the runs' ordinals, whose ranks then
+        # go through the layout's sort, as without contiguous groups
+        groups, contiguous = run_ordinals(groups), False
     if mask is not None and not dense:
         scores, labels, groups = without_masked(scores, labels, groups, mask, score_rows=score_columns)
         mask = None
@@ -290,7 +300,7 @@ def _kernel_work(
             scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
             hardest=pairs == "hardest", reduction=reduction, status=status,
             values=levels.values if aggregated else None, linear=cost == "linear", check=checked_in_kernels,
-            score_columns=score_columns,
+            score_columns=score_columns, contiguous_groups=contiguous,
         )
     else:  # the layout of (group, level) cells, then all pairs or max-violation pairs
         with needs_extra("triton", 'backend="triton"'):  # imports triton only when asked for
@@ -298,7 +308,7 @@ def _kernel_work(
             from ..kernels.pairwise import pair_loss_and_grad
 
         layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None,
-                               score_columns=score_columns)
+                               score_columns=score_columns, contiguous_groups=contiguous)
         if pairs == "all":
             result = pair_loss_and_grad(
                 scores, levels, layout, mixing=mixing, cost=cost, surrogate=surrogate, margin=margin,
@@ -351,19 +361,21 @@ def _raise_for(code: int, scores: Tensor, labels: Tensor, groups: Tensor | None,
 
 
 def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor, Tensor] | None = None,
-                  score_columns: bool = False) -> PairLayout:
+                  score_columns: bool = False, contiguous_groups: bool = False) -> PairLayout:
     """The Triton tier's ``PairLayout``: for at most ``kernels.levels.COUNTING_LEVELS`` levels a
     counting sort inside each group (two launches, three past ``kernels.levels.SCAN_BLOCKS``
     blocks of positions, after one sort of the group ids if there are groups), else
     ``layout.pair_layout``'s sorts and binary searches; the same layout. ``check`` (binary label
     columns as passed: two levels) makes the data check in the counting launch (``score_columns``:
-    of (B, N) scores, a row per problem)."""
+    of (B, N) scores, a row per problem). ``contiguous_groups``: the groups are the runs of equal
+    ids, which the counting layout keeps in place (no sort of the ids)."""
     from ..kernels.levels import COUNTING_LEVELS, counting_layout
 
     if levels.num_ranks <= COUNTING_LEVELS:
-        return counting_layout(levels, groups, check=check, score_columns=score_columns)
+        return counting_layout(levels, groups, check=check, score_columns=score_columns,
+                               contiguous_groups=contiguous_groups)
     assert check is None, "binary columns as passed take the counting layout, where their data check runs"
-    return pair_layout(levels, groups)
+    return pair_layout(levels, run_ordinals(groups) if contiguous_groups else groups)
 
 
 def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor, *,

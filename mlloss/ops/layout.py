@@ -115,6 +115,14 @@ def pair_layout(levels: Levels, groups: Tensor | None) -> PairLayout:
     return PairLayout(order, cell_start, cell_end, group_start, group_end)
 
 
+def run_ordinals(groups: Tensor) -> Tensor:
+    """(N,) int64: the ordinal of each item's run of consecutive equal ids (from 0, or from 1 when
+    the last id differs from the first), non-decreasing: the groups of ``contiguous_groups=True``,
+    where an id that comes back after another's run starts another group, as ids that every path
+    takes (a stable sort leaves them in place). Three elementwise ops, no sync."""
+    return torch.cumsum(groups != groups.roll(1), 0)
+
+
 def _group_key(levels: Levels, groups: Tensor, num_items: int) -> tuple[Tensor, Tensor, Tensor]:
     """(sort key group rank * ranks + level rank, group start, group end): the group rank is the
     first position of the item's group among the sorted ids. int32 keys when they fit."""
