@@ -76,9 +76,11 @@ def pdaom(**grouping: int) -> dict[str, Any]:
     return dict(case=PDAOM_CASE, kind="pdaom", prior=0.1, surrogate="exponential", **grouping)
 
 
-def grouped_auc_logistic() -> dict[str, Any]:
-    return dict(case=f"grouped AUC logistic, ~{GROUP_SIZE} items/user, prior 0.1", kind="auc", prior=0.1,
-                surrogate="logistic", group_size=GROUP_SIZE)
+def grouped_auc_logistic(contiguous: bool = False) -> dict[str, Any]:
+    """``contiguous``: each user's items consecutive, the loss told so (``contiguous_groups=True``)."""
+    return dict(case=f"grouped AUC logistic, ~{GROUP_SIZE} items/user" + (" in runs" if contiguous else "")
+                + ", prior 0.1", kind="auc", prior=0.1, surrogate="logistic", group_size=GROUP_SIZE,
+                contiguous=contiguous)
 
 
 def grouped_laa_logistic() -> dict[str, Any]:
@@ -264,8 +266,12 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
                  "naive", "libauc-loop"]
         if not quick:
             impls.insert(6, "naive-compile")
+        # and the same users in runs, told so (contiguous_groups=True: no sort of the ids; the dense
+        # kernels visit each user's tiles only)
+        runs_impls = ["mlloss-triton", "mlloss-graph", "mlloss-unchecked"]
         return [dict(grouped_auc_logistic(), section=4, sizes=grouped_sweep, impls=impls,
-                     only_at=compile_at_speedup_n | layout_at, dense_case=AUC_CASE)]
+                     only_at=compile_at_speedup_n | layout_at, dense_case=AUC_CASE),
+                dict(grouped_auc_logistic(contiguous=True), section=4, sizes=grouped_sweep, impls=runs_impls)]
     if section == 5:
         return [dict(grouped_laa_logistic(), section=5, sizes=grouped_sweep,
                      impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-torch", "naive",
@@ -329,6 +335,8 @@ def make_inputs(spec: dict[str, Any], n: int | None = None):
             n_groups = max(1, n // spec["group_size"])
         user_ids = torch.randint(0, 2**40, (n_groups,), generator=generator)
         groups = user_ids[torch.randint(0, n_groups, (n,), generator=generator)]
+        if spec.get("contiguous"):  # each user's items in one run (the users' random ids ascending)
+            groups = torch.sort(groups, stable=True).values
     if spec.get("separation"):
         scores = scores + spec["separation"] * levels_of(spec, labels)
     return scores, labels, groups
@@ -561,6 +569,8 @@ def mlloss_loss(spec: dict[str, Any], **options):
     """The mlloss loss of ``spec``'s kind and surrogate (PDAOM keeps its own), made with ``options``."""
     import mlloss
 
+    if spec.get("contiguous"):
+        options = dict(options, contiguous_groups=True)
     if spec["kind"] == "pdaom":
         return mlloss.PDAOMLoss(**options)
     if spec["kind"] == "laa":

@@ -126,6 +126,12 @@ def cases() -> list[Case]:
             Case(f"AUC task columns {size} groups mask", auc(), "two", layout, masked=True, tasks=2),
             Case(f"PDAOM soft task columns {size} groups", lambda: mlloss.PDAOMLoss(temperature=0.5, backend="triton"),
                  "two", layout, tasks=2),
+            # contiguous groups: the dense kernels' run ordinals, the counting layout without a sort
+            Case(f"AUC logistic {size} contiguous groups", auc(contiguous_groups=True), "binary", layout),
+            Case(f"PDAOM {size} contiguous groups", lambda: mlloss.PDAOMLoss(backend="triton", contiguous_groups=True),
+                 "binary", layout),
+            Case(f"LaA linear {size} contiguous groups", lambda: mlloss.LaALoss(backend="triton", contiguous_groups=True),
+                 "two", layout),
         ]
     out += [  # a batch of more blocks than kernels.levels.SCAN_BLOCKS (2^20 items) scans the blocks' counts
         Case("AUC logistic layout scanned", auc(), "binary", True, grouped=False, scanned=True),
@@ -133,6 +139,7 @@ def cases() -> list[Case]:
         Case("LaA linear 4 labels layout groups scanned", lambda: mlloss.LaALoss(backend="triton"), "four", True,
              scanned=True),
         Case("PDAOM layout groups scanned", lambda: mlloss.PDAOMLoss(backend="triton"), "binary", True, scanned=True),
+        Case("AUC logistic layout contiguous groups scanned", auc(contiguous_groups=True), "binary", True, scanned=True),
     ]
     return out
 

@@ -84,12 +84,19 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
     # a two-task model's heads in one call: (N, 2) scores, a label column each (AUCLoss.task_columns)
     "AUCLoss(2 task columns)": lambda validate: mlloss.AUCLoss(backend="triton", validate_args=validate),
     "PDAOMLoss(2 task columns)": lambda validate: mlloss.PDAOMLoss(backend="triton", validate_args=validate),
+    # a user-grouped batch (each user's items consecutive), said so: the layout sorts no ids
+    "AUCLoss(contiguous groups)": lambda validate: mlloss.AUCLoss(
+        backend="triton", validate_args=validate, contiguous_groups=True),
+    "LaALoss(contiguous groups)": lambda validate: mlloss.LaALoss(
+        backend="triton", validate_args=validate, contiguous_groups=True),
 }
-SINGLE_LABEL = {"AUCLoss", "PDAOMLoss"}
+SINGLE_LABEL = {"AUCLoss", "PDAOMLoss", "AUCLoss(contiguous groups)"}
 GRADED = {"LaALoss(graded)", "LaALoss(graded hardest)"}
 TASK_COLUMNS = {"AUCLoss(2 task columns)", "PDAOMLoss(2 task columns)"}
+CONTIGUOUS = {"AUCLoss(contiguous groups)", "LaALoss(contiguous groups)"}
 # On the dense kernels up to 2,048 items (LaA: its 2 binary columns make 3 levels).
-DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss", *sorted(TASK_COLUMNS))
+DENSE_LOSSES = ("AUCLoss", "PDAOMLoss", "LoALoss", "LoALoss(balanced)", "LaALoss", *sorted(TASK_COLUMNS),
+                *sorted(CONTIGUOUS))
 
 
 def loss_labels(name: str, labels: torch.Tensor) -> torch.Tensor:
@@ -104,6 +111,14 @@ def loss_scores(name: str, scores: torch.Tensor) -> torch.Tensor:
     """What loss ``name`` takes of a batch's scores: two task columns (the second the first
     reversed), or the scores as they are."""
     return torch.stack([scores, scores.flip(0)], dim=1) if name in TASK_COLUMNS else scores
+
+
+def loss_groups(name: str, groups: torch.Tensor | None) -> torch.Tensor | None:
+    """The batch's group ids, or for a loss told ``contiguous_groups=True`` the same ids in runs
+    (each group's items consecutive, the runs in descending id order: not sorted ascending)."""
+    if groups is None or name not in CONTIGUOUS:
+        return groups
+    return torch.sort(groups, descending=True, stable=True).values
 
 
 def batch(num_items: int = 64, seed: int = 0):
@@ -136,7 +151,7 @@ def peak_memory(name: str, *, grouped: bool, num_items: int, users: int = 20_000
     scores = torch.randn(num_items, generator=generator).requires_grad_(True)
     labels = loss_labels(name, torch.randint(0, 2, (num_items, 2), generator=generator).to(torch.float32)).contiguous()
     groups = torch.randint(0, users, (num_items,), generator=generator) if grouped else None
-    loss = LOSSES[name](False)
+    groups, loss = loss_groups(name, groups), LOSSES[name](False)
     profiler = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
     )
@@ -216,7 +231,7 @@ def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False
     scores, labels, groups = batch(num_items)
     scores, labels = loss_scores(name, scores), loss_labels(name, labels)
     loss = LOSSES[name](validate)
-    groups = groups if grouped else None
+    groups = loss_groups(name, groups) if grouped else None
     options = {"mask": torch.arange(num_items) % 4 != 3} if masked else {}
     warm_up = 2 if replay else 1  # the first call compiles the kernels; with replay the second captures
     with stand_in_on_cpu(rerun=False) if replay else contextlib.nullcontext():

@@ -235,7 +235,7 @@ def host_time(name: str, *, grouped: bool, layout: bool, calls: int, num_items: 
     scores, labels, groups = host_path.batch(num_items)
     scores, labels = host_path.loss_scores(name, scores), host_path.loss_labels(name, labels)
     loss = host_path.LOSSES[name](False)
-    groups = groups if grouped else None
+    groups = host_path.loss_groups(name, groups) if grouped else None
 
     def call():
         x = scores.clone().requires_grad_(True)

@@ -31,7 +31,9 @@ Method:
   over all loops (a pair visited by two loops, e.g. an upper-owning and a lower-owning pass,
   costs the sum). A label ending in ``"(fallback)"`` names a loop that runs only for inputs
   outside the common case (the fast logistic's row blocks whose scores spread too far for its
-  factored terms): reported, and left out of the totals.
+  factored terms): reported, and left out of the totals; so is one ending in ``"(per program)"``,
+  a loop over positions, not pairs, that a program runs once before its pair loop (the dense
+  kernel's run ordinals of its rows, with contiguous groups).
 * **Labels.** A variant names its innermost loops in address order, or in the order of its
   ``loop_key`` of each loop's opcode histogram (what the loop holds), when the compiler's layout
   varies (the fast logistic's eight loops: Triton 3.6 and 3.9 place them differently).
@@ -319,6 +321,7 @@ def loop_report(label: str, loop: Loop, pairs_per_iteration: float) -> LoopRepor
 
 #: The end of the label of a loop that the totals leave out (see the module docstring).
 FALLBACK = "(fallback)"
+PER_PROGRAM = "(per program)"
 
 
 def _sum_per_pair(loops: Sequence[LoopReport]) -> PerPair | None:
@@ -345,7 +348,7 @@ def analyse(variant: Any) -> VariantReport:
     if key is not None:  # labelled by what the loops hold, not where the compiler put them
         loops = sorted(loops, key=lambda loop: key(Counter(i.opcode for i in loop.body), variant.pairs_per_iteration))
     reports = [loop_report(label, loop, variant.pairs_per_iteration) for label, loop in zip(variant.loops, loops)]
-    counted = [r for r in reports if not r.label.endswith(FALLBACK)]
+    counted = [r for r in reports if not r.label.endswith((FALLBACK, PER_PROGRAM))]
     return VariantReport(
         name=variant.name, num_warps=variant.num_warps, pairs_per_iteration=variant.pairs_per_iteration,
         constexprs={k: str(v) for k, v in variant.constexprs.items()},
