@@ -64,7 +64,8 @@ class MultiTaskObjective(nn.Module):
         if name not in PER_TASK_LOSSES + RANKING_SCORE_LOSSES:
             raise ValueError(f"--loss must be one of {PER_TASK_LOSSES + RANKING_SCORE_LOSSES}; got {name!r}")
         self.uses_ranking_head = name in RANKING_SCORE_LOSSES
-        ranking = {"cross_device": True} if cross_device else {}
+        # users' rows are consecutive in a batch, not across ranks' gathered ones (docs/recipe.md)
+        ranking = {"cross_device": True} if cross_device else {"contiguous_groups": True}
         if self.uses_ranking_head:
             self.task_loss = mlloss.build_loss("bce", validate_args=validate_args)
             self.ranking_loss = mlloss.build_loss(name, validate_args=validate_args, **ranking)
