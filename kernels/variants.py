@@ -132,7 +132,9 @@ def budget_variants() -> list[SassVariant]:
 def dense_variants() -> list[SassVariant]:
     """The CUDA variants of ``dense._dense_rows_kernel``: every surrogate's all-pairs loop, with
     and without groups, the logistic one with groups and a mask (a fixed-size batch) and LaA's
-    three levels with linear costs, then the hardest pairs' two scans (comparisons only)."""
+    three levels with linear costs, then the hardest pairs' two scans (comparisons only), and the
+    logistic with contiguous groups (its pair loop over the tiles of the rows' runs only, whose
+    bounds two loops over the positions before and after the rows find)."""
     block_m, block_n, num_warps = dense.TILES["cuda"]
     # Binary labels as the caller passes them: one float32 column (an item stride of 1, which
     # Triton specializes as a constant); LaA's ranks are int32, also of item stride 1.
@@ -140,25 +142,27 @@ def dense_variants() -> list[SassVariant]:
                  "groups_ptr": "*i64", "keep_ptr": "*i8", "values_ptr": "*fp64", "grad_ptr": "*fp32",
                  "block_sums_ptr": "*fp64", "status_ptr": "*i32", "N": "i32", "num_blocks": "i32"}
     pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
-    # (surrogate, groups, mask, levels, hardest)
-    cases = [(surrogate, grouped, False, 2, False) for surrogate in SURROGATES for grouped in (False, True)]
-    cases += [("logistic", True, True, 2, False), ("logistic", True, False, 3, False), ("exponential", True, False, 2, True)]
+    # (surrogate, groups, mask, levels, hardest, contiguous groups)
+    cases = [(surrogate, grouped, False, 2, False, False) for surrogate in SURROGATES for grouped in (False, True)]
+    cases += [("logistic", True, True, 2, False, False), ("logistic", True, False, 3, False, False),
+              ("exponential", True, False, 2, True, False), ("logistic", True, False, 2, False, True)]
     variants = []
-    for surrogate, grouped, masked, levels, hardest in cases:
+    for surrogate, grouped, masked, levels, hardest, runs in cases:
         constexprs = dict(
-            label_stride=1, GROUPED=grouped, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
+            label_stride=1, GROUPED=grouped, RUNS=runs, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
             SURROGATE=SURROGATES[surrogate], MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, FAST=not hardest,
             SCORE_SCALE=score_scale(surrogate, not hardest), VALUE_SCALE=value_scale(surrogate, not hardest),
             ACC=tl.float32, BLOCK_M=block_m, BLOCK_N=block_n, CHECK=False, BAD_SCORE=STATUS_BAD_SCORE, BAD_LABEL=STATUS_BAD_LABEL,
             SCORE_COLUMNS=False,
         )
         variants.append(SassVariant(
-            name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}" + (" groups" if grouped else "")
+            name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}"
+            + (" contiguous groups" if runs else " groups" if grouped else "")
             + (" mask" if masked else "") + (f" {levels} levels linear" if levels > 2 else ""),
             kernel=dense._dense_rows_kernel,
             signature=dict(signature, labels_ptr="*i32" if levels > 2 else "*fp32",
                            **{name: "constexpr" for name in constexprs}),
             constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=pairs_per_iteration,
-            loops=("scan", "ties") if hardest else ("both sides",),
+            loops=("scan", "ties") if hardest else ("runs before (per program)", "runs after (per program)", "both sides") if runs else ("both sides",),
         ))
     return variants
