@@ -540,11 +540,12 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
     from mlloss.kernels import dense, pairwise
     from mlloss.kernels._common import launch_target
 
-    max_items, saved_tiles, saved_caps = dense.MAX_ITEMS, dict(pairwise.TILES), dict(pairwise.MAX_REGISTERS)
+    max_items, saved_tiles = (dense.MAX_ITEMS, dense.MAX_RUN_ITEMS), dict(pairwise.TILES)
+    saved_caps = dict(pairwise.MAX_REGISTERS)
     factor = pairwise.FACTOR_LOGISTIC
     try:
         if layout_only:
-            dense.MAX_ITEMS = 0
+            dense.MAX_ITEMS = dense.MAX_RUN_ITEMS = 0
         if tiles in (DENSE, LAYOUT):
             dense.MAX_ITEMS = DENSE_LIMIT if tiles == DENSE else 0
         elif tiles == PER_PAIR:
@@ -557,7 +558,7 @@ def kernel_settings(device, *, layout_only: bool = False, tiles: str = ""):
                     pairwise.TILES[key] = parse_tiles(tiles)
         yield
     finally:
-        dense.MAX_ITEMS = max_items
+        dense.MAX_ITEMS, dense.MAX_RUN_ITEMS = max_items
         pairwise.FACTOR_LOGISTIC = factor
         pairwise.TILES.clear()
         pairwise.TILES.update(saved_tiles)

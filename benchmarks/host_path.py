@@ -211,11 +211,11 @@ def dense_kernels_off():
     """The Triton tier's layout kernels at every N (kernels/dense.py takes none)."""
     from mlloss.kernels import dense
 
-    limit, dense.MAX_ITEMS = dense.MAX_ITEMS, 0
+    limits, dense.MAX_ITEMS, dense.MAX_RUN_ITEMS = (dense.MAX_ITEMS, dense.MAX_RUN_ITEMS), 0, 0
     try:
         yield
     finally:
-        dense.MAX_ITEMS = limit
+        dense.MAX_ITEMS, dense.MAX_RUN_ITEMS = limits
 
 
 def count_call(name: str, *, grouped: bool, validate: bool, masked: bool = False, layout: bool = False,

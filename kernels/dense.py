@@ -8,7 +8,10 @@ ranking term, ``LoALoss``'s label columns) and for ``LaALoss`` of a few binary l
 ``MAX_LEVELS`` values of the aggregated label: two labels make three) with N <= ``MAX_ITEMS``,
 these kernels read the scores, the labels (or the aggregated label's rank) and the group ids as
 the caller passed them and test every (i, j) for a valid pair in registers: same group, opposite
-classes (different levels). O(B N^2) comparisons, O(B N) memory, two launches:
+classes (different levels). O(B N^2) comparisons, O(B N) memory, two launches. With
+contiguous groups (``contiguous_groups=True``: a group is a run of equal ids) a block of rows
+compares only the tiles of its rows' runs, O(B sum_u n_u^2), and batches of up to
+``MAX_RUN_ITEMS`` items take these kernels:
 
 1. ``_dense_rows_kernel``, grid (row blocks, problems): a program owns BLOCK_M items of one
    problem and streams every BLOCK_N-wide tile of the batch through [BLOCK_M, BLOCK_N] register
@@ -72,13 +75,22 @@ __all__ = ["MAX_ITEMS", "MAX_LEVELS", "dense_loss_and_grad"]
 #: step at 8,192 than at 1,024 (benchmarks/results/recipe-cuda-eb07a70.md): bench_gpu.py's section
 #: 10 times both kinds of kernel at 2,048-16,384 items, eager and in CUDA graphs, for this threshold.
 MAX_ITEMS = 2048
+#: Largest batch of contiguous groups (``contiguous_groups=True``) the dense kernels take. A block
+#: of rows then visits only the tiles of its rows' runs (the recipe's batches of 1,024 and 2,048
+#: impressions, users of ~50: 20% and 11% of the tiles), so the work grows with the sum of the
+#: squared group sizes, not N^2, and a call keeps the dense kernels' 2 launches and 9-13 aten ops
+#: where the layout kernels take 5-6 launches and 14-19 ops. At its worst, one group of all N
+#: items, every pair is visited at ~50 instructions: about 0.45 ms of an H100 at 16,384 items
+#: (estimated from kernel_sass.py's counts), against the layout kernels' 0.08 ms of kernels
+#: behind ~1 ms of eager host path. Not yet timed on a GPU: bench_gpu.py section 4's "in runs" rows.
+MAX_RUN_ITEMS = 16384
 #: Most levels of LaA's aggregated label the dense kernels take (two binary labels make three):
 #: a row counts its group's items per level in one int64, 16 bits a level.
 MAX_LEVELS = 4
 assert MAX_LEVELS <= 4, "_level_costs selects among at most four levels"
 # A binary row counts its group's negatives and positives in one int32 (positives << 16): the
 # counts, and 2^16 times the positives, must fit.
-assert MAX_ITEMS < 2**15, "the dense kernels' packed counts need MAX_ITEMS < 32,768"
+assert max(MAX_ITEMS, MAX_RUN_ITEMS) < 2**15, "the dense kernels' packed counts need at most 32,767 items"
 TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, num_warps: no spills
 
 
@@ -342,7 +354,8 @@ def dense_loss_and_grad(
     of ``pairwise.pair_loss_and_grad``): ``labels`` (B, N) 0/1 of any dtype and strides (read as
     int32; the caller's (N, B) label columns transposed, a view: LoA's columns, one for AUC and
     PDAOM), ``groups`` (N,) integer ids or None, ``mask`` (N,) bool or None (the
-    items outside it, whatever they hold, form no pair and get a zero gradient), N <= ``MAX_ITEMS``;
+    items outside it, whatever they hold, form no pair and get a zero gradient), N <= ``MAX_ITEMS``
+    (``MAX_RUN_ITEMS`` with ``contiguous_groups``);
     all pairs, or the hardest pair per group (no temperature).
 
     ``values`` (1, L) float64, 2 < L <= ``MAX_LEVELS``: one problem whose ``labels`` (1, N) are
@@ -364,8 +377,10 @@ def dense_loss_and_grad(
     of rows then visits only the tiles of its rows' runs."""
     validate_device(scores, labels, groups, mask, values)
     num_problems, n = labels.shape
-    if n > MAX_ITEMS:
-        raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items; got {n}")
+    runs = groups is not None and contiguous_groups
+    if n > (MAX_RUN_ITEMS if runs else MAX_ITEMS):
+        raise ValueError(f"the dense kernels take at most {MAX_ITEMS} items ({MAX_RUN_ITEMS} in contiguous groups); "
+                         f"got {n}")
     num_levels = 2 if values is None else values.shape[-1]
     if check and (values is not None or status is None):
         raise ValueError("the dense kernels check binary labels into a status word: check=True needs a status and "
@@ -389,7 +404,7 @@ def dense_loss_and_grad(
             scores, labels, labels.stride(0), labels.stride(1), groups if groups is not None else labels,
             mask if mask is not None else labels,
             values if values is not None else scores, grad, block_sums, status if check else block_sums, n, num_blocks,
-            GROUPED=groups is not None, RUNS=groups is not None and contiguous_groups, MASKED=mask is not None,
+            GROUPED=groups is not None, RUNS=runs, MASKED=mask is not None,
             HARDEST=hardest, LEVELS=num_levels,
             LINEAR=linear and values is not None, SURROGATE=surrogate_id(surrogate), MARGIN=float(margin), FAST=fast,
             SCORE_SCALE=score_scale(surrogate, fast), VALUE_SCALE=value_scale(surrogate, fast),

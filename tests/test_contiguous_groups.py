@@ -87,6 +87,7 @@ def use_kernels(kind: str, monkeypatch) -> None:
         from mlloss.kernels import dense
 
         monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+        monkeypatch.setattr(dense, "MAX_RUN_ITEMS", 0)
 
 
 def leaf(scores: torch.Tensor) -> torch.Tensor:
@@ -163,6 +164,31 @@ def test_dense_kernels_over_many_tiles_of_runs(name):
     expected.backward()
     torch.testing.assert_close(value.detach().cpu(), expected.detach(), rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.triton
+def test_contiguous_groups_take_the_dense_kernels_up_to_their_own_limit(monkeypatch):
+    """Runs bound each row's pairs: batches past ``MAX_ITEMS`` up to ``MAX_RUN_ITEMS`` take the
+    dense kernels (no layout) with contiguous groups, the layout kernels without (limits scaled down)."""
+    from mlloss.kernels import dense, levels
+
+    monkeypatch.setattr(dense, "MAX_ITEMS", 64)
+    monkeypatch.setattr(dense, "MAX_RUN_ITEMS", 200)
+    laid_out = []
+    counting_layout = levels.counting_layout
+    monkeypatch.setattr(levels, "counting_layout", lambda *a, **k: laid_out.append(1) or counting_layout(*a, **k))
+    for n, flag, expect_layout in ((150, True, False), (150, False, True), (250, True, True)):
+        scores, labels, ids, _ = batch(n, n=n)
+        laid_out.clear()
+        x = leaf(scores)
+        value = mlloss.AUCLoss(backend="triton", contiguous_groups=flag)(x, *on_device(labels[:, 0], ids))
+        value.backward()
+        assert bool(laid_out) == expect_layout, (n, flag)
+        y = scores.detach().clone().requires_grad_(True)
+        expected = pair_loss(y, labels[:, 0], runs_of(ids) if flag else ids)
+        expected.backward()
+        torch.testing.assert_close(value.detach().cpu(), expected.detach(), rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=1e-8, atol=1e-12)
 
 
 @pytest.mark.triton

@@ -267,14 +267,15 @@ def _kernel_work(
     # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
     # label patterns (an ordinal column's levels only the data tell): every pair in registers, no
     # layout, and the mask read by the kernels; the other paths get the masked items set apart.
+    # Contiguous groups bound each row's pairs by its run: larger batches take the dense kernels too.
+    contiguous = contiguous and groups is not None
     dense = pairs == "all" or (temperature is None and not aggregated)
     if dense:
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
-        dense = num_items <= dense_kernels.MAX_ITEMS and (
+        dense = num_items <= (dense_kernels.MAX_RUN_ITEMS if contiguous else dense_kernels.MAX_ITEMS) and (
             not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
         )
-    contiguous = contiguous and groups is not None
     if contiguous and mask is not None and not dense:
         # the masked items' set-apart ranks the ids: it takes the runs' ordinals, whose ranks then
         # go through the layout's sort, as without contiguous groups
