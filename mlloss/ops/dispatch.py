@@ -276,13 +276,12 @@ def _kernel_work(
         dense = num_items <= (dense_kernels.MAX_RUN_ITEMS if contiguous else dense_kernels.MAX_ITEMS) and (
             not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
         )
-    if contiguous and mask is not None and not dense:
-        # the masked items' set-apart ranks the ids: it takes the runs' ordinals, whose ranks then
-        # go through the layout's sort, as without contiguous groups
-        groups, contiguous = run_ordinals(groups), False
     if mask is not None and not dense:
-        scores, labels, groups = without_masked(scores, labels, groups, mask, score_rows=score_columns)
-        mask = None
+        # the masked items' group of their own breaks the runs: the runs' ordinals rank the real
+        # items' groups (no sort of the ids), and the layout sorts the groups, as without runs
+        scores, labels, groups = without_masked(scores, labels, run_ordinals(groups) if contiguous else groups, mask,
+                                                score_rows=score_columns, ranked=contiguous)
+        mask, contiguous = None, False
     status = None
     if validate:  # fused into the kernels' launches, read after the call
         status = torch.zeros(1, dtype=torch.int32, device=scores.device)
@@ -380,22 +379,24 @@ def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor,
 
 
 def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor, *,
-                   score_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                   score_rows: bool = False, ranked: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """The batch with the items outside ``mask`` in a group of their own, all at one level: they
     form no valid pair, so no loss term, normaliser or gradient sees them (loss spec, "Groups":
     groups without a valid pair drop out of the reduction). Their scores and labels, which may be
     anything (a fixed-size batch's filler rows), become 0, so the data check passes them and no
     sum over a cell meets a NaN; the gradient of a masked score is exactly 0.
 
-    With groups, an item's group becomes its group's rank among the N sorted ids (< N) and a
-    masked item's N, which no real group can take; without, the real items are group 0 and the
-    masked ones group 1. Sync-free and shape-static, like the layout. (The dense kernels read the
+    With groups, an item's group becomes its group's rank among the N sorted ids (< N; ``ranked``:
+    the groups are such ranks already, at most N, as ``layout.run_ordinals`` gives, and are
+    taken as they are) and a masked item's N + 1, which no real group can take; without, the real
+    items are group 0 and the masked ones group 1. Sync-free and shape-static, like the layout. (The dense kernels read the
     mask instead.)"""
     dropped = ~mask
     if groups is None:
         groups = dropped.to(torch.int64)
     else:
-        groups = torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, mask.shape[0])
+        groups = (groups.masked_fill(dropped, mask.shape[0] + 1) if ranked
+                  else torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, mask.shape[0] + 1))
     # score columns: (N, B) scores, or the kernels' (B, N) rows (``score_rows``)
     dropped_scores = dropped[:, None] if scores.dim() == 2 and not score_rows else dropped
     return scores.masked_fill(dropped_scores, 0), labels.masked_fill(dropped[:, None], 0), groups
