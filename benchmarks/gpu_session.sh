@@ -57,7 +57,8 @@ tests)
     # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
-        tests/test_compile.py tests/test_graph_replay.py tests/test_task_columns.py 2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
+        tests/test_compile.py tests/test_graph_replay.py tests/test_task_columns.py tests/test_contiguous_groups.py \
+        2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
     ;;
 bench)
     python benchmarks/bench_gpu.py --quick --output "$out" "${@:2}" 2>&1 | tee -iap "$out/bench.log" | quiet_tail 30
@@ -126,7 +127,8 @@ kernels|training)
     if [ "$1" = kernels ]; then
         # the launch check, then tests (69 s on an H100 before the launch check compiled part of their
         # kernels, 84-87 s with the suite of 2026-11-26, before tests/test_task_columns.py's 55 tests
-        # and their 10 new specializations), then bench_gpu.py --quick (issue 10): sections 1-5,
+        # and their 10 new specializations, and tests/test_contiguous_groups.py's 50 and their 8),
+        # then bench_gpu.py --quick (issue 10): sections 1-5,
         # then 6 (accuracy) in a file of their own, so that a slow float64 reference cannot take
         # the timing sections' time (section 7, the tiles, ran at a20b70f and before: `bench
         # --sections 7` in a command of its own), then the profile of the host-bound calls, eager and
@@ -141,9 +143,9 @@ kernels|training)
         # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
         # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
         # figures stand, and the tests show the failure.
-        plan=("40 launch-check" "115 tests" "160 bench --budget-s 140 --sections 2,5,3,1,4,10" \
+        plan=("40 launch-check" "130 tests" "150 bench --budget-s 130 --sections 2,5,3,1,4,10" \
               "40 bench --budget-s 25 --sections 6 --output $out/accuracy.json" \
-              "45 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
+              "40 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
         # training rows fit); then the plain recipe, three epochs a run (the first warms up), as far as
