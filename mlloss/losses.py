@@ -77,7 +77,8 @@ class _PairwiseLoss(nn.Module):
         # are then summed (distributed.sum_shares), and a share that raises makes every rank raise.
         shares = partition() if self.cross_device else None
         splits = shares is not None and splits_pair_work(
-            resolve_tier(self.backend, self.surrogate, self.pairs, scores.device, scores.shape[0]),
+            resolve_tier(self.backend, self.surrogate, self.pairs, scores.device, scores.shape[0],
+                         contiguous_groups=self.contiguous_groups and groups is not None),
             self.pairs, groups, shares[1],
         )
         try:
@@ -184,8 +185,9 @@ class AUCLoss(_PairwiseLoss):
         temperature: with ``pairs="hardest"``, replaces min/max by log-mean-exp at this temperature.
         reduction: over groups with a valid pair, ``"mean"`` (default) or ``"sum"``.
         backend: ``"auto"`` (closed form when one exists, else the Triton kernel on CUDA and the
-            blocked all-pairs path on the CPU; on CUDA batches of at most 2,048 items always
-            take the Triton kernels, which never wait for the device), ``"exact"`` (closed forms
+            blocked all-pairs path on the CPU; on CUDA batches of at most 2,048 items, 16,384
+            with ``contiguous_groups``, always take the Triton kernels, which never wait for the
+            device), ``"exact"`` (closed forms
             only; with a level per few items, e.g. a real-valued ``LaALoss`` label, the hinge and
             exponential forms, whose work grows with the levels, give way to the blocked sum,
             which is as exact and then cheaper), ``"torch"`` (blocked all-pairs, any device),

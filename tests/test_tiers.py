@@ -118,5 +118,11 @@ def test_auto_takes_the_sync_free_kernels_for_small_cuda_batches() -> None:
         assert resolve_tier("auto", surrogate, "all", cpu, 16) == "exact"
         assert resolve_tier("auto", surrogate, "hardest", cuda, 10**6) == "triton"
     assert resolve_tier("auto", "logistic", "all", cuda, 10**6) == "triton"
+    # groups in runs: the dense kernels take batches up to their own limit (kernels.dense.MAX_RUN_ITEMS)
+    from mlloss.kernels.dense import MAX_RUN_ITEMS
+
+    assert resolve_tier("auto", "hinge", "all", cuda, MAX_RUN_ITEMS, contiguous_groups=True) == "triton"
+    assert resolve_tier("auto", "hinge", "all", cuda, MAX_RUN_ITEMS + 1, contiguous_groups=True) == "exact"
+    assert resolve_tier("auto", "hinge", "all", cpu, 16, contiguous_groups=True) == "exact"
     assert resolve_tier("auto", "logistic", "all", cpu, 16) == "torch"
     assert resolve_tier("exact", "hinge", "all", cuda, 16) == "exact"  # asked for: kept

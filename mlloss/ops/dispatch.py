@@ -96,12 +96,13 @@ class PairLossResult:
         return self.stats[2 * self.num_problems :]
 
 
-def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device, num_items: int | None = None) -> str:
+def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device, num_items: int | None = None,
+                 contiguous_groups: bool = False) -> str:
     """The tier that ``backend`` selects for this surrogate and device (and batch size, which
-    ``"auto"`` reads on CUDA)."""
+    ``"auto"`` reads on CUDA; ``contiguous_groups``: the batch has groups, in runs)."""
     if backend == "auto":
         on_kernels = device.type == "cuda" and _triton_available()
-        if pairs == "all" and surrogate in CLOSED_FORMS and not (on_kernels and _small(num_items)):
+        if pairs == "all" and surrogate in CLOSED_FORMS and not (on_kernels and _small(num_items, contiguous_groups)):
             return "exact"
         return "triton" if on_kernels else "torch"
     if backend == "exact" and pairs == "hardest":
@@ -109,11 +110,12 @@ def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device,
     return backend
 
 
-def _small(num_items: int | None) -> bool:
-    """A batch that the dense kernels take (``kernels.dense.MAX_ITEMS``); triton is importable."""
-    from ..kernels.dense import MAX_ITEMS
+def _small(num_items: int | None, contiguous_groups: bool = False) -> bool:
+    """A batch that the dense kernels take (``kernels.dense.MAX_ITEMS``, ``MAX_RUN_ITEMS`` for
+    groups in runs); triton is importable."""
+    from ..kernels.dense import MAX_ITEMS, MAX_RUN_ITEMS
 
-    return num_items is not None and num_items <= MAX_ITEMS
+    return num_items is not None and num_items <= (MAX_RUN_ITEMS if contiguous_groups else MAX_ITEMS)
 
 
 def _triton_available() -> bool:
@@ -168,7 +170,8 @@ def pair_loss(
         raise ValueError(f"score columns (scores of shape (N, K)) take K binary label columns of the same shape; got "
                          f"scores {tuple(scores.shape)}, labels {tuple(labels.shape)}"
                          + (", aggregated labels (LaA)" if label_weights is not None else ""))
-    tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0])
+    tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0],
+                        contiguous_groups=contiguous_groups and groups is not None)
     rank, world_size = partition if partition is not None else (0, 1)
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
              int(validate), int(real_levels), rank, world_size, int(contiguous_groups)]
