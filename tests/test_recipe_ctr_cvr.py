@@ -463,3 +463,17 @@ def test_bad_layer_widths_are_named_before_the_data_are_made(recipe, capsys):
         with pytest.raises(SystemExit):
             recipe.parse_args([option, *widths])
         assert f"{option} widths must be >= 1; got {[int(w) for w in widths]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", ["bce+pdaom", "bce+auc", "auc", "laa", "balanced-loa"])
+def test_the_pairwise_losses_are_told_the_users_are_contiguous_unless_gathered_across_ranks(recipe, loss):
+    """The group-keeping batches hold each user's rows consecutively (contiguous_groups=True: no sort
+    of the user ids on the Triton kernels); a batch gathered across ranks may hold two ranks'
+    pieces of one user, so cross_device leaves the ids as they are."""
+    def pairwise(objective):
+        return [m for m in objective.modules() if hasattr(m, "contiguous_groups")]
+
+    assert pairwise(recipe.MultiTaskObjective(loss, None)) and all(
+        m.contiguous_groups for m in pairwise(recipe.MultiTaskObjective(loss, None)))
+    assert not any(m.contiguous_groups for m in pairwise(recipe.MultiTaskObjective(loss, None, cross_device=True)))
+    assert not pairwise(recipe.MultiTaskObjective("bce", None))
