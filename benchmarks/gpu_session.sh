@@ -127,7 +127,7 @@ kernels|training)
     if [ "$1" = kernels ]; then
         # the launch check, then tests (69 s on an H100 before the launch check compiled part of their
         # kernels, 84-87 s with the suite of 2026-11-26, before tests/test_task_columns.py's 55 tests
-        # and their 10 new specializations, and tests/test_contiguous_groups.py's 50 and their 8),
+        # and their 10 new specializations, and tests/test_contiguous_groups.py's 49 and their 8),
         # then bench_gpu.py --quick (issue 10): sections 1-5,
         # then 6 (accuracy) in a file of their own, so that a slow float64 reference cannot take
         # the timing sections' time (section 7, the tiles, ran at a20b70f and before: `bench
