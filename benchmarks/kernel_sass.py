@@ -33,7 +33,7 @@ Method:
   outside the common case (the fast logistic's row blocks whose scores spread too far for its
   factored terms): reported, and left out of the totals; so is one ending in ``"(per program)"``,
   a loop over positions, not pairs, that a program runs once before its pair loop (the dense
-  kernel's run ordinals of its rows, with contiguous groups).
+  kernel's search for the ends of its rows' runs, with contiguous groups).
 * **Labels.** A variant names its innermost loops in address order, or in the order of its
   ``loop_key`` of each loop's opcode histogram (what the loop holds), when the compiler's layout
   varies (the fast logistic's eight loops: Triton 3.6 and 3.9 place them differently).

@@ -59,7 +59,7 @@ from ._launch import launcher
 from .check import report_binary_check
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
-from .scan import running_extreme
+from .scan import group_edges, running_extreme
 
 __all__ = ["MAX_ITEMS", "MAX_LEVELS", "dense_loss_and_grad"]
 
@@ -95,16 +95,6 @@ TILES = {"cuda": (32, 32, 4), "interpreter": (64, 64, 1)}  # BLOCK_M, BLOCK_N, n
 
 
 @triton.jit
-def _run_edges(groups_ptr, positions, N):
-    """(starts, ends): whether each of ``positions`` starts a run of equal ids, and whether it ends one."""
-    inside = positions < N
-    ids = tl.load(groups_ptr + positions, mask=inside, other=0)
-    previous = tl.load(groups_ptr + positions - 1, mask=inside & (positions > 0), other=0)
-    following = tl.load(groups_ptr + positions + 1, mask=positions + 1 < N, other=0)
-    return inside & ((positions == 0) | (ids != previous)), inside & ((positions == N - 1) | (ids != following))
-
-
-@triton.jit
 def _run_bounds(groups_ptr, rows, row_start, row_end, N, BLOCK_N: tl.constexpr):
     """(first position, one past the last) of the run of equal ids that holds each of ``rows``,
     the consecutive positions [row_start, row_end): contiguous groups (RUNS), whose pairs lie
@@ -115,16 +105,16 @@ def _run_bounds(groups_ptr, rows, row_start, row_end, N, BLOCK_N: tl.constexpr):
     while (last_start < 0) & (start > 0):
         start = tl.maximum(start - BLOCK_N, 0)
         positions = start + tl.arange(0, BLOCK_N)
-        starts, _ = _run_edges(groups_ptr, positions, row_start)
+        starts, _ = group_edges(groups_ptr, positions, positions < row_start, row_start)
         last_start = tl.max(tl.where(starts, positions, -1))
     first_end = N + 1  # one past the first run end after the block (position N - 1 ends the last run)
     start = row_end
     while (first_end > N) & (start < N):
         positions = start + tl.arange(0, BLOCK_N)
-        _, ends = _run_edges(groups_ptr, positions, N)
+        _, ends = group_edges(groups_ptr, positions, positions < N, N)
         first_end = tl.min(tl.where(ends, positions + 1, N + 1))
         start += BLOCK_N
-    starts, ends = _run_edges(groups_ptr, rows, N)
+    starts, ends = group_edges(groups_ptr, rows, rows < N, N)
     run_start = tl.maximum(running_extreme(tl.where(starts, rows, -1), MAX=True, REVERSE=False), last_start)
     run_end = tl.minimum(running_extreme(tl.where(ends, rows + 1, N + 1), MAX=False, REVERSE=True), first_end)
     return run_start, run_end

@@ -54,7 +54,7 @@ from ..ops.layout import PairLayout
 from ._common import cdiv, int32_addressable, validate_device
 from ._launch import launcher
 from .check import report_binary_check
-from .scan import running_extreme
+from .scan import group_edges, running_extreme
 
 __all__ = ["COUNTING_LEVELS", "counting_layout", "pattern_ranks"]
 
@@ -127,17 +127,6 @@ def _block_levels(rank_row, stride_item, order_ptr, block, N, LEVELS: tl.constex
 
 
 @triton.jit
-def _group_edges(groups_ptr, positions, mask, N):
-    """(first of its group, last of its group) of each position, from the sorted group ids."""
-    group = tl.load(groups_ptr + positions, mask=mask, other=0)
-    previous = tl.load(groups_ptr + positions - 1, mask=mask & (positions > 0), other=0)
-    following = tl.load(groups_ptr + positions + 1, mask=positions + 1 < N, other=0)
-    first = mask & ((positions == 0) | (group != previous))
-    last = mask & ((positions == N - 1) | (group != following))
-    return first, last
-
-
-@triton.jit
 def _levels_in(rank_row, stride_item, order_ptr, block, lo, hi, N, LEVELS: tl.constexpr, WIDTH: tl.constexpr,
                BLOCK: tl.constexpr, ORDERED: tl.constexpr):
     """[WIDTH] the items of each level at the positions [lo, hi) of one block."""
@@ -196,7 +185,7 @@ def _level_counts_kernel(rank_ptr, stride_problem, stride_item, order_ptr, group
     tl.store(counts_ptr + (problem * (num_blocks + 1) + block) * WIDTH + tl.arange(0, WIDTH), tl.sum(one_hot, axis=0))
     if GROUPED:
         if problem == 0:
-            first, last = _group_edges(groups_ptr, positions, mask, N)
+            first, last = group_edges(groups_ptr, positions, mask, N)
             tl.store(edges_ptr + 2 * block, tl.max(tl.where(first, positions, -1)))
             tl.store(edges_ptr + 2 * block + 1, tl.min(tl.where(last, positions + 1, N + 1)))
     if CHECK:
@@ -302,7 +291,7 @@ def _level_positions_kernel(
     if GROUPED:
         prefix = before[None, :] + in_block  # and all blocks'
 
-        first, last = _group_edges(groups_ptr, positions, mask, N)
+        first, last = group_edges(groups_ptr, positions, mask, N)
         # the groups that hold the block's first and last positions, which may start before it and
         # end after it (else the carried ranges below are empty)
         carry_start = tl.where(tl.sum((first & (positions == block_start)).to(tl.int32)) > 0, block_start, last_start)

@@ -28,7 +28,8 @@ block (of the segment open at its first position, from the blocks before it). A 
 rows 1 and 4 are neither written nor read.
 
 ``running_extreme`` is the scan without segments, a block's running max or min along axis 0
-(the counting layout's group edges and prefixes, ``levels``).
+(the counting layout's group edges and prefixes, ``levels``; the dense kernels' run bounds), and
+``group_edges`` finds where each segment of group ids in runs starts and ends.
 
 Each scan has two branches of the same meaning, chosen at import: ``tl.associative_scan`` on
 CUDA, and doubling steps (log2(lanes) whole-vector steps) under the interpreter, which would run
@@ -177,6 +178,19 @@ def running_extreme_by_doubling(x, MAX: tl.constexpr, REVERSE: tl.constexpr):
 
 
 running_extreme = running_extreme_by_doubling if INTERPRET else running_extreme_associative
+
+
+@triton.jit
+def group_edges(groups_ptr, positions, mask, N):
+    """(first of its group, last of its group) of each of ``positions`` (of ``mask``) among group
+    ids whose groups are runs of positions: sorted ids (the counting layout), or contiguous groups
+    as the caller passed them (the dense kernels' run bounds)."""
+    group = tl.load(groups_ptr + positions, mask=mask, other=0)
+    previous = tl.load(groups_ptr + positions - 1, mask=mask & (positions > 0), other=0)
+    following = tl.load(groups_ptr + positions + 1, mask=positions + 1 < N, other=0)
+    first = mask & ((positions == 0) | (group != previous))
+    last = mask & ((positions == N - 1) | (group != following))
+    return first, last
 
 
 @triton.jit
