@@ -1,6 +1,6 @@
 """CPU benchmark of the PyTorch tier's two ways through a large group: rectangles or masked tiles.
 
-``mlloss/ops/allpairs.py`` computes the pairs of a group of more than ``MAX_BUCKETED_GROUP`` items
+``mlloss/ops/allpairs.py`` computes the pairs of a group of more than ``MAX_LISTED_GROUP`` items
 either as one unmasked rectangle per pair of levels (exactly the valid pairs, a few tensor
 operations each) or as square tiles of the triangle of its level-sorted items, masked to the
 pairs of distinct levels (about twice the pairs, each several times dearer). Which one a group gets

@@ -2,10 +2,10 @@
 
 ``ops.allpairs._weighted_pairs`` writes its block temporaries in place (the pull of the exponential
 surrogate *is* its value, so aliasing would corrupt one of them), and on the CPU the rectangles
-between level runs are cut into square tiles and the padded groups into small chunks. Checked
-here: each path of the blocked sum (size buckets of small groups, rectangles between level runs,
-masked tiles of a group with a level per item), with tiles and chunks cut small, against the
-float64 brute force of ``tests/reference.py`` for every surrogate and both costs; float32 scores
+between level runs are cut into square tiles and the listed pairs of small groups into chunks of
+whole groups. Checked here: each path of the blocked sum (the pairs of small groups listed,
+rectangles between level runs, masked tiles of a group with a level per item), with tiles and
+chunks cut small, against the float64 brute force of ``tests/reference.py`` for every surrogate and both costs; float32 scores
 within float32 rounding of it; the block arithmetic against its out-of-place formula, bit for bit.
 """
 
@@ -21,7 +21,7 @@ from reference import laa_loss
 
 # (groups drawn with about this many items each or None, level kind): each picks one path of allpairs
 PATHS = {
-    "buckets": (20, "ordinal"),  # groups of at most MAX_BUCKETED_GROUP items: padded (G, m, m) blocks
+    "listed": (20, "ordinal"),  # groups of at most MAX_LISTED_GROUP items: their valid pairs listed
     "rectangles": (None, "ordinal"),  # one group of 400 items, 5 levels: rectangles between level runs
     "tiles": (None, "real"),  # one group, a level per item: masked square tiles
 }
@@ -64,12 +64,13 @@ def test_blocked_pairs_match_the_float64_brute_force(path, cost, surrogate):
 
 @pytest.mark.parametrize("surrogate", NAMES)
 @pytest.mark.parametrize("positives", [3, 150, 397])
-def test_rectangles_and_bucket_chunks_cut_small_match_the_float64_brute_force(surrogate, positives, monkeypatch):
+def test_rectangles_and_pair_list_chunks_cut_small_match_the_float64_brute_force(surrogate, positives, monkeypatch):
     # Tiles of 16 x 16 pairs: a rectangle of 150 x 250 is cut both ways, one of 3 x 397 (or 397 x 3)
     # takes its short run whole and cuts the long one; groups of up to 20 items in chunks of one
-    # or a few groups. Every tile's and chunk's sums and gradient updates must add up exactly once.
+    # or a few groups (about 2^10 listed pairs, never a group cut). Every tile's and chunk's sums
+    # and gradient updates must add up exactly once.
     monkeypatch.setattr(allpairs, "CPU_TILE_SIDE", 16)
-    monkeypatch.setattr(allpairs, "CPU_BUCKET_CHUNK_ELEMENTS", 1 << 10)
+    monkeypatch.setattr(allpairs, "CPU_PAIR_LIST_CHUNK", 1 << 10)
     gen = torch.Generator().manual_seed(positives)
     scores = torch.randn(400, generator=gen, dtype=torch.float64)
     labels = (torch.randperm(400, generator=gen) < positives).to(torch.float64)
@@ -101,15 +102,14 @@ def test_block_arithmetic_equals_its_out_of_place_formula_bit_for_bit(surrogate,
     upper, lower = torch.randn(6, 1, generator=gen) * 3, torch.randn(1, 9, generator=gen) * 3
     upper_values, lower_values = torch.rand(6, 1, generator=gen) * 2, torch.rand(1, 9, generator=gen) * 2
     upper[0, 0] = 80.0  # exp(s_j - s_i) of an invalid pair would overflow: must be evaluated at 0
-    above = upper_values > lower_values
-    real = torch.rand(6, 9, generator=gen) > 0.2
+    valid = upper_values > lower_values
+    assert not valid[0].all()  # row 0 has an invalid pair, whose exp(80 - s_j) would overflow
     coefficient = torch.tensor(0.37)
     # the formula written out of place: w = valid * c * coef, (w phi(x), w pull(x)) at x = 0 off the valid pairs
-    valid = above & real
     weight = (torch.where(valid, upper_values - lower_values, 0) if linear_cost else valid.float()) * coefficient
     value, pull = surrogate_value_and_pull((lower - upper).masked_fill(~valid, 0), surrogate, 1.0)
     weighted_value, weighted_pull = allpairs._weighted_pairs(
-        upper, lower, upper_values, lower_values, above.clone(), real, coefficient, linear_cost, surrogate, 1.0
+        upper, lower, upper_values, lower_values, valid.clone(), coefficient, linear_cost, surrogate, 1.0
     )
     assert torch.equal(weighted_value, weight * value)
     assert torch.equal(weighted_pull, weight * pull)

@@ -18,14 +18,17 @@ The work follows the valid pairs, not N^2:
 * a large group with many levels for its size (a real-valued label, a level per item), which
   would make a rectangle per pair of levels, is cut into square tiles of the triangle of its
   level-sorted items instead, masked to the pairs of distinct levels (``RECTANGLE_PAIRS``);
-* groups of at most ``MAX_BUCKETED_GROUP`` items (users with tens of impressions) are padded to
-  the next power of two and processed as batches of dense (m x m) blocks per size bucket, so that
-  20,000 users cost a handful of tensor operations, not a Python loop over users.
+* the valid pairs of groups of at most ``MAX_LISTED_GROUP`` items (users with tens of
+  impressions) are listed one after another, each item's as one run (its partners of a lower
+  level follow its own cell in its group), and computed with a few tensor operations for all
+  such groups at once (``_small_groups``): 20,000 users cost no Python loop over users, and no
+  pair outside a group or of equal levels is computed.
 
-Every reduction is a plain tensor sum in a fixed order and every gradient entry is written by
-one assignment or by sequential slice updates, so results are bitwise reproducible at a fixed
-number of CPU threads (``torch.get_num_threads()``: torch's CPU sums and vectorised functions split
-their work by thread, so another count can move a loss by an ulp; the gradients observed did not move).
+Every reduction is a plain tensor sum in a fixed order (``segment_reduce`` over runs: no
+scatter, no atomics) and every gradient entry is written by one assignment or by sequential slice
+updates, so results are bitwise reproducible at a fixed number of CPU threads
+(``torch.get_num_threads()``: torch's CPU sums and vectorised functions split their work by
+thread, so another count can move a loss by an ulp; the gradients observed did not move).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull_, tile_sum_and_pull
-from .layout import LevelCosts, OrdinalLayout, next_power_of_two
+from .layout import LevelCosts, OrdinalLayout
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 # On the CPU, a rectangle between two level runs is cut into tiles of about CPU_TILE_SIDE^2 pairs
@@ -47,13 +50,17 @@ TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 # (full-width rows of 2^22 / n made n^2 / 2^22 of them into each lower item's entry). On a GPU,
 # where each tile costs launches and not cache, the tiles stay TILE_ELEMENTS wide.
 CPU_TILE_SIDE = 1 << 10
-# On the CPU, the groups of one size bucket are processed this many padded pairs at a time (4 MB
-# per float32 temporary): chunks of TILE_ELEMENTS pairs made their temporaries in fresh memory,
-# whose page faults took a quarter of a grouped call's CPU time (N = 65,536 in groups of about 20
-# items, benchmarks/bench_cpu_path.py); at this size the allocator reuses them. Chunks of 2^18
-# pairs took 10-20% longer at N = 8,192 (more operations for the same work).
-CPU_BUCKET_CHUNK_ELEMENTS = 1 << 20
-MAX_BUCKETED_GROUP = 256  # larger groups are cut into rectangles between level runs
+# On the CPU, the listed pairs of small groups are computed this many at a time (1 MB per int32 or
+# float32 temporary, of which a chunk makes about ten): chunks of 2^17-2^20 pairs took about the
+# same time (AUC in groups of 20-200 items at N = 65,536 and 262,144); fresh 16 MB temporaries of
+# TILE_ELEMENTS made their page faults a quarter of a grouped call's CPU time when these groups
+# were padded blocks (benchmarks/bench_cpu_path.py).
+CPU_PAIR_LIST_CHUNK = 1 << 18
+# Larger groups are cut into rectangles between level runs (or masked tiles): a listed pair costs
+# a few gathers more than a rectangle's, which a small group's few operations outweigh. At 256
+# items per group the two took the same time (AUC and LaA of 3 levels, 64 groups, CPU), at 512
+# listing took 2.7x as long.
+MAX_LISTED_GROUP = 256
 # A large group is cut into masked tiles instead of rectangles when its level pairs times this
 # exceed n^2: a rectangle's few tensor operations cost about as much as 2^11-2^12 pairs of a masked
 # tile, whose pairs cost several times a rectangle's (benchmarks/bench_level_tiles.py: the two
@@ -78,30 +85,24 @@ def all_pairs_loss_and_grad(
     grad = torch.zeros_like(scores)
     partial_sums: list[Tensor] = []
 
-    bucketed = active & (sizes <= MAX_BUCKETED_GROUP)
-    bucket_sides = next_power_of_two(sizes.clamp(min=2))
-    # Each item's level value measured from its group's middle item's (in float64, then the scores'
-    # dtype): a pair's cost, a difference of two levels of one group, keeps its precision however far
-    # the group's levels lie from the others' (0.010 s of watch time beside 1e4 s was 7% off in float32).
-    item_values = layout.level_values[layout.level]
-    item_level_values = (item_values - item_values[offsets + sizes // 2][layout.group]).to(scores.dtype)
-    # Which pairs are valid comes from the level indices: two levels that the scores' dtype cannot
-    # tell apart (weights [57150, 5e-5] in float32) are still two levels, counted in Z_u.
-    item_levels = layout.level
     linear_cost = costs.linear
-    for side in torch.unique(bucket_sides[bucketed]).tolist():
-        group_ids = torch.nonzero(bucketed & (bucket_sides == side)).flatten()
-        chunk = max(1, _bucket_chunk_elements(scores.device) // (side * side))
-        for start in range(0, group_ids.numel(), chunk):
-            ids = group_ids[start : start + chunk]
-            partial_sums.append(
-                _padded_groups(
-                    scores, item_level_values, item_levels, offsets[ids], sizes[ids], side,
-                    group_coefficients[ids].to(scores.dtype), linear_cost, surrogate, margin, grad,
-                )
-            )
 
-    large = active & (sizes > MAX_BUCKETED_GROUP)
+    def item_level_values() -> Tensor:
+        # Each item's level value measured from its group's middle item's (in float64, then the
+        # scores' dtype): a pair's cost, a difference of two levels of one group, keeps its precision
+        # however far the group's levels lie from the others' (0.010 s of watch time beside 1e4 s
+        # was 7% off in float32).
+        values = layout.level_values[layout.level]
+        return (values - values[offsets + sizes // 2][layout.group]).to(scores.dtype)
+
+    small = active & (sizes <= MAX_LISTED_GROUP)
+    if bool(small.any()):
+        partial_sums.extend(_small_groups(
+            scores, item_level_values() if linear_cost else None, layout, small, group_coefficients.to(scores.dtype),
+            surrogate, margin, grad,
+        ))
+
+    large = active & ~small
     if bool(large.any()):
         cells = torch.bincount(layout.cell_group, minlength=layout.num_groups)
         tiled = large & (cells * (cells - 1) // 2 * RECTANGLE_PAIRS > sizes * sizes)
@@ -109,10 +110,13 @@ def all_pairs_loss_and_grad(
             partial_sums.extend(_level_rectangles(
                 scores, layout, large & ~tiled, costs, group_coefficients, surrogate, margin, grad
             ))
+        level_values = item_level_values() if bool(tiled.any()) else None
         for group in torch.nonzero(tiled).flatten().tolist():
             start, end = int(offsets[group]), int(offsets[group] + sizes[group])
+            # Which pairs are valid comes from the level indices: two levels that the scores' dtype
+            # cannot tell apart (weights [57150, 5e-5] in float32) are still two levels, counted in Z_u.
             partial_sums.extend(_level_tiles(
-                scores, item_level_values, item_levels, start, end, group_coefficients[group].to(scores.dtype),
+                scores, level_values, layout.level, start, end, group_coefficients[group].to(scores.dtype),
                 linear_cost, surrogate, margin, grad,
             ))
 
@@ -120,39 +124,85 @@ def all_pairs_loss_and_grad(
     return loss, grad
 
 
-def _bucket_chunk_elements(device: torch.device) -> int:
-    """Padded pairs per chunk of a size bucket's groups (see ``CPU_BUCKET_CHUNK_ELEMENTS``)."""
-    return CPU_BUCKET_CHUNK_ELEMENTS if device.type == "cpu" else TILE_ELEMENTS
+def _pair_list_chunk(device: torch.device) -> int:
+    """Listed pairs per chunk of small groups (see ``CPU_PAIR_LIST_CHUNK``)."""
+    return CPU_PAIR_LIST_CHUNK if device.type == "cpu" else TILE_ELEMENTS
 
 
-def _padded_groups(
+def _small_groups(
     scores: Tensor,
-    item_level_values: Tensor,
-    item_levels: Tensor,
-    offsets: Tensor,
-    sizes: Tensor,
-    side: int,
+    item_level_values: Tensor | None,
+    layout: OrdinalLayout,
+    selected: Tensor,
     coefficients: Tensor,
-    linear_cost: bool,
     surrogate: str,
     margin: float,
     grad: Tensor,
-) -> Tensor:
-    """Pairs inside each of a batch of groups, padded to ``side`` items: (G, side, side) blocks,
-    upper item i on dim 1, lower item j on dim 2."""
-    slots = torch.arange(side, device=scores.device)
-    real = slots[None, :] < sizes[:, None]
-    index = torch.where(real, offsets[:, None] + slots[None, :], 0)
-    block_scores = scores[index]
-    values, levels = item_level_values[index], item_levels[index]
-    weighted_value, weighted_pull = _weighted_pairs(
-        block_scores[:, :, None], block_scores[:, None, :], values[:, :, None], values[:, None, :],
-        levels[:, :, None] > levels[:, None, :], real[:, :, None] & real[:, None, :], coefficients[:, None, None],
-        linear_cost, surrogate, margin,
-    )
-    item_grad = weighted_pull.sum(1) - weighted_pull.sum(2)  # lower side minus upper side
-    grad[index[real]] = item_grad[real]
-    return weighted_value.sum()
+) -> list[Tensor]:
+    """The valid pairs of the ``selected`` groups, listed one after another. Inside a group the
+    levels descend, so the lower partners of an item are the positions from its cell's end to its
+    group's end, and its upper partners those from its group's start to its cell's start: each
+    item's pairs are a run of the list (upper-major), and so are each item's pairs as the lower
+    item in the same list gathered lower-major. Both sides' gradient sums are sums over runs
+    (``segment_reduce``): no padding, no scatter, and the same few tensor operations for any
+    number of groups, in chunks of about ``_pair_list_chunk`` pairs that never cut a group.
+    The groups' coefficients multiply the sums; ``item_level_values`` (the linear cost, else None)
+    weigh each pair by its levels' difference."""
+    device = scores.device
+    cell_end = torch.cumsum(layout.cell_lengths, 0).repeat_interleave(layout.cell_lengths)
+    cell_start = cell_end - layout.cell_lengths.repeat_interleave(layout.cell_lengths)
+    group_end = torch.cumsum(layout.group_sizes, 0)[layout.group]
+    group_start = group_end - layout.group_sizes[layout.group]
+    taken = selected[layout.group]
+    below = torch.where(taken, group_end - cell_end, 0)  # each item's lower partners
+    above = torch.where(taken, cell_start - group_start, 0)  # and its upper ones
+    item_coefficients = coefficients[layout.group]
+    # chunks of whole groups of about ``chunk`` pairs: cut at the first group end past each multiple
+    pairs_before = torch.cumsum(below, 0)
+    chunk, total = _pair_list_chunk(device), int(pairs_before[-1])
+    bounds = [0, scores.numel()]
+    if total > chunk:
+        cuts = torch.searchsorted(pairs_before, torch.arange(chunk, total, chunk, device=device))
+        bounds = sorted({0, scores.numel(), *group_end[cuts].tolist()})
+    partial_sums = []
+    for start, end in zip(bounds[:-1], bounds[1:]):  # chunk-local int32 positions from here on
+        lower_counts = below[start:end].to(torch.int32)
+        num_pairs = int(lower_counts.sum())
+        if num_pairs == 0:
+            continue
+        lower_first = (cell_end[start:end] - start).to(torch.int32)
+        upper_first = (group_start[start:end] - start).to(torch.int32)
+        uppers, lowers, first_pair = _runs(lower_counts, lower_first, num_pairs)  # upper-major list
+        chunk_scores = scores[start:end]
+        value, pull = surrogate_value_and_pull_(
+            chunk_scores.index_select(0, lowers) - chunk_scores.index_select(0, uppers), surrogate, margin)
+        if item_level_values is not None:
+            chunk_values = item_level_values[start:end]
+            weight = chunk_values.index_select(0, uppers) - chunk_values.index_select(0, lowers)
+            pull = pull * weight if pull is value else pull.mul_(weight)
+            value = value * weight
+        lower_counts, upper_counts = below[start:end], above[start:end]
+        chunk_coefficients = item_coefficients[start:end]
+        partial_sums.append((torch.segment_reduce(value, "sum", lengths=lower_counts) * chunk_coefficients).sum())
+        upper_sums = torch.segment_reduce(pull, "sum", lengths=lower_counts)
+        # each lower item's pairs: the same pairs listed lower-major; pair (i, j) of the upper-major
+        # list sits at first_pair_i + (j - lower_first_i)
+        lowers, uppers, _ = _runs(upper_counts.to(torch.int32), upper_first, num_pairs)
+        position = (first_pair - lower_first).index_select(0, uppers) + lowers
+        lower_sums = torch.segment_reduce(pull.index_select(0, position), "sum", lengths=upper_counts)
+        grad[start:end] = (lower_sums - upper_sums) * chunk_coefficients
+    return partial_sums
+
+
+def _runs(counts: Tensor, first_partner: Tensor, num_entries: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A list of runs, one per item k (int32 positions): ``counts[k]`` entries pairing item k with
+    the items ``first_partner[k]``, ``first_partner[k] + 1``, ... As (each entry's item, its
+    partner, the position of each item's first entry)."""
+    owners = torch.arange(counts.numel(), dtype=torch.int32, device=counts.device)
+    owners = owners.repeat_interleave(counts, output_size=num_entries)
+    first_entry = torch.cumsum(counts, 0, dtype=torch.int32) - counts
+    entries = torch.arange(num_entries, dtype=torch.int32, device=counts.device)
+    return owners, entries + (first_partner - first_entry).index_select(0, owners), first_entry
 
 
 def _level_tiles(
@@ -180,8 +230,8 @@ def _level_tiles(
             lower = slice(col_start, min(col_start + side, end))
             weighted_value, weighted_pull = _weighted_pairs(
                 scores[upper, None], scores[None, lower], item_level_values[upper, None],
-                item_level_values[None, lower], item_levels[upper, None] > item_levels[None, lower], None,
-                coefficient, linear_cost, surrogate, margin,
+                item_level_values[None, lower], item_levels[upper, None] > item_levels[None, lower], coefficient,
+                linear_cost, surrogate, margin,
             )
             partial_sums.append(weighted_value.sum())
             grad[upper] -= weighted_pull.sum(1)
@@ -194,23 +244,21 @@ def _weighted_pairs(
     lower_scores: Tensor,
     upper_values: Tensor,
     lower_values: Tensor,
-    above: Tensor,
-    real: Tensor | None,
+    valid: Tensor,
     coefficient: Tensor,
     linear_cost: bool,
     surrogate: str,
     margin: float,
 ) -> tuple[Tensor, Tensor]:
     """(w phi, w pull) of a block of candidate pairs (upper item i, lower item j, broadcast), with
-    w = c_ij * coefficient for the valid pairs (``above``: level_i > level_j, both ``real``) and 0
-    for the others, whose surrogate is evaluated at 0 instead of their scores: an exponential that
-    overflows there would make 0 * inf = NaN.
+    w = c_ij * coefficient for the valid pairs (``valid``: level_i > level_j) and 0 for the others,
+    whose surrogate is evaluated at 0 instead of their scores: an exponential that overflows there
+    would make 0 * inf = NaN.
 
-    ``above`` (a temporary of the block's shape) is overwritten. Every step after the first of each
-    block-sized temporary writes into it (the same arithmetic as out of place, so the same bits):
-    a block of 2^22 pairs made nine fresh 16 MB temporaries, and the page faults of their fresh
-    memory took about 40% of a grouped call's CPU time (benchmarks/bench_cpu_path.py)."""
-    valid = above if real is None else above.logical_and_(real)
+    Every step after the first of each block-sized temporary writes into it (the same arithmetic
+    as out of place, so the same bits): a block of 2^22 pairs made nine fresh 16 MB temporaries,
+    and the page faults of their fresh memory took about 40% of a grouped call's CPU time
+    (benchmarks/bench_cpu_path.py)."""
     invalid = valid.logical_not()
     if linear_cost:
         weight = (upper_values - lower_values).masked_fill_(invalid, 0).mul_(coefficient)

@@ -381,7 +381,7 @@ def _exclusive_cumsum(table: Tensor) -> Tensor:
 
 
 def next_power_of_two(values: Tensor) -> Tensor:
-    """The smallest power of two >= each of ``values`` (>= 1), int64: bucket sizes of padded blocks."""
+    """The smallest power of two >= each of ``values`` (>= 1), int64: the widths of ``cell_buckets``' tables."""
     return torch.pow(2, torch.ceil(torch.log2(values.to(torch.float64)))).to(torch.int64)
 
 
