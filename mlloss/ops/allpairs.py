@@ -149,8 +149,9 @@ def _small_groups(
     The groups' coefficients multiply the sums; ``item_level_values`` (the linear cost, else None)
     weigh each pair by its levels' difference."""
     device = scores.device
-    cell_end = torch.cumsum(layout.cell_lengths, 0).repeat_interleave(layout.cell_lengths)
-    cell_start = cell_end - layout.cell_lengths.repeat_interleave(layout.cell_lengths)
+    item_cell, first_of_cell = _run_of_each(layout.cell_lengths, scores.numel())
+    cell_start = first_of_cell.to(torch.int64)[item_cell]
+    cell_end = cell_start + layout.cell_lengths[item_cell]
     group_end = torch.cumsum(layout.group_sizes, 0)[layout.group]
     group_start = group_end - layout.group_sizes[layout.group]
     taken = selected[layout.group]
@@ -198,11 +199,21 @@ def _runs(counts: Tensor, first_partner: Tensor, num_entries: int) -> tuple[Tens
     """A list of runs, one per item k (int32 positions): ``counts[k]`` entries pairing item k with
     the items ``first_partner[k]``, ``first_partner[k] + 1``, ... As (each entry's item, its
     partner, the position of each item's first entry)."""
-    owners = torch.arange(counts.numel(), dtype=torch.int32, device=counts.device)
-    owners = owners.repeat_interleave(counts, output_size=num_entries)
-    first_entry = torch.cumsum(counts, 0, dtype=torch.int32) - counts
+    owners, first_entry = _run_of_each(counts, num_entries)
     entries = torch.arange(num_entries, dtype=torch.int32, device=counts.device)
     return owners, entries + (first_partner - first_entry).index_select(0, owners), first_entry
+
+
+def _run_of_each(lengths: Tensor, total: int) -> tuple[Tensor, Tensor]:
+    """(the run of each of ``total`` positions (int32), each run's first position) for consecutive
+    runs of ``lengths`` (empty ones allowed): how many runs start at or before a position, less
+    one, since an empty run starts where the next one does. ``repeat_interleave`` gives the same,
+    but spreads even a few thousand positions over every CPU thread, whose idle spinning then
+    doubled a small batch's CPU time (the test suite's two workers share two cores)."""
+    first = torch.cumsum(lengths, 0, dtype=torch.int32) - lengths.to(torch.int32)
+    starts = torch.zeros(total + 1, dtype=torch.int32, device=lengths.device)
+    starts.index_add_(0, first, torch.ones_like(first))
+    return torch.cumsum(starts[:total], 0, dtype=torch.int32) - 1, first
 
 
 def _level_tiles(
