@@ -62,8 +62,8 @@ class PairLayout:
     """
 
     order: Tensor  # (B, N) int32: sorted position -> item index
-    cell_start: Tensor  # (B, N) int32: first position of the item's (group, level) cell
-    cell_end: Tensor  # (B, N) int32: one past its last position
+    cell_start: Tensor | None  # (B, N) int32: first position of the item's (group, level) cell (None: cells=False)
+    cell_end: Tensor | None  # (B, N) int32: one past its last position
     group_start: Tensor | None  # (N,) int32
     group_end: Tensor | None  # (N,) int32
 
@@ -91,8 +91,10 @@ class Levels:
         return self.rank.shape[0]
 
 
-def pair_layout(levels: Levels, groups: Tensor | None) -> PairLayout:
-    """Sort every problem by (group, level) and find the spans.
+def pair_layout(levels: Levels, groups: Tensor | None, *, cells: bool = True) -> PairLayout:
+    """Sort every problem by (group, level) and find the spans; the cells' spans only with
+    ``cells`` (two binary searches of every position: the PyTorch tier's ``dense_tables`` finds
+    its cells itself).
 
     With groups, an item's group rank is the first position of its group among the sorted ids,
     which is also where the group starts in every problem's order: one sort of the ids serves
@@ -110,6 +112,8 @@ def pair_layout(levels: Levels, groups: Tensor | None) -> PairLayout:
     sorted_key, order = torch.sort(key, dim=1, stable=True)
     del key
     order = order.to(torch.int32)  # half the int64 indices' memory for the rest of the call (N < 2^31)
+    if not cells:
+        return PairLayout(order, None, None, group_start, group_end)
     cell_start = torch.searchsorted(sorted_key, sorted_key, out_int32=True)
     cell_end = torch.searchsorted(sorted_key, sorted_key, right=True, out_int32=True)
     return PairLayout(order, cell_start, cell_end, group_start, group_end)

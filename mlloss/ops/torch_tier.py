@@ -77,7 +77,7 @@ def pair_loss_and_grad(
     grads = torch.zeros((num_items, num_problems if score_columns else 1), dtype=output_dtype, device=scores.device)
     loss = torch.zeros((), dtype=torch.float64, device=scores.device)
     if num_items >= 2:  # else no pair at all
-        layout = pair_layout(levels, groups)
+        layout = pair_layout(levels, groups, cells=False)  # dense_tables finds the cells
         for problem in range(num_problems):
             tables = dense_tables(layout, levels, problem)
             problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
