@@ -210,7 +210,9 @@ class AUCLoss(_PairwiseLoss):
             comes back after another id's run starts another group. The Triton kernels' layout
             then keeps the groups where they are instead of sorting the ids (on CUDA a sort is
             about ten launches and their scratch memory a call). Same loss as ``False`` on such
-            batches, up to the order of the float sums over the groups.
+            batches, up to the order of the float sums over the groups. With ``cross_device``
+            the runs are those of the gathered batch (the ranks' batches in rank order): give it
+            only when no group has rows on two ranks.
 
     ``forward(scores, labels, groups=None, mask=None)``: scores (N,) or (N, 1); labels (N,) binary;
     groups (N,) integer ids (e.g. user ids, any order unless ``contiguous_groups``); mask (N,) bool, True for the items that
