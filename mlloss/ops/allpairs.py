@@ -167,13 +167,13 @@ def _small_groups(
         bounds = sorted({0, scores.numel(), *group_end[cuts].tolist()})
     partial_sums = []
     for start, end in zip(bounds[:-1], bounds[1:]):  # chunk-local int32 positions from here on
-        lower_counts = below[start:end].to(torch.int32)
+        lower_counts, upper_counts = below[start:end], above[start:end]
         num_pairs = int(lower_counts.sum())
         if num_pairs == 0:
             continue
         lower_first = (cell_end[start:end] - start).to(torch.int32)
         upper_first = (group_start[start:end] - start).to(torch.int32)
-        uppers, lowers, first_pair = _runs(lower_counts, lower_first, num_pairs)  # upper-major list
+        uppers, lowers, first_pair = _runs(lower_counts.to(torch.int32), lower_first, num_pairs)  # upper-major
         chunk_scores = scores[start:end]
         value, pull = surrogate_value_and_pull_(
             chunk_scores.index_select(0, lowers) - chunk_scores.index_select(0, uppers), surrogate, margin)
@@ -182,7 +182,6 @@ def _small_groups(
             weight = chunk_values.index_select(0, uppers) - chunk_values.index_select(0, lowers)
             pull = pull * weight if pull is value else pull.mul_(weight)
             value = value * weight
-        lower_counts, upper_counts = below[start:end], above[start:end]
         chunk_coefficients = item_coefficients[start:end]
         partial_sums.append((torch.segment_reduce(value, "sum", lengths=lower_counts) * chunk_coefficients).sum())
         upper_sums = torch.segment_reduce(pull, "sum", lengths=lower_counts)
