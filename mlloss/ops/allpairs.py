@@ -98,8 +98,8 @@ def all_pairs_loss_and_grad(
     small = active & (sizes <= MAX_LISTED_GROUP)
     if bool(small.any()):
         partial_sums.extend(_small_groups(
-            scores, item_level_values() if linear_cost else None, layout, small, group_coefficients.to(scores.dtype),
-            surrogate, margin, grad,
+            scores, item_level_values() if linear_cost else None, layout, offsets, small,
+            group_coefficients.to(scores.dtype), surrogate, margin, grad,
         ))
 
     large = active & ~small
@@ -133,6 +133,7 @@ def _small_groups(
     scores: Tensor,
     item_level_values: Tensor | None,
     layout: OrdinalLayout,
+    offsets: Tensor,
     selected: Tensor,
     coefficients: Tensor,
     surrogate: str,
@@ -147,13 +148,13 @@ def _small_groups(
     (``segment_reduce``): no padding, no scatter, and the same few tensor operations for any
     number of groups, in chunks of about ``_pair_list_chunk`` pairs that never cut a group.
     The groups' coefficients multiply the sums; ``item_level_values`` (the linear cost, else None)
-    weigh each pair by its levels' difference."""
+    weigh each pair by its levels' difference. ``offsets``: each group's first position."""
     device = scores.device
     item_cell, first_of_cell = _run_of_each(layout.cell_lengths, scores.numel())
     cell_start = first_of_cell.to(torch.int64)[item_cell]
     cell_end = cell_start + layout.cell_lengths[item_cell]
-    group_end = torch.cumsum(layout.group_sizes, 0)[layout.group]
-    group_start = group_end - layout.group_sizes[layout.group]
+    group_start = offsets[layout.group]
+    group_end = group_start + layout.group_sizes[layout.group]
     taken = selected[layout.group]
     below = torch.where(taken, group_end - cell_end, 0)  # each item's lower partners
     above = torch.where(taken, cell_start - group_start, 0)  # and its upper ones
