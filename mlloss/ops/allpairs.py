@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull_, tile_sum_and_pull
-from .layout import LevelCosts, OrdinalLayout
+from .layout import LevelCosts, OrdinalLayout, run_of_each
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 # On the CPU, a rectangle between two level runs is cut into tiles of about CPU_TILE_SIDE^2 pairs
@@ -150,7 +150,7 @@ def _small_groups(
     The groups' coefficients multiply the sums; ``item_level_values`` (the linear cost, else None)
     weigh each pair by its levels' difference. ``offsets``: each group's first position."""
     device = scores.device
-    item_cell, first_of_cell = _run_of_each(layout.cell_lengths, scores.numel())
+    item_cell, first_of_cell = layout.item_cells
     cell_start = first_of_cell.to(torch.int64)[item_cell]
     cell_end = cell_start + layout.cell_lengths[item_cell]
     group_start = offsets[layout.group]
@@ -199,21 +199,9 @@ def _runs(counts: Tensor, first_partner: Tensor, num_entries: int) -> tuple[Tens
     """A list of runs, one per item k (int32 positions): ``counts[k]`` entries pairing item k with
     the items ``first_partner[k]``, ``first_partner[k] + 1``, ... As (each entry's item, its
     partner, the position of each item's first entry)."""
-    owners, first_entry = _run_of_each(counts, num_entries)
+    owners, first_entry = run_of_each(counts, num_entries)
     entries = torch.arange(num_entries, dtype=torch.int32, device=counts.device)
     return owners, entries + (first_partner - first_entry).index_select(0, owners), first_entry
-
-
-def _run_of_each(lengths: Tensor, total: int) -> tuple[Tensor, Tensor]:
-    """(the run of each of ``total`` positions (int32), each run's first position) for consecutive
-    runs of ``lengths`` (empty ones allowed): how many runs start at or before a position, less
-    one, since an empty run starts where the next one does. ``repeat_interleave`` gives the same,
-    but spreads even a few thousand positions over every CPU thread, whose idle spinning then
-    doubled a small batch's CPU time (the test suite's two workers share two cores)."""
-    first = torch.cumsum(lengths, 0, dtype=torch.int32) - lengths.to(torch.int32)
-    starts = torch.zeros(total + 1, dtype=torch.int32, device=lengths.device)
-    starts.index_add_(0, first, torch.ones_like(first))
-    return torch.cumsum(starts[:total], 0, dtype=torch.int32) - 1, first
 
 
 def _level_tiles(

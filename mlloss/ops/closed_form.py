@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layout import CellTables, LevelCosts, OrdinalLayout, dense_cells, segment_logsumexp
+from .layout import CellTables, LevelCosts, OrdinalLayout, cell_logsumexp, dense_cells
 
 # The (G, L, L) term table of the exponential form is built in chunks of groups of this many entries.
 TERM_TABLE_ELEMENTS = 1 << 24
@@ -38,9 +38,8 @@ def exponential_all_pairs_loss_and_grad(
     Q_ua = coef_u * sum_b C_ab B_ub (i as the upper item) and P_ua = coef_u * sum_a' C_a'a A_ua'
     (i as the lower item). Each entry is a partial sum of the loss's own terms: finite if the loss is.
     """
-    lengths = layout.cell_lengths
-    log_upper = dense_cells(layout, segment_logsumexp(-scores, lengths), float("-inf"))  # log A
-    log_lower = dense_cells(layout, segment_logsumexp(scores, lengths), float("-inf"))  # log B
+    log_upper = dense_cells(layout, cell_logsumexp(-scores, layout), float("-inf"))  # log A
+    log_lower = dense_cells(layout, cell_logsumexp(scores, layout), float("-inf"))  # log B
     log_cost = torch.log(costs.matrix())  # -inf where a <= b
     log_coefficients = torch.log(group_coefficients)  # -inf for groups without a valid pair
     # Groups without a valid pair keep -inf: a zero gradient, and no (G, L, L) work.
@@ -206,7 +205,7 @@ def _centre_on_group_mean(scores: Tensor, layout: OrdinalLayout) -> Tensor:
     """Scores minus their group mean: pair differences are unchanged."""
     sizes = layout.group_sizes
     means = torch.segment_reduce(scores, "sum", lengths=sizes) / sizes.clamp(min=1)
-    return scores - means.repeat_interleave(sizes)
+    return scores - means.index_select(0, layout.group)
 
 
 def _within_group_cumsum(values: Tensor, group_first: Tensor) -> Tensor:

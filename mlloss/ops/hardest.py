@@ -47,7 +47,7 @@ def hardest_pair_loss_and_grad(
     the softmax weight of s_i within its cell (soft).
     """
     lengths = layout.cell_lengths
-    lowest, lowest_slope, highest, highest_slope = _cell_extremes_and_slopes(scores, lengths, temperature)
+    lowest, lowest_slope, highest, highest_slope = _cell_extremes_and_slopes(scores, layout, temperature)
     num_groups = layout.num_groups
     min_grad, max_grad = torch.zeros_like(lowest), torch.zeros_like(highest)  # d loss / d cell min, max
     per_group = scores.new_zeros(num_groups)
@@ -74,7 +74,7 @@ def hardest_pair_loss_and_grad(
     if reduction == "mean":
         groups_counted = num_groups_with_pairs.clamp(min=1)
         loss, min_grad, max_grad = loss / groups_counted, min_grad / groups_counted, max_grad / groups_counted
-    grad = min_grad.repeat_interleave(lengths) * lowest_slope + max_grad.repeat_interleave(lengths) * highest_slope
+    grad = layout.per_item(min_grad) * lowest_slope + layout.per_item(max_grad) * highest_slope
     return loss, num_groups_with_pairs, grad
 
 
@@ -130,7 +130,7 @@ def _pair_terms(pair_cost, upper_min, lower_max, surrogate, margin) -> tuple[Ten
 
 
 def _cell_extremes_and_slopes(
-    scores: Tensor, lengths: Tensor, temperature: float | None
+    scores: Tensor, layout: OrdinalLayout, temperature: float | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per cell (min, d min / d s, max, d max / d s), or their log-mean-exp versions.
 
@@ -138,31 +138,33 @@ def _cell_extremes_and_slopes(
     Soft: d softmin / d s_i = softmax(-s / tau)_i within the cell, d softmax / d s_i = softmax(s / tau)_i.
     """
     if temperature is None:
-        lowest, lowest_slope = _hard_extreme(scores, lengths, "min")
-        highest, highest_slope = _hard_extreme(scores, lengths, "max")
+        lowest, lowest_slope = _hard_extreme(scores, layout, "min")
+        highest, highest_slope = _hard_extreme(scores, layout, "max")
         return lowest, lowest_slope, highest, highest_slope
     # In score units, from each cell's own extreme (as the Triton tier does): a cell of equal
     # scores has mean exp 1 and its soft extremes are its score exactly, not off by the roundings
     # of dividing by tau and adding log n back (which moved a pair at a hinge's kink).
-    lowest, lowest_slope = _segment_log_mean_exp(scores, lengths, -temperature)
-    highest, highest_slope = _segment_log_mean_exp(scores, lengths, temperature)
+    lowest, lowest_slope = _cell_log_mean_exp(scores, layout, -temperature)
+    highest, highest_slope = _cell_log_mean_exp(scores, layout, temperature)
     return lowest, lowest_slope, highest, highest_slope
 
 
-def _hard_extreme(values: Tensor, lengths: Tensor, extreme: str) -> tuple[Tensor, Tensor]:
-    """(min or max per segment, each item's share of its gradient: 1 / #ties if it attains it, else 0)."""
+def _hard_extreme(values: Tensor, layout: OrdinalLayout, extreme: str) -> tuple[Tensor, Tensor]:
+    """(min or max per cell, each item's share of its gradient: 1 / #ties if it attains it, else 0)."""
+    lengths = layout.cell_lengths
     value = torch.segment_reduce(values, extreme, lengths=lengths)
-    attains = (values == value.repeat_interleave(lengths)).to(values.dtype)
+    attains = (values == layout.per_item(value)).to(values.dtype)
     ties = torch.segment_reduce(attains, "sum", lengths=lengths)
-    return value, attains / ties.repeat_interleave(lengths)
+    return value, attains / layout.per_item(ties)
 
 
-def _segment_log_mean_exp(scores: Tensor, lengths: Tensor, signed_temperature: float) -> tuple[Tensor, Tensor]:
-    """(t log mean exp(s / t) per segment at t = ``signed_temperature`` (the soft max for t > 0,
-    the soft min for t < 0), its slope exp(s_i / t) / sum exp over the segment), from the
-    segment's extreme e: e + t log(mean exp((s - e) / t)), every term in (0, 1]."""
+def _cell_log_mean_exp(scores: Tensor, layout: OrdinalLayout, signed_temperature: float) -> tuple[Tensor, Tensor]:
+    """(t log mean exp(s / t) per cell at t = ``signed_temperature`` (the soft max for t > 0,
+    the soft min for t < 0), its slope exp(s_i / t) / sum exp over the cell), from the
+    cell's extreme e: e + t log(mean exp((s - e) / t)), every term in (0, 1]."""
+    lengths = layout.cell_lengths
     extreme = torch.segment_reduce(scores, "max" if signed_temperature > 0 else "min", lengths=lengths)
-    exps = torch.exp((scores - extreme.repeat_interleave(lengths)) / signed_temperature)
+    exps = torch.exp((scores - layout.per_item(extreme)) / signed_temperature)
     total = torch.segment_reduce(exps, "sum", lengths=lengths)
     value = extreme + signed_temperature * torch.log(total / lengths.to(scores.dtype))
-    return value, exps / total.repeat_interleave(lengths)
+    return value, exps / layout.per_item(total)

@@ -169,6 +169,15 @@ class OrdinalLayout:
         return sizes.index_add_(0, self.cell_group, self.cell_lengths)
 
     @functools.cached_property
+    def item_cells(self) -> tuple[Tensor, Tensor]:
+        """((N,) int32 cell of each sorted item, (C,) int32 first position of each cell)."""
+        return run_of_each(self.cell_lengths, self.group.numel())
+
+    def per_item(self, cell_values: Tensor) -> Tensor:
+        """(N,) each sorted item's entry of per-cell values (C,)."""
+        return cell_values.index_select(0, self.item_cells[0])
+
+    @functools.cached_property
     def cells_per_group(self) -> Tensor:
         """(G,) int64 cells (distinct levels) per group."""
         return torch.bincount(self.cell_group, minlength=self.num_groups)
@@ -268,7 +277,7 @@ class CellTables:
 
     def item_slot(self, layout: OrdinalLayout) -> Tensor:
         """(N,) every item's column (all groups' tables)."""
-        return self.slot.repeat_interleave(layout.cell_lengths)
+        return layout.per_item(self.slot)
 
 
 # Rows of cells of at most this many cells in all are summed at once by ``group_pair_costs``.
@@ -399,11 +408,24 @@ def reduction_coefficients(group_cost: Tensor, reduction: str) -> Tensor:
     return coefficients
 
 
-def segment_logsumexp(values: Tensor, lengths: Tensor) -> Tensor:
-    """log(sum(exp(values))) over consecutive segments, shifted by each segment's max."""
+def cell_logsumexp(values: Tensor, layout: OrdinalLayout) -> Tensor:
+    """(C,) log(sum(exp(values))) over each cell of per-item values (N,), shifted by the cell's max."""
+    lengths = layout.cell_lengths
     shift = torch.segment_reduce(values, "max", lengths=lengths)
-    total = torch.segment_reduce(torch.exp(values - shift.repeat_interleave(lengths)), "sum", lengths=lengths)
+    total = torch.segment_reduce(torch.exp(values - layout.per_item(shift)), "sum", lengths=lengths)
     return torch.log(total) + shift
+
+
+def run_of_each(lengths: Tensor, total: int) -> tuple[Tensor, Tensor]:
+    """(the run of each of ``total`` positions (int32), each run's first position (int32)) for
+    consecutive runs of ``lengths`` (empty ones allowed): how many runs start at or before a
+    position, less one, since an empty run starts where the next one does. ``repeat_interleave``
+    gives the same, but spreads even a few thousand positions over every CPU thread, whose idle
+    spinning then doubled a small batch's CPU time (the test suite's two workers share two cores)."""
+    first = torch.cumsum(lengths, 0, dtype=torch.int32) - lengths.to(torch.int32)
+    starts = torch.zeros(total + 1, dtype=torch.int32, device=lengths.device)
+    starts.index_add_(0, first, torch.ones_like(first))
+    return torch.cumsum(starts[:total], 0, dtype=torch.int32) - 1, first
 
 
 def dense_cells(layout: OrdinalLayout, cell_values: Tensor, fill: float) -> Tensor:
