@@ -22,6 +22,7 @@ from mlloss.ops.layout import (
     LevelCosts,
     OrdinalLayout,
     dense_tables,
+    group_pair_costs,
     pair_layout,
     reduction_coefficients,
 )
@@ -473,9 +474,27 @@ def test_level_costs_sum_over_level_pairs_as_the_cost_table_does(cost, num_level
     torch.testing.assert_close(costs.above(table), table @ matrix, rtol=1e-12, atol=1e-9)
     torch.testing.assert_close(costs.pair_sums(table, other), torch.einsum("ga,ab,gb->g", table, matrix, other.double()),
                                rtol=1e-12, atol=1e-9)
-    counts = (gap > 0).double()
-    torch.testing.assert_close(costs.counting().group_cost(other), torch.einsum("ga,ab,gb->g", other.double(), counts,
-                                                                                 other.double()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_group_normalisers_and_pair_counts_match_a_count_over_item_pairs(seed):
+    # group_pair_costs: the pair count in closed form ((n^2 - sum of cell counts^2) / 2), the linear
+    # cost from each group's own cells; the reference forms every pair of items of a group.
+    case = random_case(seed)
+    tables = prepare(case).tables
+    level = reference_levels(case)
+    groups = torch.zeros(level.numel(), dtype=torch.int64) if case.groups is None else case.groups
+    first_of = {int(g): k for k, g in reversed(list(enumerate(groups[tables.order].tolist())))}
+    want_cost, want_pairs = torch.zeros(tables.num_groups, dtype=torch.float64), torch.zeros(tables.num_groups)
+    for i in range(level.numel()):
+        for j in range(level.numel()):
+            if groups[i] == groups[j] and level[i] > level[j]:
+                u = int(tables.group[first_of[int(groups[i])]])
+                want_cost[u] += (level[i] - level[j]) if case.cost == "linear" else 1.0
+                want_pairs[u] += 1
+    cost, pairs = group_pair_costs(tables, case.cost == "linear")
+    assert torch.equal(pairs, want_pairs.double())
+    torch.testing.assert_close(cost, want_cost, rtol=AGGREGATION_RTOL, atol=0)
 
 
 @pytest.mark.parametrize("surrogate,backend,pairs", [("logistic", "torch", "all"), ("hinge", "exact", "all"),

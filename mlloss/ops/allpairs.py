@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ..surrogates import surrogate_value_and_pull_, tile_sum_and_pull
-from .layout import LevelCosts, OrdinalLayout, run_of_each
+from .layout import LevelCosts, OrdinalLayout
 
 TILE_ELEMENTS = 1 << 22  # pairs per block: 16 MB per float32 temporary
 # On the CPU, a rectangle between two level runs is cut into tiles of about CPU_TILE_SIDE^2 pairs
@@ -79,8 +79,7 @@ def all_pairs_loss_and_grad(
     margin: float,
 ) -> tuple[Tensor, Tensor]:
     """(loss, dloss/dscores) for sorted scores; computed in the scores' dtype."""
-    sizes = layout.group_sizes
-    offsets = torch.cumsum(sizes, 0) - sizes
+    sizes, offsets = layout.group_sizes, layout.group_offsets
     active = group_coefficients > 0
     grad = torch.zeros_like(scores)
     partial_sums: list[Tensor] = []
@@ -88,17 +87,12 @@ def all_pairs_loss_and_grad(
     linear_cost = costs.linear
 
     def item_level_values() -> Tensor:
-        # Each item's level value measured from its group's middle item's (in float64, then the
-        # scores' dtype): a pair's cost, a difference of two levels of one group, keeps its precision
-        # however far the group's levels lie from the others' (0.010 s of watch time beside 1e4 s
-        # was 7% off in float32).
-        values = layout.level_values[layout.level]
-        return (values - values[offsets + sizes // 2][layout.group]).to(scores.dtype)
+        return layout.centred_level_values.to(scores.dtype)
 
     small = active & (sizes <= MAX_LISTED_GROUP)
     if bool(small.any()):
         partial_sums.extend(_small_groups(
-            scores, item_level_values() if linear_cost else None, layout, offsets, small,
+            scores, item_level_values() if linear_cost else None, layout, small,
             group_coefficients.to(scores.dtype), surrogate, margin, grad,
         ))
 
@@ -133,7 +127,6 @@ def _small_groups(
     scores: Tensor,
     item_level_values: Tensor | None,
     layout: OrdinalLayout,
-    offsets: Tensor,
     selected: Tensor,
     coefficients: Tensor,
     surrogate: str,
@@ -148,16 +141,13 @@ def _small_groups(
     (``segment_reduce``): no padding, no scatter, and the same few tensor operations for any
     number of groups, in chunks of about ``_pair_list_chunk`` pairs that never cut a group.
     The groups' coefficients multiply the sums; ``item_level_values`` (the linear cost, else None)
-    weigh each pair by its levels' difference. ``offsets``: each group's first position."""
+    weigh each pair by its levels' difference."""
     device = scores.device
-    item_cell, first_of_cell = layout.item_cells
-    cell_start = first_of_cell.to(torch.int64)[item_cell]
-    cell_end = cell_start + layout.cell_lengths[item_cell]
-    group_start = offsets[layout.group]
-    group_end = group_start + layout.group_sizes[layout.group]
+    partners = layout.partners
+    group_start, cell_end, group_end = partners.group_start, partners.cell_end, partners.group_end
     taken = selected[layout.group]
-    below = torch.where(taken, group_end - cell_end, 0)  # each item's lower partners
-    above = torch.where(taken, cell_start - group_start, 0)  # and its upper ones
+    below = torch.where(taken, partners.below, 0)  # each item's lower partners
+    above = torch.where(taken, partners.above, 0)  # and its upper ones
     item_coefficients = coefficients[layout.group]
     # chunks of whole groups of about ``chunk`` pairs: cut at the first group end past each multiple
     pairs_before = torch.cumsum(below, 0)
@@ -199,10 +189,22 @@ def _runs(counts: Tensor, first_partner: Tensor, num_entries: int) -> tuple[Tens
     """A list of runs, one per item k (int32 positions): ``counts[k]`` entries pairing item k with
     the items ``first_partner[k]``, ``first_partner[k] + 1``, ... As (each entry's item, its
     partner, the position of each item's first entry)."""
-    owners, first_entry = run_of_each(counts, num_entries)
+    owners, first_entry = _run_of_each(counts, num_entries)
     entries = torch.arange(num_entries, dtype=torch.int32, device=counts.device)
     return owners, entries + (first_partner - first_entry).index_select(0, owners), first_entry
 
+
+
+def _run_of_each(lengths: Tensor, total: int) -> tuple[Tensor, Tensor]:
+    """(the run of each of ``total`` positions (int32), each run's first position (int32)) for
+    consecutive runs of ``lengths`` (empty ones allowed): how many runs start at or before a
+    position, less one, since an empty run starts where the next one does. ``repeat_interleave``
+    gives the same, but spreads even a few thousand positions over every CPU thread, whose idle
+    spinning then doubled a small batch's CPU time (the test suite's two workers share two cores)."""
+    first = torch.cumsum(lengths, 0, dtype=torch.int32) - lengths.to(torch.int32)
+    starts = torch.zeros(total + 1, dtype=torch.int32, device=lengths.device)
+    starts.index_add_(0, first, torch.ones_like(first))
+    return torch.cumsum(starts[:total], 0, dtype=torch.int32) - 1, first
 
 def _level_tiles(
     scores: Tensor,
