@@ -2,7 +2,8 @@
 
 Cases: AUCLoss, LaALoss (two binary columns, summed), LoALoss("balanced"), PDAOMLoss and
 ``build_loss("bce+pdaom")``, at N = 1,024 / 8,192 / 65,536, without groups and with about 20
-items per group (``--group-size``; the recipe's users have about 50), on ``backend="torch"``
+items per group (``--group-size``; the recipe's users have about 50; ``--grouping`` for one of
+the two), on ``backend="torch"``
 (the blocked all-pairs sum, logistic surrogate; PDAOM's max-violation pairs) and
 ``backend="auto"`` with a closed-form surrogate (exponential; AUCLoss also squared and hinge).
 Per case it records
@@ -21,7 +22,7 @@ pairs the measurements in time on a shared machine.
 Usage::
 
     python benchmarks/bench_cpu_path.py [--root DIR] [--sizes 1024 8192] [--repeats 5] [--group-size 20] \
-        [--output /tmp/helpers/cpuperf/cpu-path.json] [--naive]
+        [--grouping both|grouped|ungrouped] [--output /tmp/helpers/cpuperf/cpu-path.json] [--naive]
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def _arguments(argv):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=20, help="items per group, on average (default 20)")
+    parser.add_argument("--grouping", choices=["both", "grouped", "ungrouped"], default="both",
+                        help="batches with groups, without, or both (default)")
     parser.add_argument("--cases", nargs="*", default=None, help="only the cases whose name contains one of these")
     parser.add_argument("--naive", action="store_true", help="also the naive broadcast, eager and compiled")
     parser.add_argument("--naive-max", type=int, default=8192)
@@ -60,6 +63,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import mlloss  # noqa: E402
 from op_count import OpCounter  # noqa: E402
+
+
+GROUPINGS = {"both": (False, True), "grouped": (True,), "ungrouped": (False,)}
 
 
 def losses():
@@ -157,7 +163,7 @@ def main() -> None:
         if ARGS.cases and not any(part in name for part in ARGS.cases):
             continue
         for num_items in ARGS.sizes:
-            for grouped in (False, True):
+            for grouped in GROUPINGS[ARGS.grouping]:
                 scores, labels, groups = batch(num_items, grouped, kind)
                 loss = factory()
 
@@ -174,7 +180,7 @@ def main() -> None:
     if ARGS.naive:
         compiled = torch.compile(naive_auc_fixed, dynamic=False)
         for num_items in [n for n in ARGS.sizes if n <= ARGS.naive_max]:
-            for grouped in (False, True):
+            for grouped in GROUPINGS[ARGS.grouping]:
                 scores, labels, groups = batch(num_items, grouped, "binary")
                 for label, function in (("naive-broadcast", naive_auc), ("naive-broadcast-fixed", naive_auc_fixed),
                                         ("naive-broadcast-fixed/compiled", compiled)):
