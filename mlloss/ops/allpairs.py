@@ -194,7 +194,6 @@ def _runs(counts: Tensor, first_partner: Tensor, num_entries: int) -> tuple[Tens
     return owners, entries + (first_partner - first_entry).index_select(0, owners), first_entry
 
 
-
 def _run_of_each(lengths: Tensor, total: int) -> tuple[Tensor, Tensor]:
     """(the run of each of ``total`` positions (int32), each run's first position (int32)) for
     consecutive runs of ``lengths`` (empty ones allowed): how many runs start at or before a
@@ -205,6 +204,7 @@ def _run_of_each(lengths: Tensor, total: int) -> tuple[Tensor, Tensor]:
     starts = torch.zeros(total + 1, dtype=torch.int32, device=lengths.device)
     starts.index_add_(0, first, torch.ones_like(first))
     return torch.cumsum(starts[:total], 0, dtype=torch.int32) - 1, first
+
 
 def _level_tiles(
     scores: Tensor,

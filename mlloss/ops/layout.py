@@ -143,8 +143,8 @@ def sorted_ranks(values: Tensor, *, out_int32: bool = False) -> tuple[Tensor, Te
 
 def _group_key(levels: Levels, groups: Tensor, num_items: int) -> tuple[Tensor, Tensor, Tensor]:
     """(sort key group rank * ranks + level rank, group start, group end): the group rank is the
-    first position of the item's group among the sorted ids (as ``sorted_ranks`` finds it, whose searches
-    give the group starts in sorted order too). int32 keys when they fit."""
+    first position of the item's group among the sorted ids, found as ``sorted_ranks`` finds it
+    (its searches are the group starts in sorted order). int32 keys when they fit."""
     sorted_groups, by_group = torch.sort(groups)
     group_start = torch.searchsorted(sorted_groups, sorted_groups, out_int32=True)
     group_end = torch.searchsorted(sorted_groups, sorted_groups, right=True, out_int32=True)
