@@ -25,6 +25,7 @@ from mlloss.ops.layout import (
     group_pair_costs,
     pair_layout,
     reduction_coefficients,
+    sorted_ranks,
 )
 from mlloss.ops.dispatch import LEVEL_RESOLUTION, problem_levels
 from reference import hardest_loss, laa_loss, pair_loss
@@ -495,6 +496,36 @@ def test_group_normalisers_and_pair_counts_match_a_count_over_item_pairs(seed):
     cost, pairs = group_pair_costs(tables, case.cost == "linear")
     assert torch.equal(pairs, want_pairs.double())
     torch.testing.assert_close(cost, want_cost, rtol=AGGREGATION_RTOL, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.uint8])
+def test_sorted_ranks_count_the_smaller_values(dtype):
+    # each value's rank is the number of values below it (ties equal), the sorted values at the
+    # rank its value; the reference counts with a Python loop over the values
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randint(0, 40, (500,), generator=gen).to(dtype)
+    values = values[::2]  # strided, as a column of a (N, K) label matrix
+    ordered, rank = sorted_ranks(values, out_int32=dtype == torch.int64)
+    listed = values.tolist()
+    assert rank.tolist() == [sum(other < value for other in listed) for value in listed]
+    assert torch.equal(ordered[rank.long()], values)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_each_items_partners_are_the_positions_of_its_valid_pairs(seed):
+    # OrdinalLayout.partners: the upper partners [group_start, cell_start), the lower ones
+    # [cell_end, group_end) of each sorted position, against the pairs formed from the sorted
+    # labels and groups position by position
+    case = random_case(seed)
+    tables = prepare(case).tables
+    level = reference_levels(case)[tables.order]
+    groups = (torch.zeros_like(level, dtype=torch.int64) if case.groups is None else case.groups)[tables.order]
+    partners = tables.partners
+    for i in range(level.numel()):
+        upper = [j for j in range(level.numel()) if groups[j] == groups[i] and level[j] > level[i]]
+        lower = [j for j in range(level.numel()) if groups[j] == groups[i] and level[j] < level[i]]
+        assert upper == list(range(int(partners.group_start[i]), int(partners.cell_start[i])))
+        assert lower == list(range(int(partners.cell_end[i]), int(partners.group_end[i])))
 
 
 @pytest.mark.parametrize("surrogate,backend,pairs", [("logistic", "torch", "all"), ("hinge", "exact", "all"),
