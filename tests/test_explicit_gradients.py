@@ -4,8 +4,8 @@ Each ``*_loss_and_grad`` function of ``ops.closed_form`` and ``ops.hardest`` com
 with plain tensor arithmetic; here it is compared with autograd through the float64 brute force of
 ``reference.py`` (``pair_loss``, ``hardest_loss``, ``laa_loss``: every pair formed, no code shared
 with mlloss). The inputs are built as the custom op's PyTorch tier builds them
-(``ranking._tables_tier`` / ``_problem_on_tables``): ``problem_levels`` from the labels,
-``pair_layout``, the problem's ``dense_tables``, then the cost matrix and the normalisers.
+(``torch_tier.pair_loss_and_grad`` / ``_problem_on_tables``): ``problem_levels`` from the labels,
+the problem's ``dense_tables``, then the cost matrix and the normalisers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from mlloss.ops.layout import (
     OrdinalLayout,
     dense_tables,
     group_pair_costs,
-    pair_layout,
     reduction_coefficients,
     sorted_ranks,
 )
@@ -128,9 +127,9 @@ def random_case(seed: int, *, integer_scores: bool = False) -> Case:
 
 
 def prepare(case: Case) -> Prepared:
-    """The tables and normalisers exactly as ``ranking._tables_tier`` and ``_problem_on_tables`` build them."""
+    """The tables and normalisers exactly as ``torch_tier.pair_loss_and_grad`` and ``_problem_on_tables`` build them."""
     levels = problem_levels(case.labels, case.label_weights)
-    tables = dense_tables(pair_layout(levels, case.groups), levels, case.problem)
+    tables = dense_tables(levels, case.groups, case.problem)
     costs = LevelCosts.of(tables.level_values, case.cost)
     coefficients = reduction_coefficients(costs.group_cost(tables.counts), case.reduction)
     return Prepared(tables, costs, coefficients, case.scores.to(torch.float64)[tables.order])

@@ -32,7 +32,6 @@ from .layout import (
     OrdinalLayout,
     dense_tables,
     group_pair_costs,
-    pair_layout,
     reduction_coefficients,
 )
 
@@ -77,9 +76,8 @@ def pair_loss_and_grad(
     grads = torch.zeros((num_items, num_problems if score_columns else 1), dtype=output_dtype, device=scores.device)
     loss = torch.zeros((), dtype=torch.float64, device=scores.device)
     if num_items >= 2:  # else no pair at all
-        layout = pair_layout(levels, groups, cells=False)  # dense_tables finds the cells
         for problem in range(num_problems):
-            tables = dense_tables(layout, levels, problem)
+            tables = dense_tables(levels, groups, problem)
             problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
                 scores[:, problem] if score_columns else scores, tables, options, exact, owned
             )
