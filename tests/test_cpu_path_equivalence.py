@@ -22,6 +22,8 @@ from reference import laa_loss
 # (groups drawn with about this many items each or None, level kind): each picks one path of allpairs
 PATHS = {
     "listed": (20, "ordinal"),  # groups of at most MAX_LISTED_GROUP items: their valid pairs listed
+    # two groups of ~200 items, 0/1 labels: ~10,000 valid pairs a rectangle (LISTED_PAIRS_PER_RECTANGLE)
+    "dense small groups": (200, "binary"),
     "rectangles": (None, "ordinal"),  # one group of 400 items, 5 levels: rectangles between level runs
     "tiles": (None, "real"),  # one group, a level per item: masked square tiles
 }
@@ -34,6 +36,8 @@ def _batch(path: str, dtype: torch.dtype, seed: int = 0):
     scores = (torch.randn(num_items, generator=gen, dtype=torch.float64) * 2).to(dtype)
     if kind == "ordinal":
         labels = torch.randint(0, 5, (num_items,), generator=gen).to(torch.float64)
+    elif kind == "binary":
+        labels = torch.randint(0, 2, (num_items,), generator=gen).to(torch.float64)
     else:
         labels = torch.rand(num_items, generator=gen, dtype=torch.float64) * 4
     groups = None if per_group is None else torch.randint(0, num_items // per_group, (num_items,), generator=gen)
@@ -60,6 +64,19 @@ def test_blocked_pairs_match_the_float64_brute_force(path, cost, surrogate):
     )
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("path,listed", [("listed", True), ("dense small groups", False)])
+def test_small_groups_are_listed_unless_rectangles_hold_many_pairs_each(path, listed, monkeypatch):
+    # groups of at most MAX_LISTED_GROUP items go through _small_groups unless their valid pairs
+    # exceed LISTED_PAIRS_PER_RECTANGLE per pair of their levels (then rectangles)
+    calls = []
+    small_groups = allpairs._small_groups
+    monkeypatch.setattr(allpairs, "_small_groups", lambda *args: calls.append(1) or small_groups(*args))
+    scores, labels, groups = _batch(path, torch.float64)
+    assert int(torch.bincount(groups).max()) <= allpairs.MAX_LISTED_GROUP
+    mlloss.LaALoss(backend="torch")(scores.requires_grad_(True), labels, groups).backward()
+    assert bool(calls) == listed
 
 
 @pytest.mark.parametrize("surrogate", NAMES)

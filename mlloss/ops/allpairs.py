@@ -19,7 +19,7 @@ The work follows the valid pairs, not N^2:
   would make a rectangle per pair of levels, is cut into square tiles of the triangle of its
   level-sorted items instead, masked to the pairs of distinct levels (``RECTANGLE_PAIRS``);
 * the valid pairs of groups of at most ``MAX_LISTED_GROUP`` items (users with tens of
-  impressions) are listed one after another, each item's as one run (its partners of a lower
+  impressions) with at most ``LISTED_PAIRS_PER_RECTANGLE`` pairs a rectangle are listed one after another, each item's as one run (its partners of a lower
   level follow its own cell in its group), and computed with a few tensor operations for all
   such groups at once (``_small_groups``): 20,000 users cost no Python loop over users, and no
   pair outside a group or of equal levels is computed.
@@ -61,6 +61,14 @@ CPU_PAIR_LIST_CHUNK = 1 << 18
 # items per group the two took the same time (AUC and LaA of 3 levels, 64 groups, CPU), at 512
 # listing took 2.7x as long.
 MAX_LISTED_GROUP = 256
+# A group of at most MAX_LISTED_GROUP items is listed unless its valid pairs exceed this many per
+# rectangle (per pair of its levels), where the rectangles' few tensor operations then cost less
+# than listing its pairs. AUC on one CPU thread, groups of ~200 items at prior 0.5 (10,000 pairs a
+# rectangle): listed 256 ms, rectangles 144 ms for 262,144 items; at prior 0.1 (3,600) 121 against
+# 114; groups of ~120 at prior 0.5 (3,600, 65,536 items) 51 against 45; groups of ~100 at prior
+# 0.1 (900): 78 against 213. Between the two: 6K, which took that first case from 254-267 to
+# 157-162 ms and LaA of two labels in groups of ~250 (6,500) from 101-104 to 90-93 ms.
+LISTED_PAIRS_PER_RECTANGLE = 6 * 1024
 # A large group is cut into masked tiles instead of rectangles when its level pairs times this
 # exceed n^2: a rectangle's few tensor operations cost about as much as 2^11-2^12 pairs of a masked
 # tile, whose pairs cost several times a rectangle's (benchmarks/bench_level_tiles.py: the two
@@ -89,7 +97,9 @@ def all_pairs_loss_and_grad(
     def item_level_values() -> Tensor:
         return layout.centred_level_values.to(scores.dtype)
 
-    small = active & (sizes <= MAX_LISTED_GROUP)
+    cells = layout.cells_per_group
+    small = active & (sizes <= MAX_LISTED_GROUP) & (
+        layout.group_pairs <= LISTED_PAIRS_PER_RECTANGLE * (cells * (cells - 1) // 2))
     if bool(small.any()):
         partial_sums.extend(_small_groups(
             scores, item_level_values() if linear_cost else None, layout, small,
@@ -98,7 +108,6 @@ def all_pairs_loss_and_grad(
 
     large = active & ~small
     if bool(large.any()):
-        cells = torch.bincount(layout.cell_group, minlength=layout.num_groups)
         tiled = large & (cells * (cells - 1) // 2 * RECTANGLE_PAIRS > sizes * sizes)
         if bool((large & ~tiled).any()):
             partial_sums.extend(_level_rectangles(

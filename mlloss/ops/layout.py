@@ -203,6 +203,13 @@ class OrdinalLayout:
         return sizes.index_add_(0, self.cell_group, self.cell_lengths)
 
     @functools.cached_property
+    def group_pairs(self) -> Tensor:
+        """(G,) int64 valid pairs per group: (n_u^2 - sum_a n_ua^2) / 2, the group's pairs less
+        those inside a cell (exact)."""
+        square_sums = torch.zeros_like(self.group_sizes).index_add_(0, self.cell_group, self.cell_lengths.square())
+        return (self.group_sizes.square() - square_sums) // 2
+
+    @functools.cached_property
     def group_offsets(self) -> Tensor:
         """(G,) int64 first position of each group."""
         return torch.cumsum(self.group_sizes, 0) - self.group_sizes
@@ -361,14 +368,12 @@ def cell_buckets(
 def group_pair_costs(layout: OrdinalLayout, linear: bool) -> tuple[Tensor, Tensor]:
     """Per group u, Z_u = the summed cost of its valid pairs and their number (float64, (G,)).
 
-    The number is (n_u^2 - sum_a n_ua^2) / 2, the group's pairs less those inside a cell (int64,
-    exact). The linear cost's sum is sum_i c_i (lower partners - upper partners) over the group's
+    The number is ``OrdinalLayout.group_pairs``. The linear cost's sum is sum_i c_i (lower partners - upper partners) over the group's
     items, c_i the item's level measured from the group's middle item's (``centred_level_values``):
     a pair (i, j) adds c_i - c_j = v_i - v_j. Every term is >= 0 (an item above the middle item has
     more partners below it than above), so nothing cancels; ``segment_reduce`` adds them in a fixed
     order (deterministic on CUDA too)."""
-    square_sums = torch.zeros_like(layout.group_sizes).index_add_(0, layout.cell_group, layout.cell_lengths.square())
-    pairs = ((layout.group_sizes.square() - square_sums) // 2).to(torch.float64)
+    pairs = layout.group_pairs.to(torch.float64)
     if not linear:
         return pairs, pairs
     partners = layout.partners
