@@ -479,7 +479,7 @@ def test_level_costs_sum_over_level_pairs_as_the_cost_table_does(cost, num_level
 @pytest.mark.parametrize("seed", range(24))
 def test_group_normalisers_and_pair_counts_match_a_count_over_item_pairs(seed):
     # group_pair_costs: the pair count in closed form ((n^2 - sum of cell counts^2) / 2), the linear
-    # cost from each group's own cells; the reference forms every pair of items of a group.
+    # cost from each item's partners; the reference forms every pair of items of a group.
     case = random_case(seed)
     tables = prepare(case).tables
     level = reference_levels(case)

@@ -19,8 +19,9 @@ The work follows the valid pairs, not N^2:
   would make a rectangle per pair of levels, is cut into square tiles of the triangle of its
   level-sorted items instead, masked to the pairs of distinct levels (``RECTANGLE_PAIRS``);
 * the valid pairs of groups of at most ``MAX_LISTED_GROUP`` items (users with tens of
-  impressions) with at most ``LISTED_PAIRS_PER_RECTANGLE`` pairs a rectangle are listed one after another, each item's as one run (its partners of a lower
-  level follow its own cell in its group), and computed with a few tensor operations for all
+  impressions) and at most ``LISTED_PAIRS_PER_RECTANGLE`` pairs a rectangle are listed one
+  after another, each item's as one run (its partners of a lower level follow its own cell in
+  its group), and computed with a few tensor operations for all
   such groups at once (``_small_groups``): 20,000 users cost no Python loop over users, and no
   pair outside a group or of equal levels is computed.
 
@@ -98,8 +99,8 @@ def all_pairs_loss_and_grad(
         return layout.centred_level_values.to(scores.dtype)
 
     cells = layout.cells_per_group
-    small = active & (sizes <= MAX_LISTED_GROUP) & (
-        layout.group_pairs <= LISTED_PAIRS_PER_RECTANGLE * (cells * (cells - 1) // 2))
+    level_pairs = cells * (cells - 1) // 2  # a group's rectangles
+    small = active & (sizes <= MAX_LISTED_GROUP) & (layout.group_pairs <= LISTED_PAIRS_PER_RECTANGLE * level_pairs)
     if bool(small.any()):
         partial_sums.extend(_small_groups(
             scores, item_level_values() if linear_cost else None, layout, small,
@@ -108,7 +109,7 @@ def all_pairs_loss_and_grad(
 
     large = active & ~small
     if bool(large.any()):
-        tiled = large & (cells * (cells - 1) // 2 * RECTANGLE_PAIRS > sizes * sizes)
+        tiled = large & (level_pairs * RECTANGLE_PAIRS > sizes * sizes)
         if bool((large & ~tiled).any()):
             partial_sums.extend(_level_rectangles(
                 scores, layout, large & ~tiled, costs, group_coefficients, surrogate, margin, grad

@@ -258,7 +258,7 @@ def dense_tables(levels: Levels, groups: Tensor | None, problem: int) -> Ordinal
     host (``pair_layout`` is the sync-free layout of the Triton tier): one stable sort of the key
     (group, level descending), packed in int32 where it fits. The levels present are indexed by
     a count over the ranks (no sort); the group ids are shifted to start at 0 when their range
-    times the levels fits a key (else compacted by ``unique``). At 2^20 items in 20,000 groups
+    times the levels fits a key (else compacted by ``unique``). At 10^6 items in 20,000 groups
     this is one sort where ``pair_layout`` takes three and two binary searches: a grouped call a
     third of the time on the CPU. Inside a cell the items keep their index order.
     """
@@ -368,8 +368,9 @@ def cell_buckets(
 def group_pair_costs(layout: OrdinalLayout, linear: bool) -> tuple[Tensor, Tensor]:
     """Per group u, Z_u = the summed cost of its valid pairs and their number (float64, (G,)).
 
-    The number is ``OrdinalLayout.group_pairs``. The linear cost's sum is sum_i c_i (lower partners - upper partners) over the group's
-    items, c_i the item's level measured from the group's middle item's (``centred_level_values``):
+    The number is ``OrdinalLayout.group_pairs``. The linear cost's sum is sum_i c_i (lower
+    partners - upper partners) over the group's items, c_i the item's level measured from the
+    group's middle item's (``centred_level_values``):
     a pair (i, j) adds c_i - c_j = v_i - v_j. Every term is >= 0 (an item above the middle item has
     more partners below it than above), so nothing cancels; ``segment_reduce`` adds them in a fixed
     order (deterministic on CUDA too)."""
