@@ -24,7 +24,8 @@ from mlloss.ops.layout import (
     dense_tables,
     group_pair_costs,
     reduction_coefficients,
-    sorted_ranks,
+    sortable,
+    value_ranks,
 )
 from mlloss.ops.dispatch import LEVEL_RESOLUTION, problem_levels
 from reference import hardest_loss, laa_loss, pair_loss
@@ -497,17 +498,38 @@ def test_group_normalisers_and_pair_counts_match_a_count_over_item_pairs(seed):
     torch.testing.assert_close(cost, want_cost, rtol=AGGREGATION_RTOL, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.uint8])
-def test_sorted_ranks_count_the_smaller_values(dtype):
-    # each value's rank is the number of values below it (ties equal), the sorted values at the
-    # rank its value; the reference counts with a Python loop over the values
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.uint8])
+def test_value_ranks_count_the_smaller_values(dtype):
+    # each value's rank is the number of values below it (ties equal); the reference counts with
+    # a Python loop over the values. The floats are sorted as integers (layout.sortable): signed
+    # values, -0.0 beside 0.0, infinities.
     gen = torch.Generator().manual_seed(3)
     values = torch.randint(0, 40, (500,), generator=gen).to(dtype)
+    if dtype.is_floating_point:
+        values = (values - 20) / 8
+        values[:6] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), -0.0, 1e-3])
     values = values[::2]  # strided, as a column of a (N, K) label matrix
-    ordered, rank = sorted_ranks(values, out_int32=dtype == torch.int64)
+    rank = value_ranks(values, out_int32=dtype == torch.int64)
     listed = values.tolist()
     assert rank.tolist() == [sum(other < value for other in listed) for value in listed]
-    assert torch.equal(ordered[rank.long()], values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_sortable_integers_keep_the_order_and_the_ties_of_the_floats(dtype):
+    # layout.sortable: the hinge closed form's merge and value_ranks sort floats as integers;
+    # any two values compare as their integers do (-0.0 equals 0.0), and the NaNs, of either
+    # sign, come last as torch.sort puts them
+    gen = torch.Generator().manual_seed(5)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-30, -1e-30, float("nan"), -float("nan")])
+    values = torch.cat([special, torch.randn(200, generator=gen) * 10]).to(dtype)
+    keys = sortable(values)
+    assert not keys.is_floating_point() and keys.element_size() == values.element_size()
+    finite = ~torch.isnan(values)
+    a, b = values[finite][:, None], values[finite][None, :]
+    ka, kb = keys[finite][:, None], keys[finite][None, :]
+    assert torch.equal(a < b, ka < kb) and torch.equal(a == b, ka == kb)
+    assert torch.isnan(values[torch.sort(keys, stable=True).indices][-2:]).all()
+    assert keys[6] == keys[7]
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -17,7 +17,7 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
-from ..ops.layout import Levels, pair_layout, sorted_ranks
+from ..ops.layout import Levels, pair_layout, value_ranks
 
 Weighting = Literal["uniform", "size"]
 
@@ -51,7 +51,7 @@ def tie_blocks(keys: Tensor, groups: Optional[Tensor]) -> TieBlocks:
     n = keys.numel()
     if keys.dtype == torch.bool:
         keys = keys.to(torch.uint8)
-    rank = sorted_ranks(keys)[1]
+    rank = value_ranks(keys)
     layout = pair_layout(Levels(rank[None], max(n, 1), None), groups)
     block_start = layout.cell_start[0].long()
     block_stop = layout.cell_end[0].long()

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .. import _validation as check
 from ..ops.dispatch import rounded_levels
-from ..ops.layout import sorted_ranks
+from ..ops.layout import value_ranks
 from .counting import (
     UndefinedMetricWarning,
     Weighting,
@@ -241,7 +241,7 @@ def _uniform_multipartite_by_dominance(
     """
     by_level = tie_blocks(levels, groups)
     keys = scores.to(torch.uint8) if scores.dtype == torch.bool else scores
-    below = sorted_ranks(keys)[1][by_level.order]  # items of smaller score
+    below = value_ranks(keys)[by_level.order]  # items of smaller score
     starts, stops = by_level.group_start, by_level.block_start
     queries = prefix_dominance(below, torch.cat([stops, stops, starts, starts]),
                                torch.cat([below, below + 1, below, below + 1])).view(4, -1)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layout import CellTables, LevelCosts, OrdinalLayout, cell_logsumexp, dense_cells
+from .layout import CellTables, LevelCosts, OrdinalLayout, cell_logsumexp, dense_cells, sortable
 
 # The (G, L, L) term table of the exponential form is built in chunks of groups of this many entries.
 TERM_TABLE_ELEMENTS = 1 << 24
@@ -158,47 +158,44 @@ def _hinge_against_level_and_grad(
     One merge serves both sides: lower items (key s_j) and upper queries (key s_i - m) sorted by
     (group, key), lower first on equal keys. The lower items before a query are its inactive
     partners (s_j <= s_i - m); the queries before a lower item are exactly its active partners.
+    The merge is two stable integer sorts (the keys as ``sortable`` integers, then the groups),
+    and every quantity is carried in merge order and put back once.
     """
     lower = torch.nonzero(layout.level == lower_level).flatten()
     upper = torch.nonzero(pair_weight > 0).flatten()
     if lower.numel() == 0 or upper.numel() == 0:
         return centred.new_zeros(())
+    items = torch.cat([lower, upper])  # the merge's entries: lower items, then the upper queries
     # Activity is decided on the raw scores, the sums use the centred ones: fl(s_i - m) is exact
     # for integer (and most grid) scores, so the kink s_j = s_i - m is found exactly, whereas the
     # rounding of the centring could move a pair at the kink to either side.
-    group = torch.cat([layout.group[lower], layout.group[upper]])
-    key = torch.cat([scores[lower], scores[upper] - margin])
-    value = torch.cat([centred[lower], centred[upper] - margin])
-    is_lower = torch.cat([torch.ones_like(lower), torch.zeros_like(upper)]).to(centred.dtype)
-    by_key = torch.sort(key, stable=True).indices
-    merged = by_key[torch.sort(group[by_key], stable=True).indices]
+    key = torch.cat([scores.index_select(0, lower), scores.index_select(0, upper) - margin])
+    group = layout.group.index_select(0, items).to(torch.int32)
+    by_key = torch.sort(sortable(key), stable=True).indices
+    merged = by_key.index_select(0, torch.sort(group.index_select(0, by_key), stable=True).indices)
+    is_lower = merged < lower.numel()  # merge position -> entry, and whether it is a lower item
+    centred_at, weight = torch.stack([centred, pair_weight], 1).index_select(0, items.index_select(0, merged)).unbind(1)
+    weight = torch.where(is_lower, 0.0, weight)  # a lower item is no query
+    lengths = torch.bincount(group, minlength=layout.num_groups)  # merge entries per group, in merge order
+    lower_count = layout.counts[:, lower_level]
 
-    merged_is_lower = is_lower[merged]
-    merged_group = group[merged]
-    group_first = torch.searchsorted(merged_group, merged_group, right=False)
-    inactive_count = _within_group_cumsum(merged_is_lower, group_first)
-    inactive_sum = _within_group_cumsum(torch.where(merged_is_lower > 0, value[merged], 0.0), group_first)
+    def per_entry(per_group: Tensor) -> Tensor:  # each merge entry's value of its group
+        return per_group.repeat_interleave(lengths, output_size=merged.numel())
 
-    group_count = layout.counts[:, lower_level].to(centred.dtype)
-    is_query = merged_is_lower == 0
-    query_group = merged_group[is_query]
-    active_count = group_count[query_group] - inactive_count[is_query]
-    active_sum = cell_sum[query_group] - inactive_sum[is_query]
-    query_item = upper[merged[is_query] - lower.numel()]
-    query_weight = pair_weight[query_item]
+    lower_before = torch.cumsum(is_lower, 0) - per_entry(torch.cumsum(lower_count, 0) - lower_count)
+    active_count = (per_entry(lower_count) - lower_before).to(centred.dtype)  # at a query: s_j > s_i - m
+    nonempty = lengths[lengths > 0]
+    active_sum = per_entry(cell_sum) - _within_group_cumsum(torch.where(is_lower, centred_at, 0.0), nonempty)
     # Each active pair adds m - x_i + x_j > 0, so the exact sum is >= 0, and exactly 0 without an
     # active pair; the prefix-sum differences behind active_sum round, which could leave -1e-16
     # (or a stray +1e-16) where a query has no active pair: keep the exact value there.
     pair_sum = torch.where(
-        active_count > 0, (active_count * (margin - centred[query_item]) + active_sum).clamp(min=0), 0.0
+        (active_count > 0) & ~is_lower, (active_count * (margin - centred_at) + active_sum).clamp(min=0), 0.0
     )
-    grad[query_item] -= query_weight * active_count  # distinct items: no accumulation order to fix
-
-    weight = torch.cat([torch.zeros_like(lower, dtype=centred.dtype), pair_weight[upper]])
-    active_weight = _within_group_cumsum(weight[merged], group_first)  # queries before each position
-    is_lower_item = merged_is_lower > 0
-    grad[lower[merged[is_lower_item]]] += active_weight[is_lower_item]
-    return (query_weight * pair_sum).sum()
+    active_weight = _within_group_cumsum(weight, nonempty)  # the queries up to each position
+    step = torch.where(is_lower, active_weight, -weight * active_count)
+    grad.index_add_(0, items, torch.empty_like(step).scatter_(0, merged, step))  # distinct items
+    return (weight * pair_sum).sum()
 
 
 def _centre_on_group_mean(scores: Tensor, layout: OrdinalLayout) -> Tensor:
@@ -208,21 +205,20 @@ def _centre_on_group_mean(scores: Tensor, layout: OrdinalLayout) -> Tensor:
     return scores - means.index_select(0, layout.group)
 
 
-def _within_group_cumsum(values: Tensor, group_first: Tensor) -> Tensor:
-    """Inclusive cumulative sum restarted at every group (``group_first``: each position's group start).
+def _within_group_cumsum(values: Tensor, lengths: Tensor) -> Tensor:
+    """Inclusive cumulative sum restarted at every group (``lengths``: the groups' lengths, none 0).
 
     Every group's first value is lowered by the previous group's total, so the running sum
     enters each group at about 0 and the rounding left over (the running sum just before the
     group) is subtracted: the error stays of the order of one group's sum instead of growing
     with the sum of all the groups before it (the weights of the gradient are all positive).
     """
-    position = torch.arange(values.numel(), device=values.device)
-    starts = torch.nonzero(group_first == position).flatten()
-    group_lengths = torch.diff(starts, append=starts.new_tensor([values.numel()]))
-    totals = torch.segment_reduce(values, "sum", lengths=group_lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    totals = torch.segment_reduce(values, "sum", lengths=lengths)
     shifted = values.index_add(0, starts[1:], -totals[:-1])
     running = torch.cumsum(shifted, 0)
-    return running - (running - values)[group_first]
+    before = running.index_select(0, starts) - values.index_select(0, starts)
+    return running - before.repeat_interleave(lengths, output_size=values.numel())
 
 
 def _exponential_with_margin(scores, layout, costs, group_coefficients, margin):

@@ -126,21 +126,40 @@ def run_ordinals(groups: Tensor) -> Tensor:
     return torch.cumsum(groups != groups.roll(1), 0)
 
 
-def sorted_ranks(values: Tensor, *, out_int32: bool = False) -> tuple[Tensor, Tensor]:
-    """(``values`` sorted, (N,) how many of them are smaller than each): each value's first
-    position among them sorted, an order-preserving integer rank (equal values equal; the sorted
-    values at a rank are its value). The sorted values are searched in their own order, which
-    walks memory in order, and the answers put back in input order by the sort's permutation
-    (each position written once: deterministic); searching the values in input order took 4x
-    as long (12 against 3 ms for 65,536 ids on one CPU thread)."""
-    ordered, order = torch.sort(values)
+_SORTABLE_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+                  torch.bfloat16: torch.int16}
+
+
+def sortable(values: Tensor) -> Tensor:
+    """Floats as integers of their width in the same order (integers pass through): equal floats
+    give equal integers (-0.0 as 0.0, every NaN as one NaN, after +inf as sorts put them), a
+    larger float a larger integer. Torch sorts integers by radix on the CPU: 4-5x faster than
+    the comparison sort of floats (1M float64 146 ms, their integers 38 ms, a stable sort on 2
+    threads). On CUDA both are radix sorts."""
+    if not values.is_floating_point():
+        return values
+    canonical = torch.where(torch.isnan(values), float("nan"), values + 0.0)  # x + 0.0: -0.0 -> 0.0
+    bits = canonical.view(_SORTABLE_BITS[values.dtype])
+    magnitude = torch.iinfo(bits.dtype).max
+    # a negative float's bits grow with its magnitude: flip them below the sign
+    return bits ^ ((bits >> (bits.element_size() * 8 - 1)) & magnitude)
+
+
+def value_ranks(values: Tensor, *, out_int32: bool = False) -> Tensor:
+    """(N,) how many of ``values`` are smaller than each: each value's first position among them
+    sorted, an order-preserving integer rank (equal values equal). The values are sorted as
+    ``sortable`` integers, searched in their own order, which walks memory in order, and the
+    answers put back in input order by the sort's permutation (each position written once:
+    deterministic); searching the values in input order took 4x as long (12 against 3 ms for
+    65,536 ids on one CPU thread)."""
+    ordered, order = torch.sort(sortable(values))
     first = torch.searchsorted(ordered, ordered, out_int32=out_int32)
-    return ordered, first.scatter(0, order, first)
+    return first.scatter(0, order, first)
 
 
 def _group_key(levels: Levels, groups: Tensor, num_items: int) -> tuple[Tensor, Tensor, Tensor]:
     """(sort key group rank * ranks + level rank, group start, group end): the group rank is the
-    first position of the item's group among the sorted ids, found as ``sorted_ranks`` finds it
+    first position of the item's group among the sorted ids, found as ``value_ranks`` finds it
     (its searches are the group starts in sorted order). int32 keys when they fit."""
     sorted_groups, by_group = torch.sort(groups)
     group_start = torch.searchsorted(sorted_groups, sorted_groups, out_int32=True)
