@@ -187,10 +187,9 @@ class AUCLoss(_PairwiseLoss):
         backend: ``"auto"`` (closed form when one exists, else the Triton kernel on CUDA and the
             blocked all-pairs path on the CPU; on CUDA batches of at most 2,048 items, 16,384
             with ``contiguous_groups``, always take the Triton kernels, which never wait for the
-            device), ``"exact"`` (closed forms
-            only; with a level per few items, e.g. a real-valued ``LaALoss`` label, the hinge and
-            exponential forms, whose work grows with the levels, give way to the blocked sum,
-            which is as exact and then cheaper), ``"torch"`` (blocked all-pairs, any device),
+            device), ``"exact"`` (the closed forms where they are the cheaper exact path: in
+            users of a few items, or with a level per few items, e.g. a real-valued ``LaALoss``
+            label, they give way to the blocked sum, as exact and then faster), ``"torch"`` (blocked all-pairs, any device),
             ``"triton"`` (fused kernel; CUDA, or the CPU under ``TRITON_INTERPRET=1``).
         cross_device: take pairs across the processes of a distributed job: the loss (and, after
             DDP's gradient averaging, the parameter gradients) equal the single-process ones on

@@ -536,6 +536,26 @@ def test_cpu_runner_skips_libauc_rows_when_libauc_is_not_importable(tmp_path):
     assert all("time_s" in row for row in rows if row["impl"] == "mlloss")
 
 
+def test_closed_form_choice_times_both_exact_paths_and_records_the_librarys_choice(tmp_path):
+    """benchmarks/closed_form_choice.py at a tiny N: a row per (users, labels, surrogate) with both
+    paths' times, their losses equal, the choice of the library's cost model, and the .md beside."""
+    import subprocess
+
+    out = tmp_path / "choice.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "closed_form_choice.py"), "--sizes", "64", "--group-sizes", "0",
+                           "5", "--labels", "auc p0.1", "levels", "--repeats", "1", "--threads", "1", "--output", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * 2 * 3
+    for row in rows:
+        assert row["closed_form_ms"] > 0 and row["blocked_sum_ms"] > 0 and row["value_rel_diff"] < 1e-5, row  # float32 scores
+        assert isinstance(row["auto_picks_closed_form"], bool) and row["faster"] in ("closed", "blocked")
+    # a level per few items: the hinge form's per-level work makes the blocked sum the choice
+    assert not any(r["auto_picks_closed_form"] for r in rows if r["labels"] == "levels" and r["surrogate"] == "hinge")
+    assert "auto picks the slower path in" in out.with_suffix(".md").read_text()
+
+
 def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(tmp_path):
     """bench_cpu_path.py at a tiny N: a row per (case, N, groups) with its times and op counts,
     and the naive broadcast's rows, eager and compiled."""

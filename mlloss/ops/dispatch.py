@@ -20,7 +20,7 @@ into the problems' ``Levels`` (``problem_levels``) and hands the same per-item a
 * ``"torch"``: the PyTorch tier, ``torch_tier`` (the CPU path and the kernels' reference): the
   blocked all-pairs sums of ``allpairs`` on each problem's sorted cells, O(valid pairs);
 * ``"exact"``: the same tier with the closed forms of ``closed_form`` (exponential, squared,
-  hinge), O(N log N); ``pairs="hardest"`` runs ``hardest``'s max-violation pairs, O(N).
+  hinge), O(N log N), where they cost less than the blocked sums (``torch_tier._closed_form_pays``); ``pairs="hardest"`` runs ``hardest``'s max-violation pairs, O(N).
 
 ``resolve_tier`` turns the user's ``backend`` into a tier: ``"auto"`` is ``"exact"`` for
 surrogates with a closed form, else ``"triton"`` for CUDA tensors and ``"torch"`` on the CPU;

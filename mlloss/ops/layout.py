@@ -45,7 +45,7 @@ from torch import Tensor
 
 # A (group, level) table over every level of the batch holds G * L entries; beyond this
 # ``OrdinalLayout.counts`` refuses rather than allocating gigabytes (the closed forms, its only
-# users, give way to the blocked sum before: ``torch_tier._closed_form_pays``).
+# users, give way to the blocked sum before: ``torch_tier.closed_form_cost``).
 MAX_GROUP_LEVEL_CELLS = 1 << 27
 # The all-pairs kernels' finalize step finds Z_u by a walk over each group's cells in level order,
 # one loop step per level, for problems of at most this many levels (LaA of a few binary labels);

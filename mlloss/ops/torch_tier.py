@@ -16,7 +16,6 @@ the problems, in the dtype of ``fused.accumulation_dtype``.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -36,9 +35,17 @@ from .layout import (
 )
 
 
-# How much more work than the blocked sum over the valid pairs a closed form may take (see
-# ``_closed_form_pays``).
-CLOSED_FORM_WORK = 8
+# The CPU's time for each exact path, in nanoseconds per unit of work (a 2-core VM, torch 2.13),
+# fitted to ``benchmarks/closed_form_choice.py`` at 262,144 items in users of 5 to 1,000 items and
+# without users, and at 64 to 4,096 items (results/closed-form-choice-*.md): the blocked sum pays per
+# item and per valid pair; a closed form per item and per entry of its (group, level) tables, the
+# hinge form also per item and lower level and, for its tensor operations, per lower level.
+BLOCKED_SUM_NS = {"item": 140, "pair": 18}
+CLOSED_FORM_NS = {
+    "hinge": {"item": 93, "item and lower level": 75, "group and level": 136, "lower level": 550_000},
+    "exponential": {"item": 110, "group and level pair": 42},
+    "squared": {"item": 100, "group and own level": 173},
+}
 
 
 class PairOptions(NamedTuple):
@@ -110,7 +117,7 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
     valid_pairs = group_pairs.sum()
     groups_with_pairs = (group_cost > 0).sum()
     coefficients = reduction_coefficients(group_cost, reduction)
-    if exact and _closed_form_pays(surrogate, tables):
+    if exact and _closed_form_pays(surrogate, tables, float(valid_pairs)):
         ordered = scores.to(torch.float64)[tables.order]
         loss, grad = CLOSED_FORMS[surrogate](ordered, tables, costs, coefficients, margin)
         return loss, grad, valid_pairs, groups_with_pairs
@@ -123,32 +130,38 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
     return loss, grad, valid_pairs, groups_with_pairs
 
 
-def _closed_form_pays(surrogate: str, tables: OrdinalLayout) -> bool:
-    """Whether the closed form of ``surrogate`` is the cheaper exact path for these tables. Its
-    work grows with the levels: each works on (G, L) tables over every level of the batch (the
-    squared form's whole work, N + G L), the hinge form merges the items with every lower level
-    (L N log N), the exponential one forms each group's (L, L) table of log-costs (G L^2, and
-    L^2 memory); the blocked sum grows with the pairs (sum_u n_u^2 / 2). A real-valued label in
-    many groups made the squared form's tables quadratic in the batch (6-9 s for 3,000 items in
-    pairs) and refused 20,000 items in 10,000 groups. With a level per few
-    items (a real-valued label) the blocked sum wins: for 16,384 items at as many levels the
-    hinge form took 72 s on the CPU, the blocked sum about 1 s. The closed form is kept unless
-    it needs ``CLOSED_FORM_WORK`` times the pairs' work (the hinge form's constants are lower:
-    at 1M items in 20,000 groups it takes 0.6 s, the blocked sum 1.0 s)."""
+def _closed_form_pays(surrogate: str, tables: OrdinalLayout, valid_pairs: float) -> bool:
+    """Whether the closed form of ``surrogate`` is the cheaper exact path for these tables: its
+    ``closed_form_cost`` against the blocked sum's (``BLOCKED_SUM_NS``), which grows with the
+    valid pairs. In users of a few items the blocked sum is the cheaper (the closed forms' tables
+    cost per group), and with a level per few items (a real-valued label) by far: for 16,384
+    items at as many levels the hinge form took 72 s, the blocked sum about 1 s."""
+    cost = closed_form_cost(surrogate, tables)
+    num_items = tables.order.numel()
+    return cost is not None and cost <= BLOCKED_SUM_NS["item"] * num_items + BLOCKED_SUM_NS["pair"] * valid_pairs
+
+
+def closed_form_cost(surrogate: str, tables: OrdinalLayout) -> float | None:
+    """The closed form's time on the CPU in nanoseconds by ``CLOSED_FORM_NS``, or None where its
+    tables would pass ``MAX_GROUP_LEVEL_CELLS`` or ``TERM_TABLE_ELEMENTS`` (never built). The
+    squared form works on each group's own cells (N + G K, K the most cells of a group), the
+    hinge form merges the items with every lower level (L N), the exponential one forms each
+    group's (L, L) table of log-costs (G L^2)."""
     num_levels, num_items, num_groups = tables.num_levels, tables.order.numel(), tables.num_groups
-    pair_work = float((tables.group_sizes.to(torch.float64) ** 2).sum()) / 2
-    if surrogate == "squared":  # O(N + G K) on each group's own cells
-        work = num_items + num_groups * int(tables.cells_per_group.max())
-        return work <= CLOSED_FORM_WORK * pair_work and work <= MAX_GROUP_LEVEL_CELLS
+    costs = CLOSED_FORM_NS[surrogate]
+    if surrogate == "squared":
+        cells = num_groups * int(tables.cells_per_group.max())
+        if num_items + cells > MAX_GROUP_LEVEL_CELLS:
+            return None
+        return costs["item"] * num_items + costs["group and own level"] * cells
     if num_groups * num_levels > MAX_GROUP_LEVEL_CELLS:  # the other closed forms work on (G, L) tables
-        return False
+        return None
     if surrogate == "hinge":
-        work = (num_levels - 1) * num_items * max(1.0, math.log2(num_items)) + num_groups * num_levels
-    else:
-        if num_levels**2 > TERM_TABLE_ELEMENTS:
-            return False
-        work = num_groups * num_levels**2
-    return work <= CLOSED_FORM_WORK * pair_work
+        return (costs["item"] * num_items + costs["group and level"] * num_groups * num_levels
+                + (costs["item and lower level"] * num_items + costs["lower level"]) * (num_levels - 1))
+    if num_levels**2 > TERM_TABLE_ELEMENTS:
+        return None
+    return costs["item"] * num_items + costs["group and level pair"] * num_groups * num_levels**2
 
 
 def _owned_groups(work: Tensor, rank: int, world_size: int) -> Tensor:
