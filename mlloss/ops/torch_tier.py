@@ -89,13 +89,16 @@ def pair_loss_and_grad(
                 scores[:, problem] if score_columns else scores, tables, options, exact, owned
             )
             grad = grads[:, problem if score_columns else 0]
+            # back in input order: the order is a permutation, each position written once (a
+            # gather and an indexed add took 6x as long: 34 against 6 ms at 10^6 items)
+            problem_grad = problem_grad.new_empty(num_items).index_copy_(0, tables.order, problem_grad)
             if mixing is None:
                 loss = loss + problem_loss.to(torch.float64)
-                grad[tables.order] += problem_grad.to(output_dtype)
+                grad += problem_grad.to(output_dtype)
             else:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
                 weight = mixing[problem]
                 loss = loss + torch.where(weight != 0, weight * problem_loss.to(torch.float64), 0.0)
-                grad[tables.order] += torch.where(weight != 0, weight * problem_grad, 0.0).to(output_dtype)
+                grad += torch.where(weight != 0, weight * problem_grad, 0.0).to(output_dtype)
             stats[:, problem] = torch.stack([problem_loss.to(torch.float64), valid_pairs,
                                              groups_with_pairs.to(torch.float64)])
     return loss.to(output_dtype), stats.flatten(), grads if score_columns else grads[:, 0]
@@ -107,7 +110,7 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
     costs = LevelCosts.of(tables.level_values.to(scores.device), cost)
     if pairs == "hardest":
         loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
-            scores.to(torch.float64)[tables.order], tables, costs, surrogate, margin, reduction, temperature
+            _in_table_order(scores, tables, torch.float64), tables, costs, surrogate, margin, reduction, temperature
         )
         cells = tables.cells_per_group.to(torch.float64)
         level_pairs = (cells * (cells - 1) / 2).sum()  # the pairs of a group's distinct levels
@@ -118,16 +121,22 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
     groups_with_pairs = (group_cost > 0).sum()
     coefficients = reduction_coefficients(group_cost, reduction)
     if exact and _closed_form_pays(surrogate, tables, float(valid_pairs)):
-        ordered = scores.to(torch.float64)[tables.order]
+        ordered = _in_table_order(scores, tables, torch.float64)
         loss, grad = CLOSED_FORMS[surrogate](ordered, tables, costs, coefficients, margin)
         return loss, grad, valid_pairs, groups_with_pairs
     if owned is not None:  # this rank's share of the groups; the others' coefficients are 0
         # (a group without a valid pair costs nothing: a mask's fillers, one group of their own)
         work = torch.where(group_pairs > 0, tables.group_sizes.to(torch.float64) ** 2, 0.0)
         coefficients = torch.where(_owned_groups(work, *owned), coefficients, 0.0)
-    ordered = scores.to(accumulation_dtype(scores))[tables.order]
+    ordered = _in_table_order(scores, tables, accumulation_dtype(scores))
     loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, costs, coefficients, surrogate, margin)
     return loss, grad, valid_pairs, groups_with_pairs
+
+
+def _in_table_order(scores: Tensor, tables: OrdinalLayout, dtype: torch.dtype) -> Tensor:
+    """The scores in the tables' order, in ``dtype`` (gathered before the conversion: at 10^6
+    float32 scores 5 against 25 ms)."""
+    return scores.index_select(0, tables.order).to(dtype)
 
 
 def _closed_form_pays(surrogate: str, tables: OrdinalLayout, valid_pairs: float) -> bool:
