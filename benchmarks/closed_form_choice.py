@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -146,7 +147,7 @@ def main(argv=None) -> None:
         git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=HERE).stdout.strip()  # noqa: E731
         commit = git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", "../mlloss") else "")
         meta = {"commit": commit, "torch": torch.__version__, "threads": args.threads, "machine": platform.machine(),
-                "cpus": os.cpu_count(), "command": "python benchmarks/closed_form_choice.py " + " ".join(argv or sys.argv[1:])}
+                "cpus": os.cpu_count(), "command": shlex.join(["python", "benchmarks/closed_form_choice.py", *(argv or sys.argv[1:])])}
         with open(args.output, "w") as handle:
             json.dump({"meta": meta, "rows": rows}, handle, indent=1)
         with open(os.path.splitext(args.output)[0] + ".md", "w") as handle:
