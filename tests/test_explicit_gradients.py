@@ -24,6 +24,7 @@ from mlloss.ops.layout import (
     dense_tables,
     group_pair_costs,
     reduction_coefficients,
+    run_bounds,
     sortable,
     value_ranks,
 )
@@ -512,6 +513,18 @@ def test_value_ranks_count_the_smaller_values(dtype):
     rank = value_ranks(values, out_int32=dtype == torch.int64)
     listed = values.tolist()
     assert rank.tolist() == [sum(other < value for other in listed) for value in listed]
+
+
+@pytest.mark.parametrize("num", [0, 1, 2, 7, 500])
+def test_run_bounds_are_the_binary_searches_of_each_sorted_value(num):
+    # layout.run_bounds: each position's run of equal values, [first, one past the last), as the
+    # left and right binary searches of its value find it (runs of 1 to many, one run, none)
+    gen = torch.Generator().manual_seed(num)
+    for high in (1, 3, num + 1):
+        ordered = torch.sort(torch.randint(0, high, (num,), generator=gen)).values
+        start, stop = run_bounds(ordered)
+        assert torch.equal(start, torch.searchsorted(ordered, ordered))
+        assert torch.equal(stop, torch.searchsorted(ordered, ordered, right=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])

@@ -34,8 +34,9 @@ References:
 
 The package, torchmetrics' split: ``functional`` (the metrics as functions of a whole evaluation set),
 ``classes`` (the streaming :class:`torchmetrics.Metric` classes, which call the functions at ``compute``),
-``counting`` (the sorted tie blocks and segmented counts they share; the sort is the losses' pair layout,
-:func:`mlloss.ops.layout.pair_layout`). Inputs are checked by :mod:`mlloss._validation`.
+``counting`` (the sorted tie blocks and segmented counts they share, from integer sorts and linear
+passes: :func:`mlloss.ops.layout.value_ranks`, :func:`mlloss.ops.layout.run_bounds`). Inputs are
+checked by :mod:`mlloss._validation`.
 
 The classes are imported on first use: ``torchmetrics.Metric`` imports matplotlib (for its ``plot``)
 when it is installed, which the functions do not need.

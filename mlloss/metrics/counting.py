@@ -1,8 +1,8 @@
 r"""Sorting and segmented pair counting, shared by the functional metrics (``functional``).
 
-The items are sorted once by ``(group, key)`` with the losses' pair layout
-(:func:`mlloss.ops.layout.pair_layout`, the key's rank as the level): each group is a contiguous segment
-of positions and, inside it, each run of equal keys a contiguous *tie block* (the layout's cells). For
+The items are sorted once by ``(group, key)`` (:func:`tie_blocks`, the group's and the key's ranks
+packed in one integer): each group is a contiguous segment of positions and, inside it, each run of
+equal keys a contiguous *tie block*. For
 each item, the number of items of a given kind ranked strictly below it and tied with it in its group
 is then read off a prefix sum. Pair counts are ``int64``; float sums run over sorted data in a fixed
 order (no atomics), so every result is exact and deterministic.
@@ -17,7 +17,7 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
-from ..ops.layout import Levels, pair_layout, value_ranks
+from ..ops.layout import run_bounds, sortable, value_ranks
 
 Weighting = Literal["uniform", "size"]
 
@@ -45,25 +45,27 @@ class TieBlocks:
 def tie_blocks(keys: Tensor, groups: Optional[Tensor]) -> TieBlocks:
     """Sort by ``(groups, keys)`` (stable: a deterministic permutation) and delimit the tie blocks.
 
-    ``groups=None`` is one group. The key's rank (the number of smaller keys) is its level in the pair
-    layout, whose cells are then the tie blocks.
+    ``groups=None`` is one group. With groups, an item's sort key is its group's rank (the number
+    of items of smaller id) times N plus its key's rank (``value_ranks``): the items of a group
+    are then the positions from its rank on, and its tie blocks the runs of equal sort keys
+    (``run_bounds``: linear passes where binary searches took 4-5x as long).
     """
     n = keys.numel()
     if keys.dtype == torch.bool:
         keys = keys.to(torch.uint8)
-    rank = value_ranks(keys)
-    layout = pair_layout(Levels(rank[None], max(n, 1), None), groups)
-    block_start = layout.cell_start[0].long()
-    block_stop = layout.cell_end[0].long()
-    if layout.group_start is None:
+    if groups is None:
+        sorted_keys, order = torch.sort(sortable(keys), stable=True)
+        block_start, block_stop = run_bounds(sorted_keys)
         group_start = torch.zeros(n, dtype=torch.long, device=keys.device)
         group_size = torch.full((n,), n, dtype=torch.long, device=keys.device)
         counts = torch.tensor([n], device=keys.device)
-    else:
-        group_start = layout.group_start.long()
-        group_size = layout.group_end.long() - group_start
-        counts = group_size[group_start == torch.arange(n, device=keys.device)]
-    return TieBlocks(layout.order[0].long(), block_start, block_stop, group_start, group_size, counts)
+        return TieBlocks(order, block_start, block_stop, group_start, group_size, counts)
+    sorted_keys, order = torch.sort(value_ranks(groups) * n + value_ranks(keys), stable=True)
+    block_start, block_stop = run_bounds(sorted_keys)
+    group_start = torch.div(sorted_keys, n, rounding_mode="floor")  # the group's rank is its first position
+    group_size = run_bounds(group_start)[1] - group_start
+    counts = group_size[group_start == torch.arange(n, device=keys.device)]
+    return TieBlocks(order, block_start, block_stop, group_start, group_size, counts)
 
 
 def segment_sum(values: Tensor, counts: Tensor) -> Tensor:
