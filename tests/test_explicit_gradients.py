@@ -499,7 +499,8 @@ def test_group_normalisers_and_pair_counts_match_a_count_over_item_pairs(seed):
     torch.testing.assert_close(cost, want_cost, rtol=AGGREGATION_RTOL, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.uint8,
+                                   torch.bool])
 def test_value_ranks_count_the_smaller_values(dtype):
     # each value's rank is the number of values below it (ties equal); the reference counts with
     # a Python loop over the values. The floats are sorted as integers (layout.sortable): signed
@@ -510,7 +511,7 @@ def test_value_ranks_count_the_smaller_values(dtype):
         values = (values - 20) / 8
         values[:6] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), -0.0, 1e-3])
     values = values[::2]  # strided, as a column of a (N, K) label matrix
-    rank = value_ranks(values, out_int32=dtype == torch.int64)
+    rank = value_ranks(values)
     listed = values.tolist()
     assert rank.tolist() == [sum(other < value for other in listed) for value in listed]
 

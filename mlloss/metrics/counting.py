@@ -51,8 +51,6 @@ def tie_blocks(keys: Tensor, groups: Optional[Tensor]) -> TieBlocks:
     (``run_bounds``: linear passes where binary searches took 4-5x as long).
     """
     n = keys.numel()
-    if keys.dtype == torch.bool:
-        keys = keys.to(torch.uint8)
     if groups is None:
         sorted_keys, order = torch.sort(sortable(keys), stable=True)
         block_start, block_stop = run_bounds(sorted_keys)

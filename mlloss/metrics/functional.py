@@ -240,8 +240,7 @@ def _uniform_multipartite_by_dominance(
     :math:`\text{below}_q < \text{below}_p + 1`).
     """
     by_level = tie_blocks(levels, groups)
-    keys = scores.to(torch.uint8) if scores.dtype == torch.bool else scores
-    below = value_ranks(keys)[by_level.order]  # items of smaller score
+    below = value_ranks(scores)[by_level.order]  # items of smaller score
     starts, stops = by_level.group_start, by_level.block_start
     queries = prefix_dominance(below, torch.cat([stops, stops, starts, starts]),
                                torch.cat([below, below + 1, below, below + 1])).view(4, -1)

@@ -98,8 +98,7 @@ def all_pairs_loss_and_grad(
     def item_level_values() -> Tensor:
         return layout.centred_level_values.to(scores.dtype)
 
-    cells = layout.cells_per_group
-    level_pairs = cells * (cells - 1) // 2  # a group's rectangles
+    level_pairs = layout.level_pairs  # a group's rectangles
     small = active & (sizes <= MAX_LISTED_GROUP) & (layout.group_pairs <= LISTED_PAIRS_PER_RECTANGLE * level_pairs)
     if bool(small.any()):
         partial_sums.extend(_small_groups(

@@ -12,7 +12,7 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
   *cell*. The valid partners of the item at position p are then two ranges of positions, read
   from four int32 spans (the cell spans per problem, the group spans shared): its lower partners
   ``[group_start, cell_start)`` and its upper partners ``[cell_end, group_end)``. The Triton
-  kernels stream these ranges in tiles (and the metrics read their tie blocks from them).
+  kernels stream these ranges in tiles.
 * ``dense_tables`` lays out one problem of the same ``Levels`` and groups for the PyTorch tier
   as an ``OrdinalLayout`` (one sort, reading sizes on the host): the items by (group
   ascending, level descending) and their cells, which the PyTorch tier's closed
@@ -23,6 +23,8 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
   every level of the batch (the hinge and exponential closed forms). The helpers after them: the
   level-pair costs and their sums (``LevelCosts``), the reduction coefficients, per-cell
   log-sum-exp and the scatter of per-cell values.
+* ``sortable``, ``run_bounds`` and ``value_ranks`` rank values by integer sorts and linear passes
+  (the hinge closed form's merge, the metrics' tie blocks).
 
 ``pair_layout`` is sync-free and shape-static: a few sorts and binary searches on the device,
 no ``unique``/``nonzero``/``.item()``, so a CUDA step does not wait for the host and
@@ -131,11 +133,14 @@ _SORTABLE_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.
 
 
 def sortable(values: Tensor) -> Tensor:
-    """Floats as integers of their width in the same order (integers pass through): equal floats
+    """Floats as integers of their width in the same order (integers pass through, bools as
+    uint8): equal floats
     give equal integers (-0.0 as 0.0, every NaN as one NaN, after +inf as sorts put them), a
     larger float a larger integer. Torch sorts integers by radix on the CPU: 4-5x faster than
     the comparison sort of floats (1M float64 146 ms, their integers 38 ms, a stable sort on 2
     threads). On CUDA both are radix sorts."""
+    if values.dtype == torch.bool:
+        return values.to(torch.uint8)
     if not values.is_floating_point():
         return values
     canonical = torch.where(torch.isnan(values), float("nan"), values + 0.0)  # x + 0.0: -0.0 -> 0.0
@@ -160,21 +165,22 @@ def run_bounds(ordered: Tensor) -> tuple[Tensor, Tensor]:
     return start, stop
 
 
-def value_ranks(values: Tensor, *, out_int32: bool = False) -> Tensor:
+def value_ranks(values: Tensor) -> Tensor:
     """(N,) how many of ``values`` are smaller than each: each value's first position among them
     sorted, an order-preserving integer rank (equal values equal). The values are sorted as
     ``sortable`` integers, each run's first position found in that order (``run_bounds``) and put
     back in input order by the sort's permutation (each position written once: deterministic)."""
     ordered, order = torch.sort(sortable(values))
     first = run_bounds(ordered)[0]
-    rank = torch.empty_like(first).scatter_(0, order, first)
-    return rank.to(torch.int32) if out_int32 else rank
+    return torch.empty_like(first).scatter_(0, order, first)
 
 
 def _group_key(levels: Levels, groups: Tensor, num_items: int) -> tuple[Tensor, Tensor, Tensor]:
     """(sort key group rank * ranks + level rank, group start, group end): the group rank is the
-    first position of the item's group among the sorted ids, found as ``value_ranks`` finds it
-    (its searches are the group starts in sorted order). int32 keys when they fit."""
+    first position of the item's group among the sorted ids: the sorted ids' own searches (the
+    group starts in sorted order) put back in input order by the sort's permutation (binary
+    searches, not ``run_bounds``' running max and min: fewer launches on the Triton tier).
+    int32 keys when they fit."""
     sorted_groups, by_group = torch.sort(groups)
     group_start = torch.searchsorted(sorted_groups, sorted_groups, out_int32=True)
     group_end = torch.searchsorted(sorted_groups, sorted_groups, right=True, out_int32=True)
@@ -273,6 +279,13 @@ class OrdinalLayout:
     def cells_per_group(self) -> Tensor:
         """(G,) int64 cells (distinct levels) per group."""
         return torch.bincount(self.cell_group, minlength=self.num_groups)
+
+    @functools.cached_property
+    def level_pairs(self) -> Tensor:
+        """(G,) int64 pairs of distinct levels per group (the blocked sum's rectangles, the
+        max-violation pairs)."""
+        cells = self.cells_per_group
+        return cells * (cells - 1) // 2
 
     @functools.cached_property
     def counts(self) -> Tensor:

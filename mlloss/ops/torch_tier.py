@@ -112,9 +112,7 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
         loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
             _in_table_order(scores, tables, torch.float64), tables, costs, surrogate, margin, reduction, temperature
         )
-        cells = tables.cells_per_group.to(torch.float64)
-        level_pairs = (cells * (cells - 1) / 2).sum()  # the pairs of a group's distinct levels
-        return loss, grad, level_pairs, groups_with_pairs
+        return loss, grad, tables.level_pairs.sum().to(torch.float64), groups_with_pairs
 
     group_cost, group_pairs = group_pair_costs(tables, costs.linear)  # each group's own levels
     valid_pairs = group_pairs.sum()
