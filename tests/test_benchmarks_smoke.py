@@ -556,6 +556,26 @@ def test_closed_form_choice_times_both_exact_paths_and_records_the_librarys_choi
     assert "auto picks the slower path in" in out.with_suffix(".md").read_text()
 
 
+def test_metrics_benchmark_times_each_metric_and_reports_its_value(tmp_path):
+    """benchmarks/bench_metrics.py at a tiny N: a row per metric and size, its time, and the
+    metric's value, which is the brute-force AUC over every (positive, negative) pair."""
+    import subprocess
+
+    import torch
+
+    out = tmp_path / "metrics.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_metrics.py"), "--sizes", "256", "--repeats", "1",
+                           "--threads", "1", "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {row["metric"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"binary_auc", "group_auc"} and all(row["ms"] > 0 and row["n"] == 256 for row in rows.values())
+    generator = torch.Generator().manual_seed(0)  # the benchmark's inputs
+    scores = torch.randn(256, generator=generator)
+    labels = torch.rand(256, generator=generator) < 0.1
+    wins = (scores[labels][:, None] > scores[~labels][None, :]).double().mean()
+    assert rows["binary_auc"]["value"] == pytest.approx(float(wins), abs=1e-12)
+
+
 def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(tmp_path):
     """bench_cpu_path.py at a tiny N: a row per (case, N, groups) with its times and op counts,
     and the naive broadcast's rows, eager and compiled."""
