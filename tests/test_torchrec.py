@@ -1,6 +1,8 @@
 """TorchRec integration (mlloss.integrations.torchrec and .torchrec_strategy): the
 EmbeddingBagCollection feature module against the plain FieldEmbedding, sharded models against
-their unsharded copy on 2 gloo processes, and the CTR/CVR recipe with TorchRec tables in one
+their unsharded copy on 2 gloo processes (also with a cross-device pairwise loss; every sharded
+case of this file runs in one 2-process job, and both TorchRecStrategy cases in another: a job
+costs about 9 s of imports per rank), and the CTR/CVR recipe with TorchRec tables in one
 process. The recipe trained, checkpointed, killed and resumed with table-wise sharded tables on 2
 gloo processes: tests/test_checkpoints.py."""
 
@@ -220,15 +222,21 @@ def test_shard_model_checks_its_arguments_and_dims_before_attaching_anything():
 
 
 @pytest.fixture(scope="module")
-def sharded_results(tmp_path_factory):
+def shard_model_runs(tmp_path_factory) -> Path:
+    """The folder of every ``shard_model`` case's results, one file per case and rank, from one
+    2-process job (``torchrec_worker.run_shard_model_cases``)."""
     out_dir = tmp_path_factory.mktemp("torchrec")
-    results = {}
-    for sharding in SHARDING_TYPES:
-        mp.spawn(torchrec_worker.run, args=(2, free_port(), str(out_dir), sharding), nprocs=2, join=True)
-        results[sharding] = [
-            torch.load(out_dir / f"{sharding}-rank{rank}.pt", weights_only=False) for rank in range(2)
-        ]
-    return results
+    mp.spawn(torchrec_worker.run_shard_model_cases, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
+    return out_dir
+
+
+def _ranks(out_dir: Path, case: str) -> list[dict]:
+    return [torch.load(out_dir / f"{case}-rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+@pytest.fixture(scope="module")
+def sharded_results(shard_model_runs):
+    return {sharding: _ranks(shard_model_runs, sharding) for sharding in SHARDING_TYPES}
 
 
 @pytest.mark.distributed
@@ -263,16 +271,14 @@ def test_sharded_model_equals_the_unsharded_one(sharded_results, sharding):
 
 
 @pytest.mark.distributed
-def test_shard_model_uses_the_process_group_it_is_given_and_refuses_a_subset(tmp_path):
+def test_shard_model_uses_the_process_group_it_is_given_and_refuses_a_subset(shard_model_runs):
     # A group of one rank each: refused by name (DMP took the job's group and ignored it, and
     # TorchRec places shards by global rank). A group of every rank: the tables are split
     # table-wise over it, and the scores are the unsharded model's.
-    mp.spawn(torchrec_worker.run_in_own_group, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     model = torchrec_worker.make_model()
     ids, _ = torchrec_worker.global_batch()
     rows = {}
-    for rank in range(2):
-        result = torch.load(tmp_path / f"own-group-rank{rank}.pt", weights_only=False)
+    for rank, result in enumerate(_ranks(shard_model_runs, "own-group")):
         assert "process_group must hold every rank of the job (2); got a group of 1" in result["refusal"]
         local = slice(rank * torchrec_worker.BATCH, (rank + 1) * torchrec_worker.BATCH)
         torch.testing.assert_close(result["scores"], model(ids[local]).detach(), rtol=1e-6, atol=1e-7)
@@ -283,10 +289,8 @@ def test_shard_model_uses_the_process_group_it_is_given_and_refuses_a_subset(tmp
 
 
 @pytest.fixture(scope="module")
-def edge_results(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("torchrec-edges")
-    mp.spawn(torchrec_worker.run_edge_cases, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
-    return [torch.load(out_dir / f"edge-rank{rank}.pt", weights_only=False) for rank in range(2)]
+def edge_results(shard_model_runs):
+    return _ranks(shard_model_runs, "edge")
 
 
 def _local_rows(rank: int) -> slice:
@@ -368,14 +372,59 @@ def test_a_failed_sharding_leaves_the_callers_tables_as_they_were(edge_results):
         assert failed == {"error": "RuntimeError: DMP failed", "table_changed": False, "fused": []}, failed
 
 
+def brute_force_laa(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """LaA with linear costs and the logistic surrogate (docs/loss-spec.md), per user over every
+    pair, averaged over the users with a valid pair."""
+    level = labels.sum(1)
+    per_user = []
+    for user in groups.unique():
+        rows = groups == user
+        s, y = scores[rows], level[rows]
+        cost = (y[:, None] - y[None, :]).clamp(min=0)
+        if cost.sum() > 0:
+            per_user.append((cost * torch.nn.functional.softplus(s[None, :] - s[:, None])).sum() / cost.sum())
+    return torch.stack(per_user).mean()
+
+
 @pytest.mark.distributed
-def test_strategy_averages_the_gradients_of_parameters_outside_the_sharded_model(tmp_path):
+@pytest.mark.parametrize("sharding", ["table_wise", "column_wise"])
+def test_a_cross_device_ranking_loss_steps_sharded_tables_like_one_process_on_the_global_batch(shard_model_runs, sharding):
+    """A pairwise loss with ``cross_device=True`` on a model whose tables are sharded: one step
+    equals the gradient step of the loss over the global batch, by brute force over every pair in
+    float64 in one process. Uneven local batches (20 and 12 rows), users on both ranks."""
+    model = torchrec_worker.ranking_model().double()  # TorchRec pools in float32; the rest is float64
+    ids, labels, groups = torchrec_worker.ranking_batch()
+    loss = brute_force_laa(model(ids)[:, 0], labels.double(), groups)
+    loss.backward()
+    parameters = dict(model.named_parameters())
+    results = [result[sharding] for result in _ranks(shard_model_runs, "ranking")]
+    for result in results:  # every rank returns the global loss, and DDP's average is its gradient
+        torch.testing.assert_close(result["loss"].double(), loss.detach(), rtol=1e-5, atol=0)
+        assert result["gradients"].keys() == {name for name in parameters if "embedding_bags" not in name}
+        for name, gradient in result["gradients"].items():
+            torch.testing.assert_close(gradient.double(), parameters[name].grad, rtol=1e-4, atol=1e-7, msg=name)
+    for key in torchrec_worker.FIELDS:
+        weight = model.embedding.ebc.embedding_bags[f"t_{key}"].weight
+        after = sum(result["after"][f"embedding.ebc.embedding_bags.t_{key}.weight"] for result in results)
+        assert weight.grad.abs().max() > 1e-4  # the step moves the tables
+        torch.testing.assert_close(after.double(), weight.detach() - torchrec_worker.SPARSE_LR * weight.grad,
+                                   rtol=1e-5, atol=1e-7, msg=key)
+
+
+@pytest.fixture(scope="module")
+def strategy_runs(tmp_path_factory) -> Path:
+    """The folder of both TorchRecStrategy cases' results, from one 2-process job."""
+    out_dir = tmp_path_factory.mktemp("torchrec-strategy")
+    mp.spawn(torchrec_worker.run_strategy_cases, args=(2, (free_port(), free_port()), str(out_dir)), nprocs=2, join=True)
+    return out_dir
+
+
+@pytest.mark.distributed
+def test_strategy_averages_the_gradients_of_parameters_outside_the_sharded_model(strategy_runs):
     """A learnable ``scale`` outside the sharded model, started at 1 + rank: rank 0's value on
     both ranks, and at the first step the gradient of the mean loss over both ranks' batches (the
     single-process gradient on the whole batch); it was left unsynchronised, and drifted apart."""
-    mp.spawn(torchrec_worker.run_strategy_with_a_parameter_outside, args=(2, free_port(), str(tmp_path)),
-             nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"strategy-rank{rank}.pt", weights_only=False) for rank in range(2)]
+    ranks = _ranks(strategy_runs, "strategy")
     model, scale = torchrec_worker.make_model(), torch.nn.Parameter(torch.ones(()))
     ids, target = torchrec_worker.global_batch()
     torch.nn.functional.mse_loss(model(ids) * scale, target).backward()  # the order of the rows does not matter
@@ -388,20 +437,19 @@ def test_strategy_averages_the_gradients_of_parameters_outside_the_sharded_model
 
 
 @pytest.mark.distributed
-def test_a_checkpoint_that_fails_on_rank_zero_raises_on_every_rank(tmp_path):
+def test_a_checkpoint_that_fails_on_rank_zero_raises_on_every_rank(strategy_runs):
     """A full disk on rank 0 while it starts or finishes a TorchRecStrategy checkpoint: rank 0
     raises its error, the other rank an error that names the checkpoint, and the next checkpoint
     is written (the job's collectives stay in step). The other rank waited in a barrier for the
     collective timeout (30 minutes by default; 60 s here)."""
-    mp.spawn(torchrec_worker.run_strategy_checkpoint_failures, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"checkpoint-failures-rank{rank}.pt") for rank in range(2)]
+    ranks = _ranks(strategy_runs, "checkpoint-failures")
     for step, what in (("begin_directory", "start"), ("finish_directory", "finish")):
         assert ranks[0][step].startswith("OSError: [Errno 28] No space left on device (injected)"), ranks[0][step]
         assert ranks[1][step] == (f"RuntimeError: TorchRecStrategy.save_checkpoint: rank 0 could not {what} the checkpoint "
-                                  f"{tmp_path / (step + '.ckpt')} (its error is raised there)")
-        assert not (tmp_path / f"{step}.ckpt").exists()
+                                  f"{strategy_runs / (step + '.ckpt')} (its error is raised there)")
+        assert not (strategy_runs / f"{step}.ckpt").exists()
     assert ranks[0][None] is None and ranks[1][None] is None
-    assert incomplete_reason(tmp_path / "None.ckpt") is None
+    assert incomplete_reason(strategy_runs / "None.ckpt") is None
 
 
 def test_an_empty_batch_embeds_to_zero_rows_that_reach_the_tables():

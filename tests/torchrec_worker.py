@@ -1,4 +1,4 @@
-"""Worker for tests/test_torchrec.py and tests/test_torchrec_ranking.py: one rank of a 2-process
+"""Worker for tests/test_torchrec.py: one rank of a 2-process
 gloo job that shards a small model with mlloss.integrations.torchrec.shard_model (or trains it
 under TorchRecStrategy) and records what the test compares with an unsharded copy."""
 
@@ -84,48 +84,56 @@ def _init(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
-def run(rank: int, world_size: int, port: int, out_dir: str, sharding: str) -> None:
+def run_shard_model_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Every ``shard_model`` case of tests/test_torchrec.py in one process group, each saved to a
+    file of its own: one step of each sharding type, a process group given by the caller, the
+    edge cases and a cross-device ranking loss (one spawn for all: each costs about 9 s of imports
+    per rank)."""
+    from mlloss.integrations.torchrec import SHARDING_TYPES
+
     _init(rank, world_size, port)
     try:
-        model = shard_model(make_model(), sharding, sparse_optimizer="sgd", sparse_lr=SPARSE_LR)
-        ids, target = global_batch()
-        local = slice(rank * BATCH, (rank + 1) * BATCH)
-        before = full_tables(model)
-        scores = model(ids[local])
-        loss = nn.functional.mse_loss(scores, target[local])
-        loss.backward()  # the fused SGD step runs here
-        head_grad = model.module.head.weight.grad.detach().clone() if hasattr(model, "module") else None
-        torch.save(
-            {"scores": scores.detach(), "before": before, "after": full_tables(model), "head_grad": head_grad,
-             "plan": str(model.plan)},
-            os.path.join(out_dir, f"{sharding}-rank{rank}.pt"),
-        )
+        for sharding in SHARDING_TYPES:
+            torch.save(_one_step(rank, sharding), os.path.join(out_dir, f"{sharding}-rank{rank}.pt"))
+        torch.save(_in_own_group(rank, world_size), os.path.join(out_dir, f"own-group-rank{rank}.pt"))
+        torch.save(_edge_cases(rank), os.path.join(out_dir, f"edge-rank{rank}.pt"))
+        torch.save(_ranking_loss_steps(rank), os.path.join(out_dir, f"ranking-rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def run_in_own_group(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _one_step(rank: int, sharding: str) -> dict:
+    """One fused SGD step of ``make_model()`` sharded ``sharding``-wise: the scores, the full
+    tables before and after it, the dense head's gradient and the plan."""
+    model = shard_model(make_model(), sharding, sparse_optimizer="sgd", sparse_lr=SPARSE_LR)
+    ids, target = global_batch()
+    local = slice(rank * BATCH, (rank + 1) * BATCH)
+    before = full_tables(model)
+    scores = model(ids[local])
+    loss = nn.functional.mse_loss(scores, target[local])
+    loss.backward()  # the fused SGD step runs here
+    head_grad = model.module.head.weight.grad.detach().clone() if hasattr(model, "module") else None
+    return {"scores": scores.detach(), "before": before, "after": full_tables(model), "head_grad": head_grad,
+            "plan": str(model.plan)}
+
+
+def _in_own_group(rank: int, world_size: int) -> dict:
     """Each rank asks for table-wise shards over a group of its own (``process_group``), then
-    over a group of every rank; records the refusal and the second model's scores and rows."""
-    _init(rank, world_size, port)
+    over a group of every rank: the refusal and the second model's scores and rows."""
+    own = [dist.new_group([member]) for member in range(world_size)]  # every rank creates every group
+    everyone = dist.new_group(list(range(world_size)))
     try:
-        own = [dist.new_group([member]) for member in range(world_size)]  # every rank creates every group
-        everyone = dist.new_group(list(range(world_size)))
-        try:
-            shard_model(make_model(), "table_wise", sparse_optimizer="sgd", process_group=own[rank])
-            refusal = None
-        except ValueError as error:
-            refusal = str(error)
-        model = shard_model(make_model(), "table_wise", sparse_optimizer="sgd", sparse_lr=SPARSE_LR,
-                            process_group=everyone)
-        ids, _ = global_batch()
-        local = slice(rank * BATCH, (rank + 1) * BATCH)
-        rows = {name: sum(shard.tensor.shape[0] for shard in value.local_shards())
-                for name, value in model.state_dict().items() if hasattr(value, "local_shards")}
-        torch.save({"refusal": refusal, "scores": model(ids[local]).detach(), "rows": rows},
-                   os.path.join(out_dir, f"own-group-rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+        shard_model(make_model(), "table_wise", sparse_optimizer="sgd", process_group=own[rank])
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
+    model = shard_model(make_model(), "table_wise", sparse_optimizer="sgd", sparse_lr=SPARSE_LR,
+                        process_group=everyone)
+    ids, _ = global_batch()
+    local = slice(rank * BATCH, (rank + 1) * BATCH)
+    rows = {name: sum(shard.tensor.shape[0] for shard in value.local_shards())
+            for name, value in model.state_dict().items() if hasattr(value, "local_shards")}
+    return {"refusal": refusal, "scores": model(ids[local]).detach(), "rows": rows}
 
 
 # --------------------------------------------------------------------------- edge cases of shard_model
@@ -168,48 +176,44 @@ KEY_ORDERS = {  # the first call fixes a sharded collection's feature order
 }
 
 
-def run_edge_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Records, on each rank: a table-wise sharded embedding fed KeyedJaggedTensors in other
+def _edge_cases(rank: int) -> dict:
+    """On each rank: a table-wise sharded embedding fed KeyedJaggedTensors in other
     key orders, one with an id outside its table and one with weights; the replicas of a model
     built with a seed of each rank's own; 12-column tables cut column-wise over 2 ranks; a table
     of 6 columns, table-wise (refused) and data-parallel; and a sharding that fails after the
     fused optimizers were attached."""
-    _init(rank, world_size, port)
-    try:
-        ids, _ = global_batch()
-        local = ids[rank * BATCH: (rank + 1) * BATCH]
-        result = {}
+    ids, _ = global_batch()
+    local = ids[rank * BATCH: (rank + 1) * BATCH]
+    result = {}
 
-        embedding = shard_model(make_model().embedding, "table_wise", sparse_optimizer="sgd")
-        result["orders"] = {name: _outcome(lambda: embedding(keyed_ids(keys, local)).detach())
-                            for name, keys in KEY_ORDERS.items()}
-        result["orders"]["missing key"] = _outcome(lambda: embedding(keyed_ids(("user", "slot"), local)))
-        outside = local.clone()
-        outside[0, FIELDS.index("slot")] = CARDINALITIES[FIELDS.index("slot")]  # one past the table's last row
-        result["id_outside_its_table"] = _outcome(lambda: embedding(keyed_ids(FIELDS, outside)).detach())
-        result["weighted"] = _outcome(lambda: embedding(weighted_keyed_ids(local)).detach())
+    embedding = shard_model(make_model().embedding, "table_wise", sparse_optimizer="sgd")
+    result["orders"] = {name: _outcome(lambda: embedding(keyed_ids(keys, local)).detach())
+                        for name, keys in KEY_ORDERS.items()}
+    result["orders"]["missing key"] = _outcome(lambda: embedding(keyed_ids(("user", "slot"), local)))
+    outside = local.clone()
+    outside[0, FIELDS.index("slot")] = CARDINALITIES[FIELDS.index("slot")]  # one past the table's last row
+    result["id_outside_its_table"] = _outcome(lambda: embedding(keyed_ids(FIELDS, outside)).detach())
+    result["weighted"] = _outcome(lambda: embedding(weighted_keyed_ids(local)).detach())
 
-        torch.manual_seed(rank)  # an unseeded script: each rank initialises its own way
-        replicated = shard_model(replica_model(rank), "data_parallel")
-        result["replicas"] = {name: value.detach().clone() for name, value in replicated.state_dict().items()
-                              if isinstance(value, torch.Tensor)}
+    torch.manual_seed(rank)  # an unseeded script: each rank initialises its own way
+    replicated = shard_model(replica_model(rank), "data_parallel")
+    result["replicas"] = {name: value.detach().clone() for name, value in replicated.state_dict().items()
+                          if isinstance(value, torch.Tensor)}
 
-        torch.manual_seed(0)
-        wide = shard_model(TorchRecEmbedding(CARDINALITIES, 12, FIELDS), "column_wise", sparse_optimizer="sgd")
-        result["column_wise_12"] = {"scores": wide(local).detach(), "shards": {
-            name: [(list(s.metadata.shard_offsets), list(s.metadata.shard_sizes)) for s in value.local_shards()]
-            for name, value in wide.state_dict().items() if hasattr(value, "local_shards")}}
+    torch.manual_seed(0)
+    wide = shard_model(TorchRecEmbedding(CARDINALITIES, 12, FIELDS), "column_wise", sparse_optimizer="sgd")
+    result["column_wise_12"] = {"scores": wide(local).detach(), "shards": {
+        name: [(list(s.metadata.shard_offsets), list(s.metadata.shard_sizes)) for s in value.local_shards()]
+        for name, value in wide.state_dict().items() if hasattr(value, "local_shards")}}
 
-        torch.manual_seed(0)
-        result["dim_6_table_wise"] = _outcome(lambda: shard_model(TorchRecEmbedding((5, 4), 6, ("a", "b")), "table_wise"))
-        torch.manual_seed(0)
-        narrow = shard_model(TorchRecEmbedding((5, 4), 6, ("a", "b")), "data_parallel")
-        result["dim_6_data_parallel"] = narrow(torch.tensor([[1, 2], [4, 3]])).detach()
+    torch.manual_seed(0)
+    result["dim_6_table_wise"] = _outcome(lambda: shard_model(TorchRecEmbedding((5, 4), 6, ("a", "b")), "table_wise"))
+    torch.manual_seed(0)
+    narrow = shard_model(TorchRecEmbedding((5, 4), 6, ("a", "b")), "data_parallel")
+    result["dim_6_data_parallel"] = narrow(torch.tensor([[1, 2], [4, 3]])).detach()
 
-        result["failed_sharding"] = _fail_while_sharding()
-        torch.save(result, os.path.join(out_dir, f"edge-rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    result["failed_sharding"] = _fail_while_sharding()
+    return result
 
 
 def _fail_while_sharding() -> dict:
@@ -260,6 +264,13 @@ def _sharded_lightning_module() -> type:
             return nn.functional.mse_loss(self.model(ids), target)
 
     return ShardedModule
+
+
+def run_strategy_cases(rank: int, world_size: int, ports: tuple[int, int], out_dir: str) -> None:
+    """Both TorchRecStrategy cases in one spawn (each spawn costs about 9 s of imports per rank),
+    each on a process group of its own that Lightning sets up and this worker destroys."""
+    run_strategy_with_a_parameter_outside(rank, world_size, ports[0], out_dir)
+    run_strategy_checkpoint_failures(rank, world_size, ports[1], out_dir)
 
 
 def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -374,25 +385,21 @@ def ranking_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, labels, torch.randint(0, 4, (len(ids),), generator=gen)
 
 
-def run_ranking_loss(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _ranking_loss_steps(rank: int) -> dict:
     """For table-wise and column-wise shards: one step of ``LaALoss(cross_device=True)`` on the
-    first logit of a sharded :func:`ranking_model`, the tables trained by fused SGD; records the
-    loss, the tables after the step and the dense gradients."""
+    first logit of a sharded :func:`ranking_model`, the tables trained by fused SGD: the loss, the
+    tables after the step and the dense gradients."""
     from mlloss import LaALoss
 
-    _init(rank, world_size, port)
-    try:
-        ids, labels, groups = ranking_batch()
-        start = sum(RANKING_ROWS[:rank])
-        local = slice(start, start + RANKING_ROWS[rank])
-        result = {}
-        for sharding in ("table_wise", "column_wise"):
-            model = shard_model(ranking_model(), sharding, sparse_optimizer="sgd", sparse_lr=SPARSE_LR)
-            loss = LaALoss(cross_device=True)(model(ids[local])[:, 0], labels[local], groups[local])
-            loss.backward()
-            gradients = {name.removeprefix("module."): p.grad.detach().clone() for name, p in model.named_parameters()
-                         if "embedding_bags" not in name}
-            result[sharding] = {"loss": loss.detach(), "after": full_tables(model), "gradients": gradients}
-        torch.save(result, os.path.join(out_dir, f"ranking-rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    ids, labels, groups = ranking_batch()
+    start = sum(RANKING_ROWS[:rank])
+    local = slice(start, start + RANKING_ROWS[rank])
+    result = {}
+    for sharding in ("table_wise", "column_wise"):
+        model = shard_model(ranking_model(), sharding, sparse_optimizer="sgd", sparse_lr=SPARSE_LR)
+        loss = LaALoss(cross_device=True)(model(ids[local])[:, 0], labels[local], groups[local])
+        loss.backward()
+        gradients = {name.removeprefix("module."): p.grad.detach().clone() for name, p in model.named_parameters()
+                     if "embedding_bags" not in name}
+        result[sharding] = {"loss": loss.detach(), "after": full_tables(model), "gradients": gradients}
+    return result
