@@ -1,4 +1,6 @@
-"""Worker for tests/test_distributed.py: one rank of a 2-process gloo job (importable by spawn)."""
+"""Worker for tests/test_distributed.py: one rank of the file's 2-process gloo job (importable by
+spawn). ``run`` runs every case in one process group, each case saving its results to a file of
+its own (``{case}-rank{rank}.pt``): a job costs about 5 s of imports per rank."""
 
 from __future__ import annotations
 
@@ -68,10 +70,8 @@ def bce_pdaom_loss_and_grads(model, features, labels, groups, **options):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
-def run(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def cross_device_cases(rank: int, world: int) -> dict:
+    """Every loss across the ranks under DDP, at each split of the batch."""
     features, labels, groups = global_batch()
     results = {}
     for split in SPLITS:
@@ -102,15 +102,11 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
     results["bce+pdaom"] = bce_pdaom_loss_and_grads(
         ddp, features[local], labels[local], groups[local], cross_device=True
     )
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    return results
 
 
-def metrics_run(rank: int, world: int, port: int, out_dir: str) -> None:
+def metrics_cases(rank: int, world: int) -> dict:
     """The streaming metrics when rank 1 saw no batch at all: every rank computes them on rank 0's."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     from mlloss.metrics import AUC, GroupAUC, MultiLabelAUC, MultipartiteAUC
 
     features, labels, groups = global_batch()
@@ -123,16 +119,12 @@ def metrics_run(rank: int, world: int, port: int, out_dir: str) -> None:
         if rank == 0:
             metric.update(*batch)
         results[name] = metric.compute()
-    torch.save(results, os.path.join(out_dir, f"metrics-rank{rank}.pt"))
-    dist.destroy_process_group()
+    return results
 
 
-def dtype_run(rank: int, world: int, port: int, out_dir: str) -> None:
+def dtype_cases(rank: int, world: int) -> dict:
     """int16 labels across ranks (the backends gather none: they are widened), and ranks whose
     labels differ in dtype (refused by name before the gather)."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     features, labels, groups = global_batch()
     local = slice(0, 37) if rank == 0 else slice(37, 60)
     scores = features[local, 0]
@@ -151,18 +143,14 @@ def dtype_run(rank: int, world: int, port: int, out_dir: str) -> None:
         results["nan"] = None
     except ValueError as error:
         results["nan"] = str(error)
-    torch.save(results, os.path.join(out_dir, f"dtype-rank{rank}.pt"))
-    dist.destroy_process_group()
+    return results
 
 
-def errors_run(rank: int, world: int, port: int, out_dir: str) -> None:
+def error_cases(rank: int, world: int) -> dict:
     """A batch that only rank 1 gets wrong (labels of the wrong length), a share of the pairs that
     only its owner finds not finite (rank 0's user 0), a bce+auc batch in whose scores only rank 1
     has infinities, then a good batch: which error each rank raised, and the good batch's loss.
-    (A short timeout: a rank left waiting fails the test.)"""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=10))
+    (A rank left waiting times out and fails the test.)"""
     scores, labels, groups = error_batch(rank)
     results = {}
     calls = {
@@ -178,11 +166,25 @@ def errors_run(rank: int, world: int, port: int, out_dir: str) -> None:
             results[name] = call()
         except Exception as error:  # the test reads which kind each rank raised
             results[name] = f"{type(error).__name__}: {error}"
-    torch.save(results, os.path.join(out_dir, f"errors-rank{rank}.pt"))
-    dist.destroy_process_group()
+    return results
 
 
 def error_batch(rank: int):
     """Rank r's (scores, labels, groups): user r's two items, one positive and one negative."""
     scores = torch.tensor([-1.0, 1.0], dtype=torch.float64) * (rank + 1)
     return scores, torch.tensor([1.0, 0.0]), torch.full((2,), rank)
+
+
+def run(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Every case of tests/test_distributed.py on one process group; the error cases run last
+    (every rank raises and the job goes on, so nothing after them depends on it). A collective
+    waits at most 60 s: a rank left waiting fails the test instead of hanging it for 30 minutes."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    try:
+        cases = {"losses": cross_device_cases, "metrics": metrics_cases, "dtype": dtype_cases, "errors": error_cases}
+        for case, compute in cases.items():
+            torch.save(compute(rank, world), os.path.join(out_dir, f"{case}-rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()

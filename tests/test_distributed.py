@@ -4,6 +4,8 @@ parameter gradients equal the single-process ones on the concatenated batch (los
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -16,10 +18,21 @@ pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
-def rank_results(tmp_path_factory):
+def job(tmp_path_factory) -> Path:
+    """The folder of every case's results, one file per case and rank, from the file's one
+    2-process job (``ddp_worker.run``)."""
     out_dir = tmp_path_factory.mktemp("ddp")
     mp.spawn(ddp_worker.run, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
-    return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(2)]
+    return out_dir
+
+
+def _ranks(job: Path, case: str) -> list[dict]:
+    return [torch.load(job / f"{case}-rank{rank}.pt") for rank in range(2)]
+
+
+@pytest.fixture(scope="module")
+def rank_results(job):
+    return _ranks(job, "losses")
 
 
 @pytest.mark.parametrize("split", ddp_worker.SPLITS)
@@ -74,27 +87,25 @@ def test_cross_device_mixing_weights_are_the_gathered_batchs(rank_results, split
         torch.testing.assert_close(results[split, "mixing-weights"], expected, rtol=1e-12, atol=0)
 
 
-def test_streaming_metrics_sync_when_a_process_saw_no_batch(tmp_path):
+def test_streaming_metrics_sync_when_a_process_saw_no_batch(job):
     # Its empty states were gathered as float32 vectors beside uint8 labels, int64 groups and
     # (N, K) labels: gloo aborted the job. Every rank now gets the metrics of rank 0's data.
     from mlloss.metrics import AUC, GroupAUC, MultiLabelAUC, MultipartiteAUC
 
-    mp.spawn(ddp_worker.metrics_run, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     features, labels, groups = ddp_worker.global_batch()
     scores = features[:, 0].float()
     expected = {"auc": AUC()(scores, labels[:, 0]), "gauc": GroupAUC()(scores, labels[:, 0], groups),
                 "multilabel": MultiLabelAUC(2)(scores, labels),
                 "multipartite": MultipartiteAUC(grouped=True)(scores, labels, groups)}
     for rank in range(2):
-        torch.testing.assert_close(torch.load(tmp_path / f"metrics-rank{rank}.pt"), expected, rtol=0, atol=0)
+        torch.testing.assert_close(torch.load(job / f"metrics-rank{rank}.pt"), expected, rtol=0, atol=0)
 
 
-def test_cross_device_widens_int16_labels_and_names_ranks_with_other_dtypes(tmp_path):
-    mp.spawn(ddp_worker.dtype_run, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+def test_cross_device_widens_int16_labels_and_names_ranks_with_other_dtypes(job):
     features, labels, groups = ddp_worker.global_batch()
     expected = mlloss.AUCLoss()(features[:, 0], labels[:, 0].long(), groups)
     for rank in range(2):
-        results = torch.load(tmp_path / f"dtype-rank{rank}.pt")
+        results = torch.load(job / f"dtype-rank{rank}.pt")
         torch.testing.assert_close(results["int16"], expected, rtol=1e-12, atol=0)
         assert "ranks pass labels of different dtypes: ['torch.bool', 'torch.float64']" in results["mixed"]
         # a bad entry is named in the gathered batch, and each rank says where its own items are
@@ -163,12 +174,11 @@ def test_a_masks_fillers_do_not_count_as_pair_work_in_the_split():
     assert all(0.25 < float(share / whole) < 0.75 for share in shares), [float(share / whole) for share in shares]
 
 
-def test_a_rank_that_fails_makes_every_rank_raise_and_the_job_goes_on(tmp_path):
+def test_a_rank_that_fails_makes_every_rank_raise_and_the_job_goes_on(job):
     # Rank 1's own batch check (or its cross-entropy's), or rank 0's overflowing share of the pairs,
     # raised on that rank only: the other rank waited in the gather (or the sum of the shares)
     # until the job died, or, when the failed rank went on, paired its next batch with this one.
-    mp.spawn(ddp_worker.errors_run, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
-    results = [torch.load(tmp_path / f"errors-rank{rank}.pt") for rank in range(2)]
+    results = _ranks(job, "errors")
     raised = [{name: str(value) for name, value in result.items()} for result in results]
     assert raised[1]["refused"].startswith("ValueError: labels have 1 rows but scores have 2 items")
     assert raised[0]["refused"].startswith("ValueError: cross_device=True: rank(s) [1] refused their local batch")
