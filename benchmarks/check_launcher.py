@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     n = args.num_items
     scores = torch.randn(n, generator=generator).to(device)
     label_bits = (torch.rand(n, 2, generator=generator) < torch.tensor([0.3, 0.1])).float().to(device)
-    groups = torch.randint(0, max(n // 50, 1), (n,), generator=generator).to(device)
+    groups = torch.randint(0, max(n // 50, 2), (n,), generator=generator).to(device)  # users of ~50 items, at least 2
     failures = []
     for name, (loss_fn, grouped, num_labels) in losses().items():
         labels = label_bits[:, 0] if num_labels == 1 else label_bits

@@ -2,9 +2,10 @@
 
 The compiles run ``benchmarks/kernel_sass.py`` in a subprocess started with
 ``TRITON_INTERPRET=1`` on purpose (the suite's usual setting): the tool must compile in worker
-processes with the interpreter off. The variants are two tiny kernels defined here (one
-``ex2.approx`` per pair, elementwise accumulation or a row sum inside the loop) and the first
-two variants of the tool's pinned legacy kernel. About 10-15 s on 2 cores.
+processes with the interpreter off. The variants, in one run of the tool: two tiny kernels
+defined here (one ``ex2.approx`` per pair, elementwise accumulation or a row sum inside the
+loop), the logistic variants of the tool's pinned legacy kernel and the library's logistic
+ordinal variants. About 30 s on 2 idle cores.
 """
 
 from __future__ import annotations
@@ -173,7 +174,10 @@ def _legacy_commit_available() -> bool:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> dict[str, dict]:
-    """The tool's JSON for the tiny variants (+ 2 legacy ones), keyed by variant name."""
+    """The tool's JSON, keyed by variant name, from one run over three sources: the tiny variants,
+    the legacy kernel's logistic ones (when its commit is there) and the library's logistic
+    ordinal variants (as launched, "ordinal logistic ...", and at the budget's tiles, "budget
+    64x64x4: logistic ..."); one run, so one pool of compiling workers (each imports torch and Triton)."""
     for tool in ("cuobjdump", "ptxas_blackwell"):  # ptxas-blackwell is Triton's ptxas for sm_90+
         try:
             getattr(triton.knobs.nvidia, tool).path
@@ -183,12 +187,14 @@ def compiled(tmp_path_factory) -> dict[str, dict]:
     sources = ["test_kernel_sass:tiny_variants"]
     if _legacy_commit_available():
         sources.append(kernel_sass.LEGACY_SOURCE)
-    command = [sys.executable, str(TOOL), "--quick", "--jobs", "2", "--output", str(output)]
+    sources.append(kernel_sass.DEFAULT_SOURCE)
+    command = [sys.executable, str(TOOL), "--match", "ex2 tiles", "ordinal logistic", "budget 64x64x4: logistic",
+               "--jobs", "2", "--output", str(output)]
     for source in sources:
         command += ["--variants-from", source]
     pythonpath = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(output.read_text())
     assert report["target"].startswith("sm_90") and report["triton"] == triton.__version__
@@ -236,21 +242,11 @@ def test_legacy_kernel_loops(compiled):
 
 
 @pytest.fixture(scope="module")
-def library_logistic(tmp_path_factory) -> dict[str, dict]:
-    """The tool's JSON for the library's logistic variants (uniform and linear cost, with and
-    without groups), the loss the issue's instruction budget is about: as launched ("ordinal
-    logistic ...") and at the budget's tiles ("budget 64x64x4: logistic ...")."""
-    for tool in ("cuobjdump", "ptxas_blackwell"):
-        try:
-            getattr(triton.knobs.nvidia, tool).path
-        except RuntimeError as exc:
-            pytest.skip(f"Triton's NVIDIA tools are missing: {exc}")
-    output = tmp_path_factory.mktemp("sass") / "library.json"
-    command = [sys.executable, str(TOOL), "--match", "logistic", "--jobs", "2", "--output", str(output)]
-    done = subprocess.run(command, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    variants = json.loads(output.read_text())["variants"]
-    return {variant["name"]: variant for variant in variants if variant["name"].startswith(("ordinal", "budget"))}
+def library_logistic(compiled) -> dict[str, dict]:
+    """The library's logistic variants (uniform and linear cost, with and without groups), the
+    loss the issue's instruction budget is about: as launched ("ordinal logistic ...") and at the
+    budget's tiles ("budget 64x64x4: logistic ...")."""
+    return {name: variant for name, variant in compiled.items() if name.startswith(("ordinal", "budget"))}
 
 
 def test_library_logistic_kernel_budget(library_logistic):
