@@ -36,16 +36,19 @@ def _closed_forms_wherever_they_fit(request, monkeypatch):
 
 def pytest_configure(config):
     """Under ``TRITON_INTERPRET=1`` a kernel launch patches Triton's language once, not at every
-    device function call (``triton_interpreter.py``: a third of the kernel tests' time).
+    device function call (``triton_interpreter.py``: a third of the kernel tests' time), and
+    integer arithmetic skips the overflow bounds that the interpreter computes and, without
+    Triton's debug mode, never checks (a quarter of the rest).
 
     ``MLLOSS_TEST_REPLAY=1``: every eager Triton-tier call on the CPU replayed from a stand-in
     graph (``mlloss.ops.replay.stand_in_on_cpu``: the call's function run again on the graph's
     static inputs), to run any test with graph replay on; the results must not change (the tests
     that count a call's ops do). On a GPU ``MLLOSS_GRAPH_REPLAY=1`` replays real CUDA graphs."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        from triton_interpreter import patch_the_language_once_per_launch
+        from triton_interpreter import patch_the_language_once_per_launch, skip_the_unchecked_overflow_arithmetic
 
         patch_the_language_once_per_launch()
+        skip_the_unchecked_overflow_arithmetic()
     if os.environ.get("MLLOSS_TEST_REPLAY") == "1":
         from mlloss.ops import replay
 

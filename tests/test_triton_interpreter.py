@@ -1,5 +1,6 @@
 """The suite's interpreter patching (``triton_interpreter.py``): one patch of the language per
-launch, restored when the launch ends, and the same results as Triton's own interpreter."""
+launch, restored when the launch ends, no unread overflow bounds, and the same results as
+Triton's own interpreter."""
 
 from __future__ import annotations
 
@@ -63,3 +64,37 @@ def test_installing_it_again_wraps_triton_once():
     wrapper = interpreter._patch_lang
     assert patch_the_language_once_per_launch() is True
     assert interpreter._patch_lang is wrapper and not hasattr(wrapper.original, "original")
+
+
+@triton.jit
+def _product_kernel(a_ptr, b_ptr, out_ptr):
+    offsets = tl.arange(0, 4)
+    tl.store(out_ptr + offsets, tl.load(a_ptr + offsets) * tl.load(b_ptr + offsets))
+
+
+def _int32_products() -> torch.Tensor:
+    a = torch.tensor([3, 1 << 20, -(1 << 20), 1 << 16], dtype=torch.int32)
+    b = torch.tensor([5, 1 << 12, 1 << 12, 1 << 15], dtype=torch.int32)
+    out = torch.empty(4, dtype=torch.int32)
+    _product_kernel[(1,)](a, b, out)
+    return out
+
+
+def test_integer_arithmetic_gives_the_same_values_without_the_unread_overflow_bounds(monkeypatch):
+    """The suite's interpreter computes no overflow bounds (nothing reads them without debug), and
+    the values do not change: int32 products wrap modulo 2**32 either way, as on a GPU (2**32 -> 0,
+    -2**32 -> 0, 2**31 -> -2**31); in debug mode Triton's own arithmetic checks them and refuses."""
+    import dataclasses
+
+    from triton_interpreter import skip_the_unchecked_overflow_arithmetic
+
+    builder = interpreter.interpreter_builder
+    assert skip_the_unchecked_overflow_arithmetic() is True and builder.options.sanitize_overflow is False
+    wrapped = [15, 0, 0, -(1 << 31)]
+    assert _int32_products().tolist() == wrapped
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=True))
+    assert _int32_products().tolist() == wrapped  # Triton's default: the bounds computed, not checked
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=True))
+    assert skip_the_unchecked_overflow_arithmetic() is False and builder.options.sanitize_overflow is True
+    with pytest.raises(Exception, match="int32 overflow detected for operation mul"):
+        _int32_products()
