@@ -11,13 +11,15 @@ per item), which are held ``BLOCK_ELEMENTS`` at a time, never as one (L_u, L_u) 
 ``hardest_pair_loss_and_grad`` works on one problem's dense tables (``layout.dense_tables``) and
 returns the loss with its gradient, computed in the same pass from plain tensor arithmetic (no
 autograd graph; the custom op's backward only scales it, see ``fused``). The hard version's
-gradient goes to the argmin / argmax items, tied extremes sharing it equally (deterministic);
-the soft version's to every item of the cell, by its softmax weight.
+gradient goes to the argmin / argmax items, tied extremes sharing it equally (deterministic:
+each item is written once per extreme), and its per-item work stays in the scores' dtype; the
+soft version's to every item of the cell, by its softmax weight.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -39,26 +41,28 @@ def hardest_pair_loss_and_grad(
     reduction: str,
     temperature: float | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, number of groups with a valid level pair, d loss / d scores), no autograd.
+    """(loss, number of groups with a valid level pair, d loss / d scores in ``scores``' dtype), no autograd.
 
     With w_uab = c_ab / Z_u (and / #groups for "mean") and t_uab = min_ua - max_ub:
     d loss / d min_ua = sum_b w_uab phi'(t_uab), d loss / d max_ub = -sum_a w_uab phi'(t_uab),
     then d min_ua / d s_i and d max_ub / d s_i: an equal share among the tied extremes (hard), or
-    the softmax weight of s_i within its cell (soft).
+    the softmax weight of s_i within its cell (soft). The hard extremes are exact in any float
+    dtype, so ``scores`` may be float32 there (the caller's own: no float64 copy of every item);
+    the soft ones take float64 scores. Everything per cell is float64.
     """
     lengths = layout.cell_lengths
-    lowest, lowest_slope, highest, highest_slope = _cell_extremes_and_slopes(scores, layout, temperature)
+    lowest, highest = _cell_extremes(scores, layout, temperature)
     num_groups = layout.num_groups
-    min_grad, max_grad = torch.zeros_like(lowest), torch.zeros_like(highest)  # d loss / d cell min, max
-    per_group = scores.new_zeros(num_groups)
-    normaliser = scores.new_zeros(num_groups)
+    min_grad, max_grad = torch.zeros_like(lowest.value), torch.zeros_like(highest.value)  # d loss / d cell min, max
+    per_group = lowest.value.new_zeros(num_groups)
+    normaliser = lowest.value.new_zeros(num_groups)
     # Each group's level pairs on its own cells: (groups, width, width) blocks, not (G, L, L) tables
     # over every level of the batch (a real-valued label has a level per item: 10 GB at 2,048 items
     # in 40 groups); a group too wide for one block is cut into tiles of level pairs.
     for groups, cells in cell_buckets(layout, BLOCK_ELEMENTS, lambda width: width * width):
         present = cells.table(torch.ones_like(lengths, dtype=torch.bool))
         level = cells.table(layout.cell_level)
-        cell_min, cell_max = cells.table(lowest), cells.table(highest)
+        cell_min, cell_max = cells.table(lowest.value), cells.table(highest.value)
         if cells.width * cells.width <= BLOCK_ELEMENTS:
             block = _whole_block(present, level, cell_min, cell_max, costs, surrogate, margin)
         else:
@@ -74,7 +78,9 @@ def hardest_pair_loss_and_grad(
     if reduction == "mean":
         groups_counted = num_groups_with_pairs.clamp(min=1)
         loss, min_grad, max_grad = loss / groups_counted, min_grad / groups_counted, max_grad / groups_counted
-    grad = layout.per_item(min_grad) * lowest_slope + layout.per_item(max_grad) * highest_slope
+    grad = torch.zeros_like(scores)
+    lowest.spread(min_grad, layout, grad)
+    highest.spread(max_grad, layout, grad)
     return loss, num_groups_with_pairs, grad
 
 
@@ -129,42 +135,50 @@ def _pair_terms(pair_cost, upper_min, lower_max, surrogate, margin) -> tuple[Ten
     return loss_sum, pair_cost * torch.where(valid, -pull, 0.0)
 
 
-def _cell_extremes_and_slopes(
-    scores: Tensor, layout: OrdinalLayout, temperature: float | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per cell (min, d min / d s, max, d max / d s), or their log-mean-exp versions.
+class CellExtreme(NamedTuple):
+    """Each cell's extreme (float64, (C,)) and the items its gradient reaches: the sorted
+    positions ``items`` (every item when None) with ``weights``, d extreme / d s_i."""
 
-    Hard: the exact min / max, its derivative split equally among the items attaining it.
-    Soft: d softmin / d s_i = softmax(-s / tau)_i within the cell, d softmax / d s_i = softmax(s / tau)_i.
-    """
+    value: Tensor
+    items: Tensor | None
+    weights: Tensor
+
+    def spread(self, cell_grad: Tensor, layout: OrdinalLayout, grad: Tensor) -> None:
+        """Add d loss / d s_i = (d loss / d extreme) (d extreme / d s_i) to ``grad`` (N,)."""
+        if self.items is None:
+            grad += (layout.per_item(cell_grad) * self.weights).to(grad.dtype)
+        else:  # each item once (an item of a one-valued cell is both extremes: the second adds)
+            shares = cell_grad.index_select(0, layout.cell.index_select(0, self.items)) * self.weights
+            grad.index_add_(0, self.items, shares.to(grad.dtype))
+
+
+def _cell_extremes(scores: Tensor, layout: OrdinalLayout, temperature: float | None) -> tuple[CellExtreme, CellExtreme]:
+    """Per cell (min, max), or their log-mean-exp versions, with the items their gradients reach."""
     if temperature is None:
-        lowest, lowest_slope = _hard_extreme(scores, layout, "min")
-        highest, highest_slope = _hard_extreme(scores, layout, "max")
-        return lowest, lowest_slope, highest, highest_slope
+        return _hard_extreme(scores, layout, "min"), _hard_extreme(scores, layout, "max")
     # In score units, from each cell's own extreme (as the Triton tier does): a cell of equal
     # scores has mean exp 1 and its soft extremes are its score exactly, not off by the roundings
     # of dividing by tau and adding log n back (which moved a pair at a hinge's kink).
-    lowest, lowest_slope = _cell_log_mean_exp(scores, layout, -temperature)
-    highest, highest_slope = _cell_log_mean_exp(scores, layout, temperature)
-    return lowest, lowest_slope, highest, highest_slope
+    return _cell_log_mean_exp(scores, layout, -temperature), _cell_log_mean_exp(scores, layout, temperature)
 
 
-def _hard_extreme(values: Tensor, layout: OrdinalLayout, extreme: str) -> tuple[Tensor, Tensor]:
-    """(min or max per cell, each item's share of its gradient: 1 / #ties if it attains it, else 0)."""
-    lengths = layout.cell_lengths
-    value = torch.segment_reduce(values, extreme, lengths=lengths)
-    attains = (values == layout.per_item(value)).to(values.dtype)
-    ties = torch.segment_reduce(attains, "sum", lengths=lengths)
-    return value, attains / layout.per_item(ties)
+def _hard_extreme(values: Tensor, layout: OrdinalLayout, extreme: str) -> CellExtreme:
+    """The min or max per cell, its gradient split equally among the items attaining it: only
+    those items are listed (about one a cell), so no per-item weights or float64 copies are made."""
+    value = torch.segment_reduce(values, extreme, lengths=layout.cell_lengths)
+    items = torch.nonzero(values == layout.per_item(value)).flatten()
+    ties = torch.bincount(layout.cell.index_select(0, items), minlength=value.numel())
+    weights = 1.0 / ties.index_select(0, layout.cell.index_select(0, items)).to(torch.float64)
+    return CellExtreme(value.to(torch.float64), items, weights)
 
 
-def _cell_log_mean_exp(scores: Tensor, layout: OrdinalLayout, signed_temperature: float) -> tuple[Tensor, Tensor]:
-    """(t log mean exp(s / t) per cell at t = ``signed_temperature`` (the soft max for t > 0,
-    the soft min for t < 0), its slope exp(s_i / t) / sum exp over the cell), from the
-    cell's extreme e: e + t log(mean exp((s - e) / t)), every term in (0, 1]."""
+def _cell_log_mean_exp(scores: Tensor, layout: OrdinalLayout, signed_temperature: float) -> CellExtreme:
+    """t log mean exp(s / t) per cell at t = ``signed_temperature`` (the soft max for t > 0, the
+    soft min for t < 0), its slope exp(s_i / t) / sum exp over the cell at every item, from the
+    cell's extreme e: e + t log(mean exp((s - e) / t)), every term in (0, 1]. Float64 scores."""
     lengths = layout.cell_lengths
     extreme = torch.segment_reduce(scores, "max" if signed_temperature > 0 else "min", lengths=lengths)
     exps = torch.exp((scores - layout.per_item(extreme)) / signed_temperature)
     total = torch.segment_reduce(exps, "sum", lengths=lengths)
     value = extreme + signed_temperature * torch.log(total / lengths.to(scores.dtype))
-    return value, exps / layout.per_item(total)
+    return CellExtreme(value, None, exps / layout.per_item(total))

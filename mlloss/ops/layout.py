@@ -222,8 +222,6 @@ class OrdinalLayout:
     partners (``partners``), the max-violation pairs work on each group's own cells (``CellTables``)."""
 
     order: Tensor  # (N,) sorted position -> original item index
-    group: Tensor  # (N,) group index (0..G-1) of each sorted item
-    level: Tensor  # (N,) level index (0..L-1, higher ranks higher) of each sorted item
     level_values: Tensor  # (L,) float64, ascending
     num_groups: int
     cell_lengths: Tensor  # (C,) lengths of the runs of equal (group, level) in sorted order
@@ -234,6 +232,17 @@ class OrdinalLayout:
     @property
     def num_levels(self) -> int:
         return self.level_values.numel()
+
+    @functools.cached_property
+    def group(self) -> Tensor:
+        """(N,) group index (0..G-1) of each sorted item (built when asked for: the max-violation
+        pairs work on cells only)."""
+        return self.per_item(self.cell_group)
+
+    @functools.cached_property
+    def level(self) -> Tensor:
+        """(N,) level index (0..L-1, higher ranks higher) of each sorted item."""
+        return self.per_item(self.cell_level)
 
     @functools.cached_property
     def group_sizes(self) -> Tensor:
@@ -315,14 +324,14 @@ def dense_tables(levels: Levels, groups: Tensor | None, problem: int) -> Ordinal
     level_values = rank_values.to(torch.float64) if levels.values is None else levels.values[problem][rank_values]
     num_levels = rank_values.numel()
     # descending levels inside a group: the lower partners of an item follow it
-    key = num_levels - 1 - (torch.cumsum(present, 0) - 1)[rank]
+    key = (num_levels - torch.cumsum(present, 0)).index_select(0, rank)  # index_select: 3x an indexing's speed
     span = 1  # group keys 0 .. span - 1
     if groups is not None and num_items:
         low, high = (int(bound) for bound in torch.aminmax(groups))
         span = high - low + 1
         if span * num_levels >= 2**62:
             groups, low, span = torch.unique(groups, return_inverse=True)[1], 0, num_items
-        key = key + (groups.to(torch.int64) - low) * num_levels
+        key = (groups.to(torch.int64) - low).mul_(num_levels).add_(key)
     if span * num_levels < 2**31:
         key = key.to(torch.int32)  # sorts about 1.5x faster than int64 on the CPU
     sorted_key, order = torch.sort(key, stable=True)
@@ -333,8 +342,6 @@ def dense_tables(levels: Levels, groups: Tensor | None, problem: int) -> Ordinal
     _, cell_group = torch.unique_consecutive(cell_group_key, return_inverse=True)
     return OrdinalLayout(
         order=order,
-        group=cell_group[cell],
-        level=cell_level[cell],
         level_values=level_values,
         num_groups=int(cell_group[-1]) + 1 if num_items else 1,
         cell_lengths=cell_lengths,

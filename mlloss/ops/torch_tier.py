@@ -109,8 +109,10 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
     cost, surrogate, margin, pairs, temperature, reduction = options
     costs = LevelCosts.of(tables.level_values.to(scores.device), cost)
     if pairs == "hardest":
+        # the hard extremes are exact in the scores' own precision; the soft ones need float64
+        dtype = accumulation_dtype(scores) if temperature is None else torch.float64
         loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
-            _in_table_order(scores, tables, torch.float64), tables, costs, surrogate, margin, reduction, temperature
+            _in_table_order(scores, tables, dtype), tables, costs, surrogate, margin, reduction, temperature
         )
         return loss, grad, tables.level_pairs.sum().to(torch.float64), groups_with_pairs
 
