@@ -395,6 +395,26 @@ def test_hard_hardest_uses_the_exact_extreme_of_tied_scores():
     check_hardest(case, "hinge", None)
 
 
+@pytest.mark.parametrize("surrogate", SURROGATES)
+@pytest.mark.parametrize(("seed", "integer_scores"), [(3, False), (15, False), (3, True), (21, True)])  # 7-11 groups with pairs
+def test_hard_hardest_on_float32_scores_equals_the_float64_call(surrogate, seed, integer_scores):
+    # The PyTorch tier keeps float32 scores in float32 for the hard extremes (exact in any dtype):
+    # float32 scores and their float64 copy give the same extremes, hence the float64 call's loss
+    # and its gradient rounded once, only on the items that attain their cell's min or max
+    # (integer scores: ties in most cells).
+    case = random_case(seed, integer_scores=integer_scores)
+    case = replace(case, scores=case.scores.float().double())  # values a float32 holds
+    prepared = prepare(case)
+    value, _, grad = fused_hardest(case, prepared, surrogate, None)
+    value32, _, grad32 = hardest.hardest_pair_loss_and_grad(
+        prepared.sorted_scores.float(), prepared.tables, prepared.costs, surrogate, case.margin, case.reduction, None)
+    assert grad32.dtype == torch.float32 and value32.dtype == torch.float64
+    assert torch.equal(value32, value)  # per-cell work in float64 on the same extremes
+    # (an item that is both extremes of its cell adds two shares: rounded before the sum here)
+    torch.testing.assert_close(grad32, grad.float(), rtol=1e-6, atol=2**-23 * float(grad.abs().max()))
+    assert torch.equal(grad32 != 0, grad != 0) and grad.any()
+
+
 @pytest.mark.parametrize("grouped", (False, True))
 def test_batches_without_a_valid_pair_give_zero_loss_and_gradient(grouped):
     # One level per group (and one level overall without groups): no valid pair.
