@@ -25,6 +25,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # the help without Lightning's ~7 s
+    from ctr_cvr_options import parse_args
+    parse_args()  # prints it and exits
+
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
@@ -39,8 +45,6 @@ from mlloss.integrations.torchrec import dense_parameters
 from mlloss.integrations.torchrec_strategy import TorchRecStrategy
 from mlloss.models import MultiTaskModel
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # the recipe's own modules, beside it
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
                              check_batches, load_data, parse_args)
 from ctr_cvr_resume import (OptimizerOptions, check_output_folder, check_resume, checkpoint_record,  # noqa: E402

@@ -19,16 +19,17 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytorch_lightning as pl
 import torch
 
 from mlloss.data import (GroupBatchSampler, ImpressionData, SyntheticConfig, generate_impressions, load_ali_ccp,
                          load_aliexpress, split_by_time)
 from mlloss.integrations.torchrec import SHARDING_TYPES, SPARSE_OPTIMIZERS
-from mlloss.integrations.torchrec_strategy import TorchRecStrategy
 from mlloss.models import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
+
+if TYPE_CHECKING:  # Lightning is imported by what needs it: the parser (``--help``) does not
+    import pytorch_lightning as pl
 
 DESCRIPTION = "Multi-task CTR/CVR training with a pairwise ranking loss from mlloss (recipes/ctr_cvr.py)."
 TASKS = ("click", "purchase")
@@ -349,6 +350,8 @@ def build_strategy(args: argparse.Namespace) -> str | pl.strategies.Strategy:
     """``--strategy``, or with ``--sharding`` the TorchRec DMP strategy (gloo on the CPU)."""
     if args.sharding == "none":
         return args.strategy
+    from mlloss.integrations.torchrec_strategy import TorchRecStrategy
+
     backend = "gloo" if args.accelerator == "cpu" or not torch.cuda.is_available() else "nccl"
     return TorchRecStrategy(args.sharding, args.sparse_optimizer, args.sparse_lr, process_group_backend=backend)
 

@@ -189,10 +189,15 @@ def test_tower_errors_name_the_bad_argument():
 # --------------------------------------------------------------------------- recipe end to end
 
 
-def test_help_runs():
-    out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=120)
+def test_help_runs_without_importing_lightning():
+    # ``python recipes/ctr_cvr.py --help``, as a script (run_path as __main__), and what it imported
+    code = (f"import runpy, sys\nsys.argv = [{str(RECIPE)!r}, '--help']\n"
+            f"try:\n    runpy.run_path({str(RECIPE)!r}, run_name='__main__')\nexcept SystemExit as done:\n"
+            "    print('exit', done.code, 'lightning', 'pytorch_lightning' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--model" in out.stdout and "--loss" in out.stdout and "--lambda" in out.stdout
+    assert out.stdout.rstrip().endswith("exit 0 lightning False"), out.stdout[-500:]
 
 
 @pytest.mark.parametrize(("model", "loss", "extra"), [("mmoe", "bce", []), ("ple", "laa", ["--esmm"])])
