@@ -38,12 +38,15 @@ def pytest_configure(config):
     """Under ``TRITON_INTERPRET=1`` a kernel launch patches Triton's language once, not at every
     device function call (``triton_interpreter.py``: a third of the kernel tests' time), and
     integer arithmetic skips the overflow bounds that the interpreter computes and, without
-    Triton's debug mode, never checks (a quarter of the rest).
+    Triton's debug mode, never checks (a quarter of the rest). Under pytest-xdist the files run
+    in collection order, the slowest first (``SLOWEST_FILES``).
 
     ``MLLOSS_TEST_REPLAY=1``: every eager Triton-tier call on the CPU replayed from a stand-in
     graph (``mlloss.ops.replay.stand_in_on_cpu``: the call's function run again on the graph's
     static inputs), to run any test with graph replay on; the results must not change (the tests
     that count a call's ops do). On a GPU ``MLLOSS_GRAPH_REPLAY=1`` replays real CUDA graphs."""
+    if hasattr(config.option, "loadscopereorder"):  # xdist: the files in collection order (SLOWEST_FILES)
+        config.option.loadscopereorder = False
     if os.environ.get("TRITON_INTERPRET") == "1":
         from triton_interpreter import patch_the_language_once_per_launch, skip_the_unchecked_overflow_arithmetic
 
@@ -53,3 +56,18 @@ def pytest_configure(config):
         from mlloss.ops import replay
 
         replay._STATE.enabled, replay._STATE.stand_in = True, "rerun"
+
+
+# The files with the most test time (seconds summed over their tests on 2 cores, `--durations=0`,
+# 27 November 2026: 105, 97, 85, 48, 43, 39, 39, 36, 33, 33, 31), started first so that the two
+# workers finish together. pytest-xdist's loadfile otherwise hands out the files with the most
+# tests first, and these long files of few tests (2-process jobs, subprocesses, compiles) came last.
+SLOWEST_FILES = ("test_checkpoints.py", "test_triton_kernels.py", "test_benchmarks_smoke.py", "test_kernel_sass.py",
+                 "test_readme_commands.py", "test_torchrec.py", "test_recipe_ctr_cvr.py", "test_numerics_probe.py",
+                 "test_host_path.py", "test_import_hygiene.py", "test_cuda_specializations.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest files first, the others in collection order (a stable sort)."""
+    first = {name: position for position, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))
