@@ -80,8 +80,9 @@ def skip_the_unchecked_overflow_arithmetic() -> bool:
     type's bounds, and the ``device_assert`` that would read the comparison returns at once
     without debug (``semantic.device_assert``). Nothing is checked, and that arithmetic took a
     quarter of the kernel tests' time (tests/test_triton_kernels.py's tier and max-violation
-    comparisons: 39.6-42.7 -> 30.0-30.6 s). With ``debug`` on (``TRITON_DEBUG=1``) the checks are
-    real and left alone. True if the interpreter computes no unchecked bounds."""
+    comparisons: 39.6-42.7 -> 30.0-30.6 s). Where the builder's options have ``debug`` on (Triton
+    leaves it off for the interpreter; a test turns it on) the checks are real and left alone.
+    True if the interpreter computes no unchecked bounds."""
     try:
         from triton.runtime import interpreter
     except ImportError:

@@ -79,8 +79,8 @@ def hardest_pair_loss_and_grad(
         groups_counted = num_groups_with_pairs.clamp(min=1)
         loss, min_grad, max_grad = loss / groups_counted, min_grad / groups_counted, max_grad / groups_counted
     grad = torch.zeros_like(scores)
-    lowest.spread(min_grad, layout, grad)
-    highest.spread(max_grad, layout, grad)
+    lowest.spread(min_grad, grad)
+    highest.spread(max_grad, grad)
     return loss, num_groups_with_pairs, grad
 
 
@@ -137,19 +137,21 @@ def _pair_terms(pair_cost, upper_min, lower_max, surrogate, margin) -> tuple[Ten
 
 class CellExtreme(NamedTuple):
     """Each cell's extreme (float64, (C,)) and the items its gradient reaches: the sorted
-    positions ``items`` (every item when None) with ``weights``, d extreme / d s_i."""
+    positions ``items`` (every item when None), the cell of each (``cells``) and ``weights``,
+    d extreme / d s_i."""
 
     value: Tensor
     items: Tensor | None
+    cells: Tensor
     weights: Tensor
 
-    def spread(self, cell_grad: Tensor, layout: OrdinalLayout, grad: Tensor) -> None:
+    def spread(self, cell_grad: Tensor, grad: Tensor) -> None:
         """Add d loss / d s_i = (d loss / d extreme) (d extreme / d s_i) to ``grad`` (N,)."""
+        shares = (cell_grad.index_select(0, self.cells) * self.weights).to(grad.dtype)
         if self.items is None:
-            grad += (layout.per_item(cell_grad) * self.weights).to(grad.dtype)
+            grad += shares
         else:  # each item once (an item of a one-valued cell is both extremes: the second adds)
-            shares = cell_grad.index_select(0, layout.cell.index_select(0, self.items)) * self.weights
-            grad.index_add_(0, self.items, shares.to(grad.dtype))
+            grad.index_add_(0, self.items, shares)
 
 
 def _cell_extremes(scores: Tensor, layout: OrdinalLayout, temperature: float | None) -> tuple[CellExtreme, CellExtreme]:
@@ -167,9 +169,9 @@ def _hard_extreme(values: Tensor, layout: OrdinalLayout, extreme: str) -> CellEx
     those items are listed (about one a cell), so no per-item weights or float64 copies are made."""
     value = torch.segment_reduce(values, extreme, lengths=layout.cell_lengths)
     items = torch.nonzero(values == layout.per_item(value)).flatten()
-    ties = torch.bincount(layout.cell.index_select(0, items), minlength=value.numel())
-    weights = 1.0 / ties.index_select(0, layout.cell.index_select(0, items)).to(torch.float64)
-    return CellExtreme(value.to(torch.float64), items, weights)
+    cells = layout.cell.index_select(0, items)
+    ties = torch.bincount(cells, minlength=value.numel())
+    return CellExtreme(value.to(torch.float64), items, cells, 1.0 / ties.index_select(0, cells).to(torch.float64))
 
 
 def _cell_log_mean_exp(scores: Tensor, layout: OrdinalLayout, signed_temperature: float) -> CellExtreme:
@@ -181,4 +183,4 @@ def _cell_log_mean_exp(scores: Tensor, layout: OrdinalLayout, signed_temperature
     exps = torch.exp((scores - layout.per_item(extreme)) / signed_temperature)
     total = torch.segment_reduce(exps, "sum", lengths=lengths)
     value = extreme + signed_temperature * torch.log(total / lengths.to(scores.dtype))
-    return CellExtreme(value, None, exps / layout.per_item(total))
+    return CellExtreme(value, None, layout.cell, exps / layout.per_item(total))
