@@ -223,7 +223,7 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
     elif SURROGATE == 1:  # hinge
         gap = margin + x
         pull = tl.where(gap > 0, 1.0, 0.0)  # subgradient 0 at the kink
-        value = tl.maximum(gap, 0.0)
+        value = tl.maximum(gap, 0.0, propagate_nan=tl.PropagateNan.ALL)  # a NaN score stays NaN
     elif SURROGATE == 2:  # squared
         gap = margin + x
         pull = 2.0 * gap

@@ -66,7 +66,7 @@ def merge(x_a, y_a, x_b, y_b, inverse_temperature, MONOID: tl.constexpr):
     if MONOID == "sum":
         return x_a + x_b, y_a + y_b
     else:
-        low = tl.minimum(x_a, x_b)
+        low = tl.minimum(x_a, x_b, propagate_nan=tl.PropagateNan.ALL)  # a NaN score's cell: NaN, no item attains it
         if MONOID == "softmin":  # a part of sum 0 adds 0 (inf - inf would make NaN)
             y = (tl.where(y_a != 0, y_a * tl.exp((low - x_a) * inverse_temperature), 0.0)
                  + tl.where(y_b != 0, y_b * tl.exp((low - x_b) * inverse_temperature), 0.0))

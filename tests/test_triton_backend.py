@@ -177,6 +177,55 @@ def test_grouped_layout_calls_across_blocks_equal_the_torch_tier(name, shuffled,
         torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12)
 
 
+# Every kernel family, and the two places a NaN could drop out: a hinge (a max with 0) and the
+# max-violation pairs (a min and a max over a cell).
+UNCHECKED_LOSSES = {
+    "auc hinge": (lambda backend: mlloss.AUCLoss(surrogate="hinge", backend=backend, validate_args=False), 1),
+    "loa hinge": (lambda backend: mlloss.LoALoss([1.0, 0.5], surrogate="hinge", backend=backend,
+                                                 validate_args=False), 2),
+    "laa hinge": (lambda backend: mlloss.LaALoss(surrogate="hinge", backend=backend, validate_args=False), 2),
+    "pdaom": (lambda backend: mlloss.PDAOMLoss(backend=backend, validate_args=False), 1),
+    "pdaom hinge": (lambda backend: mlloss.PDAOMLoss(surrogate="hinge", backend=backend, validate_args=False), 1),
+    "laa graded hardest": (lambda backend: mlloss.LaALoss(pairs="hardest", backend=backend, validate_args=False), 1),
+}
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
+@pytest.mark.parametrize("name", list(UNCHECKED_LOSSES))
+def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_tier(name, layout, monkeypatch):
+    """With ``validate_args=False`` nothing reads the scores: a NaN score in a group with a pair
+    makes the loss NaN on the Triton tier as on the PyTorch tier and in the brute force (a training
+    loop sees it), where a max with 0 or a max over a cell would skip it; a NaN in a group without
+    a pair, or outside the mask, leaves the loss finite and equal to the PyTorch tier's."""
+    from mlloss.kernels import dense
+
+    if layout:
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    make, num_labels = UNCHECKED_LOSSES[name]
+    gen = torch.Generator().manual_seed(len(name))
+    n = 48
+    scores = torch.randn(n, generator=gen, dtype=torch.float64)
+    scores[5] = float("nan")
+    labels = torch.randint(0, 3 if name.endswith("graded hardest") else 2, (n, num_labels), generator=gen)
+    labels[:24] = torch.arange(24).remainder(3 if name.endswith("graded hardest") else 2)[:, None]  # pairs around item 5
+    labels = labels.to(torch.float64)
+    in_groups = torch.arange(n) // 8  # item 5 in a group with pairs
+    alone = in_groups.clone()
+    alone[5] = 100  # item 5 in a group of its own: no pair
+    keep = torch.arange(n) != 5
+    cases = [(None, None, True), (in_groups, None, True), (alone, None, False), (in_groups, keep, False)]
+    for groups, mask, nan in cases:
+        results = []
+        for backend, device in (("triton", DEVICE), ("torch", "cpu")):
+            leaf = scores.clone().to(device).requires_grad_(True)
+            value = make(backend)(leaf, labels.to(device), None if groups is None else groups.to(device),
+                                  mask=None if mask is None else mask.to(device))
+            value.backward()
+            results.append(value.detach().cpu())
+        assert bool(results[1].isnan()) == nan  # the PyTorch tier, as the brute force
+        torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12, equal_nan=True)
+
+
 @pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("name", ["auc", "pdaom", "loa"])
 def test_every_label_dtype_gives_the_float_labels_result(name, layout, monkeypatch):
