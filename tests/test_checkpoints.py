@@ -9,8 +9,8 @@ nothing behind; errors name the path or the argument. The recipe's ``--resume`` 
 loading, a checkpoint trained with other options or more epochs, and names a file that is not a
 checkpoint of the recipe; its checkpoints keep the CUDA generators.
 
-Fault tests: recipes/ctr_cvr.py runs as a subprocess (in a session of its own, so that a SIGKILL to
-its process group kills every rank at once, as a lost machine would) and is killed twice, in the
+Fault tests: recipes/ctr_cvr.py's main runs in processes forked from the test's (one a rank; a
+SIGKILL to each kills every rank at once, as a lost machine would) and is killed twice, in the
 middle of epoch 2 (``MLLOSS_TEST_BATCH_PAUSE``) and, once resumed, while a checkpoint is being
 written (``MLLOSS_TEST_CHECKPOINT_PAUSE``: the test waits for the temporary name to appear); it is
 resumed with ``--resume last`` after each kill, and the final run's results.json (history and
@@ -38,6 +38,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mlloss import checkpointing
 from mlloss.checkpointing import (
     BATCH_PAUSE_ENV,
     CHECKPOINT_PAUSE_ENV,
@@ -54,6 +55,7 @@ from mlloss.checkpointing import (
     write_atomically,
 )
 from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO
+from ports import free_port
 from recipe_util import RECIPES, load_recipe, without_timing
 
 resume = load_recipe("ctr_cvr_resume")  # the recipe's --resume (recipes/ctr_cvr_resume.py)
@@ -629,48 +631,87 @@ def test_a_folder_that_is_not_a_checkpoint_is_not_removed_for_one(recipe, tmp_pa
 
 
 class Recipe:
-    """recipes/ctr_cvr.py in a subprocess of its own session, its output in a log file."""
+    """recipes/ctr_cvr.py's ``main`` in processes forked from this one, which has imported the
+    recipe, Lightning and TorchRec (a subprocess spends ~9 s of CPU a rank importing them again),
+    their output in a log file. With ``--devices 2`` both ranks are forked here, in the environment
+    torchrun gives the processes it starts (LOCAL_RANK, RANK, ...: Lightning then starts no rank of
+    its own); the uninterrupted run takes the command line, where Lightning starts rank 1
+    (``_run_command``), so the resumed runs must also equal a run of the command line."""
 
-    def __init__(self, out_dir: Path, options: tuple[str, ...], label: str, **env: str) -> None:
+    def __init__(self, recipe, out_dir: Path, options: tuple[str, ...], label: str, **env: str) -> None:
         self.log = out_dir.parent / f"{out_dir.name}-{label}.log"
+        self.log.write_text("")
         self.checkpoint = out_dir / "checkpoints" / "last.ckpt"
-        environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **env}
-        for name in (BATCH_PAUSE_ENV, CHECKPOINT_PAUSE_ENV):
-            if name not in env:
-                environment.pop(name, None)
-        with open(self.log, "w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(RECIPE), *SMALL, *options, "--output-dir", str(out_dir)],
-                stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True,
-            )
+        argv = [*SMALL, *options, "--output-dir", str(out_dir)]
+        world_size = int(options[options.index("--devices") + 1]) if "--devices" in options else 1
+        port = free_port()
+        self.ranks = []
+        for rank in range(world_size):
+            torchrun = {} if world_size == 1 else dict(
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0", LOCAL_RANK=str(rank), RANK=str(rank),
+                WORLD_SIZE=str(world_size))
+            self.ranks.append(_fork(_main_of_a_rank, recipe, argv, rank, self.log, {**torchrun, **env}))
 
     def output(self) -> str:
         return self.log.read_text()
 
     def finish(self) -> str:
         try:
-            code = self.process.wait(timeout=300)
+            for process in self.ranks:
+                process.join(timeout=300)
         finally:
             self._kill()
-        assert code == 0, self.output()[-6000:]
+        assert [process.exitcode for process in self.ranks] == [0] * len(self.ranks), self.output()[-6000:]
         return self.output()
 
     def kill_when(self, ready, timeout: float = 300.0) -> None:
-        """SIGKILL the whole process group (every rank) once ``ready()``."""
+        """SIGKILL every rank at once, as a lost machine would, once ``ready()``."""
         deadline = time.monotonic() + timeout
         try:
             while not ready():
-                assert self.process.poll() is None, "the run ended before the moment to kill it:\n" + self.output()[-6000:]
+                assert all(p.is_alive() for p in self.ranks), "a rank ended before the moment to kill it:\n" + \
+                    self.output()[-6000:]
                 assert time.monotonic() < deadline, "the run never reached the moment to kill it:\n" + self.output()[-6000:]
                 time.sleep(0.02)
         finally:
             self._kill()
-        assert self.process.returncode == -signal.SIGKILL
+        assert [process.exitcode for process in self.ranks] == [-signal.SIGKILL] * len(self.ranks)
 
     def _kill(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        for process in self.ranks:
+            if process.is_alive():
+                process.kill()
+        for process in self.ranks:
+            process.join()
+
+
+def _main_of_a_rank(recipe, argv: list[str], rank: int, log: Path, env: dict[str, str]) -> None:
+    """A forked process's run of the recipe (its exit status 1 on an error, whose traceback goes
+    to the log)."""
+    for name in (BATCH_PAUSE_ENV, CHECKPOINT_PAUSE_ENV):
+        os.environ.pop(name, None)
+    os.environ.update(env, OMP_NUM_THREADS="1")
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+    torch.set_num_threads(1)  # OpenMP's worker threads do not survive a fork: a team of 2 would hang
+    rank_zero_only.rank = rank  # read from RANK when Lightning is imported, as torchrun's processes do
+    checkpointing._writes_in_this_process = 0  # the checkpoint pause's count of this process's writes
+    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
+    recipe.main(argv)
+    sys.stdout.flush()
+
+
+def _run_command(out_dir: Path, options: tuple[str, ...]) -> None:
+    """The recipe's command line in a subprocess (Lightning starts the other ranks)."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for name in (BATCH_PAUSE_ENV, CHECKPOINT_PAUSE_ENV):
+        environment.pop(name, None)
+    done = subprocess.run([sys.executable, str(RECIPE), *SMALL, *options, "--output-dir", str(out_dir)],
+                          env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
 
 
 def _results(out_dir: Path) -> dict:
@@ -722,11 +763,11 @@ def _epochs_done(checkpoint: Path) -> int:
     return len(_meta(checkpoint)["ctr_cvr"]["history"])
 
 
-def _killed_twice_and_resumed(out_dir: Path, options: tuple[str, ...]) -> str:
+def _killed_twice_and_resumed(recipe, out_dir: Path, options: tuple[str, ...]) -> str:
     """Kill the run in the middle of epoch 2, resume it and kill it while it writes the checkpoint
     of epoch 2, resume it to the end; returns the last run's output."""
     # 1. SIGKILL after batch 2 of epoch 2 (index 1): the checkpoint of epoch 1 is the newest
-    run = Recipe(out_dir, options, "1-killed-mid-epoch", **{BATCH_PAUSE_ENV: "120@1:2"})
+    run = Recipe(recipe, out_dir, options, "1-killed-mid-epoch", **{BATCH_PAUSE_ENV: "120@1:2"})
     run.kill_when(lambda: f"{BATCH_PAUSE_ENV}: pausing" in run.output())
     assert _epochs_done(run.checkpoint) == 1 and not (out_dir / "results.json").exists()
     assert latest_complete_checkpoint(run.checkpoint.parent, report=pytest.fail) == run.checkpoint
@@ -735,7 +776,7 @@ def _killed_twice_and_resumed(out_dir: Path, options: tuple[str, ...]) -> str:
     # (a directory's .partial/last.ckpt, a file's .partial/last.ckpt.<random>.tmp)
     staging = staging_path(run.checkpoint)
     written = re.compile(re.escape(f"{CHECKPOINT_PAUSE_ENV}: {staging}") + r"(\.\w+\.tmp)? is written")
-    run = Recipe(out_dir, (*options, "--resume", "last"), "2-killed-mid-write", **{CHECKPOINT_PAUSE_ENV: "120@1"})
+    run = Recipe(recipe, out_dir, (*options, "--resume", "last"), "2-killed-mid-write", **{CHECKPOINT_PAUSE_ENV: "120@1"})
     run.kill_when(lambda: written.search(run.output()))
     assert _epochs_done(run.checkpoint) == 1, "the visible checkpoint is still the previous one"
     skipped = []
@@ -749,7 +790,7 @@ def _killed_twice_and_resumed(out_dir: Path, options: tuple[str, ...]) -> str:
             "when it is complete)"]
 
     # 3. resumed to the end
-    return Recipe(out_dir, (*options, "--resume", "last"), "3-resumed").finish()
+    return Recipe(recipe, out_dir, (*options, "--resume", "last"), "3-resumed").finish()
 
 
 def _check_equal_to_the_uninterrupted_run(resumed: Path, straight: Path) -> None:
@@ -762,14 +803,14 @@ def _check_equal_to_the_uninterrupted_run(resumed: Path, straight: Path) -> None
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """One uninterrupted run per configuration, shared by the tests: in this process when it has
-    one process (saves the ~8 s of imports of a subprocess), else a subprocess."""
+    one process (saves the ~8 s of imports of a subprocess), else the command line in a subprocess."""
     cache: dict[str, Path] = {}
 
     def run(name: str, options: tuple[str, ...]) -> Path:
         if name not in cache:
             out_dir = tmp_path_factory.mktemp("straight") / name
             if "--devices" in options:
-                Recipe(out_dir, options, "straight").finish()
+                _run_command(out_dir, options)
             else:
                 load_recipe("ctr_cvr").main([*SMALL, *options, "--output-dir", str(out_dir)])
             cache[name] = out_dir
@@ -779,9 +820,9 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_recipe_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted):
+def test_recipe_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_run(recipe, tmp_path, uninterrupted):
     straight = uninterrupted("plain", ())
-    output = _killed_twice_and_resumed(tmp_path / "run", ())
+    output = _killed_twice_and_resumed(recipe, tmp_path / "run", ())
     assert f"--resume last: skipped {staging_path(tmp_path / 'run' / 'checkpoints' / 'last.ckpt')}" in output
     _check_equal_to_the_uninterrupted_run(tmp_path / "run", straight)
 
@@ -789,12 +830,14 @@ def test_recipe_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_run(
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_sharded_recipe_on_2_ranks_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_run(
-    tmp_path, uninterrupted
+    recipe, tmp_path, uninterrupted
 ):
     """TorchRec DCP directories on 2 gloo ranks (table-wise tables): killed mid-write after the
     marker, the resumed run takes the temporary directory (the newest complete checkpoint) and
     moves it to its name."""
     pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
+    import mlloss.integrations.torchrec_strategy  # noqa: F401  (imported once, here, for the forked ranks)
+
     straight = uninterrupted("sharded", SHARDED)
     last = straight / "checkpoints" / "last.ckpt"
     assert (last / "meta.pt").is_file() and (last / ".metadata").is_file() and (last / MARKER_FILENAME).is_file()
@@ -802,7 +845,7 @@ def test_sharded_recipe_on_2_ranks_killed_mid_epoch_and_mid_write_resumes_to_the
     history = json.loads((straight / "results.json").read_text())["history"]
     assert history[-1]["train_loss"] < history[0]["train_loss"]
 
-    output = _killed_twice_and_resumed(tmp_path / "run", SHARDED)
+    output = _killed_twice_and_resumed(recipe, tmp_path / "run", SHARDED)
     staging = staging_path(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert f"--resume last: resuming from {staging}, the newest complete checkpoint" in output
     assert f"finished the interrupted write of {staging.parent.parent / 'last.ckpt'}" in output

@@ -92,8 +92,8 @@ COMMANDS: dict[str, Coverage] = {
         Coverage("processes", QUICK),
     "python recipes/ctr_cvr.py --accelerator cpu --devices 2 --sharding table_wise": Coverage(
         "parse", QUICK, note="tests/test_checkpoints.py::test_sharded_recipe_on_2_ranks_killed_mid_epoch_and_mid_write_"
-        "resumes_to_the_uninterrupted_run runs --accelerator cpu --devices 2 --sharding table_wise (4 runs on 2 gloo "
-        "processes, ~100 s)"),
+        "resumes_to_the_uninterrupted_run runs --accelerator cpu --devices 2 --sharding table_wise (its uninterrupted "
+        "run on 2 gloo processes; the killed and resumed runs fork the same 2 ranks)"),
     'echo "loss: laa" > run.yaml && python recipes/ctr_cvr.py --config run.yaml': Coverage("run", QUICK),
     "python recipes/ctr_cvr.py --config run.yaml --epochs 8 --resume last": Coverage("run", QUICK_RESUME),
     "python recipes/ctr_cvr.py --config bce+pdaom --output-dir runs/pdaom": Coverage("run", QUICK),
