@@ -301,15 +301,27 @@ def test_level_tiles_benchmark_forces_each_path_and_restores_the_library_choice(
     assert rectangles == pytest.approx(tiles, rel=1e-6) and rectangles > 0
 
 
-def test_recipe_losses_benchmark_reads_the_recipes_runs(tmp_path):
+def test_recipe_losses_benchmark_reads_the_recipes_runs(tmp_path, monkeypatch):
     """benchmarks/recipe_losses.py on a tiny log, two runs of one loss: a throughput from the epochs
     after the first, the test metrics of results.json, the runs identical to the bit (the recipe is
-    deterministic on the CPU); JSON and .md written."""
+    deterministic on the CPU); JSON and .md written. Its command lines run the recipe's main in this
+    process (a subprocess spends ~8 s importing Lightning)."""
     import importlib.util
+    import subprocess
+    from types import SimpleNamespace
+
+    from recipe_util import RECIPES, load_recipe
 
     spec = importlib.util.spec_from_file_location("recipe_losses", BENCHMARKS / "recipe_losses.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    recipe = load_recipe("ctr_cvr")
+
+    def run_in_this_process(command, check, cwd, stdout):
+        assert command[:2] == [sys.executable, str(RECIPES / "ctr_cvr.py")] and check, command
+        recipe.main(command[2:])
+
+    monkeypatch.setattr(bench, "subprocess", SimpleNamespace(run=run_in_this_process, DEVNULL=subprocess.DEVNULL))
     out = tmp_path / "losses.json"
     result = bench.main(["--losses", "bce", "--runs", "2", "--epochs", "2", "--output", str(out),
                          "--recipe-args", "--num-users", "150", "--num-items", "100", "--mean-impressions", "20"])
