@@ -160,18 +160,6 @@ def _level_costs(values_ptr, r_m, row_ok, LEVELS: tl.constexpr, ACC: tl.constexp
     return cost_0, cost_1, cost_2, cost_3
 
 
-@triton.jit
-def _min_keeping_nan(a, b):
-    """min(a, b), NaN if either is (CUDA's min, and tl.min's, return the other)."""
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _max_keeping_nan(a, b):
-    """max(a, b), NaN if either is."""
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
 @triton.jit(  # sizes and alignments not specialized: see _common.py
     do_not_specialize=("N", "num_blocks", "label_stride_problem"),
     do_not_specialize_on_alignment=("labels_ptr", "groups_ptr", "keep_ptr"),
@@ -247,8 +235,11 @@ def _dense_rows_kernel(
         else:
             packed += same.to(tl.int64) << (r_n.to(tl.int64) * 16)[None, :]
         if HARDEST:
-            lowest = tl.where(same & up_n[None, :], _min_keeping_nan(lowest, s_n[None, :]), lowest)
-            highest = tl.where(same & ~up_n[None, :], _max_keeping_nan(highest, s_n[None, :]), highest)
+            # a NaN score stays (CUDA's min and max return the other operand)
+            lowest = tl.where(same & up_n[None, :], tl.minimum(lowest, s_n[None, :], propagate_nan=tl.PropagateNan.ALL),
+                              lowest)
+            highest = tl.where(same & ~up_n[None, :],
+                               tl.maximum(highest, s_n[None, :], propagate_nan=tl.PropagateNan.ALL), highest)
         elif LEVELS == 2:
             # Reverse margin x = s_lower - s_upper of the pair the two items form, if any.
             keep = same & (up_m[:, None] != up_n[None, :])
@@ -296,8 +287,11 @@ def _dense_rows_kernel(
     # 1 / group size at every item of a group with a valid pair: the group's items add up to 1.
     share_of_group = tl.where(has_pair, 1.0 / tl.maximum(group_size, 1).to(tl.float64), 0.0)
     if HARDEST:
-        low = tl.reduce(lowest, 1, _min_keeping_nan)
-        high = tl.reduce(highest, 1, _max_keeping_nan)
+        # tl.min and tl.max skip NaN (and a reduce of NaN-keeping ops runs a Python call per
+        # element in the interpreter): a row whose pairs meet a NaN score gets NaN extremes.
+        unordered = tl.max(((lowest != lowest) | (highest != highest)).to(tl.int32), axis=1) > 0
+        low = tl.where(unordered, float("nan"), tl.min(lowest, axis=1))
+        high = tl.where(unordered, float("nan"), tl.max(highest, axis=1))
         low_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         high_ties = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         for start in range(first_tile, end_tiles, BLOCK_N):
