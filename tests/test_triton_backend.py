@@ -227,6 +227,36 @@ def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_
 
 
 @pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["no-groups", "groups"])
+def test_without_the_data_checks_a_score_at_infinity_beyond_the_soft_extremes_leaves_the_step_finite(
+    grouped, layout, monkeypatch
+):
+    """A positive at +inf and a negative at -inf (``validate_args=False``) lie beyond the soft min
+    of the positives and the soft max of the negatives, which the loss takes: the loss and its
+    gradient stay finite, the same on both tiers (the PyTorch tier's soft extremes of the other
+    side, which the loss does not use, made every slope of those cells NaN: inf - inf)."""
+    from mlloss.kernels import dense
+
+    if layout:
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    gen = torch.Generator().manual_seed(11)
+    scores = torch.randn(48, generator=gen, dtype=torch.float64)
+    labels = (torch.arange(48) % 3 == 0).to(torch.float64)
+    scores[3], scores[4] = float("inf"), float("-inf")  # a positive, a negative
+    groups = torch.arange(48) // 12 if grouped else None
+    results = []
+    for backend, device in (("triton", DEVICE), ("torch", "cpu")):
+        leaf = scores.clone().to(device).requires_grad_(True)
+        loss = mlloss.PDAOMLoss(temperature=0.5, backend=backend, validate_args=False)
+        value = loss(leaf, labels.to(device), None if groups is None else groups.to(device))
+        value.backward()
+        results.append((value.detach().cpu(), leaf.grad.cpu()))
+    assert results[1][0].isfinite() and results[1][1].isfinite().all()
+    assert results[1][1][3] == 0 and results[1][1][4] == 0 and results[1][1].abs().sum() > 0
+    torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("name", ["auc", "pdaom", "loa"])
 def test_every_label_dtype_gives_the_float_labels_result(name, layout, monkeypatch):
     # Labels become (K, N) int32 rows for the kernels: int32 labels, which need no conversion,

@@ -180,7 +180,10 @@ def _cell_log_mean_exp(scores: Tensor, layout: OrdinalLayout, signed_temperature
     cell's extreme e: e + t log(mean exp((s - e) / t)), every term in (0, 1]. Float64 scores."""
     lengths = layout.cell_lengths
     extreme = torch.segment_reduce(scores, "max" if signed_temperature > 0 else "min", lengths=lengths)
-    exps = torch.exp((scores - layout.per_item(extreme)) / signed_temperature)
+    at_item = layout.per_item(extreme)
+    # An infinite extreme (scores unchecked: validate_args=False) takes the whole slope, where
+    # inf - inf made every slope of its cell NaN (a NaN score stays NaN).
+    exps = torch.exp(torch.where(scores == at_item, 0.0, scores - at_item) / signed_temperature)
     total = torch.segment_reduce(exps, "sum", lengths=lengths)
     value = extreme + signed_temperature * torch.log(total / lengths.to(scores.dtype))
     return CellExtreme(value, None, layout.cell, exps / layout.per_item(total))
