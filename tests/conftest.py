@@ -59,12 +59,12 @@ def pytest_configure(config):
 
 
 # The files with the most test time (seconds summed over their tests on 2 cores, `--durations=0`,
-# 27 November 2026: 105, 97, 85, 48, 43, 39, 39, 36, 33, 33, 31), started first so that the two
-# workers finish together. pytest-xdist's loadfile otherwise hands out the files with the most
-# tests first, and these long files of few tests (2-process jobs, subprocesses, compiles) came last.
-SLOWEST_FILES = ("test_checkpoints.py", "test_triton_kernels.py", "test_benchmarks_smoke.py", "test_kernel_sass.py",
-                 "test_readme_commands.py", "test_torchrec.py", "test_recipe_ctr_cvr.py", "test_numerics_probe.py",
-                 "test_host_path.py", "test_import_hygiene.py", "test_cuda_specializations.py")
+# 27 November 2026, evening: 116, 79, 47, 43, 43, 42, 41, 40, 38, 37, 36, 32), started first so that
+# the two workers finish together. pytest-xdist's loadfile otherwise hands out the files with the
+# most tests first, and these long files of few tests (2-process jobs, subprocesses, compiles) came last.
+SLOWEST_FILES = ("test_triton_kernels.py", "test_benchmarks_smoke.py", "test_checkpoints.py", "test_kernel_sass.py",
+                 "test_readme_commands.py", "test_import_hygiene.py", "test_numerics_probe.py", "test_recipe_ctr_cvr.py",
+                 "test_cuda_specializations.py", "test_torchrec.py", "test_triton_backend.py", "test_host_path.py")
 
 
 def pytest_collection_modifyitems(config, items):
