@@ -58,23 +58,24 @@ def hardest_loss(scores, levels, groups=None, *, cost="uniform", surrogate="logi
     for idx in _group_ids(groups, scores.shape[0]):
         s, v = scores[idx], levels[idx].to(torch.float64)
         present = torch.unique(v)
-        num, den = scores.sum() * 0, 0.0
+        lowest, highest = [], []  # each level's min and max (or soft min and soft max) over its own items
         for a in present:
-            for b in present:
-                if a <= b:
-                    continue
-                hi, lo = s[v == a], s[v == b]
-                if temperature is None:
-                    low_hi, high_lo = hi.min(), lo.max()
-                else:
-                    tau = temperature
-                    low_hi = -tau * torch.log(torch.mean(torch.exp(-hi / tau)))
-                    high_lo = tau * torch.log(torch.mean(torch.exp(lo / tau)))
-                c = float(a - b) if cost == "linear" else 1.0
-                num = num + c * phi(low_hi - high_lo, surrogate, margin)
-                den += c
-        if den > 0:
-            per_group.append(num / den)
+            cell = s[v == a]
+            if temperature is None:
+                lowest.append(cell.min())
+                highest.append(cell.max())
+            else:
+                tau = temperature
+                lowest.append(-tau * torch.log(torch.mean(torch.exp(-cell / tau))))
+                highest.append(tau * torch.log(torch.mean(torch.exp(cell / tau))))
+        upper, lower = torch.nonzero(present[:, None] > present[None, :], as_tuple=True)  # every level pair
+        margins = torch.stack(lowest)[upper] - torch.stack(highest)[lower]
+        costs = (present[upper] - present[lower]).to(margins.dtype) if cost == "linear" else torch.ones_like(margins)
+        # phi's logistic branch follows the largest |t| it is given: each pair as if alone
+        near = margins.abs() < 30
+        num = sum(costs[part] @ phi(margins[part], surrogate, margin) for part in (near, ~near) if part.any())
+        if costs.sum() > 0:
+            per_group.append(num / costs.sum())
     return _reduce(per_group, reduction, scores)
 
 
