@@ -2,7 +2,8 @@
 framework, no plotting library and not triton, and each integration nothing beyond the extras that
 ``mlloss._extras.MODULE_EXTRAS`` gives it and what those import themselves (Lightning brings
 torchmetrics, hence matplotlib; Lightning and TorchRec bring triton through torch). Imports run in
-a fresh subprocess, whose ``sys.modules`` is read after them."""
+fresh subprocesses, whose ``sys.modules`` is read after each step: one for the core, one for
+Lightning and then TorchRec, one for TorchRec without Lightning."""
 
 from __future__ import annotations
 
@@ -51,27 +52,55 @@ def test_the_core_imports_no_framework_no_plotting_and_not_triton():
     assert loaded({"core": "\n".join(f"import {module}" for module in CORE)})["core"] == set()
 
 
-# The modules that need the same extras, imported in one interpreter (if together they add nothing
-# to what the extras load, none alone does).
+# The modules that need the same extras, imported together (if together they add nothing to what
+# the extras load, none alone does).
 BY_EXTRAS = {extras: [m for m, e in sorted(MODULE_EXTRAS.items()) if e == extras] for extras in MODULE_EXTRAS.values()}
 
 
+def _framework(extras: tuple[str, ...]) -> str:
+    return "\n".join(f"import {name}" for extra in extras for name in EXTRA_MODULES[extra])
+
+
+def _modules(extras: tuple[str, ...]) -> str:
+    return "\n".join(f"import {m}" for m in BY_EXTRAS[extras])
+
+
+@pytest.fixture(scope="module")
+def integrations() -> dict[str, set[str]]:
+    """Each integration's imports, from two fresh interpreters (each spends ~9 s importing the
+    frameworks): one imports Lightning, the modules that need it, then TorchRec and the modules
+    that need both (what each step adds is checked against the framework step before it); the
+    other, without Lightning, the TorchRec tables (imported, then used) and the modules that
+    need TorchRec. Labels: ``framework:<extras>``, ``modules:<extras>``, ``tables-import``, ``tables-use``."""
+    with_lightning, without = {}, {}
+    for extras in (("lightning",), ("lightning", "torchrec")):
+        if installed(extras):
+            with_lightning |= {f"framework:{'+'.join(extras)}": _framework(extras),
+                               f"modules:{'+'.join(extras)}": _modules(extras)}
+    if installed(("torchrec",)):
+        without = {
+            "tables-import": "import torch\nfrom mlloss.integrations.torchrec import TorchRecEmbedding, ids_to_kjt",
+            "tables-use": "ids_to_kjt(torch.zeros(2, 2, dtype=torch.long), ['a', 'b'])\n"
+                          "TorchRecEmbedding([3, 4], 2)(torch.zeros(2, 2, dtype=torch.long))",
+            "framework:torchrec": _framework(("torchrec",)), "modules:torchrec": _modules(("torchrec",)),
+        }
+    return {label: names for steps in (with_lightning, without) if steps for label, names in loaded(steps).items()}
+
+
 @pytest.mark.parametrize("extras", sorted(BY_EXTRAS), ids="+".join)
-def test_each_integration_imports_only_its_extras(extras):
+def test_each_integration_imports_only_its_extras(extras, integrations):
     if not installed(extras):
         pytest.skip(f"{BY_EXTRAS[extras]} need {extras}")
-    framework = "\n".join(f"import {name}" for extra in extras for name in EXTRA_MODULES[extra])
-    after = loaded({"framework": framework, "modules": "\n".join(f"import {m}" for m in BY_EXTRAS[extras])})
-    assert after["modules"] - after["framework"] == set(), f"{BY_EXTRAS[extras]} imported more than {extras}"
+    label = "+".join(extras)
+    assert integrations[f"modules:{label}"] - integrations[f"framework:{label}"] == set(), \
+        f"{BY_EXTRAS[extras]} imported more than {extras}"
+    if "lightning" not in extras:  # imported before Lightning could
+        assert not integrations[f"modules:{label}"] & set(EXTRA_MODULES["lightning"])
 
 
-def test_torchrec_tables_need_torchrec_but_not_lightning():
+def test_torchrec_tables_need_torchrec_but_not_lightning(integrations):
     if not installed(("torchrec",)):
         pytest.skip("TorchRec is not installed (README, 'TorchRec')")
-    after = loaded({
-        "import": "import torch\nfrom mlloss.integrations.torchrec import TorchRecEmbedding, ids_to_kjt",
-        "use": "ids_to_kjt(torch.zeros(2, 2, dtype=torch.long), ['a', 'b'])\n"
-               "TorchRecEmbedding([3, 4], 2)(torch.zeros(2, 2, dtype=torch.long))",
-    })
-    assert after["import"] == set()  # torchrec is imported on first use
-    assert {"torchrec", "fbgemm_gpu"} <= after["use"] and not after["use"] & {"pytorch_lightning", "lightning_fabric"}
+    assert integrations["tables-import"] == set()  # torchrec is imported on first use
+    use = integrations["tables-use"]
+    assert {"torchrec", "fbgemm_gpu"} <= use and not use & {"pytorch_lightning", "lightning_fabric"}

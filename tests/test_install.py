@@ -203,6 +203,13 @@ def test_ci_runs_the_readme_test_command_verbatim():
             assert "--config-settings editable_mode=compat" in install, install
 
 
+def test_the_files_the_suite_starts_first_exist():
+    # conftest.SLOWEST_FILES orders the suite by measured times: a renamed file would drop to the end unnoticed.
+    import conftest
+
+    assert set(conftest.SLOWEST_FILES) <= {path.name for path in (REPO / "tests").glob("test_*.py")}
+
+
 def test_pyproject_lists_every_package_of_the_source_tree():
     """setuptools installs only the packages pyproject.toml names: a new subpackage (mlloss/metrics/)
     missing there would be absent from a `pip install .` while an editable install still finds it."""
