@@ -801,7 +801,7 @@ def _check_equal_to_the_uninterrupted_run(resumed: Path, straight: Path) -> None
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(recipe, tmp_path_factory):
     """One uninterrupted run per configuration, shared by the tests: in this process when it has
     one process (saves the ~8 s of imports of a subprocess), else the command line in a subprocess."""
     cache: dict[str, Path] = {}
@@ -812,7 +812,7 @@ def uninterrupted(tmp_path_factory):
             if "--devices" in options:
                 _run_command(out_dir, options)
             else:
-                load_recipe("ctr_cvr").main([*SMALL, *options, "--output-dir", str(out_dir)])
+                recipe.main([*SMALL, *options, "--output-dir", str(out_dir)])
             cache[name] = out_dir
         return cache[name]
 

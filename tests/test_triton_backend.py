@@ -206,8 +206,9 @@ def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_
     n = 48
     scores = torch.randn(n, generator=gen, dtype=torch.float64)
     scores[5] = float("nan")
-    labels = torch.randint(0, 3 if name.endswith("graded hardest") else 2, (n, num_labels), generator=gen)
-    labels[:24] = torch.arange(24).remainder(3 if name.endswith("graded hardest") else 2)[:, None]  # pairs around item 5
+    num_levels = 3 if name.endswith("graded hardest") else 2
+    labels = torch.randint(0, num_levels, (n, num_labels), generator=gen)
+    labels[:24] = torch.arange(24).remainder(num_levels)[:, None]  # pairs around item 5
     labels = labels.to(torch.float64)
     in_groups = torch.arange(n) // 8  # item 5 in a group with pairs
     alone = in_groups.clone()
