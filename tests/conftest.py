@@ -59,20 +59,18 @@ def pytest_configure(config):
 
 
 # The files of 8 s of test time or more, the slowest first (seconds summed over their tests on 2
-# cores, `--durations=0`, 27 November 2026: from 116 down to 9; the 21 others take 44 s together),
+# cores, `--durations=0`, 28 November 2026: from 111 down to 8; the 29 others take 71 s together),
 # started in this order so that the two workers finish together: the longest first, as a scheduler
 # of jobs of known length would, leaves only short files for the end. pytest-xdist's loadfile
-# otherwise hands out the files with the most tests first, and long files of few tests (2-process
-# jobs, subprocesses, compiles) came last, where one worker waited on the other.
+# otherwise hands out the files with the most tests first, and long files of few tests
+# (subprocesses, compiles) came last, where one worker waited on the other.
 SLOWEST_FILES = (
-    "test_triton_kernels.py", "test_benchmarks_smoke.py", "test_checkpoints.py", "test_kernel_sass.py",
-    "test_readme_commands.py", "test_import_hygiene.py", "test_numerics_probe.py", "test_recipe_ctr_cvr.py",
-    "test_cuda_specializations.py", "test_torchrec.py", "test_triton_backend.py", "test_host_path.py",
-    "test_recipe_step.py", "test_compile.py", "test_lightning_probe.py", "test_lightning.py", "test_dense_kernels.py",
-    "test_paper_recipes.py", "test_tiers.py", "test_explicit_gradients.py", "test_metrics.py", "test_distributed.py",
-    "test_triton_fuzz.py", "test_integrations.py", "test_contiguous_groups.py", "test_install.py",
-    "test_graph_replay.py", "test_exactness_edges.py", "test_task_columns.py", "test_multitask.py", "test_losses.py",
-    "test_launch.py", "test_deprecations.py",
+    "test_triton_kernels.py", "test_benchmarks_smoke.py", "test_kernel_sass.py", "test_checkpoints.py",
+    "test_cuda_specializations.py", "test_numerics_probe.py", "test_triton_backend.py", "test_recipe_ctr_cvr.py",
+    "test_import_hygiene.py", "test_host_path.py", "test_dense_kernels.py", "test_recipe_step.py", "test_compile.py",
+    "test_readme_commands.py", "test_triton_fuzz.py", "test_paper_recipes.py", "test_tiers.py",
+    "test_contiguous_groups.py", "test_integrations.py", "test_graph_replay.py", "test_task_columns.py",
+    "test_install.py", "test_deprecations.py", "test_launch.py", "test_losses.py",
 )
 
 

@@ -1,6 +1,6 @@
-"""Worker for tests/test_distributed.py: one rank of the file's 2-process gloo job (importable by
-spawn). ``run`` runs every case in one process group, each case saving its results to a file of
-its own (``{case}-rank{rank}.pt``): a job costs about 5 s of imports per rank."""
+"""Worker for tests/test_distributed.py: one rank of the file's 2-process gloo job (forked
+from the test's process: ``ranks.ForkedRanks``). ``run`` runs every case in one process group,
+each case saving its results to a file of its own (``{case}-rank{rank}.pt``)."""
 
 from __future__ import annotations
 

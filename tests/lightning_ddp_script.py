@@ -1,7 +1,8 @@
 """Standalone Lightning DDP run for tests/test_lightning.py: ``python lightning_ddp_script.py OUT_DIR``.
 
-``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` re-launches this script for rank 1, so it
-must be a script (not a function in the test process). It trains a tiny ranker with
+Run as a script, its ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` re-launches it for
+rank 1; the test forks both ranks' ``main`` in torchrun's environment instead (``ranks.ForkedRanks``),
+where Lightning starts no process of its own. It trains a tiny ranker with
 ``LaALoss(cross_device=True)`` for ``EPOCHS`` epochs on synthetic data whose users have items on
 both ranks, with ``RankingMetrics`` logging the validation metrics. Rank 0 then writes
 

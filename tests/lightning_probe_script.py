@@ -1,6 +1,7 @@
 """Lightning DDP run for tests/test_lightning_probe.py: ``python lightning_probe_script.py OUT_DIR``.
 
-``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` re-launches this script for rank 1. A
+Run as a script, its ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` re-launches it for
+rank 1; the test forks both ranks' ``main`` in torchrun's environment (``ranks.ForkedRanks``). A
 fixed scorer (no training step changes it: the learning rate is 0) rounds its scores to quarters,
 so that many tie, over ``NUM_ITEMS`` (odd) items of users spread over both ranks. ``RankingMetrics``
 evaluates them three ways, and every rank writes its results to ``OUT_DIR/rank<r>.json`` (after

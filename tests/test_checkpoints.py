@@ -55,7 +55,7 @@ from mlloss.checkpointing import (
     write_atomically,
 )
 from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO
-from ports import free_port
+from ranks import ForkedRanks
 from recipe_util import RECIPES, load_recipe, without_timing
 
 resume = load_recipe("ctr_cvr_resume")  # the recipe's --resume (recipes/ctr_cvr_resume.py)
@@ -630,78 +630,26 @@ def test_a_folder_that_is_not_a_checkpoint_is_not_removed_for_one(recipe, tmp_pa
 # --------------------------------------------------------------------------- the recipe, killed and resumed
 
 
-class Recipe:
+class Recipe(ForkedRanks):
     """recipes/ctr_cvr.py's ``main`` in processes forked from this one, which has imported the
-    recipe, Lightning and TorchRec (a subprocess spends ~9 s of CPU a rank importing them again),
-    their output in a log file. With ``--devices 2`` both ranks are forked here, in the environment
-    torchrun gives the processes it starts (LOCAL_RANK, RANK, ...: Lightning then starts no rank of
-    its own); the uninterrupted run takes the command line, where Lightning starts rank 1
-    (``_run_command``), so the resumed runs must also equal a run of the command line."""
+    recipe, Lightning and TorchRec (``ranks.ForkedRanks``: with ``--devices 2`` both ranks in
+    torchrun's environment); the uninterrupted run takes the command line, where Lightning starts
+    rank 1 (``_run_command``), so the resumed runs must also equal a run of the command line."""
 
     def __init__(self, recipe, out_dir: Path, options: tuple[str, ...], label: str, **env: str) -> None:
-        self.log = out_dir.parent / f"{out_dir.name}-{label}.log"
-        self.log.write_text("")
         self.checkpoint = out_dir / "checkpoints" / "last.ckpt"
         argv = [*SMALL, *options, "--output-dir", str(out_dir)]
         world_size = int(options[options.index("--devices") + 1]) if "--devices" in options else 1
-        port = free_port()
-        self.ranks = []
-        for rank in range(world_size):
-            torchrun = {} if world_size == 1 else dict(
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0", LOCAL_RANK=str(rank), RANK=str(rank),
-                WORLD_SIZE=str(world_size))
-            self.ranks.append(_fork(_main_of_a_rank, recipe, argv, rank, self.log, {**torchrun, **env}))
-
-    def output(self) -> str:
-        return self.log.read_text()
+        super().__init__(_main_of_a_rank, (recipe, argv), log=out_dir.parent / f"{out_dir.name}-{label}.log",
+                         world_size=world_size, env={BATCH_PAUSE_ENV: None, CHECKPOINT_PAUSE_ENV: None, **env})
 
     def finish(self) -> str:
-        try:
-            for process in self.ranks:
-                process.join(timeout=300)
-        finally:
-            self._kill()
-        assert [process.exitcode for process in self.ranks] == [0] * len(self.ranks), self.output()[-6000:]
-        return self.output()
-
-    def kill_when(self, ready, timeout: float = 300.0) -> None:
-        """SIGKILL every rank at once, as a lost machine would, once ``ready()``."""
-        deadline = time.monotonic() + timeout
-        try:
-            while not ready():
-                assert all(p.is_alive() for p in self.ranks), "a rank ended before the moment to kill it:\n" + \
-                    self.output()[-6000:]
-                assert time.monotonic() < deadline, "the run never reached the moment to kill it:\n" + self.output()[-6000:]
-                time.sleep(0.02)
-        finally:
-            self._kill()
-        assert [process.exitcode for process in self.ranks] == [-signal.SIGKILL] * len(self.ranks)
-
-    def _kill(self) -> None:
-        for process in self.ranks:
-            if process.is_alive():
-                process.kill()
-        for process in self.ranks:
-            process.join()
+        return self.join()
 
 
-def _main_of_a_rank(recipe, argv: list[str], rank: int, log: Path, env: dict[str, str]) -> None:
-    """A forked process's run of the recipe (its exit status 1 on an error, whose traceback goes
-    to the log)."""
-    for name in (BATCH_PAUSE_ENV, CHECKPOINT_PAUSE_ENV):
-        os.environ.pop(name, None)
-    os.environ.update(env, OMP_NUM_THREADS="1")
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
-
-    torch.set_num_threads(1)  # OpenMP's worker threads do not survive a fork: a team of 2 would hang
-    rank_zero_only.rank = rank  # read from RANK when Lightning is imported, as torchrun's processes do
+def _main_of_a_rank(rank: int, recipe, argv: list[str]) -> None:
     checkpointing._writes_in_this_process = 0  # the checkpoint pause's count of this process's writes
-    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND)
-    os.dup2(descriptor, 1)
-    os.dup2(descriptor, 2)
-    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
     recipe.main(argv)
-    sys.stdout.flush()
 
 
 def _run_command(out_dir: Path, options: tuple[str, ...]) -> None:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import ddp_worker
 import mlloss
-from ports import free_port
+from ranks import ForkedRanks, free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -20,9 +19,9 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
     """The folder of every case's results, one file per case and rank, from the file's one
-    2-process job (``ddp_worker.run``)."""
+    2-process job (``ddp_worker.run``, forked from this process)."""
     out_dir = tmp_path_factory.mktemp("ddp")
-    mp.spawn(ddp_worker.run, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
+    ForkedRanks(ddp_worker.run, (2, free_port(), str(out_dir)), log=out_dir / "ranks.log").join()
     return out_dir
 
 

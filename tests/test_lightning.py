@@ -16,12 +16,11 @@ import torch
 from torch.utils.data import DataLoader
 
 import lightning_ddp_script as script
-from ports import run_ranks
+from ranks import ForkedRanks
 from mlloss import AUCLoss, DictatorshipReport, LaALoss, PDAOMLoss, build_loss, label_dictatorship
 from mlloss.integrations.lightning import RankingMetrics
 from mlloss.metrics import binary_auc, group_auc, multipartite_auc
 
-SCRIPT = Path(__file__).with_name("lightning_ddp_script.py")
 TRAIN_BATCHES = script.NUM_TRAIN // script.BATCH_SIZE  # one process: 8 batches per epoch
 
 
@@ -178,11 +177,11 @@ def test_callback_rejects_outputs_that_break_the_contract():
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
-    """Run tests/lightning_ddp_script.py (Trainer(devices=2, strategy="ddp") re-launches it for rank 1)."""
+    """tests/lightning_ddp_script.py's ``main`` on 2 ranks forked from this process, in torchrun's
+    environment (``ranks.ForkedRanks``; run as a script, its Trainer(devices=2, strategy="ddp")
+    would re-launch it for rank 1)."""
     out_dir = tmp_path_factory.mktemp("lightning_ddp")
-    command = [sys.executable, str(SCRIPT), str(out_dir)]
-    returncode, output = run_ranks(command)
-    assert returncode == 0, output[-5000:]
+    ForkedRanks(lambda rank: script.main(out_dir), log=out_dir / "ranks.log").join()
     return json.loads((out_dir / "metrics.json").read_text()), torch.load(out_dir / "run.pt")
 
 

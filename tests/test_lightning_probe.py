@@ -20,7 +20,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Subset, TensorDataset
 
 import lightning_probe_script as script
-from ports import run_ranks
+from ranks import ForkedRanks
 from mlloss import AUCLoss, LoALoss
 from mlloss.integrations.lightning import RankingMetrics
 from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO
@@ -152,11 +152,13 @@ def test_a_padding_sampler_behind_another_batch_sampler_is_reported():
 
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory):
-    """Run tests/lightning_probe_script.py (Lightning re-launches it for rank 1): each rank's results
-    (empty if it wrote none), the exit status and the end of the output."""
+    """tests/lightning_probe_script.py's ``main`` on 2 ranks forked from this process, in torchrun's
+    environment (``ranks.ForkedRanks``; run as a script, Lightning would re-launch it for rank 1):
+    each rank's results (empty if it wrote none), the exit status and the end of the output."""
     out_dir = tmp_path_factory.mktemp("lightning_probe")
-    command = [sys.executable, str(Path(__file__).with_name("lightning_probe_script.py")), str(out_dir)]
-    returncode, output = run_ranks(command, cwd=out_dir)
+    ranks = ForkedRanks(lambda rank: script.main(out_dir), log=out_dir / "ranks.log")
+    exit_codes = ranks.wait()
+    returncode, output = (0 if exit_codes == [0, 0] else exit_codes), ranks.output()
     results = [json.loads(path.read_text()) if (path := out_dir / f"rank{rank}.json").exists() else {}
                for rank in range(2)]
     return results, returncode, output[-5000:]

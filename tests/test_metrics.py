@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 import random
-import subprocess
-import sys
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -28,7 +28,7 @@ from mlloss.metrics import (
     multilabel_auc,
     multipartite_auc,
 )
-from ports import free_port
+from ranks import ForkedRanks
 
 IGNORE_UNDEFINED = pytest.mark.filterwarnings("ignore::mlloss.metrics.UndefinedMetricWarning")
 SEEDS = range(12)
@@ -816,33 +816,31 @@ def test_streaming_metrics_keep_batches_of_a_buffer_refilled_in_place(
         assert torch.equal(*pair), (key, pair)
 
 
-# One rank of a 2-process gloo job (tests/ddp_worker.py is for the losses; pytest's importlib mode leaves
-# this file unimportable by torch.multiprocessing.spawn, so the ranks run this script)
-SYNC_WORKER = """
-import datetime, sys, torch, torch.distributed as dist
-rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                        timeout=datetime.timedelta(seconds=60))
-from mlloss.metrics import AUC, GroupAUC, MultiLabelAUC, MultipartiteAUC
-scores, labels, groups = torch.load(f"{out}/batch{rank}.pt")
-results = {}
-for name, metric, batch in [
-    ("auc", AUC(), (scores, labels[:, 0])),
-    ("gauc", GroupAUC(weighting="size"), (scores, labels[:, 0], groups)),
-    ("multilabel", MultiLabelAUC(num_labels=2), (scores, labels)),
-    ("multipartite", MultipartiteAUC(label_weights=[1.0, 3.0], grouped=True), (scores, labels, groups)),
-]:
-    metric.update(*batch)
-    results[name] = metric.compute()
-metric = MultipartiteAUC()  # 2 label columns on rank 0, 3 on rank 1
-metric.update(scores, labels if rank == 0 else torch.cat([labels, labels[:, :1]], 1))
-try:
-    metric.compute()
-except ValueError as error:
-    results["layout"] = str(error)
-torch.save(results, f"{out}/rank{rank}.pt")
-dist.destroy_process_group()
-"""
+def _sync_metrics_of_a_rank(rank: int, out: Path) -> None:
+    """One rank of a 2-process gloo job (``ranks.ForkedRanks``: the environment gives the group)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    try:
+        scores, labels, groups = torch.load(out / f"batch{rank}.pt")
+        results = {}
+        for name, metric, batch in [
+            ("auc", AUC(), (scores, labels[:, 0])),
+            ("gauc", GroupAUC(weighting="size"), (scores, labels[:, 0], groups)),
+            ("multilabel", MultiLabelAUC(num_labels=2), (scores, labels)),
+            ("multipartite", MultipartiteAUC(label_weights=[1.0, 3.0], grouped=True), (scores, labels, groups)),
+        ]:
+            metric.update(*batch)
+            results[name] = metric.compute()
+        metric = MultipartiteAUC()  # 2 label columns on rank 0, 3 on rank 1
+        metric.update(scores, labels if rank == 0 else torch.cat([labels, labels[:, :1]], 1))
+        try:
+            metric.compute()
+        except ValueError as error:
+            results["layout"] = str(error)
+        torch.save(results, out / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
 
 
 @IGNORE_UNDEFINED
@@ -858,16 +856,7 @@ def test_streaming_metrics_sync_scores_of_different_dtypes_across_processes(tmp_
                  t(rng.integers(0, 4, size=n), torch.long))
         torch.save(batch, tmp_path / f"batch{rank}.pt")
         ranks.append(batch)
-    port = str(free_port())
-    processes = [subprocess.Popen([sys.executable, "-c", SYNC_WORKER, str(rank), port, str(tmp_path)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in range(2)]
-    try:
-        outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    assert [process.returncode for process in processes] == [0, 0], outputs
+    ForkedRanks(_sync_metrics_of_a_rank, (tmp_path,), log=tmp_path / "ranks.log").join(timeout=120)
     scores = np.concatenate([batch[0].double().numpy() for batch in ranks])  # fp16 values exactly
     labels = np.concatenate([batch[1].numpy() for batch in ranks])
     groups = np.concatenate([batch[2].numpy() for batch in ranks])

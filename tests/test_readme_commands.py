@@ -15,15 +15,17 @@ command is listed in ``COMMANDS`` with how it is covered:
 * ``recipe part``: the quickstart's venv and pip install take minutes and the network, and are not
   run (tests/test_install.py checks the install contract, and that .ci/run runs the README's test
   command verbatim); its ``python recipes/ctr_cvr.py`` part runs as above, with this interpreter.
-* ``processes``: a command that needs several processes (DDP on gloo) runs as a subprocess, with
-  ``PYTHONPATH`` at the copy so that it imports the copy's ``mlloss``.
-* ``parse``: the 2-process TorchRec run costs ~40 s, too much next to the DDP run: its options go
-  through the recipe's own parser here, and tests/test_checkpoints.py runs them (train, checkpoint,
-  killed, resume on 2 gloo processes). The same for the cost table's command with each loss it names.
+* ``processes``: a command that needs several processes (DDP on gloo) runs the copy's ``main`` on
+  ranks forked from this process (``ranks.ForkedRanks``), in the environment torchrun gives its
+  processes, so Lightning starts none of its own; tests/test_checkpoints.py runs a 2-process
+  command line, whose Lightning starts rank 1 itself.
+* ``parse``: the 2-process TorchRec run is tested in tests/test_checkpoints.py (train, checkpoint,
+  killed, resume on 2 gloo processes): its options go through the recipe's own parser here. The
+  same for the cost table's command with each loss it names.
 * ``elsewhere``: inline commands the README shows (benchmarks, installs) are not run here; the entry
   says why and names the test that covers the tool, which must mention it.
 
-The whole test takes ~45-60 s on 2 cores (the DDP run is half of it). ``test_every_readme_command_is_listed``
+The whole test takes ~15 s on 2 cores. ``test_every_readme_command_is_listed``
 fails when the README shows a command that ``COMMANDS`` does not list.
 
 The other tests: the shipped data samples (source, licence, the same bytes as ``../shared/data``
@@ -36,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import re
 import shlex
 import shutil
@@ -50,6 +51,7 @@ import pytest
 import torch
 
 from mlloss.checkpointing import mark_complete
+from ranks import ForkedRanks
 from recipe_util import load_recipe, without_timing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +67,10 @@ QUICK_RESUME = ("--epochs", "2", *SMALL, "--no-progress-bar")  # one epoch more 
 
 @dataclass(frozen=True)
 class Coverage:
-    how: str  # "run", "recipe part", "processes", "parse", "elsewhere"
+    # "run" (the recipe's main in this process), "recipe part", "processes" (its main on ranks forked from
+    # this process; a 2-process command line, whose Lightning starts rank 1, runs in tests/test_checkpoints.py),
+    # "parse", "elsewhere"
+    how: str
     quick: tuple[str, ...] = ()  # appended to the recipe's options
     note: str = ""  # for "elsewhere" and "parse": why, and where it is tested
     test_file: str | None = None  # for "elsewhere": a test file that must mention `mentions`
@@ -255,11 +260,9 @@ def run_command(command: str, coverage: Coverage, root: Path, recipe: ModuleType
                 subprocess.run(["bash", "-c", part], cwd=root, check=True, timeout=60)
             continue  # "recipe part": the venv and pip install parts are not run
         argv = [*argv, *coverage.quick]
-        if coverage.how == "processes":
-            env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-            done = subprocess.run([sys.executable, "recipes/ctr_cvr.py", *argv], cwd=root, env=env,
-                                  capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        if coverage.how == "processes":  # every rank forked from this process, in torchrun's environment
+            world_size = int(argv[argv.index("--devices") + 1])
+            ForkedRanks(lambda rank: recipe.main(argv), log=root / "ranks.log", world_size=world_size).join()
             report = json.loads((root / "runs" / "ctr_cvr" / "results.json").read_text())
         else:
             report = recipe.main(argv)

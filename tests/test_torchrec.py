@@ -1,8 +1,8 @@
 """TorchRec integration (mlloss.integrations.torchrec and .torchrec_strategy): the
 EmbeddingBagCollection feature module against the plain FieldEmbedding, sharded models against
 their unsharded copy on 2 gloo processes (also with a cross-device pairwise loss; every sharded
-case of this file runs in one 2-process job, and both TorchRecStrategy cases in another: a job
-costs about 9 s of imports per rank), and the CTR/CVR recipe with TorchRec tables in one
+case of this file runs in one 2-process job, and both TorchRecStrategy cases in another, their
+ranks forked from the test's process, which has imported TorchRec), and the CTR/CVR recipe with TorchRec tables in one
 process. The recipe trained, checkpointed, killed and resumed with table-wise sharded tables on 2
 gloo processes: tests/test_checkpoints.py."""
 
@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
 
 import torchrec_worker  # noqa: E402
-from ports import free_port  # noqa: E402
+from ranks import ForkedRanks, free_port  # noqa: E402
 from recipe_util import load_recipe  # noqa: E402
 from mlloss.checkpointing import incomplete_reason  # noqa: E402
 from mlloss.integrations.torchrec import SHARDING_TYPES, TorchRecEmbedding, ids_to_kjt, shard_model  # noqa: E402
@@ -226,7 +225,7 @@ def shard_model_runs(tmp_path_factory) -> Path:
     """The folder of every ``shard_model`` case's results, one file per case and rank, from one
     2-process job (``torchrec_worker.run_shard_model_cases``)."""
     out_dir = tmp_path_factory.mktemp("torchrec")
-    mp.spawn(torchrec_worker.run_shard_model_cases, args=(2, free_port(), str(out_dir)), nprocs=2, join=True)
+    ForkedRanks(torchrec_worker.run_shard_model_cases, (2, free_port(), str(out_dir)), log=out_dir / "ranks.log").join()
     return out_dir
 
 
@@ -415,7 +414,8 @@ def test_a_cross_device_ranking_loss_steps_sharded_tables_like_one_process_on_th
 def strategy_runs(tmp_path_factory) -> Path:
     """The folder of both TorchRecStrategy cases' results, from one 2-process job."""
     out_dir = tmp_path_factory.mktemp("torchrec-strategy")
-    mp.spawn(torchrec_worker.run_strategy_cases, args=(2, (free_port(), free_port()), str(out_dir)), nprocs=2, join=True)
+    ForkedRanks(torchrec_worker.run_strategy_cases, (2, (free_port(), free_port()), str(out_dir)),
+                log=out_dir / "ranks.log").join()
     return out_dir
 
 

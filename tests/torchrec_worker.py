@@ -87,8 +87,7 @@ def _init(rank: int, world_size: int, port: int) -> None:
 def run_shard_model_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Every ``shard_model`` case of tests/test_torchrec.py in one process group, each saved to a
     file of its own: one step of each sharding type, a process group given by the caller, the
-    edge cases and a cross-device ranking loss (one spawn for all: each costs about 9 s of imports
-    per rank)."""
+    edge cases and a cross-device ranking loss."""
     from mlloss.integrations.torchrec import SHARDING_TYPES
 
     _init(rank, world_size, port)
@@ -267,8 +266,7 @@ def _sharded_lightning_module() -> type:
 
 
 def run_strategy_cases(rank: int, world_size: int, ports: tuple[int, int], out_dir: str) -> None:
-    """Both TorchRecStrategy cases in one spawn (each spawn costs about 9 s of imports per rank),
-    each on a process group of its own that Lightning sets up and this worker destroys."""
+    """Both TorchRecStrategy cases in one job, each on a process group of its own that Lightning sets up and this worker destroys."""
     run_strategy_with_a_parameter_outside(rank, world_size, ports[0], out_dir)
     run_strategy_checkpoint_failures(rank, world_size, ports[1], out_dir)
 
