@@ -96,6 +96,17 @@ def test_masked_items_change_nothing_on_the_triton_backend(grouped):
     assert torch.equal(x.grad.cpu()[~keep], torch.zeros(int((~keep).sum()), dtype=x.grad.dtype))
 
 
+@pytest.fixture(params=["dense", "layout"])
+def kernels(request, monkeypatch) -> str:
+    """Which kernels a call runs: the dense ones (batches of at most ``dense.MAX_ITEMS`` items),
+    or the counting layout's (``MAX_ITEMS`` set to 0 for the test)."""
+    if request.param == "layout":
+        from mlloss.kernels import dense
+
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    return request.param
+
+
 # Every kernel family: dense (<= MAX_ITEMS), layout all pairs, hardest walk; binary, LoA, LaA patterns, an ordinal column.
 STRIDED_LOSSES = {
     "auc": (lambda: mlloss.AUCLoss(backend="triton"), 1),
@@ -107,15 +118,10 @@ STRIDED_LOSSES = {
 }
 
 
-@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("name", list(STRIDED_LOSSES))
-def test_strided_inputs_give_the_contiguous_result(name, layout, monkeypatch):
+def test_strided_inputs_give_the_contiguous_result(name, kernels):
     # A task's column of (N, K) scores, an expanded group id, a strided mask: the kernels index
     # flat memory, so the op hands them contiguous copies (they read neighbours' values before).
-    from mlloss.kernels import dense
-
-    if layout:
-        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
     make, num_labels = STRIDED_LOSSES[name]
     gen = torch.Generator().manual_seed(len(name))
     wide = torch.randn(60, 3, generator=gen, dtype=torch.float64).to(DEVICE)
@@ -149,12 +155,10 @@ GROUPED_LAYOUT_LOSSES = {
 
 @pytest.mark.parametrize("name", list(GROUPED_LAYOUT_LOSSES))
 @pytest.mark.parametrize("shuffled", [False, True], ids=["runs", "shuffled"])
-def test_grouped_layout_calls_across_blocks_equal_the_torch_tier(name, shuffled, monkeypatch):
+@pytest.mark.parametrize("kernels", ["layout"], indirect=True)
+def test_grouped_layout_calls_across_blocks_equal_the_torch_tier(name, shuffled, kernels):
     """1,300 items in users of ~40 (one user of 300 across a block edge of the counting layout's
     512-position blocks), on the layout kernels: the PyTorch tier's value and gradient, with a mask too."""
-    from mlloss.kernels import dense
-
-    monkeypatch.setattr(dense, "MAX_ITEMS", 0)
     make, num_labels = GROUPED_LAYOUT_LOSSES[name]
     gen = torch.Generator().manual_seed(len(name) + 10 * shuffled)
     n = 1300
@@ -190,17 +194,12 @@ UNCHECKED_LOSSES = {
 }
 
 
-@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("name", list(UNCHECKED_LOSSES))
-def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_tier(name, layout, monkeypatch):
+def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_tier(name, kernels):
     """With ``validate_args=False`` nothing reads the scores: a NaN score in a group with a pair
     makes the loss NaN on the Triton tier as on the PyTorch tier and in the brute force (a training
     loop sees it), where a max with 0 or a max over a cell would skip it; a NaN in a group without
     a pair, or outside the mask, leaves the loss finite and equal to the PyTorch tier's."""
-    from mlloss.kernels import dense
-
-    if layout:
-        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
     make, num_labels = UNCHECKED_LOSSES[name]
     gen = torch.Generator().manual_seed(len(name))
     n = 48
@@ -227,19 +226,14 @@ def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_
         torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12, equal_nan=True)
 
 
-@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("grouped", [False, True], ids=["no-groups", "groups"])
 def test_without_the_data_checks_a_score_at_infinity_beyond_the_soft_extremes_leaves_the_step_finite(
-    grouped, layout, monkeypatch
+    grouped, kernels
 ):
     """A positive at +inf and a negative at -inf (``validate_args=False``) lie beyond the soft min
     of the positives and the soft max of the negatives, which the loss takes: the loss and its
     gradient stay finite, the same on both tiers (the PyTorch tier's soft extremes of the other
     side, which the loss does not use, made every slope of those cells NaN: inf - inf)."""
-    from mlloss.kernels import dense
-
-    if layout:
-        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
     gen = torch.Generator().manual_seed(11)
     scores = torch.randn(48, generator=gen, dtype=torch.float64)
     labels = (torch.arange(48) % 3 == 0).to(torch.float64)
@@ -257,15 +251,10 @@ def test_without_the_data_checks_a_score_at_infinity_beyond_the_soft_extremes_le
     torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("name", ["auc", "pdaom", "loa"])
-def test_every_label_dtype_gives_the_float_labels_result(name, layout, monkeypatch):
+def test_every_label_dtype_gives_the_float_labels_result(name, kernels):
     # Labels become (K, N) int32 rows for the kernels: int32 labels, which need no conversion,
     # were handed over as the transposed view and read as flat memory.
-    from mlloss.kernels import dense
-
-    if layout:
-        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
     make, num_labels = STRIDED_LOSSES[name]
     gen = torch.Generator().manual_seed(3)
     scores = torch.randn(50, generator=gen, dtype=torch.float64).to(DEVICE)
@@ -278,20 +267,15 @@ def test_every_label_dtype_gives_the_float_labels_result(name, layout, monkeypat
         torch.testing.assert_close(make()(scores, labels, groups), expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 @pytest.mark.parametrize("make", [
     lambda: mlloss.PDAOMLoss(backend="triton"),
     lambda: mlloss.AUCLoss(pairs="hardest", temperature=1.0, surrogate="exponential", backend="triton"),
     lambda: mlloss.LaALoss(pairs="hardest", surrogate="exponential", backend="triton"),
     lambda: mlloss.AUCLoss(surrogate="exponential", backend="triton"),
 ], ids=["pdaom", "soft-hardest", "laa-graded-hardest", "all-pairs"])
-def test_a_float32_loss_that_overflows_raises_on_the_triton_backend(make, layout, monkeypatch):
+def test_a_float32_loss_that_overflows_raises_on_the_triton_backend(make, kernels):
     # The max-violation terms are summed in float64: finite there, inf once cast to float32. The
     # check reads the loss as returned (it read the float64 sum and let inf through).
-    from mlloss.kernels import dense
-
-    if layout:
-        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
     scores = torch.tensor([-50.0, 50.0, 0.0, 1.0], device=DEVICE)
     labels = torch.tensor([1.0, 0.0, 0.0, 1.0], device=DEVICE)
     with pytest.raises(OverflowError, match="not finite in the scores' dtype"):
