@@ -8,6 +8,7 @@ on the suite's 2 cores was most of each 2-process job."""
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -56,11 +57,15 @@ class ForkedRanks:
         return self.log.read_text()
 
     def wait(self, timeout: float = 300.0) -> list[int]:
-        """Every rank's exit status, killing them all past ``timeout`` seconds (-9)."""
+        """Every rank's exit status, once all have exited or one has failed (the others, which
+        may wait for it in a collective, are then killed: -9), or ``timeout`` seconds have passed."""
         deadline = time.monotonic() + timeout
         try:
-            for process in self.processes:
-                process.join(timeout=max(0.0, deadline - time.monotonic()))
+            running = {process.sentinel: process for process in self.processes}
+            while running and time.monotonic() < deadline:
+                for sentinel in multiprocessing.connection.wait(list(running), deadline - time.monotonic()):
+                    if running.pop(sentinel).exitcode != 0:
+                        running.clear()
         finally:
             self.kill()
         return [process.exitcode for process in self.processes]
@@ -69,7 +74,7 @@ class ForkedRanks:
         """The output, once every rank exited with 0; else the test fails with its end."""
         codes = self.wait(timeout)
         if codes != [0] * len(codes):
-            pytest.fail(f"ranks exited with {codes} (-9: killed at the {timeout:.0f} s timeout):\n{self.output()[-6000:]}")
+            pytest.fail(f"ranks exited with {codes} (-9: killed, after another failed or at the {timeout:.0f} s timeout):\n{self.output()[-6000:]}")
         return self.output()
 
     def kill_when(self, ready, timeout: float = 300.0) -> None:
