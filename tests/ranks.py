@@ -64,7 +64,9 @@ class ForkedRanks:
             running = {process.sentinel: process for process in self.processes}
             while running and time.monotonic() < deadline:
                 for sentinel in multiprocessing.connection.wait(list(running), deadline - time.monotonic()):
-                    if running.pop(sentinel).exitcode != 0:
+                    process = running.pop(sentinel)
+                    process.join()  # its sentinel closes just before it exits: exitcode may still be None
+                    if process.exitcode != 0:
                         running.clear()
         finally:
             self.kill()
