@@ -238,6 +238,15 @@ def reverse_margin_terms(x, margin, SURROGATE: tl.constexpr, NEED_VALUE: tl.cons
 
 
 @triton.jit
+def shared_pull(pull, share):
+    """An item's part of a max-violation pair's pull: ``pull * share``, and 0 where it has no
+    share even if the pull is infinite (the pair of an unchecked infinite score: inf * 0 would
+    make NaN the gradient of every item of the group but the extremes, where the PyTorch tier
+    gives 0); a NaN pull stays NaN."""
+    return tl.where((share == 0) & (pull == pull), 0.0, pull * share)
+
+
+@triton.jit
 def factored_span(s_m, row_mask):
     """(fits, centre) of a row block of base-2 scores for ``factored_logistic_terms``: whether
     the scores span at most 64 (natural scores within ~44 of each other; an infinity fails; a

@@ -52,8 +52,8 @@ import triton.language as tl
 from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..ops.fused import accumulation_dtype
 from ._common import (
-    cdiv, fast_math, int32_addressable, launch_target, reverse_margin_terms, score_scale, surrogate_id, tl_dtype,
-    validate_device, value_scale,
+    cdiv, fast_math, int32_addressable, launch_target, reverse_margin_terms, score_scale, shared_pull, surrogate_id,
+    tl_dtype, validate_device, value_scale,
 )
 from ._launch import launcher
 from .check import report_binary_check
@@ -306,7 +306,7 @@ def _dense_rows_kernel(
         ties = tl.maximum(tl.where(up_m, tl.sum(low_ties, axis=1), tl.sum(high_ties, axis=1)), 1).to(tl.float64)
         share = tl.where(attains, 1.0 / ties, 0.0)
         term = value * share_of_group
-        grad = tl.where(has_pair, tl.where(up_m, -pull, pull) * share, 0.0)
+        grad = tl.where(has_pair, shared_pull(tl.where(up_m, -pull, pull), share), 0.0)
         pairs = share_of_group  # one level pair per group
     elif LEVELS == 2:
         pair_count = (num_positive * num_negative).to(tl.float64)  # Z_u, exact in float64

@@ -43,7 +43,8 @@ import triton.language as tl
 
 from ..ops.fused import accumulation_dtype
 from ._common import (
-    cdiv, group_spans, launch_target, next_cell, rank_at, reverse_margin_terms, surrogate_id, validate_device,
+    cdiv, group_spans, launch_target, next_cell, rank_at, reverse_margin_terms, shared_pull, surrogate_id,
+    validate_device,
 )
 from . import scan
 from ._launch import launcher
@@ -184,7 +185,7 @@ def _hardest_kernel(
     share = _share(own, tl.where(positive, lowest_positive, lowest_negated),
                    tl.where(positive, positives_acc, negatives_acc), inverse_temperature, has_pair, SOFT)
     # d phi(min - max) / d min = -pull, / d max = +pull
-    grad = tl.where(has_pair, tl.where(positive, -pull, pull) * share, 0.0)
+    grad = tl.where(has_pair, shared_pull(tl.where(positive, -pull, pull), share), 0.0)
     item = tl.load(order_ptr + row + positions, mask=mask, other=0)
     tl.store(grad_ptr + row + item, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
@@ -286,7 +287,7 @@ def _hardest_levels_kernel(
     min_share = _share(score, hard_min, own_min_acc, inverse_temperature, has_pair, SOFT)
     max_share = _share(-score, hard_max_negated, own_max_acc, inverse_temperature, has_pair, SOFT)
     # d phi(min_a - max_b) / d min_a = -pull, / d max_b = +pull
-    grad = (max_pull * max_share - min_pull * min_share) * inverse
+    grad = (shared_pull(max_pull, max_share) - shared_pull(min_pull, min_share)) * inverse
     tl.store(grad_ptr + item, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
     first_of_cell = has_pair & (positions == cell_start)

@@ -251,6 +251,43 @@ def test_without_the_data_checks_a_score_at_infinity_beyond_the_soft_extremes_le
     torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12)
 
 
+# The max-violation kernels' three gradients: one level pair (dense, and the layout's scan), several.
+HARD_EXTREME_LOSSES = {
+    "pdaom": lambda surrogate, backend: mlloss.PDAOMLoss(surrogate=surrogate, backend=backend, validate_args=False),
+    "auc hardest": lambda surrogate, backend: mlloss.AUCLoss(pairs="hardest", surrogate=surrogate, backend=backend,
+                                                             validate_args=False),
+    "laa graded hardest": lambda surrogate, backend: mlloss.LaALoss(pairs="hardest", surrogate=surrogate,
+                                                                    backend=backend, validate_args=False),
+}
+
+
+@pytest.mark.parametrize("surrogate", ["exponential", "squared"])  # an unbounded slope: inf at an infinite margin
+@pytest.mark.parametrize("name", list(HARD_EXTREME_LOSSES))
+def test_without_the_data_checks_an_infinite_extreme_gives_the_torch_tiers_gradient(name, surrogate, kernels):
+    """A positive at -inf (``validate_args=False``) is its group's hardest positive at an infinite
+    reverse margin: the loss is inf, the gradient infinite at the extremes of its pairs and 0 at
+    the group's other items, bit for bit as on the PyTorch tier (the Triton tier's infinite pull
+    times their share of 0 made them NaN)."""
+    gen = torch.Generator().manual_seed(len(name))
+    scores = torch.randn(48, generator=gen, dtype=torch.float64)
+    num_levels = 3 if name.startswith("laa") else 2
+    labels = (torch.arange(48) % 4 % num_levels).to(torch.float64)  # item 1 at level 1, a positive
+    scores[1] = float("-inf")
+    for groups in (None, torch.arange(48) // 12):
+        results = []
+        for backend, device in (("triton", DEVICE), ("torch", "cpu")):
+            leaf = scores.clone().to(device).requires_grad_(True)
+            value = HARD_EXTREME_LOSSES[name](surrogate, backend)(
+                leaf, labels.to(device), None if groups is None else groups.to(device))
+            value.backward()
+            results.append((value.detach().cpu(), leaf.grad.cpu()))
+        (value, grad), (torch_value, torch_grad) = results
+        assert value == torch_value == float("inf") and grad[1] == float("-inf")
+        assert not grad.isnan().any() and (grad == 0).sum() > 24, grad  # the group's other items: 0
+        assert torch.equal(grad.isinf(), torch_grad.isinf())
+        torch.testing.assert_close(grad, torch_grad, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["auc", "pdaom", "loa"])
 def test_every_label_dtype_gives_the_float_labels_result(name, kernels):
     # Labels become (K, N) int32 rows for the kernels: int32 labels, which need no conversion,
