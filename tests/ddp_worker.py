@@ -175,13 +175,12 @@ def error_batch(rank: int):
     return scores, torch.tensor([1.0, 0.0]), torch.full((2,), rank)
 
 
-def run(rank: int, world: int, port: int, out_dir: str) -> None:
+def run(rank: int, out_dir: str) -> None:
     """Every case of tests/test_distributed.py on one process group; the error cases run last
     (every rank raises and the job goes on, so nothing after them depends on it). A collective
     waits at most 60 s: a rank left waiting fails the test instead of hanging it for 30 minutes."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # the group from the environment
+    world = dist.get_world_size()
     try:
         cases = {"losses": cross_device_cases, "metrics": metrics_cases, "dtype": dtype_cases, "errors": error_cases}
         for case, compute in cases.items():

@@ -76,7 +76,8 @@ class ForkedRanks:
         """The output, once every rank exited with 0; else the test fails with its end."""
         codes = self.wait(timeout)
         if codes != [0] * len(codes):
-            pytest.fail(f"ranks exited with {codes} (-9: killed, after another failed or at the {timeout:.0f} s timeout):\n{self.output()[-6000:]}")
+            pytest.fail(f"ranks exited with {codes} (-9: killed, after another failed or at the {timeout:.0f} s "
+                        f"timeout):\n{self.output()[-6000:]}")
         return self.output()
 
     def kill_when(self, ready, timeout: float = 300.0) -> None:

@@ -643,9 +643,6 @@ class Recipe(ForkedRanks):
         super().__init__(_main_of_a_rank, (recipe, argv), log=out_dir.parent / f"{out_dir.name}-{label}.log",
                          world_size=world_size, env={BATCH_PAUSE_ENV: None, CHECKPOINT_PAUSE_ENV: None, **env})
 
-    def finish(self) -> str:
-        return self.join()
-
 
 def _main_of_a_rank(rank: int, recipe, argv: list[str]) -> None:
     checkpointing._writes_in_this_process = 0  # the checkpoint pause's count of this process's writes
@@ -738,7 +735,7 @@ def _killed_twice_and_resumed(recipe, out_dir: Path, options: tuple[str, ...]) -
             "when it is complete)"]
 
     # 3. resumed to the end
-    return Recipe(recipe, out_dir, (*options, "--resume", "last"), "3-resumed").finish()
+    return Recipe(recipe, out_dir, (*options, "--resume", "last"), "3-resumed").join()
 
 
 def _check_equal_to_the_uninterrupted_run(resumed: Path, straight: Path) -> None:

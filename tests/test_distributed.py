@@ -11,7 +11,7 @@ import torch
 
 import ddp_worker
 import mlloss
-from ranks import ForkedRanks, free_port
+from ranks import ForkedRanks
 
 pytestmark = pytest.mark.distributed
 
@@ -21,7 +21,7 @@ def job(tmp_path_factory) -> Path:
     """The folder of every case's results, one file per case and rank, from the file's one
     2-process job (``ddp_worker.run``, forked from this process)."""
     out_dir = tmp_path_factory.mktemp("ddp")
-    ForkedRanks(ddp_worker.run, (2, free_port(), str(out_dir)), log=out_dir / "ranks.log").join()
+    ForkedRanks(ddp_worker.run, (str(out_dir),), log=out_dir / "ranks.log").join()
     return out_dir
 
 

@@ -2,8 +2,8 @@
 EmbeddingBagCollection feature module against the plain FieldEmbedding, sharded models against
 their unsharded copy on 2 gloo processes (also with a cross-device pairwise loss; every sharded
 case of this file runs in one 2-process job, and both TorchRecStrategy cases in another, their
-ranks forked from the test's process, which has imported TorchRec), and the CTR/CVR recipe with TorchRec tables in one
-process. The recipe trained, checkpointed, killed and resumed with table-wise sharded tables on 2
+ranks forked from the test's process, which has imported TorchRec), and the CTR/CVR recipe with
+TorchRec tables in one process. The recipe trained, checkpointed, killed and resumed with table-wise sharded tables on 2
 gloo processes: tests/test_checkpoints.py."""
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def shard_model_runs(tmp_path_factory) -> Path:
     """The folder of every ``shard_model`` case's results, one file per case and rank, from one
     2-process job (``torchrec_worker.run_shard_model_cases``)."""
     out_dir = tmp_path_factory.mktemp("torchrec")
-    ForkedRanks(torchrec_worker.run_shard_model_cases, (2, free_port(), str(out_dir)), log=out_dir / "ranks.log").join()
+    ForkedRanks(torchrec_worker.run_shard_model_cases, (str(out_dir),), log=out_dir / "ranks.log").join()
     return out_dir
 
 
@@ -414,8 +414,7 @@ def test_a_cross_device_ranking_loss_steps_sharded_tables_like_one_process_on_th
 def strategy_runs(tmp_path_factory) -> Path:
     """The folder of both TorchRecStrategy cases' results, from one 2-process job."""
     out_dir = tmp_path_factory.mktemp("torchrec-strategy")
-    ForkedRanks(torchrec_worker.run_strategy_cases, (2, (free_port(), free_port()), str(out_dir)),
-                log=out_dir / "ranks.log").join()
+    ForkedRanks(torchrec_worker.run_strategy_cases, (free_port(), str(out_dir)), log=out_dir / "ranks.log").join()
     return out_dir
 
 

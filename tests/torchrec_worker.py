@@ -77,20 +77,14 @@ def full_tables(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _init(rank: int, world_size: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-
-def run_shard_model_cases(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def run_shard_model_cases(rank: int, out_dir: str) -> None:
     """Every ``shard_model`` case of tests/test_torchrec.py in one process group, each saved to a
     file of its own: one step of each sharding type, a process group given by the caller, the
     edge cases and a cross-device ranking loss."""
     from mlloss.integrations.torchrec import SHARDING_TYPES
 
-    _init(rank, world_size, port)
+    dist.init_process_group("gloo")  # the group from the environment (ranks.ForkedRanks)
+    world_size = dist.get_world_size()
     try:
         for sharding in SHARDING_TYPES:
             torch.save(_one_step(rank, sharding), os.path.join(out_dir, f"{sharding}-rank{rank}.pt"))
@@ -265,13 +259,17 @@ def _sharded_lightning_module() -> type:
     return ShardedModule
 
 
-def run_strategy_cases(rank: int, world_size: int, ports: tuple[int, int], out_dir: str) -> None:
-    """Both TorchRecStrategy cases in one job, each on a process group of its own that Lightning sets up and this worker destroys."""
-    run_strategy_with_a_parameter_outside(rank, world_size, ports[0], out_dir)
-    run_strategy_checkpoint_failures(rank, world_size, ports[1], out_dir)
+def run_strategy_cases(rank: int, second_port: int, out_dir: str) -> None:
+    """Both TorchRecStrategy cases in one job, each on a process group of its own that Lightning
+    sets up (from the environment ranks.ForkedRanks gives) and this worker destroys; the second
+    group on a port of its own."""
+    world_size = int(os.environ["WORLD_SIZE"])
+    run_strategy_with_a_parameter_outside(rank, world_size, out_dir)
+    os.environ["MASTER_PORT"] = str(second_port)
+    run_strategy_checkpoint_failures(rank, world_size, out_dir)
 
 
-def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def run_strategy_with_a_parameter_outside(rank: int, world_size: int, out_dir: str) -> None:
     """Two Lightning training steps with TorchRecStrategy of a module whose learnable ``scale``
     lies outside the sharded model and starts at a value of each rank's own; records its
     gradient at each step and its final value. Lightning sets up the process group."""
@@ -293,10 +291,6 @@ def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int,
         def on_before_optimizer_step(self, optimizer) -> None:
             self.scale_grads.append(self.scale.grad.detach().clone())
 
-    # Lightning's environment: processes created outside (LOCAL_RANK set), no launcher of its own
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0", LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size), RANK=str(rank))
-    torch.set_num_threads(1)
     module = ScaledModel()
     ids, target = global_batch()  # the distributed sampler gives rank r the rows r, r + 2, ...
     trainer = pl.Trainer(
@@ -313,7 +307,7 @@ def run_strategy_with_a_parameter_outside(rank: int, world_size: int, port: int,
             dist.destroy_process_group()
 
 
-def run_strategy_checkpoint_failures(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def run_strategy_checkpoint_failures(rank: int, world_size: int, out_dir: str) -> None:
     """One Lightning step under TorchRecStrategy, then checkpoint writes whose rank-0 part fails (a
     full disk while starting the directory, then while finishing it), then one that succeeds:
     records each rank's outcome. Every rank must raise, not wait for rank 0 in a barrier (the
@@ -329,9 +323,6 @@ def run_strategy_checkpoint_failures(rank: int, world_size: int, port: int, out_
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0", LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size), RANK=str(rank))
-    torch.set_num_threads(1)
     ids, target = global_batch()
     trainer = pl.Trainer(
         accelerator="cpu", devices=world_size, max_steps=1, logger=False, enable_checkpointing=False,
