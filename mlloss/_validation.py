@@ -441,7 +441,9 @@ LABEL_RULES = ("binary", "summed-binary", "integer", "real")
 def data_status(scores: Tensor, labels: Tensor, label_rule: str) -> int:
     """The data-check bits of a batch, computed with tensor operations (host reads): non-finite
     scores, and labels that break ``label_rule`` (see LABEL_RULES) or are not finite."""
-    status = 0 if bool(torch.isfinite(scores).all()) else STATUS_BAD_SCORE
+    # s - s is 0 for a finite score and NaN for inf and NaN: 2 tensor operations where
+    # torch.isfinite makes 4 (this check runs on every call of the PyTorch tier)
+    status = 0 if bool((scores - scores == 0).all()) else STATUS_BAD_SCORE
     if label_rule in ("binary", "summed-binary"):
         ok = bool(((labels == 0) | (labels == 1)).all())
     elif not labels.is_floating_point():
@@ -490,26 +492,28 @@ def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: 
     filter) says how to declare them. With a ``mask``, the rows it leaves out must hold zeros
     (the op's fill) and do not count for the warning."""
     global _probability_like_batches
-    labels = labels.to(torch.float64)
-    _require_finite_labels(labels)
-    check_binary(labels)
+    if not bool(((labels == 0) | (labels == 1)).all()):  # the slow path names the first bad label
+        labels = labels.to(torch.float64)
+        _require_finite_labels(labels)
+        check_binary(labels)
+    # The scores' extremes in one host read: a NaN makes them NaN, so they are finite exactly when
+    # every score is, and lie in [0, 1] exactly when every score does (a mask's filler rows, and
+    # an empty batch's stand-in extremes, are 0, which changes neither answer). The slow paths
+    # below name an offending entry.
+    low, high = torch.stack(torch.aminmax(scores)).tolist() if scores.numel() else (0.0, 0.0)
+    in_unit_interval = low >= 0 and high <= 1  # False for NaN
     if probabilities:
-        outside = ~((scores >= 0) & (scores <= 1))  # NaN is outside
-        if bool(outside.any()):
+        if not in_unit_interval:
+            outside = ~((scores >= 0) & (scores <= 1))  # NaN is outside
             raise ValueError(
                 f"scores must be probabilities in [0, 1] (inputs='probabilities'); {_first_entry('scores', scores, outside)}"
             )
         return
-    finite = torch.isfinite(scores)
-    if not bool(finite.all()):
+    if not (math.isfinite(low) and math.isfinite(high)):
+        finite = torch.isfinite(scores)
         raise ValueError(f"scores must be finite; {_first_entry('scores', scores, ~finite)}")
-    in_unit_interval = (scores >= 0) & (scores <= 1)
-    if mask is None:
-        looks_like_probabilities = scores.numel() >= MIN_VALUES_FOR_PROBABILITY_WARNING and bool(in_unit_interval.all())
-    else:
-        kept = mask[:, None].expand_as(scores)
-        looks_like_probabilities = (int(kept.sum()) >= MIN_VALUES_FOR_PROBABILITY_WARNING
-                                    and bool((in_unit_interval | ~kept).all()))
+    looks_like_probabilities = in_unit_interval and (  # the mask read only then
+        scores.numel() if mask is None else int(mask.sum()) * scores.shape[1]) >= MIN_VALUES_FOR_PROBABILITY_WARNING
     _probability_like_batches = _probability_like_batches + 1 if looks_like_probabilities else 0
     if _probability_like_batches == PROBABILITY_WARNING_BATCHES:
         warnings.warn(

@@ -133,7 +133,7 @@ def prepare(case: Case) -> Prepared:
     levels = problem_levels(case.labels, case.label_weights)
     tables = dense_tables(levels, case.groups, case.problem)
     costs = LevelCosts.of(tables.level_values, case.cost)
-    coefficients = reduction_coefficients(costs.group_cost(tables.counts), case.reduction)
+    coefficients, _ = reduction_coefficients(costs.group_cost(tables.counts), case.reduction)
     return Prepared(tables, costs, coefficients, case.scores.to(torch.float64)[tables.order])
 
 

@@ -86,8 +86,12 @@ def all_pairs_loss_and_grad(
     group_coefficients: Tensor,
     surrogate: str,
     margin: float,
+    *,
+    left_out: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """(loss, dloss/dscores) for sorted scores; computed in the scores' dtype."""
+    """(loss, dloss/dscores) for sorted scores; computed in the scores' dtype. A group whose
+    coefficient is 0 is not computed; ``left_out``: some groups with valid pairs have one (another
+    rank's share of the groups), else only those without a pair do."""
     sizes, offsets = layout.group_sizes, layout.group_offsets
     active = group_coefficients > 0
     grad = torch.zeros_like(scores)
@@ -99,15 +103,17 @@ def all_pairs_loss_and_grad(
         return layout.centred_level_values.to(scores.dtype)
 
     level_pairs = layout.level_pairs  # a group's rectangles
-    small = active & (sizes <= MAX_LISTED_GROUP) & (layout.group_pairs <= LISTED_PAIRS_PER_RECTANGLE * level_pairs)
-    if bool(small.any()):
+    listed = (sizes <= MAX_LISTED_GROUP) & (layout.group_pairs <= LISTED_PAIRS_PER_RECTANGLE * level_pairs)
+    large = active & ~listed
+    any_large = bool(large.any())
+    small = active & listed if any_large or left_out else None  # None: every group with a pair
+    if small is None or bool(small.any()):
         partial_sums.extend(_small_groups(
             scores, item_level_values() if linear_cost else None, layout, small,
             group_coefficients.to(scores.dtype), surrogate, margin, grad,
         ))
 
-    large = active & ~small
-    if bool(large.any()):
+    if any_large:
         tiled = large & (level_pairs * RECTANGLE_PAIRS > sizes * sizes)
         if bool((large & ~tiled).any()):
             partial_sums.extend(_level_rectangles(
@@ -136,13 +142,13 @@ def _small_groups(
     scores: Tensor,
     item_level_values: Tensor | None,
     layout: OrdinalLayout,
-    selected: Tensor,
+    selected: Tensor | None,
     coefficients: Tensor,
     surrogate: str,
     margin: float,
     grad: Tensor,
 ) -> list[Tensor]:
-    """The valid pairs of the ``selected`` groups, listed one after another. Inside a group the
+    """The valid pairs of the ``selected`` groups ((G,) bool; None: every group), listed one after another. Inside a group the
     levels descend, so the lower partners of an item are the positions from its cell's end to its
     group's end, and its upper partners those from its group's start to its cell's start: each
     item's pairs are a run of the list (upper-major), and so are each item's pairs as the lower
@@ -154,10 +160,11 @@ def _small_groups(
     device = scores.device
     partners = layout.partners
     group_start, cell_end, group_end = partners.group_start, partners.cell_end, partners.group_end
-    taken = selected[layout.group]
-    below = torch.where(taken, partners.below, 0)  # each item's lower partners
-    above = torch.where(taken, partners.above, 0)  # and its upper ones
-    item_coefficients = coefficients[layout.group]
+    below, above = partners.below, partners.above  # each item's lower partners, and its upper ones
+    if selected is not None:
+        taken = selected.index_select(0, layout.group)
+        below, above = torch.where(taken, below, 0), torch.where(taken, above, 0)
+    item_coefficients = coefficients.index_select(0, layout.group)
     # chunks of whole groups of about ``chunk`` pairs: cut at the first group end past each multiple
     pairs_before = torch.cumsum(below, 0)
     chunk, total = _pair_list_chunk(device), int(pairs_before[-1])
@@ -168,11 +175,13 @@ def _small_groups(
     partial_sums = []
     for start, end in zip(bounds[:-1], bounds[1:]):  # chunk-local int32 positions from here on
         lower_counts, upper_counts = below[start:end], above[start:end]
-        num_pairs = int(lower_counts.sum())
+        num_pairs = total if len(bounds) == 2 else int(lower_counts.sum())
         if num_pairs == 0:
             continue
-        lower_first = (cell_end[start:end] - start).to(torch.int32)
-        upper_first = (group_start[start:end] - start).to(torch.int32)
+        lower_first, upper_first = cell_end[start:end], group_start[start:end]
+        if start:
+            lower_first, upper_first = lower_first - start, upper_first - start
+        lower_first, upper_first = lower_first.to(torch.int32), upper_first.to(torch.int32)
         uppers, lowers, first_pair = _runs(lower_counts.to(torch.int32), lower_first, num_pairs)  # upper-major
         chunk_scores = scores[start:end]
         value, pull = surrogate_value_and_pull_(

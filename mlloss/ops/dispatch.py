@@ -341,15 +341,16 @@ def _torch_tier_loss(scores, labels, groups, mask, mixing, label_weights, option
     levels = problem_levels(labels, label_weights)
     result = torch_tier.pair_loss_and_grad(scores, levels, groups, mixing=mixing, options=options,
                                            exact=tier == "exact", owned=owned)
-    if validate:
-        status = _with_narrow_gradient(check.overflow_status(result[0]), scores, result[2])
-        _raise_for(int(status.item()), scores, labels, groups, None, label_rule)
+    if validate:  # the loss read on the host: this tier reads it anyway (its sizes), one read, no tensor ops
+        status = 0 if math.isfinite(result[0]) else check.STATUS_OVERFLOW
+        _raise_for(int(_with_narrow_gradient(status, scores, result[2])), scores, labels, groups, None, label_rule)
     return result
 
 
-def _with_narrow_gradient(status: Tensor, scores: Tensor, grad: Tensor) -> Tensor:
-    """``status`` with the overflow bit also set where the gradient, computed in float32 for
-    float16 scores, overflows float16, the dtype it goes back in."""
+def _with_narrow_gradient(status: Tensor | int, scores: Tensor, grad: Tensor) -> Tensor | int:
+    """``status`` (a tensor, or an int read on the host) with the overflow bit also set where
+    the gradient, computed in float32 for float16 scores, overflows float16, the dtype it goes
+    back in."""
     if torch.finfo(scores.dtype).max >= torch.finfo(grad.dtype).max:
         return status
     return status | check.overflow_status(grad.to(scores.dtype).sum(dtype=torch.float32))

@@ -514,14 +514,16 @@ def next_power_of_two(values: Tensor) -> Tensor:
     return torch.pow(2, torch.ceil(torch.log2(values.to(torch.float64)))).to(torch.int64)
 
 
-def reduction_coefficients(group_cost: Tensor, reduction: str) -> Tensor:
-    """Per-group weight of a group's pair sum: 1/Z_u, divided by the number of groups with a
-    valid pair for ``reduction="mean"``; 0 for groups without a valid pair (loss spec, Groups)."""
+def reduction_coefficients(group_cost: Tensor, reduction: str) -> tuple[Tensor, Tensor]:
+    """(per-group weight of a group's pair sum, the number of groups with a valid pair): the
+    weight is 1/Z_u, divided by that number for ``reduction="mean"``; 0 for groups without a
+    valid pair (loss spec, Groups)."""
     has_pairs = group_cost > 0
-    coefficients = torch.where(has_pairs, 1.0 / torch.where(has_pairs, group_cost, 1.0), 0.0)
+    groups_with_pairs = has_pairs.sum()
+    coefficients = torch.where(has_pairs, group_cost.reciprocal(), 0.0)  # the inf of 1/0 is not taken
     if reduction == "mean":
-        coefficients = coefficients / has_pairs.sum().clamp(min=1)
-    return coefficients
+        coefficients = coefficients / groups_with_pairs.clamp(min=1)
+    return coefficients, groups_with_pairs
 
 
 def cell_logsumexp(values: Tensor, layout: OrdinalLayout) -> Tensor:

@@ -79,29 +79,40 @@ def pair_loss_and_grad(
     output_dtype = accumulation_dtype(scores)
     num_problems, num_items = levels.rank.shape
     score_columns = scores.dim() == 2
-    stats = torch.zeros((3, num_problems), dtype=torch.float64, device=scores.device)
-    grads = torch.zeros((num_items, num_problems if score_columns else 1), dtype=output_dtype, device=scores.device)
-    loss = torch.zeros((), dtype=torch.float64, device=scores.device)
-    if num_items >= 2:  # else no pair at all
-        for problem in range(num_problems):
-            tables = dense_tables(levels, groups, problem)
-            problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
-                scores[:, problem] if score_columns else scores, tables, options, exact, owned
-            )
-            grad = grads[:, problem if score_columns else 0]
-            # back in input order: the order is a permutation, each position written once (a
-            # gather and an indexed add took 6x as long: 34 against 6 ms at 10^6 items)
-            problem_grad = problem_grad.new_empty(num_items).index_copy_(0, tables.order, problem_grad)
-            if mixing is None:
-                loss = loss + problem_loss.to(torch.float64)
-                grad += problem_grad.to(output_dtype)
-            else:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
-                weight = mixing[problem]
-                loss = loss + torch.where(weight != 0, weight * problem_loss.to(torch.float64), 0.0)
-                grad += torch.where(weight != 0, weight * problem_grad, 0.0).to(output_dtype)
-            stats[:, problem] = torch.stack([problem_loss.to(torch.float64), valid_pairs,
-                                             groups_with_pairs.to(torch.float64)])
-    return loss.to(output_dtype), stats.flatten(), grads if score_columns else grads[:, 0]
+    if num_items < 2:  # no pair at all
+        grads = torch.zeros((num_items, num_problems if score_columns else 1), dtype=output_dtype, device=scores.device)
+        stats = torch.zeros(3 * num_problems, dtype=torch.float64, device=scores.device)
+        return torch.zeros((), dtype=output_dtype, device=scores.device), stats, grads if score_columns else grads[:, 0]
+    losses, grads, stats = [], [], []
+    for problem in range(num_problems):
+        tables = dense_tables(levels, groups, problem)
+        problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
+            scores[:, problem] if score_columns else scores, tables, options, exact, owned
+        )
+        # back in input order: the order is a permutation, each position written once (a
+        # gather and an indexed add took 6x as long: 34 against 6 ms at 10^6 items)
+        problem_grad = problem_grad.new_empty(num_items).index_copy_(0, tables.order, problem_grad)
+        problem_loss = problem_loss.to(torch.float64)
+        if mixing is not None:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
+            weight = mixing[problem]
+            losses.append(torch.where(weight != 0, weight * problem_loss, 0.0))
+            problem_grad = torch.where(weight != 0, weight * problem_grad, 0.0)
+        else:
+            losses.append(problem_loss)
+        grads.append(problem_grad.to(output_dtype))
+        stats.append((problem_loss, valid_pairs, groups_with_pairs))
+    loss = losses[0]
+    for problem_loss in losses[1:]:  # in problem order, in float64
+        loss = loss + problem_loss
+    # [losses, valid pairs, groups with pairs], float64 (the counts of groups, int64, promoted)
+    stats = torch.stack([value for values in zip(*stats) for value in values])
+    if score_columns:
+        grad = torch.stack(grads, 1)
+    else:  # one set of scores: the problems' gradients summed in problem order
+        grad = grads[0]
+        for problem_grad in grads[1:]:
+            grad = grad + problem_grad
+    return loss.to(output_dtype), stats, grad
 
 
 def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptions, exact: bool, owned):
@@ -118,8 +129,7 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
 
     group_cost, group_pairs = group_pair_costs(tables, costs.linear)  # each group's own levels
     valid_pairs = group_pairs.sum()
-    groups_with_pairs = (group_cost > 0).sum()
-    coefficients = reduction_coefficients(group_cost, reduction)
+    coefficients, groups_with_pairs = reduction_coefficients(group_cost, reduction)
     if exact and _closed_form_pays(surrogate, tables, float(valid_pairs)):
         ordered = _in_table_order(scores, tables, torch.float64)
         loss, grad = CLOSED_FORMS[surrogate](ordered, tables, costs, coefficients, margin)
@@ -129,7 +139,8 @@ def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptio
         work = torch.where(group_pairs > 0, tables.group_sizes.to(torch.float64) ** 2, 0.0)
         coefficients = torch.where(_owned_groups(work, *owned), coefficients, 0.0)
     ordered = _in_table_order(scores, tables, accumulation_dtype(scores))
-    loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, costs, coefficients, surrogate, margin)
+    loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, costs, coefficients, surrogate, margin,
+                                                  left_out=owned is not None)
     return loss, grad, valid_pairs, groups_with_pairs
 
 
