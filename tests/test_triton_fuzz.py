@@ -177,10 +177,15 @@ def test_triton_tier_against_brute_force_and_torch_tier(seed, kernel_paths):
     expected, label_losses, valid, groups = brute_force(case, scores)
     (expected * case["upstream"]).backward()
     tolerance = 1e-6 if case["dtype"] == torch.float64 else 1e-4
-    value_atol = 0.0 if case["dtype"] == torch.float64 else 1e-6  # a loss near 0, accumulated in float32
+    # A loss near 0: accumulated in float32; in float64, soft extremes of equal scores, which the
+    # library takes from the cell's own extreme (exactly the score) and the brute force's
+    # log-sum-exp rounds by an ulp, passed on by a surrogate at its kink (seed 3344: squared,
+    # margin 0, a loss of 1.6e-33 and gradients of 1e-17 against 0; hence also the gradients'
+    # scale of at least 1e-9)
+    value_atol = 1e-15 if case["dtype"] == torch.float64 else 1e-6
     torch.testing.assert_close(value.double(), expected.detach(), rtol=tolerance, atol=value_atol)
     grad_tolerance = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(case["dtype"], tolerance)
-    scale = max(float(scores.grad.abs().max()), 1e-12)
+    scale = max(float(scores.grad.abs().max()), 1e-9)
     torch.testing.assert_close(grad.double() / scale, scores.grad / scale, rtol=grad_tolerance, atol=grad_tolerance)
     if case["mask"] is not None:
         assert not grad[~case["mask"]].any(), "a left-out item got a gradient"
