@@ -4,7 +4,8 @@
 surrogate *is* its value, so aliasing would corrupt one of them), and on the CPU the rectangles
 between level runs are cut into square tiles and the listed pairs of small groups into chunks of
 whole groups. Checked here: each path of the blocked sum (the pairs of small groups listed,
-rectangles between level runs, masked tiles of a group with a level per item), with tiles and
+rectangles between level runs, masked tiles of a group with a level per item; the listed pairs'
+lower sums both ways, the CPU's indexed add and the lower-major list), with tiles and
 chunks cut small, against the float64 brute force of ``tests/reference.py`` for every surrogate and both costs; float32 scores
 within float32 rounding of it; the block arithmetic against its out-of-place formula, bit for bit.
 """
@@ -44,6 +45,15 @@ def _batch(path: str, dtype: torch.dtype, seed: int = 0):
     return scores, labels, groups
 
 
+@pytest.fixture(params=["indexed add", "lower-major runs"])
+def lower_sums(request, monkeypatch):
+    """The listed pairs' two ways to each lower item's sum: the CPU's indexed add in list order,
+    and the lower-major list of the same pairs that devices with atomic adds take (forced here)."""
+    if request.param == "lower-major runs":
+        monkeypatch.setattr(allpairs, "ORDERED_INDEX_ADD", ())
+    return request.param
+
+
 def _loss_and_grad(loss_fn, scores, *args):
     x = scores.detach().clone().requires_grad_(True)
     value = loss_fn(x, *args)
@@ -54,7 +64,7 @@ def _loss_and_grad(loss_fn, scores, *args):
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("cost", ["linear", "uniform"])
 @pytest.mark.parametrize("surrogate", NAMES)
-def test_blocked_pairs_match_the_float64_brute_force(path, cost, surrogate):
+def test_blocked_pairs_match_the_float64_brute_force(path, cost, surrogate, lower_sums):
     scores, labels, groups = _batch(path, torch.float64)
     real = PATHS[path][1] == "real"
     loss = mlloss.LaALoss(backend="torch", cost=cost, surrogate=surrogate, margin=0.5, real_levels=real)
@@ -64,6 +74,27 @@ def test_blocked_pairs_match_the_float64_brute_force(path, cost, surrogate):
     )
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_cpus_indexed_add_adds_in_index_order(dtype):
+    # allpairs.ORDERED_INDEX_ADD: the listed pairs' lower sums are one index_add_ on the CPU, bitwise
+    # reproducible only if it adds each entry in turn, whatever the threads (numpy's add.at does)
+    np = pytest.importorskip("numpy")
+    gen = torch.Generator().manual_seed(5)
+    index = torch.randint(0, 3000, (1 << 20,), generator=gen, dtype=torch.int32)
+    values = torch.randn(1 << 20, generator=gen, dtype=torch.float64).to(dtype)
+    expected = np.zeros(3000, dtype=values.numpy().dtype)
+    np.add.at(expected, index.numpy(), values.numpy())
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 4):
+            torch.set_num_threads(count)
+            added = torch.zeros(3000, dtype=dtype).index_add_(0, index, values)
+            assert np.array_equal(added.numpy(), expected), count
+    finally:
+        torch.set_num_threads(threads)
+    assert "cpu" in allpairs.ORDERED_INDEX_ADD
 
 
 @pytest.mark.parametrize("path,listed", [("listed", True), ("dense small groups", False)])
@@ -81,7 +112,8 @@ def test_small_groups_are_listed_unless_rectangles_hold_many_pairs_each(path, li
 
 @pytest.mark.parametrize("surrogate", NAMES)
 @pytest.mark.parametrize("positives", [3, 150, 397])
-def test_rectangles_and_pair_list_chunks_cut_small_match_the_float64_brute_force(surrogate, positives, monkeypatch):
+def test_rectangles_and_pair_list_chunks_cut_small_match_the_float64_brute_force(surrogate, positives, monkeypatch,
+                                                                                 lower_sums):
     # Tiles of 16 x 16 pairs: a rectangle of 150 x 250 is cut both ways, one of 3 x 397 (or 397 x 3)
     # takes its short run whole and cuts the long one; groups of up to 20 items in chunks of one
     # or a few groups (about 2^10 listed pairs, never a group cut). Every tile's and chunk's sums

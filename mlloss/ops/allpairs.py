@@ -25,9 +25,10 @@ The work follows the valid pairs, not N^2:
   such groups at once (``_small_groups``): 20,000 users cost no Python loop over users, and no
   pair outside a group or of equal levels is computed.
 
-Every reduction is a plain tensor sum in a fixed order (``segment_reduce`` over runs: no
-scatter, no atomics) and every gradient entry is written by one assignment or by sequential slice
-updates, so results are bitwise reproducible at a fixed number of CPU threads
+Every reduction is a plain tensor sum in a fixed order (``segment_reduce`` over runs, or on the
+CPU an indexed add, which adds in index order: no atomics) and every gradient entry is written by
+one assignment or by sequential slice updates, so results are bitwise reproducible at a fixed
+number of CPU threads
 (``torch.get_num_threads()``: torch's CPU sums and vectorised functions split their work by
 thread, so another count can move a loss by an ulp; the gradients observed did not move).
 """
@@ -62,6 +63,12 @@ CPU_PAIR_LIST_CHUNK = 1 << 18
 # items per group the two took the same time (AUC and LaA of 3 levels, 64 groups, CPU), at 512
 # listing took 2.7x as long.
 MAX_LISTED_GROUP = 256
+# Devices whose indexed add (``index_add_`` of a 1-D tensor) adds the entries one after another in
+# index order: deterministic, so the listed pairs' lower sums take one (the CPU's, checked by
+# tests/test_cpu_path_equivalence.py against a sequential reference). A GPU's adds are atomic.
+# On the CPU it took 0.7x the time of gathering the pairs lower-major for a second segment sum
+# (AUC and LaA in groups of ~50 at 65,536 items, one thread).
+ORDERED_INDEX_ADD = ("cpu",)
 # A group of at most MAX_LISTED_GROUP items is listed unless its valid pairs exceed this many per
 # rectangle (per pair of its levels), where the rectangles' few tensor operations then cost less
 # than listing its pairs. AUC on one CPU thread, groups of ~200 items at prior 0.5 (10,000 pairs a
@@ -148,22 +155,26 @@ def _small_groups(
     margin: float,
     grad: Tensor,
 ) -> list[Tensor]:
-    """The valid pairs of the ``selected`` groups ((G,) bool; None: every group), listed one after another. Inside a group the
-    levels descend, so the lower partners of an item are the positions from its cell's end to its
-    group's end, and its upper partners those from its group's start to its cell's start: each
-    item's pairs are a run of the list (upper-major), and so are each item's pairs as the lower
-    item in the same list gathered lower-major. Both sides' gradient sums are sums over runs
-    (``segment_reduce``): no padding, no scatter, and the same few tensor operations for any
-    number of groups, in chunks of about ``_pair_list_chunk`` pairs that never cut a group.
-    The groups' coefficients multiply the sums; ``item_level_values`` (the linear cost, else None)
-    weigh each pair by its levels' difference."""
+    """The valid pairs of the ``selected`` groups ((G,) bool; None: every group), listed one after
+    another. Inside a group the levels descend, so the lower partners of an item are the positions
+    from its cell's end to its group's end, and its upper partners those from its group's start to
+    its cell's start: each item's pairs are a run of the list (upper-major), whose sums are
+    ``segment_reduce`` sums over runs. Each lower item's sum over its upper partners is an indexed
+    add in list order on the CPU (``ORDERED_INDEX_ADD``), elsewhere a sum over runs of the same
+    pairs gathered lower-major (a GPU's indexed adds are atomic, in any order). No padding, and
+    the same few tensor operations for any number of groups, in chunks of about
+    ``_pair_list_chunk`` pairs that never cut a group. The groups' coefficients multiply the sums;
+    ``item_level_values`` (the linear cost, else None) weigh each pair by its levels' difference."""
     device = scores.device
+    ordered_adds = device.type in ORDERED_INDEX_ADD
     partners = layout.partners
     group_start, cell_end, group_end = partners.group_start, partners.cell_end, partners.group_end
-    below, above = partners.below, partners.above  # each item's lower partners, and its upper ones
+    below = partners.below  # each item's lower partners
+    above = None if ordered_adds else partners.above  # and its upper ones, for the lower-major list
     if selected is not None:
         taken = selected.index_select(0, layout.group)
-        below, above = torch.where(taken, below, 0), torch.where(taken, above, 0)
+        below = torch.where(taken, below, 0)
+        above = None if above is None else torch.where(taken, above, 0)
     item_coefficients = coefficients.index_select(0, layout.group)
     # chunks of whole groups of about ``chunk`` pairs: cut at the first group end past each multiple
     pairs_before = torch.cumsum(below, 0)
@@ -174,14 +185,11 @@ def _small_groups(
         bounds = sorted({0, scores.numel(), *group_end[cuts].tolist()})
     partial_sums = []
     for start, end in zip(bounds[:-1], bounds[1:]):  # chunk-local int32 positions from here on
-        lower_counts, upper_counts = below[start:end], above[start:end]
-        num_pairs = total if len(bounds) == 2 else int(lower_counts.sum())
+        lower_counts = below[start:end]
+        num_pairs = total if len(bounds) == 2 else int(lower_counts.sum())  # one chunk: every pair
         if num_pairs == 0:
             continue
-        lower_first, upper_first = cell_end[start:end], group_start[start:end]
-        if start:
-            lower_first, upper_first = lower_first - start, upper_first - start
-        lower_first, upper_first = lower_first.to(torch.int32), upper_first.to(torch.int32)
+        lower_first = (cell_end[start:end] - start if start else cell_end[start:end]).to(torch.int32)
         uppers, lowers, first_pair = _runs(lower_counts.to(torch.int32), lower_first, num_pairs)  # upper-major
         chunk_scores = scores[start:end]
         value, pull = surrogate_value_and_pull_(
@@ -194,11 +202,16 @@ def _small_groups(
         chunk_coefficients = item_coefficients[start:end]
         partial_sums.append((torch.segment_reduce(value, "sum", lengths=lower_counts) * chunk_coefficients).sum())
         upper_sums = torch.segment_reduce(pull, "sum", lengths=lower_counts)
-        # each lower item's pairs: the same pairs listed lower-major; pair (i, j) of the upper-major
-        # list sits at first_pair_i + (j - lower_first_i)
-        lowers, uppers, _ = _runs(upper_counts.to(torch.int32), upper_first, num_pairs)
-        position = (first_pair - lower_first).index_select(0, uppers) + lowers
-        lower_sums = torch.segment_reduce(pull.index_select(0, position), "sum", lengths=upper_counts)
+        if ordered_adds:
+            lower_sums = torch.zeros_like(upper_sums).index_add_(0, lowers, pull)
+        else:
+            # the same pairs listed lower-major: pair (i, j) of the upper-major list sits at
+            # first_pair_i + (j - lower_first_i)
+            upper_counts = above[start:end]
+            upper_first = (group_start[start:end] - start).to(torch.int32)
+            lowers, uppers, _ = _runs(upper_counts.to(torch.int32), upper_first, num_pairs)
+            position = (first_pair - lower_first).index_select(0, uppers) + lowers
+            lower_sums = torch.segment_reduce(pull.index_select(0, position), "sum", lengths=upper_counts)
         grad[start:end] = (lower_sums - upper_sums) * chunk_coefficients
     return partial_sums
 
