@@ -438,12 +438,18 @@ def mask_vector(mask: object, scores: Tensor) -> Tensor | None:
 LABEL_RULES = ("binary", "summed-binary", "integer", "real")
 
 
+def score_extremes(scores: Tensor) -> tuple[float, float]:
+    """(min, max) of ``scores`` in one host read, (0, 0) for no scores: a NaN makes both NaN, so
+    they are finite exactly when every score is, and lie in [0, 1] exactly when every score does
+    (2 tensor operations where torch.isfinite and its reduction make 5)."""
+    return tuple(torch.stack(torch.aminmax(scores)).tolist()) if scores.numel() else (0.0, 0.0)
+
+
 def data_status(scores: Tensor, labels: Tensor, label_rule: str) -> int:
     """The data-check bits of a batch, computed with tensor operations (host reads): non-finite
     scores, and labels that break ``label_rule`` (see LABEL_RULES) or are not finite."""
-    # s - s is 0 for a finite score and NaN for inf and NaN: 2 tensor operations where
-    # torch.isfinite makes 4 (this check runs on every call of the PyTorch tier)
-    status = 0 if bool((scores - scores == 0).all()) else STATUS_BAD_SCORE
+    low, high = score_extremes(scores)
+    status = 0 if math.isfinite(low) and math.isfinite(high) else STATUS_BAD_SCORE
     if label_rule in ("binary", "summed-binary"):
         ok = bool(((labels == 0) | (labels == 1)).all())
     elif not labels.is_floating_point():
@@ -496,11 +502,8 @@ def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: 
         labels = labels.to(torch.float64)
         _require_finite_labels(labels)
         check_binary(labels)
-    # The scores' extremes in one host read: a NaN makes them NaN, so they are finite exactly when
-    # every score is, and lie in [0, 1] exactly when every score does (a mask's filler rows, and
-    # an empty batch's stand-in extremes, are 0, which changes neither answer). The slow paths
-    # below name an offending entry.
-    low, high = torch.stack(torch.aminmax(scores)).tolist() if scores.numel() else (0.0, 0.0)
+    # (a mask's filler rows are 0, which changes neither answer; the slow paths name an entry)
+    low, high = score_extremes(scores)
     in_unit_interval = low >= 0 and high <= 1  # False for NaN
     if probabilities:
         if not in_unit_interval:
@@ -510,8 +513,7 @@ def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: 
             )
         return
     if not (math.isfinite(low) and math.isfinite(high)):
-        finite = torch.isfinite(scores)
-        raise ValueError(f"scores must be finite; {_first_entry('scores', scores, ~finite)}")
+        _require_finite_scores(scores)
     looks_like_probabilities = in_unit_interval and (  # the mask read only then
         scores.numel() if mask is None else int(mask.sum()) * scores.shape[1]) >= MIN_VALUES_FOR_PROBABILITY_WARNING
     _probability_like_batches = _probability_like_batches + 1 if looks_like_probabilities else 0

@@ -101,17 +101,11 @@ def pair_loss_and_grad(
             losses.append(problem_loss)
         grads.append(problem_grad.to(output_dtype))
         stats.append((problem_loss, valid_pairs, groups_with_pairs))
-    loss = losses[0]
-    for problem_loss in losses[1:]:  # in problem order, in float64
-        loss = loss + problem_loss
+    loss = sum(losses[1:], losses[0])  # in problem order, in float64
     # [losses, valid pairs, groups with pairs], float64 (the counts of groups, int64, promoted)
     stats = torch.stack([value for values in zip(*stats) for value in values])
-    if score_columns:
-        grad = torch.stack(grads, 1)
-    else:  # one set of scores: the problems' gradients summed in problem order
-        grad = grads[0]
-        for problem_grad in grads[1:]:
-            grad = grad + problem_grad
+    # score columns: each problem's gradient in its column; one set of scores: their sum, in problem order
+    grad = torch.stack(grads, 1) if score_columns else sum(grads[1:], grads[0])
     return loss.to(output_dtype), stats, grad
 
 
