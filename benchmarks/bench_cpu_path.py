@@ -69,7 +69,8 @@ GROUPINGS = {"both": (False, True), "grouped": (True,), "ungrouped": (False,)}
 
 
 def losses():
-    """name -> (factory, label kind)."""
+    """name -> (factory, label kind: one 0/1 column, two (LaA's and LoA's labels), or two task
+    columns, each with its own scores)."""
     exp = {"surrogate": "exponential"}
     return {
         "AUCLoss/torch": (lambda: mlloss.AUCLoss(backend="torch"), "binary"),
@@ -77,6 +78,9 @@ def losses():
         "LoALoss(balanced)/torch": (lambda: mlloss.LoALoss("balanced", backend="torch"), "multi"),
         "PDAOMLoss/torch": (lambda: mlloss.PDAOMLoss(backend="torch"), "binary"),
         "bce+pdaom/torch": (lambda: mlloss.build_loss("bce+pdaom", backend="torch"), "binary"),
+        "bce+pdaom[2 tasks]/torch": (lambda: mlloss.build_loss("bce+pdaom", backend="torch"), "columns"),
+        "bce+auc[2 tasks]/torch": (lambda: mlloss.build_loss("bce+auc", backend="torch"), "columns"),
+        "LoALoss/torch": (lambda: mlloss.LoALoss(backend="torch"), "multi"),
         "AUCLoss[exp]/auto": (lambda: mlloss.AUCLoss(backend="auto", **exp), "binary"),
         "AUCLoss[squared]/auto": (lambda: mlloss.AUCLoss(backend="auto", surrogate="squared"), "binary"),
         "AUCLoss[hinge]/auto": (lambda: mlloss.AUCLoss(backend="auto", surrogate="hinge"), "binary"),
@@ -93,6 +97,8 @@ def batch(num_items: int, grouped: bool, kind: str, seed: int = 0):
     labels = torch.randint(0, 2, (num_items, 2), generator=generator).to(torch.float32)
     if kind == "binary":
         labels = labels[:, 0].contiguous()
+    elif kind == "columns":  # (N, 2) scores, a task head each
+        scores = torch.stack([scores, torch.randn(num_items, generator=generator)], 1)
     groups = torch.randint(0, max(1, num_items // ARGS.group_size), (num_items,), generator=generator) if grouped else None
     return scores, labels, groups
 

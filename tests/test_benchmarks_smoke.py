@@ -589,19 +589,19 @@ def test_metrics_benchmark_times_each_metric_and_reports_its_value(tmp_path):
 
 
 def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(tmp_path):
-    """bench_cpu_path.py at a tiny N: a row per (case, N, groups) with its times and op counts,
-    and the naive broadcast's rows, eager and compiled."""
+    """bench_cpu_path.py at a tiny N: a row per (case, N, groups) with its times and op counts
+    (two task columns among them), and the naive broadcast's rows, eager and compiled."""
     import subprocess
 
     out = tmp_path / "cpu-path.json"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_cpu_path.py"), "--sizes", "64", "--repeats", "1",
-                           "--threads", "1", "--cases", "AUCLoss/torch", "PDAOM", "--naive", "--output", str(out)],
+                           "--threads", "1", "--cases", "AUCLoss/torch", "PDAOM", "auc[2 tasks]", "--naive", "--output", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())["records"]
     cases = {(row["case"], row["grouped"]) for row in rows}
     assert {("AUCLoss/torch", False), ("AUCLoss/torch", True), ("naive-broadcast-fixed/compiled", True)} <= cases
-    assert any(case.startswith("PDAOM") for case, _ in cases)
+    assert any(case.startswith("PDAOM") for case, _ in cases) and ("bce+auc[2 tasks]/torch", True) in cases
     for row in rows:
         assert row["n"] == 64 and row["wall_s"] > 0 and row["cpu_s"] >= 0
         if not row["case"].startswith("naive"):

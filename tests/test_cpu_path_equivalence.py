@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import mlloss
-from mlloss.ops import allpairs
+from mlloss.ops import allpairs, torch_tier
 from mlloss.surrogates import NAMES, surrogate_value_and_pull
-from reference import laa_loss
+from reference import laa_loss, loa_loss, pair_loss
 
 # (groups drawn with about this many items each or None, level kind): each picks one path of allpairs
 PATHS = {
@@ -74,6 +74,39 @@ def test_blocked_pairs_match_the_float64_brute_force(path, cost, surrogate, lowe
     )
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("per_layout", [1, 2, 3])
+@pytest.mark.parametrize("path", ["listed", "dense small groups", "rectangles"])
+def test_problems_stacked_in_one_layout_or_several_match_the_brute_force(path, per_layout, monkeypatch):
+    # torch_tier stacks a call's problems into layouts of at most STACKED_ITEMS items: LoA's three
+    # labels (one of weight 0) and three task columns, one, two or three problems to a layout, give
+    # the brute force's loss and gradient and each problem's own statistics
+    monkeypatch.setattr(torch_tier, "STACKED_ITEMS", 400 * per_layout)
+    scores, _, groups = _batch(path, torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    labels = (torch.rand(400, 3, generator=gen) < torch.tensor([0.5, 0.2, 0.05])).to(torch.float64)
+    weights = [1.0, 0.0, 2.5]
+    loa = mlloss.LoALoss(weights, backend="torch")
+    value, grad = _loss_and_grad(lambda x: loa(x, labels, groups), scores)
+    expected, expected_grad = _loss_and_grad(lambda x: loa_loss(x, labels, groups, weights), scores)
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-14)
+    columns = torch.stack([scores, scores.flip(0), scores * 0.5], 1)
+    auc = mlloss.AUCLoss(backend="torch")
+    value, grad = _loss_and_grad(lambda x: auc(x, labels, groups), columns)
+    assert grad.shape == columns.shape
+    for k in range(3):
+        alone = mlloss.AUCLoss(backend="torch")
+        term, term_grad = _loss_and_grad(lambda x: alone(x, labels[:, k], groups), columns[:, k])
+        torch.testing.assert_close(term, pair_loss(columns[:, k], labels[:, k], groups), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(auc.parts[f"label_loss/{k}"], term, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grad[:, k], term_grad, rtol=1e-12, atol=1e-14)
+        assert float(auc.parts[f"valid_pairs/{k}"]) == float(alone.parts["valid_pairs"])
+        assert float(loa.parts[f"valid_pairs/{k}"]) == float(alone.parts["valid_pairs"])
+        torch.testing.assert_close(loa.parts[f"label_loss/{k}"], pair_loss(scores, labels[:, k], groups),
+                                   rtol=1e-12, atol=1e-14)
+    assert float(auc.parts["groups_with_pairs"]) == float(loa.parts["groups_with_pairs"]) > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

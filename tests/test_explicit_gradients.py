@@ -4,8 +4,8 @@ Each ``*_loss_and_grad`` function of ``ops.closed_form`` and ``ops.hardest`` com
 with plain tensor arithmetic; here it is compared with autograd through the float64 brute force of
 ``reference.py`` (``pair_loss``, ``hardest_loss``, ``laa_loss``: every pair formed, no code shared
 with mlloss). The inputs are built as the custom op's PyTorch tier builds them
-(``torch_tier.pair_loss_and_grad`` / ``_problem_on_tables``): ``problem_levels`` from the labels,
-the problem's ``dense_tables``, then the cost matrix and the normalisers.
+(``torch_tier.pair_loss_and_grad`` / ``_problems_on_tables``): ``problem_levels`` from the labels,
+the ``dense_tables`` of the problem under test, then the cost matrix and the normalisers.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch import Tensor
 from mlloss.ops import closed_form, hardest
 from mlloss.ops.layout import (
     LevelCosts,
+    Levels,
     OrdinalLayout,
     dense_tables,
     group_pair_costs,
@@ -129,11 +130,13 @@ def random_case(seed: int, *, integer_scores: bool = False) -> Case:
 
 
 def prepare(case: Case) -> Prepared:
-    """The tables and normalisers exactly as ``torch_tier.pair_loss_and_grad`` and ``_problem_on_tables`` build them."""
+    """The tables and normalisers as ``torch_tier.pair_loss_and_grad`` and ``_problems_on_tables`` build
+    them, for the problem under test alone."""
     levels = problem_levels(case.labels, case.label_weights)
-    tables = dense_tables(levels, case.groups, case.problem)
+    levels = Levels(levels.rank[case.problem : case.problem + 1], levels.num_ranks, levels.values)
+    tables = dense_tables(levels, case.groups)
     costs = LevelCosts.of(tables.level_values, case.cost)
-    coefficients, _ = reduction_coefficients(costs.group_cost(tables.counts), case.reduction)
+    coefficients, _ = reduction_coefficients(costs.group_cost(tables.counts), case.reduction, tables)
     return Prepared(tables, costs, coefficients, case.scores.to(torch.float64)[tables.order])
 
 
@@ -210,8 +213,12 @@ def assert_close(
 
 
 def fused_all_pairs(surrogate: str, case: Case, prepared: Prepared) -> tuple[Tensor, Tensor]:
+    """(loss, gradient): the sum of the closed form's group losses."""
     extra = () if surrogate == "exponential" else (case.margin,)
-    return ALL_PAIRS[surrogate](prepared.sorted_scores, prepared.tables, prepared.costs, prepared.coefficients, *extra)
+    group_losses, grad = ALL_PAIRS[surrogate](prepared.sorted_scores, prepared.tables, prepared.costs,
+                                              prepared.coefficients, *extra)
+    assert group_losses.shape == (prepared.tables.num_groups,)
+    return group_losses.sum(), grad
 
 
 def check_all_pairs(surrogate: str, case: Case) -> None:
@@ -332,11 +339,19 @@ def test_exponential_fused_form_stays_finite_for_extreme_scores(spread, grouped)
         assert_close(value, grad, *expected, value_rtol=rtol, grad_rtol=rtol)
 
 
-def fused_hardest(case: Case, prepared: Prepared, surrogate: str, temperature: float | None):
-    return hardest.hardest_pair_loss_and_grad(
-        prepared.sorted_scores, prepared.tables, prepared.costs, surrogate, case.margin,
-        case.reduction, temperature,
+def fused_hardest(case: Case, prepared: Prepared, surrogate: str, temperature: float | None,
+                  scores: Tensor | None = None):
+    """(loss, groups with a level pair, gradient) of the max-violation pairs, reduced over the
+    groups as ``torch_tier._problems_on_tables`` reduces them (``scores``: other sorted scores)."""
+    group_losses, grad = hardest.hardest_pair_loss_and_grad(
+        prepared.sorted_scores if scores is None else scores, prepared.tables, prepared.costs, surrogate,
+        case.margin, temperature,
     )
+    num_groups = (prepared.tables.level_pairs > 0).sum()
+    value = group_losses.sum()
+    if case.reduction == "mean":
+        value, grad = value / num_groups.clamp(min=1), grad / num_groups.clamp(min=1)
+    return value, num_groups, grad
 
 
 def groups_with_a_level_pair(case: Case) -> int:
@@ -406,8 +421,7 @@ def test_hard_hardest_on_float32_scores_equals_the_float64_call(surrogate, seed,
     case = replace(case, scores=case.scores.float().double())  # values a float32 holds
     prepared = prepare(case)
     value, _, grad = fused_hardest(case, prepared, surrogate, None)
-    value32, _, grad32 = hardest.hardest_pair_loss_and_grad(
-        prepared.sorted_scores.float(), prepared.tables, prepared.costs, surrogate, case.margin, case.reduction, None)
+    value32, _, grad32 = fused_hardest(case, prepared, surrogate, None, scores=prepared.sorted_scores.float())
     assert grad32.dtype == torch.float32 and value32.dtype == torch.float64
     assert torch.equal(value32, value)  # per-cell work in float64 on the same extremes
     # (an item that is both extremes of its cell adds two shares: rounded before the sum here)
@@ -581,6 +595,37 @@ def test_each_items_partners_are_the_positions_of_its_valid_pairs(seed):
         lower = [j for j in range(level.numel()) if groups[j] == groups[i] and level[j] < level[i]]
         assert upper == list(range(int(partners.group_start[i]), int(partners.cell_start[i])))
         assert lower == list(range(int(partners.cell_end[i]), int(partners.group_end[i])))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stacked_problems_keep_each_problems_own_tables(seed):
+    # dense_tables lays B problems (label columns) out as one problem of B N items, problem-major:
+    # problem b's items hold the sorted positions [b N, (b + 1) N), in the order, groups and cells
+    # of its own tables, its groups consecutive; per_problem sums per-group values per problem
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(2, 60, (), generator=gen))
+    num_problems = 1 + seed % 4
+    labels = (torch.rand(n, num_problems, generator=gen) < 0.3).to(torch.float64)
+    if seed % 4 == 3:
+        labels[:, 0] = 0  # a problem with one level, beside others with two
+    groups = (None, torch.randint(-5, 5, (n,), generator=gen) * 37,
+              torch.randint(0, 3, (n,), generator=gen) * 2**61)[seed % 3]  # the last: ids compacted by unique
+    levels = problem_levels(labels, None)
+    stacked = dense_tables(levels, groups)
+    assert stacked.num_problems == num_problems and int(stacked.groups_per_problem.sum()) == stacked.num_groups
+    first_group, pairs = 0, []
+    for b in range(num_problems):
+        alone = dense_tables(Levels(levels.rank[b : b + 1], levels.num_ranks, None), groups)
+        items, own_groups = slice(b * n, (b + 1) * n), slice(first_group, first_group + alone.num_groups)
+        assert int(stacked.groups_per_problem[b]) == alone.num_groups
+        assert torch.equal(stacked.order[items] - b * n, alone.order)
+        assert torch.equal(stacked.group[items] - first_group, alone.group)
+        assert torch.equal(stacked.level_values[stacked.level[items]], alone.level_values[alone.level])
+        assert torch.equal(stacked.group_pairs[own_groups], alone.group_pairs)
+        assert torch.equal(stacked.problem_rows(stacked.order)[b], stacked.order[items])
+        first_group += alone.num_groups
+        pairs.append(float(alone.group_pairs.sum()))
+    assert stacked.per_problem(stacked.group_pairs.to(torch.float64)).tolist() == pairs
 
 
 @pytest.mark.cost_model  # each backend's own choice of path, as a user's call makes it

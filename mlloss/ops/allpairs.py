@@ -1,11 +1,11 @@
 """Exact all-pairs sums in blocks: the PyTorch tier's path for surrogates without a closed form.
 
-Part of the PyTorch tier (``torch_tier`` calls it per problem; its siblings ``closed_form`` and
-``hardest`` serve the closed forms and the max-violation pairs). The surrogate terms come from
-the one table of ``mlloss.surrogates``.
+Part of the PyTorch tier (``torch_tier`` calls it on the stacked problems' tables; its siblings
+``closed_form`` and ``hardest`` serve the closed forms and the max-violation pairs). The
+surrogate terms come from the one table of ``mlloss.surrogates``.
 
-``all_pairs_loss_and_grad`` computes  loss = sum_u coef_u * sum_{i, j in u, level_i > level_j}
-c_ij * phi(s_i - s_j)  and its gradient in one pass over one problem's dense tables
+``all_pairs_loss_and_grad`` computes each group's loss  coef_u * sum_{i, j in u, level_i > level_j}
+c_ij * phi(s_i - s_j)  and the gradient of their sum in one pass over the dense tables
 (``layout.dense_tables``), never holding more than ``TILE_ELEMENTS`` pairs at once (memory
 O(N + tile)) and recording no autograd graph: the custom op returns the gradient, and its
 backward (``fused``) only scales it by the incoming one (the fused-loss pattern of Liger-Kernel).
@@ -96,13 +96,12 @@ def all_pairs_loss_and_grad(
     *,
     left_out: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """(loss, dloss/dscores) for sorted scores; computed in the scores' dtype. A group whose
-    coefficient is 0 is not computed; ``left_out``: some groups with valid pairs have one (another
-    rank's share of the groups), else only those without a pair do."""
+    """(each group's loss (G,), dloss/dscores) for sorted scores; computed in the scores' dtype.
+    A group whose coefficient is 0 is not computed (its loss is 0); ``left_out``: some groups with
+    valid pairs have one (another rank's share of the groups), else only those without a pair do."""
     sizes, offsets = layout.group_sizes, layout.group_offsets
     active = group_coefficients > 0
     grad = torch.zeros_like(scores)
-    partial_sums: list[Tensor] = []
 
     linear_cost = costs.linear
 
@@ -115,15 +114,18 @@ def all_pairs_loss_and_grad(
     any_large = bool(large.any())
     small = active & listed if any_large or left_out else None  # None: every group with a pair
     if small is None or bool(small.any()):
-        partial_sums.extend(_small_groups(
+        group_losses = _small_groups(
             scores, item_level_values() if linear_cost else None, layout, small,
             group_coefficients.to(scores.dtype), surrogate, margin, grad,
-        ))
+        )
+    else:
+        group_losses = scores.new_zeros(layout.num_groups)
 
-    if any_large:
+    if any_large:  # their losses, one per group, replace the listed path's 0s
+        large_losses: list[tuple[int, Tensor]] = []
         tiled = large & (level_pairs * RECTANGLE_PAIRS > sizes * sizes)
         if bool((large & ~tiled).any()):
-            partial_sums.extend(_level_rectangles(
+            large_losses.extend(_level_rectangles(
                 scores, layout, large & ~tiled, costs, group_coefficients, surrogate, margin, grad
             ))
         level_values = item_level_values() if bool(tiled.any()) else None
@@ -131,13 +133,13 @@ def all_pairs_loss_and_grad(
             start, end = int(offsets[group]), int(offsets[group] + sizes[group])
             # Which pairs are valid comes from the level indices: two levels that the scores' dtype
             # cannot tell apart (weights [57150, 5e-5] in float32) are still two levels, counted in Z_u.
-            partial_sums.extend(_level_tiles(
+            large_losses.append((group, _level_tiles(
                 scores, level_values, layout.level, start, end, group_coefficients[group].to(scores.dtype),
                 linear_cost, surrogate, margin, grad,
-            ))
-
-    loss = torch.stack(partial_sums).sum() if partial_sums else scores.new_zeros(())
-    return loss, grad
+            )))
+        large_groups, losses = zip(*large_losses)
+        group_losses.index_copy_(0, torch.tensor(large_groups, device=scores.device), torch.stack(losses))
+    return group_losses, grad
 
 
 def _pair_list_chunk(device: torch.device) -> int:
@@ -164,7 +166,8 @@ def _small_groups(
     pairs gathered lower-major (a GPU's indexed adds are atomic, in any order). No padding, and
     the same few tensor operations for any number of groups, in chunks of about
     ``_pair_list_chunk`` pairs that never cut a group. The groups' coefficients multiply the sums;
-    ``item_level_values`` (the linear cost, else None) weigh each pair by its levels' difference."""
+    ``item_level_values`` (the linear cost, else None) weigh each pair by its levels' difference.
+    Returns each group's loss (G,), 0 for the groups not selected."""
     device = scores.device
     ordered_adds = device.type in ORDERED_INDEX_ADD
     partners = layout.partners
@@ -183,7 +186,8 @@ def _small_groups(
     if total > chunk:
         cuts = torch.searchsorted(pairs_before, torch.arange(chunk, total, chunk, device=device))
         bounds = sorted({0, scores.numel(), *group_end[cuts].tolist()})
-    partial_sums = []
+    # each item's pairs as the upper item, weighed by its group's coefficient
+    item_losses = None if len(bounds) == 2 else scores.new_zeros(scores.numel())
     for start, end in zip(bounds[:-1], bounds[1:]):  # chunk-local int32 positions from here on
         lower_counts = below[start:end]
         num_pairs = total if len(bounds) == 2 else int(lower_counts.sum())  # one chunk: every pair
@@ -200,7 +204,11 @@ def _small_groups(
             pull = pull * weight if pull is value else pull.mul_(weight)
             value = value * weight
         chunk_coefficients = item_coefficients[start:end]
-        partial_sums.append((torch.segment_reduce(value, "sum", lengths=lower_counts) * chunk_coefficients).sum())
+        chunk_losses = torch.segment_reduce(value, "sum", lengths=lower_counts) * chunk_coefficients
+        if item_losses is None:  # one chunk: every item
+            item_losses = chunk_losses
+        else:
+            item_losses[start:end] = chunk_losses
         upper_sums = torch.segment_reduce(pull, "sum", lengths=lower_counts)
         if ordered_adds:
             lower_sums = torch.zeros_like(upper_sums).index_add_(0, lowers, pull)
@@ -213,7 +221,9 @@ def _small_groups(
             position = (first_pair - lower_first).index_select(0, uppers) + lowers
             lower_sums = torch.segment_reduce(pull.index_select(0, position), "sum", lengths=upper_counts)
         grad[start:end] = (lower_sums - upper_sums) * chunk_coefficients
-    return partial_sums
+    if item_losses is None:  # no pair
+        return scores.new_zeros(layout.num_groups)
+    return torch.segment_reduce(item_losses, "sum", lengths=layout.group_sizes)
 
 
 def _runs(counts: Tensor, first_partner: Tensor, num_entries: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -248,10 +258,10 @@ def _level_tiles(
     surrogate: str,
     margin: float,
     grad: Tensor,
-) -> list[Tensor]:
-    """Pairs of one group (positions ``start:end``, levels descending) in square tiles of the
-    triangle i < j, where every valid pair has its upper item first; the tiles are masked to the
-    pairs of distinct levels. For groups with a level per few items, which make too many
+) -> Tensor:
+    """The loss of one group (positions ``start:end``, levels descending) from square tiles of
+    the triangle i < j, where every valid pair has its upper item first; the tiles are masked to
+    the pairs of distinct levels. For groups with a level per few items, which make too many
     rectangles. A tile holds a quarter of ``TILE_ELEMENTS`` pairs: its masked arithmetic keeps
     several temporaries of its size alive (about 32 MB in float32)."""
     side = math.isqrt(TILE_ELEMENTS // 4)
@@ -268,7 +278,7 @@ def _level_tiles(
             partial_sums.append(weighted_value.sum())
             grad[upper] -= weighted_pull.sum(1)
             grad[lower] += weighted_pull.sum(0)
-    return partial_sums
+    return torch.stack(partial_sums).sum()
 
 
 def _weighted_pairs(
@@ -310,9 +320,10 @@ def _level_rectangles(
     surrogate: str,
     margin: float,
     grad: Tensor,
-) -> list[Tensor]:
-    """Pairs of the selected groups, rectangle by rectangle: (run of level a) x (run of level b),
-    a above b in the same group; each rectangle has one weight c_ab * coef_u and no invalid pair."""
+) -> list[tuple[int, Tensor]]:
+    """(group, its loss) of the selected groups, rectangle by rectangle: (run of level a) x (run
+    of level b), a above b in the same group; each rectangle has one weight c_ab * coef_u and no
+    invalid pair."""
     cell_ends = torch.cumsum(layout.cell_lengths, 0)
     selected = groups[layout.cell_group]
     cells = list(
@@ -325,7 +336,7 @@ def _level_rectangles(
     )
     values = costs.level_values.tolist()
     coefficients = group_coefficients.tolist()
-    partial_sums = []
+    partial_sums: dict[int, list[Tensor]] = {}
     # Cells of one group are consecutive, levels descending: every later cell of the group is lower.
     for index, (group, upper_level, upper_start, upper_end) in enumerate(cells):
         for lower_group, lower_level, lower_start, lower_end in cells[index + 1 :]:
@@ -333,10 +344,10 @@ def _level_rectangles(
                 break
             cost = values[upper_level] - values[lower_level] if costs.linear else 1.0
             weight = cost * coefficients[group]
-            partial_sums.extend(
+            partial_sums.setdefault(group, []).extend(
                 _rectangle(scores, upper_start, upper_end, lower_start, lower_end, weight, surrogate, margin, grad)
             )
-    return partial_sums
+    return [(group, torch.stack(sums).sum()) for group, sums in partial_sums.items()]
 
 
 def _rectangle(

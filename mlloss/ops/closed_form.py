@@ -1,9 +1,9 @@
 """Exact closed forms of the all-pairs sums (loss spec, "Exact identities").
 
-Each ``*_loss_and_grad`` function returns the float64 loss
-sum_u coef_u * sum_{i, j in u, level_i > level_j} c_ij * phi(s_i - s_j)
+Each ``*_loss_and_grad`` function returns each group's float64 loss
+coef_u * sum_{i, j in u, level_i > level_j} c_ij * phi(s_i - s_j)  (G,)
 for scores already sorted by the dense tables (``layout.dense_tables``), at a cost of
-O(N log N) or O(N + G L^2), together with d loss / d (sorted) scores, computed in the same pass
+O(N log N) or O(N + G L^2), together with d (their sum) / d (sorted) scores, computed in the same pass
 from plain tensor arithmetic: no autograd graph is recorded (the custom op ``mlloss::pair_loss``
 returns this gradient and its backward only scales it, see ``fused``).
 
@@ -32,7 +32,7 @@ TERM_TABLE_ELEMENTS = 1 << 24
 def exponential_all_pairs_loss_and_grad(
     scores: Tensor, layout: OrdinalLayout, costs: LevelCosts, group_coefficients: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """(loss, gradient) of the exponential closed form, every sum in the log domain.
+    """(group losses, gradient) of the exponential closed form, every sum in the log domain.
 
     For item i in cell (u, a):  d loss / d s_i = exp(s_i + log P_ua) - exp(-s_i + log Q_ua), with
     Q_ua = coef_u * sum_b C_ab B_ub (i as the upper item) and P_ua = coef_u * sum_a' C_a'a A_ua'
@@ -55,12 +55,13 @@ def exponential_all_pairs_loss_and_grad(
         log_terms.append(torch.logsumexp(table.flatten(1), dim=1) + log_coefficient)
         log_push_down[ids] = torch.logsumexp(log_lower[ids, None, :] + log_cost, dim=2) + log_coefficient[:, None]
         log_push_up[ids] = torch.logsumexp(log_upper[ids, :, None] + log_cost, dim=1) + log_coefficient[:, None]
+    group_losses = scores.new_zeros(layout.num_groups)
     if not log_terms:  # no valid pair anywhere
-        return scores.new_zeros(()), torch.zeros_like(scores)
-    loss = torch.exp(torch.logsumexp(torch.cat(log_terms), dim=0))
+        return group_losses, torch.zeros_like(scores)
+    group_losses.index_copy_(0, valid_groups, torch.exp(torch.cat(log_terms)))
     cell = (layout.group, layout.level)
     grad = torch.exp(scores + log_push_up[cell]) - torch.exp(-scores + log_push_down[cell])
-    return loss, grad
+    return group_losses, grad
 
 
 @torch.no_grad()
@@ -71,7 +72,7 @@ def squared_all_pairs_loss_and_grad(
     group_coefficients: Tensor,
     margin: float,
 ) -> tuple[Tensor, Tensor]:
-    """(loss, gradient) of the squared closed form from per-cell moments, O(N + G K), K the
+    """(group losses, gradient) of the squared closed form from per-cell moments, O(N + G K), K the
     most levels of a group (``CellTables``).
 
     With centred scores x, n / S the cell counts / sums and, for item i in cell (u, a),
@@ -101,7 +102,7 @@ def squared_all_pairs_loss_and_grad(
         + 2 * margin * pairs(count, first)
         - 2 * pairs(first, first)
     )
-    loss = (group_coefficients * per_group).sum()
+    group_losses = group_coefficients * per_group
 
     weight = 2 * group_coefficients[:, None]
     below_count = weight * costs.below(count)  # 2 coef_u n^-_ua
@@ -113,7 +114,7 @@ def squared_all_pairs_loss_and_grad(
         (centred - margin) * below_count[cell] - below_sum[cell]
         + (centred + margin) * above_count[cell] - above_sum[cell]
     )
-    return loss, grad
+    return group_losses, grad
 
 
 @torch.no_grad()
@@ -124,7 +125,7 @@ def hinge_all_pairs_loss_and_grad(
     group_coefficients: Tensor,
     margin: float,
 ) -> tuple[Tensor, Tensor]:
-    """(loss, subgradient) of the hinge closed form, O(L N log N).
+    """(group losses, subgradient) of the hinge closed form, O(L N log N).
 
     A pair (i upper, j lower) is active when s_j > fl(s_i - m) (relu'(0) = 0: a pair at the kink
     is inactive). d loss / d s_i = -sum_{j active with i} w_ij for an upper item and
@@ -132,14 +133,14 @@ def hinge_all_pairs_loss_and_grad(
     """
     centred = _centre_on_group_mean(scores, layout)
     cell_sums = dense_cells(layout, torch.segment_reduce(centred, "sum", lengths=layout.cell_lengths), 0.0)
-    total = scores.new_zeros(())
+    group_losses = scores.new_zeros(layout.num_groups)
     grad = torch.zeros_like(scores)
     for lower_level in range(layout.num_levels - 1):
         pair_weight = costs.between(layout.level, lower_level) * group_coefficients[layout.group]
-        total = total + _hinge_against_level_and_grad(
+        group_losses += _hinge_against_level_and_grad(
             scores, centred, layout, lower_level, pair_weight, cell_sums[:, lower_level], margin, grad
         )
-    return total, grad
+    return group_losses, grad
 
 
 def _hinge_against_level_and_grad(
@@ -152,8 +153,8 @@ def _hinge_against_level_and_grad(
     margin: float,
     grad: Tensor,
 ) -> Tensor:
-    """sum_i pair_weight_i * sum_{j in cell (g_i, lower_level)} max(0, m - x_i + x_j); adds its
-    subgradient into ``grad``.
+    """Per group (G,): sum_i pair_weight_i * sum_{j in cell (g_i, lower_level)} max(0, m - x_i + x_j)
+    over its items i; adds the subgradient into ``grad``.
 
     One merge serves both sides: lower items (key s_j) and upper queries (key s_i - m) sorted by
     (group, key), lower first on equal keys. The lower items before a query are its inactive
@@ -164,7 +165,7 @@ def _hinge_against_level_and_grad(
     lower = torch.nonzero(layout.level == lower_level).flatten()
     upper = torch.nonzero(pair_weight > 0).flatten()
     if lower.numel() == 0 or upper.numel() == 0:
-        return centred.new_zeros(())
+        return centred.new_zeros(layout.num_groups)
     items = torch.cat([lower, upper])  # the merge's entries: lower items, then the upper queries
     # Activity is decided on the raw scores, the sums use the centred ones: fl(s_i - m) is exact
     # for integer (and most grid) scores, so the kink s_j = s_i - m is found exactly, whereas the
@@ -195,7 +196,7 @@ def _hinge_against_level_and_grad(
     active_weight = _within_group_cumsum(weight, nonempty)  # the queries up to each position
     step = torch.where(is_lower, active_weight, -weight * active_count)
     grad.index_add_(0, items, torch.empty_like(step).scatter_(0, merged, step))  # distinct items
-    return (weight * pair_sum).sum()
+    return torch.segment_reduce(weight * pair_sum, "sum", lengths=lengths)
 
 
 def _centre_on_group_mean(scores: Tensor, layout: OrdinalLayout) -> Tensor:
@@ -225,7 +226,7 @@ def _exponential_with_margin(scores, layout, costs, group_coefficients, margin):
     return exponential_all_pairs_loss_and_grad(scores, layout, costs, group_coefficients)
 
 
-#: Surrogate name -> (sorted scores, tables, level costs, group coefficients, margin) -> (loss, grad):
+#: Surrogate name -> (sorted scores, tables, level costs, group coefficients, margin) -> (group losses, grad):
 #: the surrogates whose all-pairs sum has a closed form (``backend="exact"``, and ``"auto"``'s choice).
 CLOSED_FORMS = {
     "exponential": _exponential_with_margin,

@@ -18,7 +18,8 @@ into the problems' ``Levels`` (``problem_levels``) and hands the same per-item a
   pairs) of at most ``kernels.dense.MAX_ITEMS`` items take its dense kernels, which need no
   layout;
 * ``"torch"``: the PyTorch tier, ``torch_tier`` (the CPU path and the kernels' reference): the
-  blocked all-pairs sums of ``allpairs`` on each problem's sorted cells, O(valid pairs);
+  blocked all-pairs sums of ``allpairs`` on the sorted cells of the problems, stacked into one
+  layout, O(valid pairs);
 * ``"exact"``: the same tier with the closed forms of ``closed_form`` (exponential, squared,
   hinge), O(N log N), where they cost less than the blocked sums (``torch_tier._closed_form_pays``); ``pairs="hardest"`` runs ``hardest``'s max-violation pairs, O(N).
 

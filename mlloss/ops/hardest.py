@@ -11,8 +11,8 @@ levels in the batch (every binary problem: AUC, PDAOM, each label of LoA) a grou
 level pair, its two cells, which are paired directly (``_one_pair_per_group``: about 100 tensor
 operations a PDAOM call fewer than the tables').
 
-``hardest_pair_loss_and_grad`` works on one problem's dense tables (``layout.dense_tables``) and
-returns the loss with its gradient, computed in the same pass from plain tensor arithmetic (no
+``hardest_pair_loss_and_grad`` works on the dense tables (``layout.dense_tables``, every problem
+stacked) and returns each group's loss with the gradient of their sum, computed in the same pass from plain tensor arithmetic (no
 autograd graph; the custom op's backward only scales it, see ``fused``). The hard version's
 gradient goes to the argmin / argmax items, tied extremes sharing it equally (deterministic:
 each item is written once per extreme), and its per-item work stays in the scores' dtype; the
@@ -41,12 +41,13 @@ def hardest_pair_loss_and_grad(
     costs: LevelCosts,
     surrogate: str,
     margin: float,
-    reduction: str,
     temperature: float | None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, number of groups with a valid level pair, d loss / d scores in ``scores``' dtype), no autograd.
+) -> tuple[Tensor, Tensor]:
+    """(each group's loss (G,) float64, d (their sum) / d scores in ``scores``' dtype), no
+    autograd; a group's loss is sum_{a > b} c_ab phi(min_a - max_b) / Z_u (the reduction over
+    groups is the caller's).
 
-    With w_uab = c_ab / Z_u (and / #groups for "mean") and t_uab = min_ua - max_ub:
+    With w_uab = c_ab / Z_u and t_uab = min_ua - max_ub:
     d loss / d min_ua = sum_b w_uab phi'(t_uab), d loss / d max_ub = -sum_a w_uab phi'(t_uab),
     then d min_ua / d s_i and d max_ub / d s_i: an equal share among the tied extremes (hard), or
     the softmax weight of s_i within its cell (soft). The hard extremes are exact in any float
@@ -54,43 +55,36 @@ def hardest_pair_loss_and_grad(
     the soft ones take float64 scores. Everything per cell is float64.
     """
     lowest, highest = _cell_extremes(scores, layout, temperature)
-    if layout.num_levels <= 2:  # a group has at most one level pair (every binary problem)
-        loss, num_groups_with_pairs, min_grad, max_grad = _one_pair_per_group(layout, lowest, highest, surrogate, margin)
-    else:
-        loss, num_groups_with_pairs, min_grad, max_grad = _level_pairs_per_group(
-            layout, lowest, highest, costs, surrogate, margin)
-    if reduction == "mean":
-        groups_counted = num_groups_with_pairs.clamp(min=1)
-        loss, min_grad, max_grad = loss / groups_counted, min_grad / groups_counted, max_grad / groups_counted
+    pairs_per_group = _one_pair_per_group if layout.num_levels <= 2 else _level_pairs_per_group
+    group_losses, min_grad, max_grad = pairs_per_group(layout, lowest, highest, costs, surrogate, margin)
     grad = torch.zeros_like(scores)
     lowest.spread(min_grad, grad)
     highest.spread(max_grad, grad)
-    return loss, num_groups_with_pairs, grad
+    return group_losses, grad
 
 
-def _one_pair_per_group(layout: OrdinalLayout, lowest: CellExtreme, highest: CellExtreme, surrogate: str, margin: float):
-    """(summed loss, groups with a pair, d loss / d cell min, d loss / d cell max) when a group
-    has at most two levels: its pair is its upper cell and the next (levels descend in a group),
-    and its loss c_ab phi(t) / Z_u is phi(t), the pair's cost being all of Z_u."""
+def _one_pair_per_group(layout: OrdinalLayout, lowest: CellExtreme, highest: CellExtreme, costs: LevelCosts,
+                        surrogate: str, margin: float):
+    """(each group's loss c_ab phi(t) / Z_u, d loss / d cell min, d loss / d cell max) when no
+    group has more than two levels (every binary problem): its pair is its upper cell and the
+    next (levels descend in a group), and its loss is phi(t), the pair's cost being all of Z_u."""
     cell_group = layout.cell_group
-    pairs = cell_group[1:] == cell_group[:-1]
-    upper = torch.nonzero(pairs).flatten()
+    upper = torch.nonzero(cell_group[1:] == cell_group[:-1]).flatten()
     lower = upper + 1
     value, pull = surrogate_value_and_pull(  # of x = -t = max_b - min_a
         highest.value.index_select(0, lower) - lowest.value.index_select(0, upper), surrogate, margin)
+    group_losses = value.new_zeros(layout.num_groups).index_copy_(0, cell_group.index_select(0, upper), value)
     min_grad = torch.zeros_like(lowest.value).index_copy_(0, upper, -pull)  # d loss / d t = -pull
     max_grad = torch.zeros_like(highest.value).index_copy_(0, lower, pull)
-    return value.sum(), pairs.sum(), min_grad, max_grad
+    return group_losses, min_grad, max_grad
 
 
 def _level_pairs_per_group(layout: OrdinalLayout, lowest: CellExtreme, highest: CellExtreme, costs: LevelCosts,
                            surrogate: str, margin: float):
     """``_one_pair_per_group`` for groups of any number of levels."""
     lengths = layout.cell_lengths
-    num_groups = layout.num_groups
     min_grad, max_grad = torch.zeros_like(lowest.value), torch.zeros_like(highest.value)  # d loss / d cell min, max
-    per_group = lowest.value.new_zeros(num_groups)
-    normaliser = lowest.value.new_zeros(num_groups)
+    group_losses = lowest.value.new_zeros(layout.num_groups)
     # Each group's level pairs on its own cells: (groups, width, width) blocks, not (G, L, L) tables
     # over every level of the batch (a real-valued label has a level per item: 10 GB at 2,048 items
     # in 40 groups); a group too wide for one block is cut into tiles of level pairs.
@@ -102,24 +96,23 @@ def _level_pairs_per_group(layout: OrdinalLayout, lowest: CellExtreme, highest: 
             block = _whole_block(present, level, cell_min, cell_max, costs, surrogate, margin)
         else:
             block = _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin)
-        block_normaliser, block_loss, block_min_grad, block_max_grad = block
-        normaliser[groups] = block_normaliser
-        per_group[groups] = block_loss
+        block_loss, block_min_grad, block_max_grad = block
+        group_losses[groups] = block_loss
         at = (cells.rows, cells.slot)
         min_grad[cells.cells] = block_min_grad[at]
         max_grad[cells.cells] = block_max_grad[at]
-    return per_group.sum(), (normaliser > 0).sum(), min_grad, max_grad
+    return group_losses, min_grad, max_grad
 
 
 def _whole_block(present, level, cell_min, cell_max, costs, surrogate, margin):
-    """(normaliser Z_u, loss, d loss / d cell min, d loss / d cell max) of the groups of one block,
-    from their (groups, width, width) table of level pairs."""
+    """(loss, d loss / d cell min, d loss / d cell max) of the groups of one block, from their
+    (groups, width, width) table of level pairs."""
     pair_cost = _pair_costs(present, level, present, level, costs)
     normaliser = pair_cost.sum((1, 2))
     divisor = torch.where(normaliser > 0, normaliser, 1.0)
     loss_sum, pulls = _pair_terms(pair_cost, cell_min, cell_max, surrogate, margin)
     margin_grad = pulls / divisor[:, None, None]  # d loss / d t_uab
-    return normaliser, loss_sum / divisor, margin_grad.sum(2), -margin_grad.sum(1)
+    return loss_sum / divisor, margin_grad.sum(2), -margin_grad.sum(1)
 
 
 def _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin):
@@ -142,7 +135,7 @@ def _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin):
             min_grad[:, a] += pulls.sum(2)
             max_grad[:, b] -= pulls.sum(1)
     divisor = torch.where(normaliser > 0, normaliser, 1.0)
-    return normaliser, loss_sum / divisor, min_grad / divisor[:, None], max_grad / divisor[:, None]
+    return loss_sum / divisor, min_grad / divisor[:, None], max_grad / divisor[:, None]
 
 
 def _pair_costs(upper_present, upper_level, lower_present, lower_level, costs: LevelCosts) -> Tensor:

@@ -13,9 +13,10 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
   from four int32 spans (the cell spans per problem, the group spans shared): its lower partners
   ``[group_start, cell_start)`` and its upper partners ``[cell_end, group_end)``. The Triton
   kernels stream these ranges in tiles.
-* ``dense_tables`` lays out one problem of the same ``Levels`` and groups for the PyTorch tier
-  as an ``OrdinalLayout`` (one sort, reading sizes on the host): the items by (group
-  ascending, level descending) and their cells, which the PyTorch tier's closed
+* ``dense_tables`` lays out the problems of the same ``Levels`` and groups for the PyTorch tier
+  as an ``OrdinalLayout`` (one sort, reading sizes on the host), stacked into one problem whose
+  groups are the (problem, group) pairs: the items by (problem, group ascending, level
+  descending) and their cells, which the PyTorch tier's closed
   forms, max-violation pairs and blocked all-pairs path work on, with each item's partners as
   two runs of positions (``OrdinalLayout.partners``, which also give the normalisers,
   ``group_pair_costs``); ``CellTables`` lays each group's own cells in a row (the max-violation
@@ -214,7 +215,9 @@ class Partners(NamedTuple):
 @dataclass(frozen=True)
 class OrdinalLayout:
     """One problem's items sorted by (group ascending, level descending), and its *cells*, the
-    runs of one (group, level): the tables ``dense_tables`` builds for the PyTorch tier.
+    runs of one (group, level): the tables ``dense_tables`` builds for the PyTorch tier, where the
+    one problem is the call's problems stacked (``num_problems`` of n items each; a group is a
+    (problem, group) pair, and N = B n).
 
     The (G, L) table of counts over every level of the batch (``counts``) is built only when
     asked for (by the closed forms, when they pay): with a level per item (a real-valued label)
@@ -228,6 +231,7 @@ class OrdinalLayout:
     cell_group: Tensor  # (C,) group index of each cell
     cell_level: Tensor  # (C,) level index of each cell
     cell: Tensor  # (N,) cell index (0..C-1) of each sorted item
+    num_problems: int = 1  # stacked problems (``dense_tables``): problem b's items at positions [b n, (b + 1) n)
 
     @property
     def num_levels(self) -> int:
@@ -285,6 +289,23 @@ class OrdinalLayout:
         return cell_values.index_select(0, self.cell)
 
     @functools.cached_property
+    def groups_per_problem(self) -> Tensor:
+        """(B,) int64 groups of each stacked problem (their groups are consecutive)."""
+        problem_items = self.order.numel() // self.num_problems
+        return torch.bincount(torch.div(self.group_offsets, problem_items, rounding_mode="floor"),
+                              minlength=self.num_problems)
+
+    def per_problem(self, group_values: Tensor) -> Tensor:
+        """(B,) the sums of per-group values (G,) over each stacked problem's groups."""
+        if self.num_problems == 1:
+            return group_values.sum(0, keepdim=True)
+        return torch.segment_reduce(group_values, "sum", lengths=self.groups_per_problem)
+
+    def problem_rows(self, item_values: Tensor) -> Tensor:
+        """(B, n) per-item values (B n,) in stacked order (problem b's n items in row b)."""
+        return item_values.view(self.num_problems, -1)
+
+    @functools.cached_property
     def cells_per_group(self) -> Tensor:
         """(G,) int64 cells (distinct levels) per group."""
         return torch.bincount(self.cell_group, minlength=self.num_groups)
@@ -308,31 +329,48 @@ class OrdinalLayout:
         return dense_cells(self, self.cell_lengths, 0)
 
 
-def dense_tables(levels: Levels, groups: Tensor | None, problem: int) -> OrdinalLayout:
-    """The sorted items and cells of one problem, for the PyTorch tier, which reads sizes on the
-    host (``pair_layout`` is the sync-free layout of the Triton tier): one stable sort of the key
-    (group, level descending), packed in int32 where it fits. The levels present are indexed by
-    a count over the ranks (no sort); the group ids are shifted to start at 0 when their range
-    times the levels fits a key (else compacted by ``unique``). At 10^6 items in 20,000 groups
-    this is one sort where ``pair_layout`` takes three and two binary searches: a grouped call a
-    third of the time on the CPU. Inside a cell the items keep their index order.
+def dense_tables(levels: Levels, groups: Tensor | None) -> OrdinalLayout:
+    """The sorted items and cells of every problem of ``levels``, for the PyTorch tier, which
+    reads sizes on the host (``pair_layout`` is the sync-free layout of the Triton tier).
+
+    The B problems over N items are laid out as one problem over B N items, *stacked*
+    problem-major: item i of problem b is stacked item b N + i (its scores in that order:
+    ``torch_tier.stacked_scores``), and each (problem, group) is a group of its own, so that
+    every path computes all the problems in one pass (two task columns, or LoA's labels, cost one
+    sort and one set of tensor operations, not one each). Problem b's items then hold the sorted
+    positions [b N, (b + 1) N) and its groups are consecutive (``OrdinalLayout.per_problem``).
+    The problems share one table of level values (binary label columns, or one problem).
+
+    One stable sort of the key (problem, group, level descending), packed in int32 where it fits.
+    The levels present are indexed by a count over the ranks (no sort); the group ids are
+    shifted to start at 0 when their range times the problems and levels fits a key (else
+    compacted by ``unique``). At 10^6 items in 20,000 groups this is one sort where
+    ``pair_layout`` takes three and two binary searches: a grouped call a third of the time on
+    the CPU. Inside a cell the items keep their index order.
     """
-    rank = levels.rank[problem]
-    num_items = rank.numel()
+    num_problems, num_items = levels.rank.shape
+    assert levels.values is None or levels.values.shape[0] == 1, "stacked problems share their levels' values"
+    rank = levels.rank.reshape(-1)  # problem-major
     present = torch.bincount(rank, minlength=levels.num_ranks) > 0
     rank_values = torch.nonzero(present).flatten()
-    level_values = rank_values.to(torch.float64) if levels.values is None else levels.values[problem][rank_values]
+    level_values = rank_values.to(torch.float64) if levels.values is None else levels.values[0][rank_values]
     num_levels = rank_values.numel()
     # descending levels inside a group: the lower partners of an item follow it
     key = (num_levels - torch.cumsum(present, 0)).index_select(0, rank)  # index_select: 3x an indexing's speed
-    span = 1  # group keys 0 .. span - 1
+    span = 1  # group keys 0 .. span - 1 within a problem
     if groups is not None and num_items:
         low, high = (int(bound) for bound in torch.aminmax(groups))
         span = high - low + 1
-        if span * num_levels >= 2**62:
+        if span * num_problems * num_levels >= 2**62:
             groups, low, span = torch.unique(groups, return_inverse=True)[1], 0, num_items
-        key = (groups.to(torch.int64) - low).mul_(num_levels).add_(key)
-    if span * num_levels < 2**31:
+        group_key = groups.to(torch.int64) - low
+        if num_problems > 1:  # (problem, group) keys, problem-major
+            group_key = (torch.arange(0, num_problems * span, span, device=rank.device)[:, None] + group_key).reshape(-1)
+        key = group_key.mul_(num_levels).add_(key)
+    elif num_problems > 1:  # each problem one group
+        problem_key = torch.arange(0, num_problems * num_levels, num_levels, device=rank.device)
+        key = (problem_key[:, None] + key.view(num_problems, num_items)).reshape(-1)
+    if span * num_problems * num_levels < 2**31:
         key = key.to(torch.int32)  # sorts about 1.5x faster than int64 on the CPU
     sorted_key, order = torch.sort(key, stable=True)
     cell_key, cell, cell_lengths = torch.unique_consecutive(sorted_key.to(torch.int64), return_inverse=True,
@@ -343,11 +381,12 @@ def dense_tables(levels: Levels, groups: Tensor | None, problem: int) -> Ordinal
     return OrdinalLayout(
         order=order,
         level_values=level_values,
-        num_groups=int(cell_group[-1]) + 1 if num_items else 1,
+        num_groups=int(cell_group[-1]) + 1 if num_items else num_problems,
         cell_lengths=cell_lengths,
         cell_group=cell_group,
         cell_level=cell_level,
         cell=cell,
+        num_problems=num_problems,
     )
 
 
@@ -514,15 +553,19 @@ def next_power_of_two(values: Tensor) -> Tensor:
     return torch.pow(2, torch.ceil(torch.log2(values.to(torch.float64)))).to(torch.int64)
 
 
-def reduction_coefficients(group_cost: Tensor, reduction: str) -> tuple[Tensor, Tensor]:
-    """(per-group weight of a group's pair sum, the number of groups with a valid pair): the
-    weight is 1/Z_u, divided by that number for ``reduction="mean"``; 0 for groups without a
-    valid pair (loss spec, Groups)."""
+def reduction_coefficients(group_cost: Tensor, reduction: str, layout: OrdinalLayout) -> tuple[Tensor, Tensor]:
+    """(per-group weight of a group's pair sum, each problem's number of groups with a valid pair
+    (B,) float64) for the normalisers Z_u (G,) of ``layout``'s groups: the weight is 1/Z_u,
+    divided by its problem's number for ``reduction="mean"``; 0 for groups without a valid pair
+    (loss spec, Groups)."""
     has_pairs = group_cost > 0
-    groups_with_pairs = has_pairs.sum()
+    groups_with_pairs = layout.per_problem(has_pairs.to(torch.float64))
     coefficients = torch.where(has_pairs, group_cost.reciprocal(), 0.0)  # the inf of 1/0 is not taken
     if reduction == "mean":
-        coefficients = coefficients / groups_with_pairs.clamp(min=1)
+        counted = groups_with_pairs.clamp(min=1)
+        if layout.num_problems > 1:
+            counted = counted.repeat_interleave(layout.groups_per_problem, output_size=layout.num_groups)
+        coefficients = coefficients / counted
     return coefficients, groups_with_pairs
 
 

@@ -3,8 +3,10 @@
 The dispatcher (``dispatch``) sends a call here for ``backend="torch"`` and ``"exact"`` (and
 ``"auto"`` on the CPU), and for a ``"triton"`` call of fewer than two items (no pair: the Triton
 tier, ``kernels/`` or ``mlloss.kernels``, has a kernel for every other). This tier is also the
-reference the kernels are tested against (``tests/test_tiers.py``). Per problem it builds the tables of
-``layout.dense_tables`` (reading sizes on the host) and runs one of its three paths:
+reference the kernels are tested against (``tests/test_tiers.py``). It builds the tables of
+``layout.dense_tables`` (reading sizes on the host), every problem stacked into one (a label
+column's problem, or a task column's, is a run of groups of its own), and runs one of three paths
+on them, which return each group's loss:
 
 * ``allpairs``: the blocked exact sum over every valid pair, any surrogate, O(valid pairs);
 * ``closed_form``: the O(N log N) closed forms (exponential, squared, hinge) for ``exact``;
@@ -48,6 +50,13 @@ CLOSED_FORM_NS = {
 }
 
 
+# The problems of a call (LoA's labels, task columns) are stacked into one layout of at most this
+# many items (``layout.dense_tables``; a problem of more items is one layout): stacking saves each
+# further problem's fixed cost (AUC of two task columns at 1,024 items: 268 -> 167 aten ops a call),
+# which larger problems do not notice, and its tables grow with the items stacked.
+STACKED_ITEMS = 1 << 20
+
+
 class PairOptions(NamedTuple):
     """The options that define a pair loss, as the tiers receive them."""
 
@@ -69,7 +78,7 @@ def pair_loss_and_grad(
     exact: bool,
     owned: tuple[int, int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Every problem on its dense tables (host-synchronising), mixed, with the gradient:
+    """Every problem on the stacked dense tables (host-synchronising), mixed, with the gradient:
     (loss (), stats (3 * B,) float64 [losses, valid pairs, groups with pairs], grad (N,)), the
     contract of the Triton tier's ``pair_loss_and_grad``. ``exact``: the closed forms for
     ``pairs="all"`` (the "exact" tier); ``owned=(rank, world_size)``: only that rank's share of
@@ -83,59 +92,83 @@ def pair_loss_and_grad(
         grads = torch.zeros((num_items, num_problems if score_columns else 1), dtype=output_dtype, device=scores.device)
         stats = torch.zeros(3 * num_problems, dtype=torch.float64, device=scores.device)
         return torch.zeros((), dtype=output_dtype, device=scores.device), stats, grads if score_columns else grads[:, 0]
-    losses, grads, stats = [], [], []
-    for problem in range(num_problems):
-        tables = dense_tables(levels, groups, problem)
-        problem_loss, problem_grad, valid_pairs, groups_with_pairs = _problem_on_tables(
-            scores[:, problem] if score_columns else scores, tables, options, exact, owned
-        )
-        # back in input order: the order is a permutation, each position written once (a
-        # gather and an indexed add took 6x as long: 34 against 6 ms at 10^6 items)
-        problem_grad = problem_grad.new_empty(num_items).index_copy_(0, tables.order, problem_grad)
-        problem_loss = problem_loss.to(torch.float64)
-        if mixing is not None:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
-            weight = mixing[problem]
-            losses.append(torch.where(weight != 0, weight * problem_loss, 0.0))
-            problem_grad = torch.where(weight != 0, weight * problem_grad, 0.0)
-        else:
-            losses.append(problem_loss)
-        grads.append(problem_grad.to(output_dtype))
-        stats.append((problem_loss, valid_pairs, groups_with_pairs))
-    loss = sum(losses[1:], losses[0])  # in problem order, in float64
-    # [losses, valid pairs, groups with pairs], float64 (the counts of groups, int64, promoted)
-    stats = torch.stack([value for values in zip(*stats) for value in values])
-    # score columns: each problem's gradient in its column; one set of scores: their sum, in problem order
-    grad = torch.stack(grads, 1) if score_columns else sum(grads[1:], grads[0])
-    return loss.to(output_dtype), stats, grad
+    # problems stacked into one layout (``layout.dense_tables``), at most STACKED_ITEMS items at a time
+    per_pass = max(1, STACKED_ITEMS // num_items)
+    passes = [_stacked_problems(scores[:, first : first + per_pass] if score_columns else scores,
+                                Levels(levels.rank[first : first + per_pass], levels.num_ranks, levels.values),
+                                groups, options, exact, owned)
+              for first in range(0, num_problems, per_pass)]
+    losses, valid_pairs, groups_with_pairs, grads = (
+        torch.cat(values) if len(values) > 1 else values[0] for values in zip(*passes))
+    if mixing is None:
+        loss = losses.sum()
+    else:  # a problem of weight 0 adds nothing, also when its own terms overflow (0 * inf = NaN)
+        used = mixing != 0
+        loss = torch.where(used, mixing * losses, 0.0).sum()
+        grads = torch.where(used[:, None], mixing.to(grads.dtype)[:, None] * grads, 0.0)
+    stats = torch.cat([losses, valid_pairs, groups_with_pairs])
+    # score columns: each problem's gradient in its column; one set of scores: their sum
+    grad = grads.t().contiguous() if score_columns else grads.sum(0) if num_problems > 1 else grads[0]
+    return loss.to(output_dtype), stats, grad.to(output_dtype)
 
 
-def _problem_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptions, exact: bool, owned):
-    """(loss, gradient in the tables' order, valid pairs, groups with pairs) of one problem."""
+def _stacked_problems(scores: Tensor, levels: Levels, groups: Tensor | None, options: PairOptions, exact: bool,
+                      owned) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(each problem's loss, valid pairs, groups with pairs (B,) float64, gradient (B, N)) of the
+    problems of ``levels``, stacked into one layout."""
+    num_problems = levels.num_problems
+    tables = dense_tables(levels, groups)
+    losses, grad, valid_pairs, groups_with_pairs = _problems_on_tables(
+        stacked_scores(scores, num_problems), tables, options, exact, owned)
+    # back in stacked input order: the order is a permutation, each position written once (a
+    # gather and an indexed add took 6x as long: 34 against 6 ms at 10^6 items)
+    grads = tables.problem_rows(grad.new_empty(grad.numel()).index_copy_(0, tables.order, grad))
+    return losses, valid_pairs, groups_with_pairs, grads
+
+
+def stacked_scores(scores: Tensor, num_problems: int) -> Tensor:
+    """(B N,) the scores of the stacked problems (``layout.dense_tables``): problem b's at b N + i,
+    its column of score columns (N, B), else the one set of scores (N,) again."""
+    if scores.dim() == 2:
+        return scores.t().reshape(-1)
+    return scores.repeat(num_problems) if num_problems > 1 else scores
+
+
+def _problems_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptions, exact: bool, owned):
+    """(each problem's loss, the gradient in the tables' order, each problem's valid pairs and
+    groups with pairs; (B,) float64 each) of the stacked problems."""
     cost, surrogate, margin, pairs, temperature, reduction = options
     costs = LevelCosts.of(tables.level_values.to(scores.device), cost)
     if pairs == "hardest":
         # the hard extremes are exact in the scores' own precision; the soft ones need float64
         dtype = accumulation_dtype(scores) if temperature is None else torch.float64
-        loss, groups_with_pairs, grad = hardest.hardest_pair_loss_and_grad(
-            _in_table_order(scores, tables, dtype), tables, costs, surrogate, margin, reduction, temperature
+        group_losses, grad = hardest.hardest_pair_loss_and_grad(
+            _in_table_order(scores, tables, dtype), tables, costs, surrogate, margin, temperature
         )
-        return loss, grad, tables.level_pairs.sum().to(torch.float64), groups_with_pairs
+        level_pairs = tables.level_pairs.to(torch.float64)
+        groups_with_pairs = tables.per_problem(level_pairs.clamp(max=1))  # the groups with a level pair
+        losses = tables.per_problem(group_losses)
+        if reduction == "mean":  # each problem's groups with a level pair, weight 1 each
+            counted = groups_with_pairs.clamp(min=1)
+            losses = losses / counted
+            grad = (tables.problem_rows(grad) / counted.to(grad.dtype)[:, None]).view(-1)
+        return losses, grad, tables.per_problem(level_pairs), groups_with_pairs
 
     group_cost, group_pairs = group_pair_costs(tables, costs.linear)  # each group's own levels
-    valid_pairs = group_pairs.sum()
-    coefficients, groups_with_pairs = reduction_coefficients(group_cost, reduction)
-    if exact and _closed_form_pays(surrogate, tables, float(valid_pairs)):
+    valid_pairs = tables.per_problem(group_pairs)
+    coefficients, groups_with_pairs = reduction_coefficients(group_cost, reduction, tables)
+    if exact and _closed_form_pays(surrogate, tables, float(valid_pairs.sum())):
         ordered = _in_table_order(scores, tables, torch.float64)
-        loss, grad = CLOSED_FORMS[surrogate](ordered, tables, costs, coefficients, margin)
-        return loss, grad, valid_pairs, groups_with_pairs
-    if owned is not None:  # this rank's share of the groups; the others' coefficients are 0
-        # (a group without a valid pair costs nothing: a mask's fillers, one group of their own)
-        work = torch.where(group_pairs > 0, tables.group_sizes.to(torch.float64) ** 2, 0.0)
-        coefficients = torch.where(_owned_groups(work, *owned), coefficients, 0.0)
-    ordered = _in_table_order(scores, tables, accumulation_dtype(scores))
-    loss, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, costs, coefficients, surrogate, margin,
-                                                  left_out=owned is not None)
-    return loss, grad, valid_pairs, groups_with_pairs
+        group_losses, grad = CLOSED_FORMS[surrogate](ordered, tables, costs, coefficients, margin)
+    else:
+        if owned is not None:  # this rank's share of the groups; the others' coefficients are 0
+            # (a group without a valid pair costs nothing: a mask's fillers, one group of their own)
+            work = torch.where(group_pairs > 0, tables.group_sizes.to(torch.float64) ** 2, 0.0)
+            coefficients = torch.where(_owned_groups(work, *owned), coefficients, 0.0)
+        ordered = _in_table_order(scores, tables, accumulation_dtype(scores))
+        group_losses, grad = allpairs.all_pairs_loss_and_grad(ordered, tables, costs, coefficients, surrogate, margin,
+                                                              left_out=owned is not None)
+    return tables.per_problem(group_losses.to(torch.float64)), grad, valid_pairs, groups_with_pairs
 
 
 def _in_table_order(scores: Tensor, tables: OrdinalLayout, dtype: torch.dtype) -> Tensor:
