@@ -1,4 +1,4 @@
-"""The PyTorch tier of ``mlloss::pair_loss``: every problem on its sorted cells (``layout.dense_tables``).
+"""The PyTorch tier of ``mlloss::pair_loss``: the problems on their sorted cells, stacked (``layout.dense_tables``).
 
 The dispatcher (``dispatch``) sends a call here for ``backend="torch"`` and ``"exact"`` (and
 ``"auto"`` on the CPU), and for a ``"triton"`` call of fewer than two items (no pair: the Triton
@@ -52,8 +52,9 @@ CLOSED_FORM_NS = {
 
 # The problems of a call (LoA's labels, task columns) are stacked into one layout of at most this
 # many items (``layout.dense_tables``; a problem of more items is one layout): stacking saves each
-# further problem's fixed cost (AUC of two task columns at 1,024 items: 268 -> 167 aten ops a call),
-# which larger problems do not notice, and its tables grow with the items stacked.
+# further problem's fixed cost (``bce+auc`` of two task columns at 1,024 items: 268 -> 169 aten ops a
+# call, 0.8x the time; results/cpu-path-ab-stacked-problems.md), which larger problems do not
+# notice, and its tables grow with the items stacked.
 STACKED_ITEMS = 1 << 20
 
 
