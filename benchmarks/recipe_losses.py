@@ -43,6 +43,19 @@ def run_recipe(loss: str, output_dir: Path, extra: list[str]) -> dict:
     return json.loads((output_dir / "results.json").read_text())
 
 
+def cpu_model() -> str:
+    """The CPU's model name (the float bits of a run, hence its test metrics, can differ between CPU
+    models for the same code: vectorised kernels sum in other orders), else the architecture."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return f"{platform.machine()} {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def summarize(loss: str, reports: list[dict]) -> dict:
     throughputs = [row["train_samples_per_s"] for report in reports for row in report["history"][1:]]
     tests = [{name: report["results"]["test"][key] for name, key in KEYS.items()} for report in reports]
@@ -92,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     meta = {
         "command": " ".join(["python benchmarks/recipe_losses.py", *(argv if argv is not None else sys.argv[1:])]),
         "runs": args.runs, "epochs": args.epochs,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.python_version()}",
         "load_before": None if load_before is None else [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "date": time.strftime("%Y-%m-%d"),
