@@ -130,18 +130,24 @@ def run_worker(
     return result
 
 
-def device_description() -> dict[str, Any]:
-    import torch
-
-    model = "unknown"
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, or "unknown" (the float bits of a run, hence a
+    recipe's test metrics, can differ between CPU models for the same code: vectorised kernels
+    sum in other orders)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return "unknown"
+
+
+def device_description() -> dict[str, Any]:
+    import torch
+
+    model = cpu_model()
     try:
         with open("/proc/meminfo") as meminfo:
             total_kb = int(meminfo.readline().split()[1])

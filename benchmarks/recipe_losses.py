@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _measure  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("click_auc", "click_gauc", "purchase_auc", "purchase_gauc")
 KEYS = {"click_auc": "model/auc/click", "click_gauc": "model/gauc/click",
@@ -41,19 +44,6 @@ def run_recipe(loss: str, output_dir: Path, extra: list[str]) -> dict:
                "--no-progress-bar", "--output-dir", str(output_dir), *extra]
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return json.loads((output_dir / "results.json").read_text())
-
-
-def cpu_model() -> str:
-    """The CPU's model name (the float bits of a run, hence its test metrics, can differ between CPU
-    models for the same code: vectorised kernels sum in other orders), else the architecture."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return f"{platform.machine()} {line.split(':', 1)[1].strip()}"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def summarize(loss: str, reports: list[dict]) -> dict:
@@ -105,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     meta = {
         "command": " ".join(["python benchmarks/recipe_losses.py", *(argv if argv is not None else sys.argv[1:])]),
         "runs": args.runs, "epochs": args.epochs,
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": f"{platform.machine()} {_measure.cpu_model()}, {os.cpu_count()} cores, {platform.python_version()}",
         "load_before": None if load_before is None else [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "date": time.strftime("%Y-%m-%d"),
