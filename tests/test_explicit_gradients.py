@@ -23,8 +23,8 @@ from mlloss.ops.layout import (
     Levels,
     OrdinalLayout,
     dense_tables,
+    group_coefficients,
     group_pair_costs,
-    reduction_coefficients,
     run_bounds,
     sortable,
     value_ranks,
@@ -136,7 +136,7 @@ def prepare(case: Case) -> Prepared:
     levels = Levels(levels.rank[case.problem : case.problem + 1], levels.num_ranks, levels.values)
     tables = dense_tables(levels, case.groups)
     costs = LevelCosts.of(tables.level_values, case.cost)
-    coefficients, _ = reduction_coefficients(costs.group_cost(tables.counts), case.reduction, tables)
+    coefficients, _ = group_coefficients(costs.group_cost(tables.counts), tables)
     return Prepared(tables, costs, coefficients, case.scores.to(torch.float64)[tables.order])
 
 
@@ -213,12 +213,20 @@ def assert_close(
 
 
 def fused_all_pairs(surrogate: str, case: Case, prepared: Prepared) -> tuple[Tensor, Tensor]:
-    """(loss, gradient): the sum of the closed form's group losses."""
+    """(loss, gradient): the sum of the path's group losses, reduced."""
     extra = () if surrogate == "exponential" else (case.margin,)
     group_losses, grad = ALL_PAIRS[surrogate](prepared.sorted_scores, prepared.tables, prepared.costs,
                                               prepared.coefficients, *extra)
     assert group_losses.shape == (prepared.tables.num_groups,)
-    return group_losses.sum(), grad
+    return reduced(case, group_losses.sum(), grad, (prepared.coefficients > 0).sum())
+
+
+def reduced(case: Case, value: Tensor, grad: Tensor, num_groups: Tensor) -> tuple[Tensor, Tensor]:
+    """The loss and gradient of summed group losses reduced as ``torch_tier._problems_on_tables``
+    reduces them: ``"mean"`` over the ``num_groups`` groups with a pair."""
+    if case.reduction == "mean":
+        return value / num_groups.clamp(min=1), grad / num_groups.clamp(min=1)
+    return value, grad
 
 
 def check_all_pairs(surrogate: str, case: Case) -> None:
@@ -348,9 +356,7 @@ def fused_hardest(case: Case, prepared: Prepared, surrogate: str, temperature: f
         case.margin, temperature,
     )
     num_groups = (prepared.tables.level_pairs > 0).sum()
-    value = group_losses.sum()
-    if case.reduction == "mean":
-        value, grad = value / num_groups.clamp(min=1), grad / num_groups.clamp(min=1)
+    value, grad = reduced(case, group_losses.sum(), grad, num_groups)
     return value, num_groups, grad
 
 

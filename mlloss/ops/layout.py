@@ -22,7 +22,7 @@ level_i > level_j (loss spec, "Pair sets and weights"). The file reads top-down:
   ``group_pair_costs``); ``CellTables`` lays each group's own cells in a row (the max-violation
   pairs and the squared closed form), and ``OrdinalLayout.counts`` the (group, level) table over
   every level of the batch (the hinge and exponential closed forms). The helpers after them: the
-  level-pair costs and their sums (``LevelCosts``), the reduction coefficients, per-cell
+  level-pair costs and their sums (``LevelCosts``), the groups' coefficients 1/Z_u, per-cell
   log-sum-exp and the scatter of per-cell values.
 * ``sortable``, ``run_bounds`` and ``value_ranks`` rank values by integer sorts and linear passes
   (the hinge closed form's merge, the metrics' tie blocks).
@@ -553,20 +553,14 @@ def next_power_of_two(values: Tensor) -> Tensor:
     return torch.pow(2, torch.ceil(torch.log2(values.to(torch.float64)))).to(torch.int64)
 
 
-def reduction_coefficients(group_cost: Tensor, reduction: str, layout: OrdinalLayout) -> tuple[Tensor, Tensor]:
+def group_coefficients(group_cost: Tensor, layout: OrdinalLayout) -> tuple[Tensor, Tensor]:
     """(per-group weight of a group's pair sum, each problem's number of groups with a valid pair
-    (B,) float64) for the normalisers Z_u (G,) of ``layout``'s groups: the weight is 1/Z_u,
-    divided by its problem's number for ``reduction="mean"``; 0 for groups without a valid pair
-    (loss spec, Groups)."""
+    (B,) float64) for the normalisers Z_u (G,) of ``layout``'s groups: the weight is 1/Z_u, 0 for
+    groups without a valid pair (loss spec, Groups). ``reduction="mean"`` divides each problem's
+    loss by its number after the path (``torch_tier``), as the Triton tier's ``reduce.combine``."""
     has_pairs = group_cost > 0
-    groups_with_pairs = layout.per_problem(has_pairs.to(torch.float64))
     coefficients = torch.where(has_pairs, group_cost.reciprocal(), 0.0)  # the inf of 1/0 is not taken
-    if reduction == "mean":
-        counted = groups_with_pairs.clamp(min=1)
-        if layout.num_problems > 1:
-            counted = counted.repeat_interleave(layout.groups_per_problem, output_size=layout.num_groups)
-        coefficients = coefficients / counted
-    return coefficients, groups_with_pairs
+    return coefficients, layout.per_problem(has_pairs.to(torch.float64))
 
 
 def cell_logsumexp(values: Tensor, layout: OrdinalLayout) -> Tensor:

@@ -32,8 +32,8 @@ from .layout import (
     Levels,
     OrdinalLayout,
     dense_tables,
+    group_coefficients,
     group_pair_costs,
-    reduction_coefficients,
 )
 
 
@@ -137,8 +137,20 @@ def stacked_scores(scores: Tensor, num_problems: int) -> Tensor:
 
 def _problems_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptions, exact: bool, owned):
     """(each problem's loss, the gradient in the tables' order, each problem's valid pairs and
-    groups with pairs; (B,) float64 each) of the stacked problems."""
-    cost, surrogate, margin, pairs, temperature, reduction = options
+    groups with pairs; (B,) float64 each) of the stacked problems, reduced: ``"mean"`` divides
+    each problem's loss and gradient by its groups with a pair (weight 1 each) after the path."""
+    losses, grad, valid_pairs, groups_with_pairs = _paths_on_tables(scores, tables, options, exact, owned)
+    if options.reduction == "mean":
+        counted = groups_with_pairs.clamp(min=1)
+        losses = losses / counted
+        counted = counted.to(grad.dtype)
+        grad = grad / counted if tables.num_problems == 1 else (tables.problem_rows(grad) / counted[:, None]).view(-1)
+    return losses, grad, valid_pairs, groups_with_pairs
+
+
+def _paths_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOptions, exact: bool, owned):
+    """``_problems_on_tables`` before the reduction: each problem's summed group losses."""
+    cost, surrogate, margin, pairs, temperature, _ = options
     costs = LevelCosts.of(tables.level_values.to(scores.device), cost)
     if pairs == "hardest":
         # the hard extremes are exact in the scores' own precision; the soft ones need float64
@@ -148,16 +160,11 @@ def _problems_on_tables(scores: Tensor, tables: OrdinalLayout, options: PairOpti
         )
         level_pairs = tables.level_pairs.to(torch.float64)
         groups_with_pairs = tables.per_problem(level_pairs.clamp(max=1))  # the groups with a level pair
-        losses = tables.per_problem(group_losses)
-        if reduction == "mean":  # each problem's groups with a level pair, weight 1 each
-            counted = groups_with_pairs.clamp(min=1)
-            losses = losses / counted
-            grad = (tables.problem_rows(grad) / counted.to(grad.dtype)[:, None]).view(-1)
-        return losses, grad, tables.per_problem(level_pairs), groups_with_pairs
+        return tables.per_problem(group_losses), grad, tables.per_problem(level_pairs), groups_with_pairs
 
     group_cost, group_pairs = group_pair_costs(tables, costs.linear)  # each group's own levels
     valid_pairs = tables.per_problem(group_pairs)
-    coefficients, groups_with_pairs = reduction_coefficients(group_cost, reduction, tables)
+    coefficients, groups_with_pairs = group_coefficients(group_cost, tables)
     if exact and _closed_form_pays(surrogate, tables, float(valid_pairs.sum())):
         ordered = _in_table_order(scores, tables, torch.float64)
         group_losses, grad = CLOSED_FORMS[surrogate](ordered, tables, costs, coefficients, margin)
