@@ -52,7 +52,7 @@ Usage::
     python benchmarks/kernel_sass.py                      # all variants -> results/kernel-sass.json
     python benchmarks/kernel_sass.py --quick              # first 2 variants of each source
     python benchmarks/kernel_sass.py --match logistic     # the variants whose name contains "logistic"
-    python benchmarks/kernel_sass.py --match "ordinal logistic" "budget 64x64x4: logistic"   # either text
+    python benchmarks/kernel_sass.py --match "^ordinal logistic" "budget 64x64x4: logistic"   # either (regular expressions)
     python benchmarks/kernel_sass.py --variants-from mypkg.mod:variants --output /tmp/x.json
 """
 
@@ -466,15 +466,15 @@ def _interpreter_off_for_children() -> Iterator[None]:
 
 
 def run_sources(sources: Sequence[str], quick: bool, jobs: int, match: Sequence[str] = ()) -> list[dict]:
-    """Analyse every variant of ``sources`` (first two of each with ``quick``; only names containing
-    one of the texts of ``match`` when given) in worker processes."""
+    """Analyse every variant of ``sources`` (first two of each with ``quick``; only names in which
+    one of the regular expressions of ``match`` is found, when given) in worker processes."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     with _interpreter_off_for_children(), ProcessPoolExecutor(
         max_workers=jobs, mp_context=multiprocessing.get_context("spawn")
     ) as pool:
         names = dict(zip(sources, pool.map(_variant_names, sources)))
-        chosen = {s: [i for i, name in enumerate(names[s]) if not match or any(text in name for text in match)]
+        chosen = {s: [i for i, name in enumerate(names[s]) if not match or any(re.search(text, name) for text in match)]
                   for s in sources}
         tasks = [(s, i) for s in sources for i in (chosen[s][:2] if quick else chosen[s])]
         futures = [pool.submit(_analyse_from, s, i) for s, i in tasks]
@@ -518,7 +518,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only the first 2 variants of each source")
     parser.add_argument("--match", nargs="+", default=(), metavar="TEXT",
-                        help="only the variants whose name contains one of these texts")
+                        help="only the variants in whose name one of these regular expressions is found (re.search)")
     parser.add_argument("--output", type=Path, help="JSON path (default results/kernel-sass[-quick].json)")
     parser.add_argument("--variants-from", action="append", metavar="MODULE:FUNC",
                         help=f"variant factory, repeatable (default {DEFAULT_SOURCE} if it exists, "
