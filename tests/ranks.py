@@ -80,15 +80,20 @@ class ForkedRanks:
                         f"timeout):\n{self.output()[-6000:]}")
         return self.output()
 
+    def wait_until(self, ready, timeout: float = 300.0) -> None:
+        """Return once ``ready()``, every rank still running; the test fails if one ends first or
+        ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert all(p.is_alive() for p in self.processes), "a rank ended before the moment waited for:\n" + \
+                self.output()[-6000:]
+            assert time.monotonic() < deadline, "the run never reached the moment waited for:\n" + self.output()[-6000:]
+            time.sleep(0.02)
+
     def kill_when(self, ready, timeout: float = 300.0) -> None:
         """SIGKILL every rank at once, as a lost machine would, once ``ready()``."""
-        deadline = time.monotonic() + timeout
         try:
-            while not ready():
-                assert all(p.is_alive() for p in self.processes), "a rank ended before the moment to kill it:\n" + \
-                    self.output()[-6000:]
-                assert time.monotonic() < deadline, "the run never reached the moment to kill it:\n" + self.output()[-6000:]
-                time.sleep(0.02)
+            self.wait_until(ready, timeout)
         finally:
             self.kill()
         assert [process.exitcode for process in self.processes] == [-signal.SIGKILL] * len(self.processes)

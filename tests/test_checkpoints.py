@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import multiprocessing
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -69,18 +67,17 @@ SHARDED = ("--batch-size", "512", "--loss", "laa", "--accelerator", "cpu", "--de
 # --------------------------------------------------------------------------- the building blocks
 
 
-def _kill_when(process: multiprocessing.Process, ready, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert process.is_alive(), "the writer ended before the moment to kill it"
-        assert time.monotonic() < deadline, "the writer never reached the moment to kill it"
-        time.sleep(0.01)
-    os.kill(process.pid, signal.SIGKILL)
-    process.join()
-    assert process.exitcode == -signal.SIGKILL
+@pytest.fixture
+def fork(tmp_path_factory):
+    """``fork(target, *args)``: ``target(0, *args)`` in one process forked from this one
+    (``ranks.ForkedRanks``), its output logged in a folder of its own (the tests list ``tmp_path``)."""
+    def start(target, *args) -> ForkedRanks:
+        return ForkedRanks(target, args, log=tmp_path_factory.mktemp("writer") / "output.log", world_size=1)
+
+    return start
 
 
-def _write_slowly(path: str) -> None:
+def _write_slowly(_rank: int, path: str) -> None:
     def write(stream):
         stream.write(b"\0" * 4096)
         stream.flush()
@@ -90,7 +87,7 @@ def _write_slowly(path: str) -> None:
     write_atomically(path, write)
 
 
-def _write_directory_slowly(path: str, mark: bool) -> None:
+def _write_directory_slowly(_rank: int, path: str, mark: bool) -> None:
     if mark:  # the files and the marker are written, then the hook pauses before the swap
         os.environ[CHECKPOINT_PAUSE_ENV] = "60"
     with atomic_directory(path) as tmp:
@@ -101,22 +98,16 @@ def _write_directory_slowly(path: str, mark: bool) -> None:
             time.sleep(60)  # killed here, before the marker
 
 
-def _fork(target, *args) -> multiprocessing.Process:
-    process = multiprocessing.get_context("fork").Process(target=target, args=args)
-    process.start()
-    return process
-
-
 def _temporary_files(final: Path) -> list[Path]:
     """The temporary files of writes of ``final``: ``.partial/<name>.<random>.tmp``, one per write."""
     return sorted(staging_path(final).parent.glob(f"{final.name}.*.tmp"))
 
 
-def test_a_file_killed_mid_write_never_shadows_the_previous_one(tmp_path):
+def test_a_file_killed_mid_write_never_shadows_the_previous_one(tmp_path, fork):
     final = tmp_path / "last.ckpt"
     save_atomically({"version": 1}, final)
     assert not staging_path(final).parent.exists(), "nothing left behind"
-    _kill_when(_fork(_write_slowly, str(final)), lambda: Path(str(final) + ".started").exists())
+    fork(_write_slowly, str(final)).kill_when(lambda: Path(str(final) + ".started").exists(), timeout=60)
     [temporary] = _temporary_files(final)
     assert temporary.stat().st_size == 4096, "the killed write is under its temporary name"
     assert torch.load(final, weights_only=False) == {"version": 1}
@@ -128,7 +119,7 @@ def test_a_file_killed_mid_write_never_shadows_the_previous_one(tmp_path):
     assert torch.load(final, weights_only=False) == {"version": 3} and not staging_path(final).parent.exists()
 
 
-def _write_in_two_parts(path: str, blob: bytes) -> None:
+def _write_in_two_parts(_rank: int, path: str, blob: bytes) -> None:
     """Write half of ``blob``, signal, wait for ``<path>.go``, then the rest (or be killed meanwhile)."""
     def write(stream):
         stream.write(blob[: len(blob) // 2])
@@ -148,7 +139,7 @@ def _saved(obj) -> bytes:
     return buffer.getvalue()
 
 
-def test_concurrent_writers_of_one_checkpoint_each_publish_only_their_own_whole_file(tmp_path):
+def test_concurrent_writers_of_one_checkpoint_each_publish_only_their_own_whole_file(tmp_path, fork):
     """Each write has a temporary file of its own: a second writer neither removes nor publishes
     the first one's half-written file (it did both with one fixed temporary name), the first one
     then publishes its own whole file, and a killed writer's file is skipped and removed by the
@@ -156,20 +147,16 @@ def test_concurrent_writers_of_one_checkpoint_each_publish_only_their_own_whole_
     final = tmp_path / "last.ckpt"
     save_atomically({"by": "first"}, final)
     blob = _saved({"by": "slow", "weights": torch.arange(10_000)})
-    slow = _fork(_write_in_two_parts, str(final), blob)
-    deadline = time.monotonic() + 60
-    while not Path(str(final) + ".half").exists():
-        assert slow.is_alive() and time.monotonic() < deadline, "the slow writer never wrote its first half"
-        time.sleep(0.01)
+    slow = fork(_write_in_two_parts, str(final), blob)
+    slow.wait_until(lambda: Path(str(final) + ".half").exists(), timeout=60)  # its first half written
     save_atomically({"by": "fast"}, final)  # while the slow writer holds its half-written file
     assert torch.load(final, weights_only=False) == {"by": "fast"}
     assert [path.stat().st_size for path in _temporary_files(final)] == [len(blob) // 2], "the slow one's, untouched"
     Path(str(final) + ".go").touch()
     slow.join(60)
-    assert slow.exitcode == 0
     assert final.read_bytes() == blob and not staging_path(final).parent.exists()
 
-    _kill_when(_fork(_write_slowly, str(final)), lambda: Path(str(final) + ".started").exists())
+    fork(_write_slowly, str(final)).kill_when(lambda: Path(str(final) + ".started").exists(), timeout=60)
     skipped = []
     assert latest_complete_checkpoint(tmp_path, report=skipped.append) == final
     assert skipped == [f"skipped {_temporary_files(final)[0]}: a checkpoint file whose write did not finish (it is "
@@ -247,12 +234,12 @@ def test_failed_writes_leave_nothing_behind_and_name_the_argument(tmp_path):
     assert list((tmp_path / "d").iterdir()) == [], f"no {MARKER_FILENAME}.tmp left"
 
 
-def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path, capsys):
+def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path, fork, capsys):
     final = tmp_path / "last.ckpt"
     with atomic_directory(final, epoch=0) as tmp:
         torch.save({"version": 1}, tmp / "meta.pt")
     assert json.loads((final / MARKER_FILENAME).read_text())["files"] == {"meta.pt": (final / "meta.pt").stat().st_size}
-    _kill_when(_fork(_write_directory_slowly, str(final), False), lambda: Path(str(final) + ".started").exists())
+    fork(_write_directory_slowly, str(final), False).kill_when(lambda: Path(str(final) + ".started").exists(), timeout=60)
     staging = staging_path(final)
     assert (staging / "meta.pt").is_file() and not (staging / MARKER_FILENAME).exists()
     assert torch.load(final / "meta.pt", weights_only=False) == {"version": 1}, "the previous one is untouched"
@@ -270,12 +257,12 @@ def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path
     assert f"skipped {final}: a directory without the completion marker COMPLETE" in message
 
 
-def test_a_directory_killed_after_its_marker_is_the_newest_complete_one(tmp_path):
+def test_a_directory_killed_after_its_marker_is_the_newest_complete_one(tmp_path, fork):
     final = tmp_path / "last.ckpt"
     with atomic_directory(final) as tmp:
         torch.save({"version": 1}, tmp / "meta.pt")
-    _kill_when(_fork(_write_directory_slowly, str(final), True),
-               lambda: (staging_path(final) / MARKER_FILENAME).exists())
+    fork(_write_directory_slowly, str(final), True).kill_when(lambda: (staging_path(final) / MARKER_FILENAME).exists(),
+                                                              timeout=60)
     skipped = []
     assert latest_complete_checkpoint(tmp_path, report=skipped.append) == staging_path(final) and not skipped
     assert finish_interrupted_publish(staging_path(final), report=skipped.append) == final
@@ -291,12 +278,12 @@ def _directory(path: Path, version: int, complete: bool = True) -> None:
         mark_complete(path)
 
 
-def test_a_directory_write_removes_the_temporary_file_a_killed_file_write_left(tmp_path):
+def test_a_directory_write_removes_the_temporary_file_a_killed_file_write_left(tmp_path, fork):
     """begin_directory removed only a staging directory: the killed file write's temporary file (a
     whole checkpoint's bytes) stayed for good, and every --resume last reported it as unfinished."""
     final = tmp_path / "last.ckpt"
     save_atomically({"version": 1}, final)
-    _kill_when(_fork(_write_slowly, str(final)), lambda: Path(str(final) + ".started").exists())
+    fork(_write_slowly, str(final)).kill_when(lambda: Path(str(final) + ".started").exists(), timeout=60)
     Path(str(final) + ".started").unlink()
     assert len(_temporary_files(final)) == 1
     with atomic_directory(final) as tmp:
