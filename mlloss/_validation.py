@@ -348,8 +348,15 @@ def label_matrix(labels: object, num_items: int | None) -> Tensor:
 def _require_finite_labels(labels: Tensor) -> None:
     finite = torch.isfinite(labels)
     if not bool(finite.all()):
-        row, col = (~finite).nonzero()[0].tolist()
-        raise ValueError(f"labels must be finite; labels[{row}, {col}] = {labels[row, col].item()}")
+        raise ValueError(f"labels must be finite; {_label_entry(labels, ~finite)}")
+
+
+def _label_entry(labels: Tensor, bad: Tensor) -> str:
+    """'labels[i] = v' for the first True entry of ``bad`` (N, K), or 'labels[i, k] = v' when the
+    labels have several columns: the entry as the caller indexes the labels given, (N,) or (N, K)."""
+    row, col = bad.nonzero()[0].tolist()
+    index = f"{row}" if labels.shape[1] == 1 else f"{row}, {col}"
+    return f"labels[{index}] = {labels[row, col].item()}"
 
 
 def raise_for_bad_batch(scores: Tensor, labels: Tensor, label_rule: str) -> None:
@@ -366,10 +373,9 @@ def raise_for_bad_batch(scores: Tensor, labels: Tensor, label_rule: str) -> None
     elif label_rule == "integer":
         fractional = labels != torch.round(labels)
         if bool(fractional.any()):
-            row, col = fractional.nonzero()[0].tolist()
             raise ValueError(
                 f"a single label column must hold whole numbers (0/1, or ordinal levels such as 0..4 "
-                f"ratings); labels[{row}, {col}] = {labels[row, col].item()}. For a real-valued "
+                f"ratings); {_label_entry(labels, fractional)}. For a real-valued "
                 f"label pass LaALoss(real_levels=True); for probabilities from a model, these are "
                 f"scores, not labels"
             )
@@ -379,10 +385,7 @@ def check_binary(labels: Tensor, what: str = "labels") -> Tensor:
     """Raise unless every entry is 0 or 1; ``labels`` is the (N, K) float64 matrix."""
     bad = (labels != 0) & (labels != 1)
     if bool(bad.any()):
-        row, col = bad.nonzero()[0].tolist()
-        raise ValueError(
-            f"{what} must be binary (0/1); labels[{row}, {col}] = {labels[row, col].item()}"
-        )
+        raise ValueError(f"{what} must be binary (0/1); {_label_entry(labels, bad)}")
     return labels
 
 
