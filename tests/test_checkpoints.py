@@ -22,6 +22,7 @@ table-wise sharded tables (TorchRec DCP directories).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import os
@@ -415,7 +416,9 @@ def two_epochs(recipe, tmp_path_factory) -> Path:
     (("--loss", "bce+auc"), "--loss bce", "--loss bce+auc"),  # trained on silently with another objective
     (("--embedding-dim", "8", "--expert-hidden", "32"), "--embedding-dim 16, --expert-hidden 64 32",
      "--embedding-dim 8, --expert-hidden 32"),  # Lightning's raw state-dict error
-    (("--embedding", "torchrec"), "--embedding plain", "--embedding torchrec"),
+    pytest.param(("--embedding", "torchrec"), "--embedding plain", "--embedding torchrec",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("torchrec") is None,
+                                          reason="the torchrec extra is not installed (README, 'TorchRec')")),
     (("--seed", "1", "--esmm", "--num-users", "200"), "--no-esmm, --seed 0, --num-users 300",
      "--esmm, --seed 1, --num-users 200"),
 ])

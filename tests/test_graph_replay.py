@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 import mlloss  # noqa: E402
 from mlloss.ops import replay  # noqa: E402
+from triton_interpreter import warnings_as_errors  # noqa: E402
 
 pytestmark = pytest.mark.triton
 DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
@@ -179,10 +180,7 @@ def test_a_failed_capture_warns_once_and_runs_the_call_as_it_is(monkeypatch):
         loss = LOSSES["AUCLoss"]()
         with pytest.warns(RuntimeWarning, match="could not capture a loss call in a CUDA graph.*not permitted"):
             got = calls(loss, batches[:2])
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with warnings_as_errors():
             got += calls(loss, batches[2:])  # no capture tried again, no second warning
         assert replay.captured_signatures() == 0
     for (value, grad), (want_value, want_grad) in zip(got, expected):

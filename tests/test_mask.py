@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
@@ -21,6 +20,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import mlloss
 import reference as ref
+from triton_interpreter import warnings_as_errors
 
 NUM_ITEMS = 40
 
@@ -171,8 +171,7 @@ def test_a_mask_that_keeps_nothing_gives_zero(backend: str) -> None:
               mlloss.build_loss("bce+pdaom", backend=backend)]
     for loss in losses:
         column = labels if isinstance(loss, (mlloss.LaALoss, mlloss.LoALoss)) else labels[:, 0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # the zeros that stand for left-out logits do not look like probabilities
+        with warnings_as_errors():  # the zeros that stand for left-out logits do not look like probabilities
             value, grad = masked_call(loss, scores, column, groups, nothing)
         assert value.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
 

@@ -29,6 +29,7 @@ from mlloss.metrics import (
     multipartite_auc,
 )
 from ranks import ForkedRanks
+from triton_interpreter import warnings_as_errors
 
 IGNORE_UNDEFINED = pytest.mark.filterwarnings("ignore::mlloss.metrics.UndefinedMetricWarning")
 SEEDS = range(12)
@@ -467,8 +468,7 @@ def test_one_class_gives_nan_and_warns() -> None:
 
 def test_defined_metrics_do_not_warn() -> None:
     s = torch.tensor([0.3, 0.1, 0.2, 0.2])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings_as_errors():
         binary_auc(s, torch.tensor([1, 0, 1, 0]))
         group_auc(s, torch.tensor([1, 0, 1, 1]), torch.tensor([5, 5, 9, 9]))  # one valid group is enough
         multipartite_auc(s, torch.tensor([0.0, 1.0, 1.0, 1.0]), torch.tensor([1, 1, 2, 2]))

@@ -4,7 +4,6 @@ for every loss."""
 from __future__ import annotations
 
 import gc
-import warnings
 import weakref
 
 import pytest
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 import mlloss
 from mlloss.registry import LOSSES, SINGLE_LABEL
 from reference import hardest_loss, pair_loss
+from triton_interpreter import warnings_as_errors
 
 NAMES = sorted(LOSSES) + [f"bce+{name}" for name in sorted(SINGLE_LABEL)]
 MULTI_LABEL = {"loa", "balanced-loa", "laa"}
@@ -95,8 +95,7 @@ def test_inputs_of_the_other_kind_raise_or_warn(monkeypatch):
     loss = mlloss.build_loss("bce+pdaom")
     # One batch of logits in [0, 1] is no evidence (a fresh model's can be); PROBABILITY_WARNING_BATCHES in a row are.
     batches = mlloss._validation.PROBABILITY_WARNING_BATCHES
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings_as_errors():
         for _ in range(batches - 1):
             loss(probabilities, labels, groups)
         loss(logits, labels, groups)  # a batch with a negative logit starts the count again
@@ -104,8 +103,7 @@ def test_inputs_of_the_other_kind_raise_or_warn(monkeypatch):
             loss(probabilities, labels, groups)
     with pytest.warns(UserWarning, match=f"every logit of the last {batches} batches lies in \\[0, 1\\].*inputs='probabilities'"):
         loss(probabilities, labels, groups)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # without the data check there is nothing to warn about
+    with warnings_as_errors():  # without the data check there is nothing to warn about
         mlloss.build_loss("bce+pdaom", validate_args=False)(probabilities, labels, groups)
 
 

@@ -18,6 +18,7 @@ changes nothing and says so."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import warnings
@@ -97,3 +98,14 @@ def skip_the_unchecked_overflow_arithmetic() -> bool:
         return False
     builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True
+
+
+@contextlib.contextmanager
+def warnings_as_errors():
+    """Inside: every warning is an error (the tests that assert the library warns nothing), but
+    NumPy's DeprecationWarning that older Triton interpreters (3.6, with NumPy 1.25 or newer) raise
+    inside a kernel, which is Triton's and not the library's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "Conversion of an array with ndim > 0 to a scalar", DeprecationWarning)
+        yield
