@@ -9,7 +9,7 @@ loss such as ``AUCLoss`` needs one label column: ``labels[:, :1]``). Run::
     python docs/examples/lightning_cli.py fit --config docs/examples/lightning_cli.yaml \\
         --model.loss=mlloss.LoALoss --model.loss.weights=balanced
 
-Needs ``pip install "pytorch-lightning>=2.2" "jsonargparse[signatures]>=4.27.7"``.
+Needs ``pip install "pytorch-lightning>=2.6" "jsonargparse[signatures]>=4.27.7"``.
 """
 
 from pathlib import Path
