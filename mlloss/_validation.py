@@ -352,11 +352,11 @@ def _require_finite_labels(labels: Tensor) -> None:
 
 
 def _label_entry(labels: Tensor, bad: Tensor) -> str:
-    """'labels[i] = v' for the first True entry of ``bad`` (N, K), or 'labels[i, k] = v' when the
-    labels have several columns: the entry as the caller indexes the labels given, (N,) or (N, K)."""
-    row, col = bad.nonzero()[0].tolist()
-    index = f"{row}" if labels.shape[1] == 1 else f"{row}, {col}"
-    return f"labels[{index}] = {labels[row, col].item()}"
+    """``_first_entry`` of the (N, K) labels as the caller indexes the labels given: 'labels[i] = v'
+    for one column ((N,) or (N, 1)), 'labels[i, k] = v' for several."""
+    if labels.shape[1] == 1:
+        labels, bad = labels[:, 0], bad[:, 0]
+    return _first_entry("labels", labels, bad)
 
 
 def raise_for_bad_batch(scores: Tensor, labels: Tensor, label_rule: str) -> None:
