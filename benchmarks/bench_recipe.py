@@ -50,6 +50,7 @@ import statistics
 import sys
 import time
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -67,7 +68,7 @@ import ctr_cvr  # noqa: E402
 from ctr_cvr_options import COMPILE_MODES  # noqa: E402
 import mlloss  # noqa: E402
 from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
-from _measure import device_name  # noqa: E402
+from _measure import device_name, source_provenance  # noqa: E402
 from op_count import OpCounter  # noqa: E402
 
 LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
@@ -331,7 +332,10 @@ def _or_dash(value) -> str:
 
 
 def markdown(result: dict) -> str:
+    version = f"mlloss {(result.get('mlloss_commit') or 'unknown')[:7]}" + (
+        " with edited library files" if result.get("library_dirty_files") else "")
     lines = [f"# recipes/ctr_cvr.py training step ({result['device']})", "",
+             f"{result.get('date', 'undated')}, {version}, "
              f"torch {result['torch']}, {result['train_impressions']:,} training impressions, "
              f"{result['steps']} measured steps after {result['warmup']} warm-up steps, "
              f"{result['steps_per_call']} steps per call of the training step"
@@ -405,7 +409,11 @@ def main(argv: list[str] | None = None) -> dict:
     output = args.output or ROOT / "benchmarks" / "results" / f"recipe-{'cuda' if device.type == 'cuda' else 'cpu'}.json"
     data_argv = [] if args.num_users is None else ["--num-users", str(args.num_users)]
     data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(data_argv))
-    result = {"device": device_name(device), "torch": torch.__version__, "train_impressions": len(data[0]),
+    provenance = source_provenance(str(ROOT))
+    result = {"device": device_name(device), "torch": torch.__version__,
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "mlloss_commit": provenance["git_commit"], "library_dirty_files": provenance["library_dirty_files"],
+              "train_impressions": len(data[0]),
               "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "steps_per_call": args.steps_per_call,
               "fixed_batches": args.fixed_batches, "graph_replay": args.graph_replay,
               "data_path": [data_path(data[0], b, device) for b in args.batch_sizes], "training": [],

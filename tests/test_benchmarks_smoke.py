@@ -258,7 +258,7 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     """benchmarks/bench_recipe.py on a tiny log: every loss row has a throughput and a split whose
     parts add up to the step time (other = the rest, so never more than the step), the framework
     overhead compares the recipe's module with a plain loop on both clocks, and the data-path rows
-    compare TensorBatches with a per-row DataLoader; JSON and .md written."""
+    compare TensorBatches with a per-row DataLoader; JSON and .md written, dated, with the version."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_recipe", BENCHMARKS / "bench_recipe.py")
@@ -282,7 +282,10 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     (data,) = result["data_path"]
     assert data["tensor_batches_impressions_per_s"] > 0 and data["per_row_dataloader_impressions_per_s"] > 0
     assert json.loads(out.read_text())["training"][0]["loss"] == "bce"
-    assert "| laa | 256 |" in out.with_suffix(".md").read_text()
+    markdown = out.with_suffix(".md").read_text()
+    assert "| laa | 256 |" in markdown
+    # the run says when and what it measured: its date and the library's version
+    assert f"{result['date']}, mlloss {(result['mlloss_commit'] or 'unknown')[:7]}" in markdown
 
 
 def test_level_tiles_benchmark_forces_each_path_and_restores_the_library_choice():
