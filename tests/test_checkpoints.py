@@ -418,7 +418,7 @@ def two_epochs(recipe, tmp_path_factory) -> Path:
      "--embedding-dim 8, --expert-hidden 32"),  # Lightning's raw state-dict error
     pytest.param(("--embedding", "torchrec"), "--embedding plain", "--embedding torchrec",
                  marks=pytest.mark.skipif(importlib.util.find_spec("torchrec") is None,
-                                          reason="the torchrec extra is not installed (README, 'TorchRec')")),
+                                          reason="the torchrec extra is not installed (docs/install.md)")),
     (("--seed", "1", "--esmm", "--num-users", "200"), "--no-esmm, --seed 0, --num-users 300",
      "--esmm, --seed 1, --num-users 200"),
 ])
@@ -770,7 +770,7 @@ def test_sharded_recipe_on_2_ranks_killed_mid_epoch_and_mid_write_resumes_to_the
     """TorchRec DCP directories on 2 gloo ranks (table-wise tables): killed mid-write after the
     marker, the resumed run takes the temporary directory (the newest complete checkpoint) and
     moves it to its name."""
-    pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
+    pytest.importorskip("torchrec", reason="the torchrec extra is not installed (docs/install.md)")
     import mlloss.integrations.torchrec_strategy  # noqa: F401  (imported once, here, for the forked ranks)
 
     straight = uninterrupted("sharded", SHARDED)

@@ -100,7 +100,7 @@ def test_each_integration_imports_only_its_extras(extras, integrations):
 
 def test_torchrec_tables_need_torchrec_but_not_lightning(integrations):
     if not installed(("torchrec",)):
-        pytest.skip("TorchRec is not installed (README, 'TorchRec')")
+        pytest.skip("TorchRec is not installed (docs/install.md)")
     assert integrations["tables-import"] == set()  # torchrec is imported on first use
     use = integrations["tables-use"]
     assert {"torchrec", "fbgemm_gpu"} <= use and not use & {"pytorch_lightning", "lightning_fabric"}

@@ -1,4 +1,4 @@
-"""The install contract (README, Quickstart): the core install is torch, numpy and torchmetrics.
+"""The install contract (README, Quickstart; docs/install.md): the core install is torch, numpy and torchmetrics.
 
 Lightning and Triton are the extras ``mlloss[lightning]`` and ``mlloss[triton]``: without them
 ``import mlloss`` and every loss still work on the CPU, and the parts that need them raise an
@@ -175,7 +175,7 @@ def test_an_unrelated_missing_module_is_not_blamed_on_an_extra():
 
 
 def test_checkout_wins_over_a_clone_folder_named_mlloss_in_the_working_directory(tmp_path):
-    """What the README's compat-mode editable install does, run from the folder holding the clone:
+    """What the compat-mode editable install (README, docs/install.md) does, run from the folder holding the clone:
     its .pth entry appends the checkout to sys.path, after the working directory, whose folder
     ``mlloss`` (the clone; here an empty stand-in) is only a namespace package candidate."""
     (tmp_path / "mlloss").mkdir()

@@ -103,20 +103,9 @@ COMMANDS: dict[str, Coverage] = {
     "python recipes/ctr_cvr.py --config run.yaml --epochs 8 --resume last": Coverage("run", QUICK_RESUME),
     "python recipes/ctr_cvr.py --config bce+pdaom --output-dir runs/pdaom": Coverage("run", QUICK),
     # inline commands
-    "pip install torchrec": Coverage(
-        "elsewhere", note="shown as what not to do (it pulls the CUDA build of fbgemm-gpu); the README's test "
-        "command installs TorchRec the right way", test_file="tests/test_install.py",
-        mentions="def test_ci_runs_the_readme_test_command_verbatim"),
     "pip install .": Coverage(
         "elsewhere", note="an install (minutes, network); the core install's contract is tested without the extras",
         test_file="tests/test_install.py", mentions="def test_every_loss_trains_a_plain_pytorch_model_without_the_extras"),
-    'pip install "mlloss[lightning]"': Coverage(
-        "elsewhere", note="quoted from the ImportError that names the extra",
-        test_file="tests/test_install.py", mentions="def test_lightning_parts_name_the_lightning_extra"),
-    'pip install -e "./mlloss[lightning]" --config-settings editable_mode=compat': Coverage(
-        "elsewhere", note="an install from the folder that holds the clone; the import it makes work is tested",
-        test_file="tests/test_install.py",
-        mentions="def test_checkout_wins_over_a_clone_folder_named_mlloss_in_the_working_directory"),
     "python recipes/ctr_cvr.py --loss <name> --no-checkpoint": Coverage(
         "parse", QUICK, note="the command of the cost table: parsed with each --loss of the table; the runs above "
         "train these losses, and tests/test_torchrec.py runs --no-checkpoint"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README, 'TorchRec')")
+pytest.importorskip("torchrec", reason="the torchrec extra is not installed (docs/install.md)")
 
 import torchrec_worker  # noqa: E402
 from ranks import ForkedRanks, free_port  # noqa: E402
