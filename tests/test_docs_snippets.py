@@ -117,6 +117,39 @@ def test_the_architecture_map_is_checked():
     assert _name_problem("mlloss.build_loss") is None  # re-exported by a package: fine
 
 
+LINKED_DOCS = [*DOCS, ROOT / "benchmarks" / "README.md"]
+
+
+def _heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the Markdown headings of ``path``: lower case, punctuation dropped
+    (hyphens and underscores kept), spaces as hyphens."""
+    headings = re.findall(r"^#+ +(.+?) *$", _prose(path), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_docs_links_reach_a_file_and_its_heading(doc):
+    """Every relative link ``[text](path#anchor)`` of the docs opens a file of the repository, and
+    its anchor, if any, is one of that file's headings: text moved between the README and the
+    docs leaves no link to a section that is gone."""
+    problems = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", _prose(doc)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        if not linked.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _heading_anchors(linked):
+            problems.append(f"{target}: no heading of {linked.relative_to(ROOT)} has the anchor #{anchor}")
+    assert not problems, f"{doc.relative_to(ROOT)} links to what is not there:\n" + "\n".join(problems)
+
+
+def test_heading_anchors_follow_github():
+    assert _heading_anchors(ROOT / "benchmarks" / "README.md") >= {
+        "results-cpu", "the-gpu-path-measured-on-the-cpu", "the-default-recipe-with-each-loss-recipe_lossespy"}
+
+
 @pytest.mark.parametrize("doc", ["recipe.md", "checkpoints.md"])
 def test_recipe_docs_name_recipe_options(doc):
     sys.path.insert(0, str(ROOT / "recipes"))
