@@ -69,7 +69,7 @@ def test_bad_constructor_arguments_fail_in_init(build, error, message):
     [
         (lambda loss: loss([0.1, 0.2], LABELS[:2]), TypeError, "scores must be a torch.Tensor; got list"),
         (lambda loss: loss(torch.tensor([1, 2]), LABELS[:2]), TypeError, "scores must be a floating-point tensor; got dtype torch.int64"),
-        (lambda loss: loss(SCORES[None, :], LABELS), ValueError, r"scores must have shape \(N,\) or \(N, 1\); got \(1, 4\)"),
+        (lambda loss: loss(SCORES[None, :], LABELS), ValueError, r"scores of shape \(N,\) or \(N, 1\), or \(N, K\) with labels of shape \(N, K\).*got scores of shape \(1, 4\) and labels of shape \(4,\)"),
         (lambda loss: loss(torch.tensor([0.1, float("nan"), 0.2, 0.3]), LABELS), ValueError, r"scores must be finite; scores\[1\] = nan"),
         (lambda loss: loss(torch.tensor([0.1, 0.2, float("inf"), 0.3]), LABELS), ValueError, r"scores\[2\] = inf"),
         (lambda loss: loss(SCORES, LABELS[:3]), ValueError, "labels have 3 rows but scores have 4 items"),

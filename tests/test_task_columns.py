@@ -188,6 +188,9 @@ def test_task_columns_check_their_inputs_and_name_the_entry():
     logits, labels, groups, _ = batch(5)
     with pytest.raises(ValueError, match=r"one binary label column per score column.*\(80, 2\).*\(80, 3\)"):
         loss(logits[:, :2], torch.cat([labels, labels[:, :1]], 1))
+    with pytest.raises(ValueError, match=r"one binary label column per score column; got scores of shape \(80, 2\) "
+                                         r"and labels of shape \(80,\)"):
+        loss(logits[:, :2], labels[:, 0])  # one label vector for two task columns
     bad = logits[:, :2].clone()
     bad[17, 1] = float("nan")
     with pytest.raises(ValueError, match=r"scores must be finite; scores\[17, 1\] = nan"):
