@@ -20,7 +20,6 @@ import itertools
 import math
 import sys
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from ctr_cvr_resume import (OptimizerOptions, check_output_folder, check_resume,
                             recorded_options, replace_other_kind_of_checkpoint, restore_rng_states, resume_path,
                             rng_states)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
-                            scorer_results, write_report)
+                            lightning_notices_muted, scorer_results, write_report)
 
 
 # --------------------------------------------------------------------------- model and objective
@@ -239,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(args.cpu_threads)
     mlloss.set_graph_replay(args.graph_replay or replaying)
     try:
-        return run(args)
+        with lightning_notices_muted():
+            return run(args)
     finally:
         torch.set_num_threads(threads)
         mlloss.set_graph_replay(replaying)
@@ -275,11 +275,8 @@ def run(args: argparse.Namespace) -> dict:
     rank_zero_only(print)(f"{describe_data(train, val, test)}\n\nLabel dictatorship of the training labels:\n{dictatorship}")
     datamodule = GroupDataModule(train.columns(), val.columns(), test.columns(), batch_size=args.batch_size,
                                  group_key="user", seed=args.seed, fixed_size=args.fixed_batches)
-    with warnings.catch_warnings():
-        # Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; the message is noise here.
-        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        trainer.test(module, datamodule=datamodule, verbose=False)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer.test(module, datamodule=datamodule, verbose=False)
 
     if not module.history:  # check_batches rules out the known causes; a callback may still stop fit early
         raise RuntimeError(f"training ended before its first validation epoch (global step {trainer.global_step}): "

@@ -9,8 +9,11 @@ Every metric is :func:`mlloss.evaluation.ranking_metrics` (the function behind t
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+import logging
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,41 @@ from _common import pyplot  # recipes/_common.py, beside this file: matplotlib (
 TASKS = ("click", "purchase")
 GAUC_WEIGHTING = "size"  # GAUC: each user's AUC weighted by the user's impressions (as in DIN's GAUC)
 METRICS = tuple(f"{metric}/{task}" for task in TASKS for metric in ("auc", "gauc"))
+
+
+# Lightning's notices that say nothing about this run: the training step takes the experimental
+# `dataloader_iter` flavour on purpose (several batches a call, each one optimizer step, no gradient
+# accumulation: docs/recipe.md, "The training step"), which Lightning warns about at every epoch;
+# Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; and a tip that advertises a cloud logger.
+MUTED_WARNINGS = (r"You are using the `dataloader_iter` step flavor", r"Found `dataloader_iter` argument",
+                  r".*isinstance\(treespec, LeafSpec\)")
+MUTED_INFO = "litlogger"
+
+
+class _WithoutText(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+_MUTED_INFO_FILTER = _WithoutText(MUTED_INFO)
+
+
+@contextlib.contextmanager
+def lightning_notices_muted() -> Iterator[None]:
+    """The run's output without ``MUTED_WARNINGS`` and Lightning's info lines that name ``MUTED_INFO``."""
+    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")  # Lightning's rank_zero_info
+    logger.addFilter(_MUTED_INFO_FILTER)
+    try:
+        with warnings.catch_warnings():
+            for message in MUTED_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        logger.removeFilter(_MUTED_INFO_FILTER)
 
 
 def evaluate(scores: Tensor, data: ImpressionData) -> dict[str, float]:
