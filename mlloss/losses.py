@@ -247,12 +247,6 @@ class AUCLoss(_PairwiseLoss):
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         if check.is_score_matrix(scores) and isinstance(labels, Tensor):
-            if labels.dim() == 1:  # a transposed score vector, or task columns given one label vector
-                raise ValueError(
-                    f"{type(self).__name__} takes scores of shape (N,) or (N, 1), or (N, K) with labels of shape "
-                    f"(N, K), one binary label column per score column; got scores of shape {tuple(scores.shape)} "
-                    f"and labels of shape {tuple(labels.shape)}"
-                )
             return self.task_columns(scores, labels, groups, mask).loss
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask)
         check.require_single_column(labels, type(self).__name__)
@@ -269,17 +263,22 @@ class AUCLoss(_PairwiseLoss):
         scores' device, if given; what ``forward`` returns for (N, K) scores, and
         ``BCEPlusRanking``'s ``lam``-weighted ranking term), ``result.problem_losses`` each
         column's (unweighted, detached)."""
+        if isinstance(labels, Tensor) and labels.dim() == 1:  # a transposed score vector, or one label for K columns
+            raise ValueError(
+                f"{type(self).__name__} takes scores of shape (N,) or (N, 1), or (N, K) with labels of shape "
+                f"(N, K), one binary label column per score column; got scores of shape "
+                f"{tuple(getattr(scores, 'shape', ()))} and labels of shape {tuple(labels.shape)}"
+            )
         if self.cross_device:
             raise ValueError(
                 f"{type(self).__name__}(cross_device=True) takes one score column per call; got scores of shape "
                 f"{tuple(getattr(scores, 'shape', ()))}: call it once per column"
             )
-        given_labels = tuple(getattr(labels, "shape", ()))  # as passed: (N,) is checked into (N, 1)
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask, score_columns=True)
         if labels.shape[1] != scores.shape[1]:
             raise ValueError(
                 f"{type(self).__name__} with scores of shape (N, K) takes one binary label column per score column; "
-                f"got scores of shape {tuple(scores.shape)} and labels of shape {given_labels}"
+                f"got scores of shape {tuple(scores.shape)} and labels of shape {tuple(labels.shape)}"
             )
         if weights is not None:
             check.require_tensor(weights, "weights")

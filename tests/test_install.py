@@ -210,14 +210,18 @@ def test_the_files_the_suite_starts_first_exist():
     assert set(conftest.SLOWEST_FILES) <= {path.name for path in (REPO / "tests").glob("test_*.py")}
 
 
+def pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
 def test_no_extra_installs_libauc_with_its_requirements():
     """LibAUC 2.0.1 requires torchvision, torch-geometric, transformers and OpenCV, and pip resolves
     them with a torch of their choosing (on a CPU machine with torch 2.13: torch 2.14 with the CUDA
     libraries): an extra that lists it replaces the user's torch. The bench extra holds what its
     losses import; LibAUC itself goes in with --no-deps (docs/install.md)."""
-    import tomllib
-
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = pyproject()["project"]["optional-dependencies"]
     listing = {name: [re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower() for requirement in requirements]
                for name, requirements in extras.items()}
     assert all("libauc" not in names for names in listing.values()), listing
@@ -228,9 +232,7 @@ def test_no_extra_installs_libauc_with_its_requirements():
 def test_pyproject_lists_every_package_of_the_source_tree():
     """setuptools installs only the packages pyproject.toml names: a new subpackage (mlloss/metrics/)
     missing there would be absent from a `pip install .` while an editable install still finds it."""
-    import tomllib
-
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
     found = {"mlloss." + ".".join(p.parent.relative_to(REPO / "mlloss").parts) if p.parent != REPO / "mlloss" else "mlloss"
              for p in (REPO / "mlloss").rglob("__init__.py") if "__pycache__" not in p.parts}
     found |= {"mlloss.kernels"} | {"mlloss.kernels." + ".".join(p.parent.relative_to(REPO / "kernels").parts)
