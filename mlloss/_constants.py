@@ -3,7 +3,7 @@ index tables, the mixing weights and priors of ``LoALoss``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,8 +24,9 @@ class ConstantBuffers(nn.Module):
 
     constants_keep_dtype: bool = False
 
-    def constant_buffers(self) -> dict[str, Tensor]:
-        """The buffers' values (on the CPU), from the module's construction arguments."""
+    def constant_buffers(self) -> Mapping[str, Tensor | None]:
+        """The buffers' values (on the CPU), from the module's construction arguments (None: a
+        buffer registered as None)."""
         raise NotImplementedError
 
     def register_constant_buffers(self) -> None:
@@ -54,7 +55,9 @@ class ConstantBuffers(nn.Module):
         """Each constant buffer recomputed on ``device(buffer)`` (left as it is where that is None)."""
         for name, value in self.constant_buffers().items():
             current = self._buffers[name]
-            target = None if current is None else device(current)
+            if current is None or value is None:
+                continue
+            target = device(current)
             if target is not None:
                 dtype = value.dtype if self.constants_keep_dtype else current.dtype
                 self._buffers[name] = value.to(device=target, dtype=dtype)

@@ -82,7 +82,8 @@ def link_source_tree_kernels(package: str, init_file: str) -> None:
     if not (folder.parent / "pyproject.toml").is_file():
         return
     spec = importlib.util.spec_from_file_location(name, source, submodule_search_locations=[str(source.parent)])
+    assert spec is not None and spec.loader is not None  # a .py file that exists
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    sys.modules[package].kernels = module  # as importing the submodule would
+    setattr(sys.modules[package], "kernels", module)  # as importing the submodule would

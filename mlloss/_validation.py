@@ -17,7 +17,8 @@ import numbers
 import sys
 import operator
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import SupportsIndex, TypeGuard
 
 import torch
 from torch import Tensor
@@ -44,7 +45,7 @@ def check_int(name: str, value: object, *, minimum: int, requirement: str | None
     """``value`` as an int: an integer, Python's or NumPy's (not a bool, not a float), >= ``minimum``.
     ``requirement`` replaces the default wording of the message."""
     try:
-        integer = None if isinstance(value, bool) else operator.index(value)
+        integer = operator.index(value) if isinstance(value, SupportsIndex) and not isinstance(value, bool) else None
     except TypeError:
         integer = None
     if integer is None or integer < minimum:
@@ -91,7 +92,7 @@ def sequence_of(name: str, values: object, what: str = "integers") -> list:
     """``values`` (a list, tuple, NumPy array or tensor) as a list. A bare number or a string is named:
     it failed in a loop over it ("'int' object is not iterable"), or read "64" as 6 and 4."""
     try:
-        items = None if isinstance(values, (str, bytes)) else list(values)
+        items = list(values) if isinstance(values, Iterable) and not isinstance(values, (str, bytes)) else None
     except TypeError:
         items = None
     if items is None:
@@ -139,7 +140,7 @@ def check_one_device(*tensors: Tensor) -> torch.device:
     return device
 
 
-def _is_real_number(value: object) -> bool:
+def _is_real_number(value: object) -> TypeGuard[numbers.Real]:
     """A Python or NumPy real number (``np.float32(0.5)``, ``np.int64(3)``), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
@@ -184,10 +185,12 @@ def check_temperature(temperature: object, pairs: str) -> float | None:
 
 def check_lam(lam: object) -> float | tuple[float, ...]:
     values = lam if isinstance(lam, (list, tuple)) else [lam]
+    checked = []
     for value in values or [None]:  # an empty sequence weighs no task
-        if not _is_real_number(value) or not 0 <= value < math.inf:
+        if not _is_real_number(value) or not 0 <= float(value) < math.inf:
             raise ValueError(f"lam must be a finite number >= 0 or a non-empty sequence of them; got {lam!r}")
-    return tuple(float(v) for v in values) if isinstance(lam, (list, tuple)) else float(lam)
+        checked.append(float(value))
+    return tuple(checked) if isinstance(lam, (list, tuple)) else checked[0]
 
 
 def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Tensor | None:
@@ -231,20 +234,28 @@ def check_weights(name: str, weights: object, *, strictly_positive: bool) -> Ten
     return tensor
 
 
-def check_label_names(name: str, names: object, *, required: bool = False) -> tuple[str, ...] | None:
-    """One name per label column (None passes unless ``required``): a sequence, not one string
-    (which would name a label per character), of distinct names (they key the parts' and
-    metrics' entries)."""
+def require_label_names(name: str, names: object) -> tuple[str, ...]:
+    """``check_label_names`` where the names are required (None is refused)."""
+    checked = check_label_names(name, names)
+    if checked is None:
+        raise TypeError(f"{name} must be a sequence of names, one per label column; got None")
+    return checked
+
+
+def check_label_names(name: str, names: object) -> tuple[str, ...] | None:
+    """One name per label column, or None: a sequence, not one string (which would name a label
+    per character), of distinct names (they key the parts' and metrics' entries)."""
     if names is None:
-        if required:
-            raise TypeError(f"{name} must be a sequence of names, one per label column; got None")
         return None
     if isinstance(names, (str, bytes)):
         raise ValueError(f"{name} must be a sequence of names, one per label column, not one string; got {names!r}")
+    wanted = f"{name} must be a sequence of names, one per label column; got {names!r}"
+    if not isinstance(names, Iterable):
+        raise TypeError(wanted)
     try:
         checked = tuple(str(label) for label in names)
-    except TypeError as error:
-        raise TypeError(f"{name} must be a sequence of names, one per label column; got {names!r}") from error
+    except TypeError as error:  # a 0-d tensor or array
+        raise TypeError(wanted) from error
     if not checked:
         raise ValueError(f"{name} must not be empty; got {names!r}")
     if len(set(checked)) != len(checked):
@@ -283,7 +294,7 @@ def require_integer_ids(groups: Tensor, name: str) -> None:
 
 def floating_scores(scores: object) -> Tensor:
     """``scores`` if it is a floating-point tensor (of any shape)."""
-    require_tensor(scores, "scores")
+    scores = require_tensor(scores, "scores")
     if not scores.is_floating_point():
         raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
     return scores
@@ -321,7 +332,7 @@ def label_columns(labels: object, num_items: int | None) -> Tensor:
     """Labels as a matrix (N, K) of their own dtype, a view when possible; accepts (N,) or (N, K)
     bool, int or float. With ``num_items`` the number of rows must match it. Shapes only: the
     values are checked by ``label_matrix`` or by a loss's data check."""
-    require_tensor(labels, "labels")
+    labels = require_tensor(labels, "labels")
     if labels.is_complex():
         raise TypeError(f"labels must be bool, integer or float; got dtype {labels.dtype}")
     if labels.dim() == 1:
@@ -546,7 +557,7 @@ def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:
 def metric_scores(scores: object) -> Tensor:
     """Scores of shape (N,) or (N, 1), real and free of NaN, as (N,); unsigned integers wider than
     a byte as int64 in the same order (torch sorts them but cannot search them)."""
-    require_tensor(scores, "scores")
+    scores = require_tensor(scores, "scores")
     if scores.dtype.is_complex:
         raise TypeError(f"scores must be real; got dtype {scores.dtype}")
     scores = as_vector(scores, "scores")
@@ -567,7 +578,7 @@ def metric_length(values: Tensor, name: str, num_items: int) -> None:
 
 def metric_binary(labels: object, name: str, num_items: int, *, matrix: bool) -> Tensor:
     """0/1 labels of ``num_items`` rows, as int64 (N, K) if ``matrix`` else (N,)."""
-    require_tensor(labels, name)
+    labels = require_tensor(labels, name)
     if matrix:
         if labels.ndim == 1:
             labels = labels[:, None]
@@ -585,7 +596,7 @@ def metric_binary(labels: object, name: str, num_items: int, *, matrix: bool) ->
 def metric_groups(groups: object, num_items: int) -> Tensor:
     """Integer group ids of shape (N,) or (N, 1), as an int64 vector (N,) (as the losses take
     them: unsigned ids, e.g. hashed user ids, too; a uint64 id over 2^63 wraps to a distinct one)."""
-    require_tensor(groups, "groups")
+    groups = require_tensor(groups, "groups")
     require_integer_ids(groups, "groups")
     groups = as_vector(groups, "groups")
     metric_length(groups, "groups", num_items)

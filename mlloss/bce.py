@@ -7,7 +7,7 @@ registry that builds them by name is ``registry``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from . import _validation as check
 from .distributed import refusing_together
 from .losses import AUCLoss
-from .ops.dispatch import cached_on_device
+from .ops.dispatch import PairStats, cached_on_device
 from .ops.pointwise import binary_cross_entropy
 from .parts import LossParts, keep_call_state
 
@@ -161,18 +161,18 @@ class BCEPlusRanking(nn.Module):
         counted = scores.shape[0] if mask is None else mask.sum()
         return check.at_least_one(getattr(self.ranking, "num_items", counted))
 
-    def _keep_parts(self, terms: Sequence[Tensor] | Tensor, task_parts: list[Mapping[str, Tensor]]) -> None:
+    def _keep_parts(self, terms: Sequence[Tensor] | Tensor, task_parts: Sequence[Mapping[str, Tensor]]) -> None:
         """``parts`` from the detached per-task ranking ``terms`` (scalars, or a (K,) tensor) and each
         task's ranking parts (its ``valid_pairs`` and ``groups_with_pairs``, if it counts them), read
         only when an entry is."""
         # parts close over detached terms only (see BCELoss.forward)
         bce_parts = self.bce.parts
-        totals = {"bce": lambda: bce_parts["bce"], "ranking": lambda: sum(terms[1:], terms[0])}
-        per_task = {"bce": bce_parts, "ranking": terms}
+        totals: dict[str, Callable[[], Tensor]] = {"bce": lambda: bce_parts["bce"], "ranking": lambda: _total(terms)}
+        per_task: dict[str, object] = {"bce": bce_parts, "ranking": terms}
         if all("valid_pairs" in p and "groups_with_pairs" in p for p in task_parts):  # a user's loss may count none
-            totals["valid_pairs"] = lambda: sum(p["valid_pairs"] for p in task_parts)
-            totals["groups_with_pairs"] = lambda: sum(p["groups_with_pairs"] for p in task_parts)
-            per_task["valid_pairs"] = [lambda p=p: p["valid_pairs"] for p in task_parts]
+            totals["valid_pairs"] = lambda: _total([p["valid_pairs"] for p in task_parts])
+            totals["groups_with_pairs"] = lambda: _total([p["groups_with_pairs"] for p in task_parts])
+            per_task["valid_pairs"] = [_maker(p, "valid_pairs") for p in task_parts]
         keep_call_state(self, parts=LossParts(_task_entries(totals, per_task if len(terms) > 1 else {})))
 
     def _takes_task_columns(self) -> bool:
@@ -190,15 +190,20 @@ class BCEPlusRanking(nn.Module):
         """``sum_k lam_k * ranking_k`` of the K task columns in one ranking call, with the same
         ``parts`` as the call per task."""
         equal = all(w == weights[0] for w in weights)
-        result = self.ranking.task_columns(self._ranking_scores(scores, mask), labels, groups, mask,
-                                           weights=None if equal else _lam_on(weights, scores.device))
+        task_columns = getattr(self.ranking, "task_columns")  # see _takes_task_columns
+        result = task_columns(self._ranking_scores(scores, mask), labels, groups, mask,
+                              weights=None if equal else _lam_on(weights, scores.device))
         term, per_task = result.loss, result.problem_losses
         if self._summed():  # Eq. 7 over N: see the class docstring
             items = self._items(scores, mask)
             term, per_task = term / items, per_task / items
-        stats = type(result)(loss=None, stats=result.stats)  # the parts keep no autograd graph
-        task_parts = [LossParts({"valid_pairs": lambda k=k: stats.valid_pairs[k],
-                                 "groups_with_pairs": lambda k=k: stats.groups_with_pairs[k]}) for k in range(len(weights))]
+        facts = PairStats(result.stats)  # the parts keep no autograd graph
+
+        def column_parts(k: int) -> LossParts:
+            return LossParts({"valid_pairs": lambda: facts.valid_pairs[k],
+                              "groups_with_pairs": lambda: facts.groups_with_pairs[k]})
+
+        task_parts = [column_parts(k) for k in range(len(weights))]
         self._keep_parts(per_task.detach().to(term.dtype), task_parts)  # the per-task calls' dtype
         return term * weights[0] if equal and weights[0] != 1 else term
 
@@ -267,6 +272,11 @@ def _task_entries(totals: dict, per_task: dict) -> dict:
         if count > 1:
             makers.update({f"{name}/{k}": _maker(values, k) for k in range(count)})
     return makers
+
+
+def _total(values: Sequence[Tensor] | Tensor) -> Tensor:
+    """The sum of K > 0 scalars (a (K,) tensor, or a sequence of 0-dim tensors) in their order."""
+    return sum(values[1:], values[0])
 
 
 def _maker(value, key=None):

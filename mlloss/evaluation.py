@@ -17,9 +17,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mlloss._validation import check_choice, check_label_names, require_tensor
+from mlloss._validation import check_choice, require_label_names, require_tensor
 from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc, multilabel_auc, multipartite_auc
-from mlloss.metrics.functional import WEIGHTINGS
+from mlloss.metrics.functional import WEIGHTINGS, Weighting
 
 __all__ = ["ranking_metrics"]
 
@@ -30,7 +30,7 @@ def ranking_metrics(
     groups: Optional[Tensor] = None,
     *,
     label_names: Sequence[str],
-    group_weighting: str = "uniform",
+    group_weighting: Weighting = "uniform",
     label_weights: Optional[Sequence[float]] = None,
     quiet: bool = False,
 ) -> dict[str, Tensor]:
@@ -53,9 +53,9 @@ def ranking_metrics(
         DiffAUC and MinAUC are max - min and min of the per-label AUCs (NaN if one is NaN).
     """
     check_choice("group_weighting", group_weighting, WEIGHTINGS)  # also without groups: a typo is not ignored
-    names = check_label_names("label_names", label_names, required=True)
-    require_tensor(scores, "scores")
-    require_tensor(labels, "labels")
+    names = require_label_names("label_names", label_names)
+    scores = require_tensor(scores, "scores")
+    labels = require_tensor(labels, "labels")
     if labels.dim() > 2 or scores.dim() > 2:
         raise ValueError(f"scores and labels must be (N,) or (N, K); got scores {tuple(scores.shape)} and "
                          f"labels {tuple(labels.shape)}")

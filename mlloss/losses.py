@@ -116,6 +116,7 @@ class _PairwiseLoss(nn.Module):
     def _naming_own_rows(self, error: ValueError) -> ValueError:
         """The data check's ``error``, which names an entry of the gathered batch, with the positions
         of this rank's items in it."""
+        assert self._own_rows is not None  # the caller's condition
         start, end = self._own_rows
         own = f"this rank's items are positions {start} to {end - 1}" if end > start else "this rank has no items"
         return ValueError(
@@ -351,6 +352,11 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
     """
 
     constants_keep_dtype = True  # float64 weights and priors (see _apply)
+    # Buffers (constant_buffers and the running priors' counts), typed for the readers below.
+    weights: Tensor | None
+    priors: Tensor | None
+    seen_positives: Tensor
+    seen_items: Tensor
 
     def __init__(
         self,
@@ -401,8 +407,11 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
 
     def extra_repr(self) -> str:
-        options = ["weights='balanced'" if self.balanced else f"weights={_listed(self.weights)}"] if (
-            self.balanced or self.weights is not None) else []
+        options = []
+        if self.balanced:
+            options.append("weights='balanced'")
+        elif self.weights is not None:
+            options.append(f"weights={_listed(self.weights)}")
         if self.priors is not None:
             options.append(f"priors={_listed(self.priors)}")
         if self.label_names is not None:
@@ -460,6 +469,7 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         # Label means over at least one item: a batch (or a first training batch) whose mask keeps
         # nothing has prior 0, a_k = 0, and no valid pair: the loss is 0, not 0/0 = NaN.
         elif self.training:
+            assert counts is not None  # forward and mixing_weights pass them in training mode
             positives, items = counts  # this batch included
             priors = (positives / items.clamp(min=1)).to(labels.device)
         else:  # evaluation: the running means once training has seen a batch, else this batch's

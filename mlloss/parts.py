@@ -22,13 +22,10 @@ them pays nothing for them (no kernel launch, no host synchronisation).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from .ops.dispatch import PairLossResult
+from .ops.dispatch import PairStats
 
 
 class LossParts(Mapping[str, Tensor]):
@@ -76,25 +73,32 @@ def keep_call_state(module: torch.nn.Module, **state: object) -> None:
 
 
 def _made_parts(values: dict[str, Tensor]) -> LossParts:
-    parts = LossParts(dict.fromkeys(values))
-    parts._made = dict(values)
-    return parts
+    return LossParts({name: value.detach for name, value in values.items()})
 
 
 def pair_parts(
-    result: PairLossResult, *, label_names: Sequence[str] | None = None, mixing: Tensor | None = None
+    result: PairStats, *, label_names: Sequence[str] | None = None, mixing: Tensor | None = None
 ) -> LossParts:
     """``parts`` of a pairwise loss (see ``mlloss.parts``): totals over its problems, and with
     ``label_names`` (LoA) one entry per label of its term, mixing weight and valid pairs."""
-    result = type(result)(loss=None, stats=result.stats, partial=result.partial)  # the makers read the statistics: no autograd graph kept alive
-    makers = {
-        "valid_pairs": lambda: result.valid_pairs.sum(),
-        "groups_with_pairs": lambda: result.groups_with_pairs.sum(),
+    facts = PairStats(result.stats)  # the makers read the statistics: no autograd graph kept alive
+    makers: dict[str, Callable[[], Tensor]] = {
+        "valid_pairs": lambda: facts.valid_pairs.sum(),
+        "groups_with_pairs": lambda: facts.groups_with_pairs.sum(),
     }
     for k, name in enumerate(label_names or ()):
-        makers[f"label_loss/{name}"] = lambda k=k: result.problem_losses[k]
-        makers[f"mixing_weight/{name}"] = lambda k=k: (
-            torch.ones((), dtype=torch.float64, device=result.stats.device) if mixing is None else mixing[k]
-        )  # on the device of the other entries
-        makers[f"valid_pairs/{name}"] = lambda k=k: result.valid_pairs[k]
+        makers.update(_label_makers(facts, name, k, mixing))
     return LossParts(makers)
+
+
+def _label_makers(facts: PairStats, name: str, k: int, mixing: Tensor | None) -> dict[str, Callable[[], Tensor]]:
+    """The entries of label (or column) ``k``, named ``name``."""
+
+    def mixing_weight() -> Tensor:  # on the device of the other entries
+        return torch.ones((), dtype=torch.float64, device=facts.stats.device) if mixing is None else mixing[k]
+
+    return {
+        f"label_loss/{name}": lambda: facts.problem_losses[k],
+        f"mixing_weight/{name}": mixing_weight,
+        f"valid_pairs/{name}": lambda: facts.valid_pairs[k],
+    }

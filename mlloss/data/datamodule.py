@@ -80,7 +80,8 @@ class GroupDataModule(pl.LightningDataModule):
     def batches(self, split: str) -> TensorBatches:
         """The split's batches for this trainer's rank, world size and device (built once per split,
         and again when a later trainer has another rank, world size or device)."""
-        if split not in SPLITS or self.splits[split] is None:
+        columns = self.splits.get(split) if split in SPLITS else None
+        if columns is None:
             raise ValueError(f"split must be one of the splits given, {[s for s in SPLITS if self.splits[s] is not None]}; "
                              f"got {split!r}")
         trainer = self.trainer
@@ -89,7 +90,7 @@ class GroupDataModule(pl.LightningDataModule):
             rank, world, device = placement
             training = split == "train"
             self._batches[split] = placement, TensorBatches(
-                self.splits[split], self.batch_size, group_key=self.group_key, shuffle=training, seed=self.seed,
+                columns, self.batch_size, group_key=self.group_key, shuffle=training, seed=self.seed,
                 drop_last=training, pad="empty", num_replicas=world, rank=rank, device=device,
                 fixed_size=training and self.fixed_size,
             )
@@ -106,14 +107,17 @@ class GroupDataModule(pl.LightningDataModule):
         ``len()`` once, and an epoch that packs into more batches is cut short (its last users never
         train), one that packs into fewer skips the epoch-end validation, both without a word."""
         trainer = self.trainer
-        if trainer is None or trainer.reload_dataloaders_every_n_epochs == 1:
+        if trainer is None:
+            return
+        reload_every = trainer.reload_dataloaders_every_n_epochs  # type: ignore[attr-defined]  # set by Lightning, undeclared
+        if reload_every == 1:
             return
         max_epochs = trainer.max_epochs
         if max_epochs is not None and 0 <= max_epochs - trainer.current_epoch <= 1:
             return  # one epoch left: the loader is read for that epoch only
         raise ValueError(
             f"GroupDataModule needs Trainer(reload_dataloaders_every_n_epochs=1) to train more than one epoch; got "
-            f"reload_dataloaders_every_n_epochs={trainer.reload_dataloaders_every_n_epochs} with max_epochs={max_epochs}: "
+            f"reload_dataloaders_every_n_epochs={reload_every} with max_epochs={max_epochs}: "
             "the number of batches changes between epochs and Lightning reads it when it loads the batches, so "
             "later epochs would skip rows or their validation (reloading is cheap here: no copy of the data)"
         )

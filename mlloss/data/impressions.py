@@ -8,6 +8,7 @@ The synthetic generator (``synthetic.py``) and the real-data loaders (``tabular.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -127,4 +128,5 @@ class ImpressionData:
     def subset(self, index: Tensor) -> ImpressionData:
         """The impressions selected by an index or boolean mask, in that order (None fields stay None)."""
         columns = {f.name: getattr(self, f.name) for f in fields(self)}
-        return replace(self, **{k: v[index] for k, v in columns.items() if isinstance(v, Tensor)})
+        selected: dict[str, Any] = {k: v[index] for k, v in columns.items() if isinstance(v, Tensor)}
+        return replace(self, **selected)

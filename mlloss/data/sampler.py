@@ -201,7 +201,7 @@ def _group_ids(groups: Tensor | Sequence[int]) -> Tensor:
     return ids
 
 
-def _not_integer_ids(groups: object) -> Exception:
+def _not_integer_ids(groups: Tensor | Sequence[int]) -> Exception:
     """The error for ``groups`` that torch cannot make a tensor of: string (or other non-integer)
     ids, a NumPy array of such a dtype, or integers outside int64, naming the first such id."""
     advice = "map the ids to integers first, e.g. numpy.unique(ids, return_inverse=True)[1]"

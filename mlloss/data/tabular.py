@@ -363,10 +363,11 @@ def _value_problem(raw: str, kind: ColumnKind) -> str | None:
 
 def _integer_problem(raw: str, integer: int | None, kind: ColumnKind) -> str | None:
     """Why the cell ``raw``, read as ``integer`` (None: not an integer), is not a valid id or label."""
-    if kind == "id" and (integer is None or integer < 0):
-        return f"{raw!r} is not a non-negative integer id"
-    if kind == "id" and integer > _INT64_MAX:
-        return f"{raw!r} is larger than the largest int64 id ({_INT64_MAX})"
+    if kind == "id":
+        if integer is None or integer < 0:
+            return f"{raw!r} is not a non-negative integer id"
+        if integer > _INT64_MAX:
+            return f"{raw!r} is larger than the largest int64 id ({_INT64_MAX})"
     if kind == "label" and integer not in (0, 1):
         return f"{raw!r} is not a 0/1 label"
     return None

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence, Sized
+from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor
@@ -39,10 +39,11 @@ from torch.utils.data import BatchSampler, DistributedSampler
 from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
-from .._validation import check_label_names, check_weights, require_integer_ids
+from .._validation import check_weights, require_integer_ids, require_label_names
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
 from ..metrics.classes import _PairMetric
+from ..metrics.functional import Weighting
 
 with needs_extra("lightning", "mlloss.integrations.lightning"):
     import pytorch_lightning as pl
@@ -95,13 +96,13 @@ def _padding_sampler(loader: Any) -> Optional[DistributedSampler]:
     batch_sampler = getattr(loader, "batch_sampler", None)
     inner = getattr(batch_sampler, "sampler", None)
     padding = [candidate for candidate in (sampler, inner) if isinstance(candidate, DistributedSampler)
-               and not candidate.drop_last and candidate.total_size > len(candidate.dataset)]
+               and not candidate.drop_last and candidate.total_size > _dataset_length(candidate)]
     if not padding:
         return None
     if padding[0] is sampler and type(batch_sampler) is BatchSampler:
         return sampler
     rank_zero_warn(f"RankingMetrics: a validation/test DataLoader's {type(padding[0]).__name__} repeats "
-                   f"{padding[0].total_size - len(padding[0].dataset)} items to even out the ranks, behind a "
+                   f"{padding[0].total_size - _dataset_length(padding[0])} items to even out the ranks, behind a "
                    f"{type(batch_sampler).__name__} that may reorder them, so the metrics count the repeated "
                    "items; shard the data yourself (Trainer(use_distributed_sampler=False)): docs/lightning.md")
     return None
@@ -110,7 +111,12 @@ def _padding_sampler(loader: Any) -> Optional[DistributedSampler]:
 def _real_items(sampler: DistributedSampler) -> int:
     """How many of this rank's ``sampler.num_samples`` items are not repeats: the rank's j-th item is
     item ``rank + j * num_replicas`` of the padded epoch, a repeat from ``len(dataset)`` on."""
-    return max(0, -(-(len(sampler.dataset) - sampler.rank) // sampler.num_replicas))
+    return max(0, -(-(_dataset_length(sampler) - sampler.rank) // sampler.num_replicas))
+
+
+def _dataset_length(sampler: DistributedSampler) -> int:
+    """The length of a ``DistributedSampler``'s dataset (one it can shard has a length)."""
+    return len(cast(Sized, sampler.dataset))
 
 
 class RankingMetrics(pl.Callback):
@@ -181,12 +187,12 @@ class RankingMetrics(pl.Callback):
         score_key: str = "scores",
         labels_key: str = "labels",
         groups_key: str = "groups",
-        group_weighting: str = "uniform",
+        group_weighting: Weighting = "uniform",
         print_report: bool = True,
         loss_attribute: str = "loss",
     ) -> None:
         super().__init__()
-        names = check_label_names("label_names", label_names, required=True)
+        names = require_label_names("label_names", label_names)
         if group_weighting not in ("uniform", "size"):
             raise ValueError(f"group_weighting must be 'uniform' or 'size'; got {group_weighting!r}")
         self.label_names = names

@@ -40,6 +40,7 @@ from ..checkpointing import (
 from .torchrec import SHARDING_TYPES, import_torchrec, shard_model, sparse_optimizer_class
 
 with needs_extra("lightning", "mlloss.integrations.torchrec_strategy"):
+    from pytorch_lightning import LightningModule
     from pytorch_lightning.strategies import DDPStrategy
 
 __all__ = ["TorchRecStrategy"]
@@ -106,6 +107,12 @@ class TorchRecStrategy(DDPStrategy):
             )
         return self.sharded_model
 
+    def _module(self) -> LightningModule:
+        module = self.lightning_module
+        if module is None:
+            raise RuntimeError("TorchRecStrategy: no LightningModule is attached yet (the trainer attaches it in fit)")
+        return module
+
     def _fused_optimizer(self):
         return self._sharded().fused_optimizer
 
@@ -115,7 +122,7 @@ class TorchRecStrategy(DDPStrategy):
         gradients."""
         inside = {id(parameter) for parameter in self._sharded().parameters()}
         self._outside_parameters = [
-            parameter for parameter in self.lightning_module.parameters()
+            parameter for parameter in self._module().parameters()
             if parameter.requires_grad and id(parameter) not in inside
         ]
         with torch.no_grad():
@@ -169,6 +176,7 @@ class TorchRecStrategy(DDPStrategy):
         from lightning_fabric.utilities.optimizer import _optimizers_to_device
         from pytorch_lightning.trainer.states import TrainerFn
 
+        assert self.accelerator is not None and self.model is not None  # attached by the trainer, as in Lightning's strategies
         self.accelerator.setup(trainer)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
@@ -185,7 +193,7 @@ class TorchRecStrategy(DDPStrategy):
     # ---------------------------------------------------------------- checkpoints
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        return self.lightning_module.state_dict()  # ShardedTensors for the sharded tables
+        return self._module().state_dict()  # ShardedTensors for the sharded tables
 
     def load_model_state_dict(self, checkpoint, strict: bool = True) -> None:
         pass  # load_checkpoint loaded it into the shards
@@ -237,7 +245,7 @@ class TorchRecStrategy(DDPStrategy):
         reason = incomplete_reason(path)
         if self.is_global_zero and reason is not None:
             print(f"note: {path} is not marked complete ({reason}); loading it as named", flush=True)
-        state = {"model": self.lightning_module.state_dict(), "sparse_optimizer": self._fused_optimizer().state_dict()}
+        state = {"model": self._module().state_dict(), "sparse_optimizer": self._fused_optimizer().state_dict()}
         try:
             dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
             self._load_module_state(state["model"])
@@ -257,7 +265,7 @@ class TorchRecStrategy(DDPStrategy):
     def _load_module_state(self, state: dict[str, Any]) -> None:
         """Load the LightningModule's state: DMP's part through DMP (its keys carry no wrapper
         prefix), the rest through the module."""
-        module, dmp = self.lightning_module, self.sharded_model
+        module, dmp = self._module(), self._sharded()
         prefix = next(name for name, child in module.named_modules() if child is dmp) + "."
         dmp.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
         rest = {k: v for k, v in state.items() if not k.startswith(prefix)}

@@ -426,11 +426,13 @@ class MultipartiteAUC(_PairMetric):
         holds after ``load_state_dict`` and ``merge_state`` as after ``update``.
         """
         check.require_tensor(levels, "levels")
-        kept = self.levels  # a list of batches, or one tensor once gathered across processes
-        if isinstance(kept, list):
-            if not kept:
+        batches = self.levels  # a list of batches, or one tensor once gathered across processes
+        if isinstance(batches, list):
+            if not batches:
                 return
-            kept = kept[0]
+            kept = batches[0]
+        else:
+            kept = batches
         if levels.ndim not in (1, 2):  # refused by the validation of update
             return
         columns = levels.shape[1] if levels.ndim == 2 else 1

@@ -12,7 +12,9 @@ multi-task backbones that read the embeddings are in ``towers.py``.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +25,9 @@ from .._constants import ConstantBuffers
 
 __all__ = ["FieldEmbedding", "DotInteraction"]
 
-_PARAMETER = object()  # tables()' default: the parameter's rows
+
+class _Default(enum.Enum):
+    PARAMETER = enum.auto()  # tables()' default: the parameter's rows
 
 
 class FieldEmbedding(ConstantBuffers):
@@ -40,6 +44,9 @@ class FieldEmbedding(ConstantBuffers):
     their field's table (``validate_args=False`` skips that, for data checked once): on the
     CPU with a ValueError naming the field, on a GPU without waiting for it (a device assert).
     """
+
+    sizes: Tensor  # constant buffers (constant_buffers)
+    offsets: Tensor
 
     def __init__(
         self, cardinalities: Sequence[int], dim: int, combine: str = "concat", validate_args: bool = True
@@ -66,11 +73,11 @@ class FieldEmbedding(ConstantBuffers):
         sizes = torch.tensor(self.cardinalities)
         return {"sizes": sizes, "offsets": sizes.cumsum(0) - sizes}  # each field's first row in ``weight``
 
-    def tables(self, weight: Tensor = _PARAMETER) -> tuple[Tensor, ...]:
+    def tables(self, weight: Tensor | None | Literal[_Default.PARAMETER] = _Default.PARAMETER) -> tuple[Tensor, ...]:
         """Each field's rows of ``weight`` (default: the parameter; e.g. its ``.grad``), as views.
         A ``weight`` of None is an error: ``tables(embedding.weight.grad)`` before a backward
         returned the parameter's rows as if they were the gradient."""
-        if weight is _PARAMETER:
+        if weight is _Default.PARAMETER:
             weight = self.weight
         elif weight is None:
             raise ValueError("weight is None (a .grad before any backward?); call tables() for the parameter's rows")
@@ -110,6 +117,8 @@ class DotInteraction(ConstantBuffers):
     (B, num_fields * dim + num_fields * (num_fields - 1) / 2): the input followed by
     <e_i, e_j> for i < j. An MLP alone learns such multiplicative user-item matches poorly.
     """
+
+    pick: Tensor  # a constant buffer (constant_buffers)
 
     def __init__(self, num_fields: int, dim: int) -> None:
         super().__init__()

@@ -185,6 +185,8 @@ class ExtractionLevel(ConstantBuffers):
     0 to the experts it does not mix.
     """
 
+    gated_experts: Tensor  # a constant buffer (constant_buffers)
+
     def __init__(
         self,
         input_dim: int,

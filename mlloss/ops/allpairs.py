@@ -128,15 +128,16 @@ def all_pairs_loss_and_grad(
             large_losses.extend(_level_rectangles(
                 scores, layout, large & ~tiled, costs, group_coefficients, surrogate, margin, grad
             ))
-        level_values = item_level_values() if bool(tiled.any()) else None
-        for group in torch.nonzero(tiled).flatten().tolist():
-            start, end = int(offsets[group]), int(offsets[group] + sizes[group])
-            # Which pairs are valid comes from the level indices: two levels that the scores' dtype
-            # cannot tell apart (weights [57150, 5e-5] in float32) are still two levels, counted in Z_u.
-            large_losses.append((group, _level_tiles(
-                scores, level_values, layout.level, start, end, group_coefficients[group].to(scores.dtype),
-                linear_cost, surrogate, margin, grad,
-            )))
+        if bool(tiled.any()):
+            level_values = item_level_values()
+            for group in torch.nonzero(tiled).flatten().tolist():
+                start, end = int(offsets[group]), int(offsets[group] + sizes[group])
+                # Which pairs are valid comes from the level indices: two levels that the scores' dtype
+                # cannot tell apart (weights [57150, 5e-5] in float32) are still two levels, counted in Z_u.
+                large_losses.append((group, _level_tiles(
+                    scores, level_values, layout.level, start, end, group_coefficients[group].to(scores.dtype),
+                    linear_cost, surrogate, margin, grad,
+                )))
         large_groups, losses = zip(*large_losses)
         group_losses.index_copy_(0, torch.tensor(large_groups, device=scores.device), torch.stack(losses))
     return group_losses, grad
@@ -156,7 +157,7 @@ def _small_groups(
     surrogate: str,
     margin: float,
     grad: Tensor,
-) -> list[Tensor]:
+) -> Tensor:
     """The valid pairs of the ``selected`` groups ((G,) bool; None: every group), listed one after
     another. Inside a group the levels descend, so the lower partners of an item are the positions
     from its cell's end to its group's end, and its upper partners those from its group's start to
@@ -187,7 +188,7 @@ def _small_groups(
         cuts = torch.searchsorted(pairs_before, torch.arange(chunk, total, chunk, device=device))
         bounds = sorted({0, scores.numel(), *group_end[cuts].tolist()})
     # each item's pairs as the upper item, weighed by its group's coefficient
-    item_losses = None if len(bounds) == 2 else scores.new_zeros(scores.numel())
+    item_losses: Tensor | None = None if len(bounds) == 2 else scores.new_zeros(scores.numel())
     for start, end in zip(bounds[:-1], bounds[1:]):  # chunk-local int32 positions from here on
         lower_counts = below[start:end]
         num_pairs = total if len(bounds) == 2 else int(lower_counts.sum())  # one chunk: every pair
@@ -215,6 +216,7 @@ def _small_groups(
         else:
             # the same pairs listed lower-major: pair (i, j) of the upper-major list sits at
             # first_pair_i + (j - lower_first_i)
+            assert above is not None  # listed when the adds are not ordered
             upper_counts = above[start:end]
             upper_first = (group_start[start:end] - start).to(torch.int32)
             lowers, uppers, _ = _runs(upper_counts.to(torch.int32), upper_first, num_pairs)

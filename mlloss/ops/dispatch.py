@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, overload
 
 import torch
 from torch import Tensor
@@ -70,12 +71,10 @@ _DROPPED_BITS = 52 + math.frexp(LEVEL_RESOLUTION)[1] - 1  # 12: the float64 frac
 
 
 @dataclass(frozen=True)
-class PairLossResult:
-    """A loss value with the batch facts worth logging beside it (detached), read lazily."""
+class PairStats:
+    """The batch facts of a pairwise loss call worth logging (detached), read lazily."""
 
-    loss: Tensor  # the mixed loss, differentiable
     stats: Tensor  # (3 * B,) float64: the problems' losses, valid pairs, groups with pairs
-    partial: bool = False  # the loss covers only this rank's share of the groups (see ``partition``)
 
     @property
     def num_problems(self) -> int:
@@ -95,6 +94,14 @@ class PairLossResult:
     def groups_with_pairs(self) -> Tensor:
         """(B,) groups that contributed to the reduction."""
         return self.stats[2 * self.num_problems :]
+
+
+@dataclass(frozen=True)
+class PairLossResult(PairStats):
+    """A loss value with its batch facts."""
+
+    loss: Tensor  # the mixed loss, differentiable
+    partial: bool = False  # the loss covers only this rank's share of the groups (see ``partition``)
 
 
 def resolve_tier(backend: str, surrogate: str, pairs: str, device: torch.device, num_items: int | None = None,
@@ -179,7 +186,7 @@ def pair_loss(
     values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
     loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
     partial = splits_pair_work(tier, pairs, groups, world_size)
-    return PairLossResult(loss, stats, partial)
+    return PairLossResult(stats=stats, loss=loss, partial=partial)
 
 
 # --------------------------------------------------------------------------- #
@@ -241,7 +248,7 @@ def _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, value
         loss, stats, grad, status = replay.run(_kernel_work, tensors, host, keep=3)
     else:
         loss, stats, grad, status = _kernel_work(*tensors, *host)
-    if validate:
+    if status is not None:  # validate
         _raise_for(int(status.item()), scores, labels, groups, mask, label_rule)
     return loss, stats, grad
 
@@ -265,8 +272,8 @@ def _kernel_work(
     score_columns = scores.dim() == 2  # (N, B): problem b on scores[:, b], as a (B, N) row of its own
     # the kernels index flat memory: a strided view (a task's column of (N, K) scores, an expanded
     # group id) is copied; a contiguous tensor is passed as it is (no op)
-    scores, groups, mask, mixing = (None if t is None else t.contiguous()
-                                    for t in (scores.t() if score_columns else scores, groups, mask, mixing))
+    scores = (scores.t() if score_columns else scores).contiguous()
+    groups, mask, mixing = (None if t is None else t.contiguous() for t in (groups, mask, mixing))
     num_items = scores.shape[-1]
     # Small batches of binary problems (AUC, PDAOM, a bce+ ranking term, LoA) and of LaA's few
     # label patterns (an ordinal column's levels only the data tell): every pair in registers, no
@@ -278,12 +285,12 @@ def _kernel_work(
         with needs_extra("triton", 'backend="triton"'):
             from ..kernels import dense as dense_kernels
         dense = num_items <= (dense_kernels.MAX_RUN_ITEMS if contiguous else dense_kernels.MAX_ITEMS) and (
-            not aggregated or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
+            label_weights is None or 2 < _pattern_levels(labels, label_weights) <= dense_kernels.MAX_LEVELS
         )
     if mask is not None and not dense:
         # the masked items' group of their own breaks the runs: the runs' ordinals rank the real
         # items' groups (no sort of the ids), and the layout sorts the groups, as without runs
-        scores, labels, groups = without_masked(scores, labels, run_ordinals(groups) if contiguous else groups, mask,
+        scores, labels, groups = without_masked(scores, labels, run_ordinals(groups) if contiguous and groups is not None else groups, mask,
                                                 score_rows=score_columns, ranked=contiguous)
         mask, contiguous = None, False
     status = None
@@ -298,12 +305,12 @@ def _kernel_work(
     # copy), making the data check in the same launch: the dense kernels, and the counting layout
     # (all pairs and max-violation pairs of binary problems read no rank after it).
     levels = problem_levels(labels, label_weights, on_kernels=True) if aggregated else Levels(labels.t(), 2, None)
-    checked_in_kernels = validate and not aggregated
+    kernel_check = (scores, status) if status is not None and not aggregated else None
     if dense:
         result = dense_kernels.dense_loss_and_grad(
             scores, levels.rank, groups, mask, mixing=mixing, surrogate=surrogate, margin=margin,
             hardest=pairs == "hardest", reduction=reduction, status=status,
-            values=levels.values if aggregated else None, linear=cost == "linear", check=checked_in_kernels,
+            values=levels.values if aggregated else None, linear=cost == "linear", check=kernel_check is not None,
             score_columns=score_columns, contiguous_groups=contiguous,
         )
     else:  # the layout of (group, level) cells, then all pairs or max-violation pairs
@@ -311,7 +318,7 @@ def _kernel_work(
             from ..kernels.hardest import hardest_loss_and_grad
             from ..kernels.pairwise import pair_loss_and_grad
 
-        layout = kernel_layout(levels, groups, check=(scores, status) if checked_in_kernels else None,
+        layout = kernel_layout(levels, groups, check=kernel_check,
                                score_columns=score_columns, contiguous_groups=contiguous)
         if pairs == "all":
             result = pair_loss_and_grad(
@@ -324,7 +331,7 @@ def _kernel_work(
                 scores, levels, layout, mixing=mixing, surrogate=surrogate, margin=margin,
                 temperature=temperature, reduction=reduction, status=status, cost=cost, score_columns=score_columns,
             )
-    if validate:
+    if status is not None:  # validate
         status = _with_narrow_gradient(status, scores, result[2])
     return (*result, status)
 
@@ -346,6 +353,14 @@ def _torch_tier_loss(scores, labels, groups, mask, mixing, label_weights, option
         status = 0 if math.isfinite(result[0]) else check.STATUS_OVERFLOW
         _raise_for(int(_with_narrow_gradient(status, scores, result[2])), scores, labels, groups, None, label_rule)
     return result
+
+
+@overload
+def _with_narrow_gradient(status: Tensor, scores: Tensor, grad: Tensor) -> Tensor: ...
+
+
+@overload
+def _with_narrow_gradient(status: int, scores: Tensor, grad: Tensor) -> Tensor | int: ...
 
 
 def _with_narrow_gradient(status: Tensor | int, scores: Tensor, grad: Tensor) -> Tensor | int:
@@ -380,7 +395,7 @@ def kernel_layout(levels: Levels, groups: Tensor | None, *, check: tuple[Tensor,
         return counting_layout(levels, groups, check=check, score_columns=score_columns,
                                contiguous_groups=contiguous_groups)
     assert check is None, "binary columns as passed take the counting layout, where their data check runs"
-    return pair_layout(levels, run_ordinals(groups) if contiguous_groups else groups)
+    return pair_layout(levels, run_ordinals(groups) if contiguous_groups and groups is not None else groups)
 
 
 def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor, *,
@@ -440,7 +455,7 @@ def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
 MAX_PATTERN_COLUMNS = 12
 
 
-def problem_levels(labels: Tensor, label_weights: list[float] | None, *, on_kernels: bool = False) -> Levels:
+def problem_levels(labels: Tensor, label_weights: Sequence[float] | None, *, on_kernels: bool = False) -> Levels:
     """The problems' levels as ranks into a value table (see ``layout.Levels``).
 
     * label columns (``label_weights=None``): one problem per column, the 0/1 label its rank;
@@ -475,7 +490,7 @@ def problem_levels(labels: Tensor, label_weights: list[float] | None, *, on_kern
     return Levels(rank, level.numel(), ordered[None])
 
 
-def _pattern_levels(labels: Tensor, label_weights: list[float]) -> int:
+def _pattern_levels(labels: Tensor, label_weights: Sequence[float]) -> int:
     """How many levels LaA's aggregated label can take when it is ranked through the pattern
     tables (several binary columns, ``problem_levels``); 0 for an ordinal column or too many
     columns, whose levels are known only from the data."""
@@ -505,9 +520,11 @@ def _pattern_tables(label_weights: tuple[float, ...], device: torch.device) -> t
     sums = rounded_levels(bits.to(torch.float64) @ torch.tensor(label_weights, dtype=torch.float64))
     values, rank = torch.unique(sums, return_inverse=True)
     powers = 2.0 ** torch.arange(num_labels, dtype=torch.float64)
-    return cached_on_device((powers, rank.to(torch.int32), values[None]), device,
-                            built_by="LaALoss over several label columns builds its level tables on its first call for "
-                                     "each label weights and device")
+    powers, rank, values = cached_on_device(
+        (powers, rank.to(torch.int32), values[None]), device,
+        built_by="LaALoss over several label columns builds its level tables on its first call for each label weights "
+                 "and device")
+    return powers, rank, values
 
 
 def cached_on_device(tensors: tuple[Tensor, ...], device: torch.device, *, built_by: str) -> tuple[Tensor, ...]:

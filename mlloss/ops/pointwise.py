@@ -40,6 +40,7 @@ def _binary_cross_entropy_op(
     dtype = accumulation_dtype(scores)
     z = scores.to(dtype)
     y = labels.to(dtype)
+    count: int | Tensor
     if mask is None:
         count = max(z.shape[0], 1)
     else:  # a weight of 1/count on the items that count, 0 on the others

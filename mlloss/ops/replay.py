@@ -43,6 +43,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -55,11 +56,15 @@ DEFAULT_MAX_GRAPHS = 8
 _SEEN_LIMIT = 256  # signatures counted before capture (a bound on the counts' dict, not on graphs)
 
 
+class _Graph(Protocol):
+    def replay(self) -> None: ...
+
+
 @dataclass
 class _Captured:
     """A captured call: its graph, the static inputs it reads and the static outputs it writes."""
 
-    graph: object  # torch.cuda.CUDAGraph, or a ``_StandInGraph`` (tests, benchmarks on the CPU)
+    graph: _Graph  # torch.cuda.CUDAGraph, or a ``_StandInGraph`` (tests, benchmarks on the CPU)
     inputs: tuple[Tensor | None, ...]
     outputs: tuple[Tensor | None, ...]
 
@@ -74,7 +79,7 @@ class _Captured:
         flight, since what it reads and writes is freed with the last reference (another thread
         may still hold one)."""
         if isinstance(self.graph, torch.cuda.CUDAGraph):
-            torch.cuda.synchronize(self.inputs[0].device)
+            torch.cuda.synchronize(_device(self.inputs))
 
 
 @dataclass
@@ -134,20 +139,17 @@ def run(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple, *, 
     state = _STATE
     with state.lock:
         captured = state.graphs.get(key)
-        if captured is not None:
-            action = "replay"
-        elif key in state.failed or len(state.graphs) >= state.max_graphs:
-            action = "run"
-        else:
+        capture = False
+        if captured is None and key not in state.failed and len(state.graphs) < state.max_graphs:
             calls = state.seen.pop(key, 0) + 1
-            action = "capture" if calls >= CAPTURE_AFTER else "run"
-            if action == "run":
+            capture = calls >= CAPTURE_AFTER
+            if not capture:
                 state.seen[key] = calls
                 if len(state.seen) > _SEEN_LIMIT:
                     state.seen.popitem(last=False)
-    if action == "replay":
+    if captured is not None:
         return captured.replay(tensors, keep)
-    if action == "run":
+    if not capture:
         return function(*tensors, *host)
     try:
         captured = _capture(function, tensors, host)
@@ -166,8 +168,15 @@ def run(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple, *, 
     return captured.replay(tensors, keep)
 
 
+def _device(tensors: tuple[Tensor | None, ...]) -> torch.device:
+    """The device of a call: its first tensor's (the scores, never None)."""
+    first = tensors[0]
+    assert first is not None
+    return first.device
+
+
 def _signature(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple) -> tuple:
-    device = tensors[0].device
+    device = _device(tensors)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     # inference mode: the tensors a capture makes in it (the static inputs) cannot be written outside it
     return (function, host, device, stream, threading.get_ident(), torch.is_inference_mode_enabled(),
@@ -178,7 +187,7 @@ def _capture(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple
     # Static inputs of the same shapes and strides (dense tensors keep theirs), allocated on the
     # caller's stream, where every replay copies into them.
     static = tuple(None if t is None else torch.empty_like(t) for t in tensors)
-    device = tensors[0].device
+    device = _device(tensors)
     if device.type != "cuda":
         return _StandInGraph.capture(function, static, tensors, host, rerun=_STATE.stand_in == "rerun")
     current = torch.cuda.current_stream(device)
@@ -199,7 +208,7 @@ def _capture(function: Callable, tensors: tuple[Tensor | None, ...], host: tuple
 
 def _copy_into(static: tuple[Tensor | None, ...], tensors: tuple[Tensor | None, ...]) -> None:
     for target, tensor in zip(static, tensors):
-        if target is not None:
+        if target is not None and tensor is not None:  # None in the same places: the signature says
             target.copy_(tensor)
 
 
