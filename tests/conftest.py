@@ -66,7 +66,7 @@ def pytest_configure(config):
 # (subprocesses, compiles) came last, where one worker waited on the other.
 SLOWEST_FILES = (
     "test_triton_kernels.py", "test_benchmarks_smoke.py", "test_kernel_sass.py", "test_checkpoints.py",
-    "test_cuda_specializations.py", "test_numerics_probe.py", "test_triton_backend.py", "test_recipe_ctr_cvr.py",
+    "test_cuda_specializations.py", "test_numerics_probe.py", "test_triton_backend.py", "test_typing.py", "test_recipe_ctr_cvr.py",
     "test_import_hygiene.py", "test_host_path.py", "test_dense_kernels.py", "test_recipe_step.py", "test_compile.py",
     "test_readme_commands.py", "test_triton_fuzz.py", "test_paper_recipes.py", "test_tiers.py",
     "test_contiguous_groups.py", "test_integrations.py", "test_graph_replay.py", "test_task_columns.py",
