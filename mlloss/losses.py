@@ -535,10 +535,10 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         # ConstantBuffers; the running counts, materialised from the meta device (``to_empty``: FSDP's
         # deferred init, Lightning's empty_init), start at zero as a new module's do instead of
         # holding uninitialised memory (a checkpoint loaded next restores them).
-        counts = {name: self._buffers[name] for name in ("seen_positives", "seen_items")}
+        counts = {"seen_positives": self.seen_positives, "seen_items": self.seen_items}
         super()._apply(fn, recurse)
         for name, original in counts.items():
-            moved = self._buffers[name]
+            moved: Tensor = getattr(self, name)
             if original.is_meta and not moved.is_meta:
                 self._buffers[name] = torch.zeros(original.shape, dtype=torch.float64, device=moved.device)
             elif moved.dtype != original.dtype:

@@ -123,7 +123,8 @@ def _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin):
     ones has no valid pair and is skipped."""
     side = math.isqrt(BLOCK_ELEMENTS)
     width = present.shape[1]
-    normaliser = loss_sum = 0  # tensors of the tiles' dtypes after the first tile
+    normaliser: Tensor | int = 0  # tensors of the tiles' dtypes after the first tile
+    loss_sum: Tensor | int = 0
     min_grad, max_grad = torch.zeros_like(cell_min), torch.zeros_like(cell_max)
     for upper in range(0, width, side):
         for lower in range(0, upper + side, side):
@@ -134,6 +135,7 @@ def _tiled_block(present, level, cell_min, cell_max, costs, surrogate, margin):
             loss_sum = loss_sum + tile_sum
             min_grad[:, a] += pulls.sum(2)
             max_grad[:, b] -= pulls.sum(1)
+    assert isinstance(normaliser, Tensor)  # a group has a tile
     divisor = torch.where(normaliser > 0, normaliser, 1.0)
     return loss_sum / divisor, min_grad / divisor[:, None], max_grad / divisor[:, None]
 
