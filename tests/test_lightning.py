@@ -117,6 +117,11 @@ def test_callback_without_groups_and_with_one_label():
         assert math.isclose(computed[key], value, abs_tol=1e-12), key
 
 
+def test_callback_names_a_bad_group_weighting_as_ranking_metrics_does():
+    with pytest.raises(ValueError, match="group_weighting must be one of 'uniform', 'size'; got 'items'"):
+        RankingMetrics(["click"], group_weighting="items")
+
+
 def test_callback_scores_one_column_per_label_as_task_heads():
     """(N, K) scores: column k is ranked against label k only (a multi-task model's heads), at
     validation and, with the test prefix, at test; no multipartite AUC (no single score)."""

@@ -39,11 +39,11 @@ from torch.utils.data import BatchSampler, DistributedSampler
 from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
-from .._validation import check_weights, require_integer_ids, require_label_names
+from .._validation import check_choice, check_weights, require_integer_ids, require_label_names
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
 from ..metrics.classes import _PairMetric
-from ..metrics.functional import Weighting
+from ..metrics.functional import WEIGHTINGS, Weighting
 
 with needs_extra("lightning", "mlloss.integrations.lightning"):
     import pytorch_lightning as pl
@@ -193,8 +193,7 @@ class RankingMetrics(pl.Callback):
     ) -> None:
         super().__init__()
         names = require_label_names("label_names", label_names)
-        if group_weighting not in ("uniform", "size"):
-            raise ValueError(f"group_weighting must be 'uniform' or 'size'; got {group_weighting!r}")
+        check_choice("group_weighting", group_weighting, WEIGHTINGS)
         self.label_names = names
         for name, weights, positive in (("label_weights", label_weights, True), ("loa_weights", loa_weights, False)):
             checked = check_weights(name, weights, strictly_positive=positive)
