@@ -22,7 +22,7 @@ pairs the measurements in time on a shared machine.
 Usage::
 
     python benchmarks/bench_cpu_path.py [--root DIR] [--sizes 1024 8192] [--repeats 5] [--group-size 20] \
-        [--grouping both|grouped|ungrouped] [--output /tmp/helpers/cpuperf/cpu-path.json] [--naive]
+        [--grouping both|grouped|ungrouped] [--group-dtype int64|int32] [--output /tmp/helpers/cpuperf/cpu-path.json] [--naive]
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def _arguments(argv):
     parser.add_argument("--group-size", type=int, default=20, help="items per group, on average (default 20)")
     parser.add_argument("--grouping", choices=["both", "grouped", "ungrouped"], default="both",
                         help="batches with groups, without, or both (default)")
+    parser.add_argument("--group-dtype", choices=["int64", "int32"], default="int64",
+                        help="the group ids' dtype (default int64; int32 ids are sorted in half the radix passes)")
     parser.add_argument("--cases", nargs="*", default=None, help="only the cases whose name contains one of these")
     parser.add_argument("--naive", action="store_true", help="also the naive broadcast, eager and compiled")
     parser.add_argument("--naive-max", type=int, default=8192)
@@ -100,6 +102,8 @@ def batch(num_items: int, grouped: bool, kind: str, seed: int = 0):
     elif kind == "columns":  # (N, 2) scores, a task head each
         scores = torch.stack([scores, torch.randn(num_items, generator=generator)], 1)
     groups = torch.randint(0, max(1, num_items // ARGS.group_size), (num_items,), generator=generator) if grouped else None
+    if groups is not None:
+        groups = groups.to(getattr(torch, ARGS.group_dtype))
     return scores, labels, groups
 
 
@@ -203,7 +207,7 @@ def main() -> None:
     if ARGS.output:
         os.makedirs(os.path.dirname(os.path.abspath(ARGS.output)), exist_ok=True)
         with open(ARGS.output, "w") as handle:
-            json.dump({"root": ARGS.root, "threads": ARGS.threads, "group_size": ARGS.group_size, "torch": torch.__version__,
+            json.dump({"root": ARGS.root, "threads": ARGS.threads, "group_size": ARGS.group_size, "group_dtype": ARGS.group_dtype, "torch": torch.__version__,
                        "records": records}, handle, indent=1)
 
 

@@ -14,7 +14,9 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
    against the Triton kernel and the torch backend on the same input; ``PDAOMLoss()`` (hardest
    pair, O(N)) against a naive scatter min / max.
 4. Grouped logistic AUC, users of ~50 items, prior 0.1: Triton, torch backend, naive masked
-   broadcast (eager, compiled), LibAUC called once per user in a Python loop.
+   broadcast (eager, compiled), LibAUC called once per user in a Python loop; and the Triton call
+   on the same users in runs (``contiguous_groups=True``: no sort of the ids) and with int32 ids
+   (their sort in 4 radix passes instead of 8).
 5. Grouped logistic LaA, users of ~50 items, two labels: Triton, torch backend, naive (eager,
    compiled).
 6. Accuracy: the float32 Triton path (CUDA: approximate special functions, float32 sums) against

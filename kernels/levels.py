@@ -334,7 +334,7 @@ def counting_layout(levels, groups: torch.Tensor | None = None, *,
                     contiguous_groups: bool = False):
     """The ``PairLayout`` of ``levels`` (a ``mlloss.ops.layout.Levels`` of at most
     ``COUNTING_LEVELS`` ranks, any integer or float dtype and strides: binary label columns
-    transposed, a view) and the optional (N,) int64 ``groups``, by a counting sort inside each
+    transposed, a view) and the optional (N,) integer ``groups``, by a counting sort inside each
     group: equal to ``pair_layout(levels, groups)`` bit for bit.
     ``contiguous_groups``: a group is a run of consecutive equal ids, which stays where it is (no
     sort of the ids: the layout of ``pair_layout`` given the runs' ordinals, ``run_ordinals``).

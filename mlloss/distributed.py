@@ -60,6 +60,8 @@ def gather_batch_with_rows(
         return (scores, labels, groups, mask), None
     if labels.dtype in _WIDENED:  # the backends gather no int16 / int8 / wide unsigned labels
         labels = labels.to(torch.int64)
+    if groups is not None:  # int32 or int64 (check.group_vector): one dtype on every rank
+        groups = groups.to(torch.int64)
     shapes = _exchange_descriptions(_describe(scores, labels, groups, mask))
     refused = [rank for rank, shape in enumerate(shapes) if int(shape[0]) == _REFUSED]
     if refused:

@@ -126,7 +126,7 @@ class _PairwiseLoss(nn.Module):
     def _checked_batch(
         self, scores: object, labels: object, groups: object, mask: object = None, *, score_columns: bool = False
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        """(scores (N,), labels (N, K) in their own dtype, groups (N,) int64 or None, mask (N,)
+        """(scores (N,), labels (N, K) in their own dtype, groups (N,) int32 or int64 (``check.group_vector``) or None, mask (N,)
         bool or None), shapes and dtypes checked, gathered across processes when
         ``cross_device=True`` (see ``mlloss.distributed``). The values are checked by the op
         (``validate_args``), which also sets the items outside the mask apart. ``score_columns``:

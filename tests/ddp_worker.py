@@ -123,12 +123,15 @@ def metrics_cases(rank: int, world: int) -> dict:
 
 
 def dtype_cases(rank: int, world: int) -> dict:
-    """int16 labels across ranks (the backends gather none: they are widened), and ranks whose
-    labels differ in dtype (refused by name before the gather)."""
+    """int16 labels across ranks (the backends gather none: they are widened), group ids of
+    another dtype on each rank (int32 on rank 0, int64 on rank 1: gathered as int64), and ranks
+    whose labels differ in dtype (refused by name before the gather)."""
     features, labels, groups = global_batch()
     local = slice(0, 37) if rank == 0 else slice(37, 60)
     scores = features[local, 0]
     results = {"int16": mlloss.AUCLoss(cross_device=True)(scores, labels[local, 0].to(torch.int16), groups[local])}
+    ids = groups[local].to(torch.int32) if rank == 0 else groups[local]
+    results["mixed ids"] = mlloss.AUCLoss(cross_device=True)(scores, labels[local, 0], ids)
     mixed = labels[local, 0].bool() if rank == 0 else labels[local, 0]
     try:
         mlloss.AUCLoss(cross_device=True)(scores, mixed, groups[local])

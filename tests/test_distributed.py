@@ -100,12 +100,13 @@ def test_streaming_metrics_sync_when_a_process_saw_no_batch(job):
         torch.testing.assert_close(torch.load(job / f"metrics-rank{rank}.pt"), expected, rtol=0, atol=0)
 
 
-def test_cross_device_widens_int16_labels_and_names_ranks_with_other_dtypes(job):
+def test_cross_device_widens_int16_labels_and_group_ids_and_names_ranks_with_other_label_dtypes(job):
     features, labels, groups = ddp_worker.global_batch()
     expected = mlloss.AUCLoss()(features[:, 0], labels[:, 0].long(), groups)
     for rank in range(2):
         results = torch.load(job / f"dtype-rank{rank}.pt")
         torch.testing.assert_close(results["int16"], expected, rtol=1e-12, atol=0)
+        torch.testing.assert_close(results["mixed ids"], expected, rtol=1e-12, atol=0)
         assert "ranks pass labels of different dtypes: ['torch.bool', 'torch.float64']" in results["mixed"]
         # a bad entry is named in the gathered batch, and each rank says where its own items are
         assert "scores[39] = nan" in results["nan"]

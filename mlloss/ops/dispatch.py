@@ -154,7 +154,7 @@ def pair_loss(
     partition: tuple[int, int] | None = None,
     contiguous_groups: bool = False,
 ) -> PairLossResult:
-    """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional int64 ``groups``,
+    """The pairwise loss of ``scores`` (N,) for ``labels`` (N, K) and optional integer ``groups``,
     over the items of the optional (N,) bool ``mask`` (the others, whatever they hold, form no
     pair and get a zero gradient).
 
@@ -409,14 +409,17 @@ def without_masked(scores: Tensor, labels: Tensor, groups: Tensor | None, mask: 
     With groups, an item's group becomes its group's rank among the N sorted ids (< N; ``ranked``:
     the groups are such ranks already, at most N, as ``layout.run_ordinals`` gives, and are
     taken as they are) and a masked item's N + 1, which no real group can take; without, the real
-    items are group 0 and the masked ones group 1. Sync-free and shape-static, like the layout. (The dense kernels read the
+    items are group 0 and the masked ones group 1. The new groups are int32 (ranks ``ranked`` are
+    kept in their dtype): the layout's sort of them does half the work of int64 ids' (a radix sort
+    passes over every bit). Sync-free and shape-static, like the layout. (The dense kernels read the
     mask instead.)"""
     dropped = ~mask
     if groups is None:
-        groups = dropped.to(torch.int64)
+        groups = dropped.to(torch.int32)
     else:
         groups = (groups.masked_fill(dropped, mask.shape[0] + 1) if ranked
-                  else torch.searchsorted(torch.sort(groups).values, groups).masked_fill_(dropped, mask.shape[0] + 1))
+                  else torch.searchsorted(torch.sort(groups).values, groups, out_int32=True)
+                  .masked_fill_(dropped, mask.shape[0] + 1))
     # score columns: (N, B) scores, or the kernels' (B, N) rows (``score_rows``)
     dropped_scores = dropped[:, None] if scores.dim() == 2 and not score_rows else dropped
     return scores.masked_fill(dropped_scores, 0), labels.masked_fill(dropped[:, None], 0), groups

@@ -122,11 +122,12 @@ def pair_layout(levels: Levels, groups: Tensor | None) -> PairLayout:
 
 
 def run_ordinals(groups: Tensor) -> Tensor:
-    """(N,) int64: the ordinal of each item's run of consecutive equal ids (from 0, or from 1 when
+    """(N,) int32: the ordinal of each item's run of consecutive equal ids (from 0, or from 1 when
     the last id differs from the first), non-decreasing: the groups of ``contiguous_groups=True``,
     where an id that comes back after another's run starts another group, as ids that every path
-    takes (a stable sort leaves them in place). Three elementwise ops, no sync."""
-    return torch.cumsum(groups != groups.roll(1), 0)
+    takes (a stable sort leaves them in place; 32-bit keys: half a radix sort's passes). Three
+    elementwise ops, no sync."""
+    return torch.cumsum(groups != groups.roll(1), 0, dtype=torch.int32)
 
 
 _SORTABLE_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
