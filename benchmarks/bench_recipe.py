@@ -152,7 +152,7 @@ def train(args: argparse.Namespace, loss: str, batch_size: int, data, profile: b
     train_split, _, _ = data
     objective = ctr_cvr.MultiTaskObjective(loss, None, validate_args=False)  # as the recipe trains
     model = ctr_cvr.build_model(recipe_args, train_split, len(ctr_cvr.TASKS) + objective.uses_ranking_head)
-    module = ctr_cvr.CtrCvrModule(model, objective, recipe_args.lr, recipe_args.weight_decay, compile=args.compile,
+    module = ctr_cvr.CtrCvrModule(model, objective, recipe_args.lr, recipe_args.weight_decay, compile_mode=args.compile,
                                   steps_per_call=args.steps_per_call)
     profiler = SplitProfiler(device) if profile else None
     window = Window(args.warmup, profiler, device)

@@ -95,9 +95,12 @@ class CtrCvrModule(pl.LightningModule):
     its ``RankingMetrics`` callbacks evaluate the task heads (and the ranking head) on the
     validation and test batches. The training loss is summed on the device and read once per epoch."""
 
+    train_loss_sum: Tensor  # buffers (registered in __init__)
+    masked_samples: Tensor
+
     def __init__(
         self, model: MultiTaskModel, objective: MultiTaskObjective, lr: float, weight_decay: float,
-        run_options: dict[str, Any] | None = None, compile: str | None = None, steps_per_call: int = 8,
+        run_options: dict[str, Any] | None = None, compile_mode: str | None = None, steps_per_call: int = 8,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -106,7 +109,7 @@ class CtrCvrModule(pl.LightningModule):
         self.objective = objective
         self.lr, self.weight_decay = lr, weight_decay
         self.run_options = run_options or {}  # recorded in checkpoints (checkpoint_record)
-        self.compile = compile
+        self.compile_mode = compile_mode  # not self.compile: nn.Module.compile is a method
         self.register_buffer("train_loss_sum", torch.zeros((), dtype=torch.float64), persistent=False)
         self.epoch_counts = {"steps": 0, "samples": 0}  # a dict: no nn.Module.__setattr__ per step
         self.register_buffer("masked_samples", torch.zeros((), dtype=torch.int64), persistent=False)  # padded batches' real rows
@@ -131,10 +134,10 @@ class CtrCvrModule(pl.LightningModule):
         strategy = self.trainer.strategy
         if isinstance(strategy, TorchRecStrategy) and strategy.sharded_model is None:
             self.model = strategy.shard(self.model)
-        if self.compile and getattr(self.model, "_compiled_call_impl", None) is None:
-            self.model.compile(dynamic=True, mode=None if self.compile == "reduce-overhead" else self.compile)
+        if self.compile_mode and getattr(self.model, "_compiled_call_impl", None) is None:
+            self.model.compile(dynamic=True, mode=None if self.compile_mode == "reduce-overhead" else self.compile_mode)
             fixed = getattr(self.trainer.datamodule, "fixed_size", False)
-            self.batch_loss = torch.compile(self.batch_loss, dynamic=not fixed, mode=self.compile)
+            self.batch_loss = torch.compile(self.batch_loss, dynamic=not fixed, mode=self.compile_mode)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.model(batch["sparse"], batch["dense"])
@@ -150,7 +153,7 @@ class CtrCvrModule(pl.LightningModule):
         once for all of them. Callbacks' ``on_train_batch_*`` hooks run once per call."""
         optimizer, profile = self.optimizers(), self.trainer.profiler.profile  # regions: benchmarks/bench_recipe.py
         for batch, _, _ in itertools.islice(dataloader_iter, self.steps_per_call):
-            if self.compile:  # one graph: its time is the forward's
+            if self.compile_mode:  # one graph: its time is the forward's
                 with profile("ctr_cvr.forward"):
                     loss = self.batch_loss(batch)
             else:
@@ -256,7 +259,7 @@ def run(args: argparse.Namespace) -> dict:
     objective = MultiTaskObjective(args.loss, args.lam, args.cross_device, validate_args=False)
     model = build_model(args, train, len(TASKS) + objective.uses_ranking_head)
     module = CtrCvrModule(model, objective, args.lr, args.weight_decay, run_options=recorded_options(args),
-                          compile=args.compile, steps_per_call=args.steps_per_call)
+                          compile_mode=args.compile, steps_per_call=args.steps_per_call)
     callbacks = [] if args.no_checkpoint else [ModelCheckpoint(dirpath=args.checkpoint_dir, filename="last",
                                                                save_top_k=1, enable_version_counter=False)]
     trainer = pl.Trainer(

@@ -15,7 +15,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch import Tensor
@@ -26,7 +26,7 @@ from mlloss.evaluation import ranking_metrics
 from _common import pyplot  # recipes/_common.py, beside this file: matplotlib (imported when asked), or None
 
 TASKS = ("click", "purchase")
-GAUC_WEIGHTING = "size"  # GAUC: each user's AUC weighted by the user's impressions (as in DIN's GAUC)
+GAUC_WEIGHTING: Final = "size"  # GAUC: each user's AUC weighted by the user's impressions (as in DIN's GAUC)
 METRICS = tuple(f"{metric}/{task}" for task in TASKS for metric in ("auc", "gauc"))
 
 
