@@ -132,9 +132,10 @@ def budget_variants() -> list[SassVariant]:
 def dense_variants() -> list[SassVariant]:
     """The CUDA variants of ``dense._dense_rows_kernel``: every surrogate's all-pairs loop, with
     and without groups, the logistic one with groups and a mask (a fixed-size batch) and LaA's
-    three levels with linear costs, then the hardest pairs' two scans (comparisons only), and the
+    three levels with linear costs, then the hardest pairs' two scans (comparisons only), the
     logistic with contiguous groups (its pair loop over the tiles of the rows' runs only, whose
-    bounds two loops over the positions before and after the rows find)."""
+    bounds two loops over the positions before and after the rows find), and the logistic with
+    groups, without and with a mask, on int32 ids (``check.group_vector`` keeps 32-bit ids so)."""
     block_m, block_n, num_warps = dense.TILES["cuda"]
     # Binary labels as the caller passes them: one float32 column (an item stride of 1, which
     # Triton specializes as a constant); LaA's ranks are int32, also of item stride 1.
@@ -142,12 +143,13 @@ def dense_variants() -> list[SassVariant]:
                  "groups_ptr": "*i64", "keep_ptr": "*i8", "values_ptr": "*fp64", "grad_ptr": "*fp32",
                  "block_sums_ptr": "*fp64", "status_ptr": "*i32", "N": "i32", "num_blocks": "i32"}
     pairs_per_iteration = block_m * block_n / (32 * num_warps) / 2  # every pair is visited from both rows
-    # (surrogate, groups, mask, levels, hardest, contiguous groups)
-    cases = [(surrogate, grouped, False, 2, False, False) for surrogate in SURROGATES for grouped in (False, True)]
-    cases += [("logistic", True, True, 2, False, False), ("logistic", True, False, 3, False, False),
-              ("exponential", True, False, 2, True, False), ("logistic", True, False, 2, False, True)]
+    # (surrogate, groups, mask, levels, hardest, contiguous groups, the ids' type)
+    cases = [(surrogate, grouped, False, 2, False, False, "*i64") for surrogate in SURROGATES for grouped in (False, True)]
+    cases += [("logistic", True, True, 2, False, False, "*i64"), ("logistic", True, False, 3, False, False, "*i64"),
+              ("exponential", True, False, 2, True, False, "*i64"), ("logistic", True, False, 2, False, True, "*i64"),
+              ("logistic", True, False, 2, False, False, "*i32"), ("logistic", True, True, 2, False, False, "*i32")]
     variants = []
-    for surrogate, grouped, masked, levels, hardest, runs in cases:
+    for surrogate, grouped, masked, levels, hardest, runs, ids in cases:
         constexprs = dict(
             label_stride=1, GROUPED=grouped, RUNS=runs, MASKED=masked, HARDEST=hardest, LEVELS=levels, LINEAR=levels > 2,
             SURROGATE=SURROGATES[surrogate], MARGIN=1.0 if surrogate in USES_MARGIN else 0.0, FAST=not hardest,
@@ -158,9 +160,10 @@ def dense_variants() -> list[SassVariant]:
         variants.append(SassVariant(
             name=f"dense {'hardest' if hardest else 'all-pairs'} {surrogate}"
             + (" contiguous groups" if runs else " groups" if grouped else "")
-            + (" mask" if masked else "") + (f" {levels} levels linear" if levels > 2 else ""),
+            + (" mask" if masked else "") + (f" {levels} levels linear" if levels > 2 else "")
+            + (" int32 ids" if ids == "*i32" else ""),
             kernel=dense._dense_rows_kernel,
-            signature=dict(signature, labels_ptr="*i32" if levels > 2 else "*fp32",
+            signature=dict(signature, labels_ptr="*i32" if levels > 2 else "*fp32", groups_ptr=ids,
                            **{name: "constexpr" for name in constexprs}),
             constexprs=constexprs, num_warps=num_warps, pairs_per_iteration=pairs_per_iteration,
             loops=("scan", "ties") if hardest else ("runs before (per program)", "runs after (per program)", "both sides") if runs else ("both sides",),
