@@ -101,9 +101,8 @@ def batch(num_items: int, grouped: bool, kind: str, seed: int = 0):
         labels = labels[:, 0].contiguous()
     elif kind == "columns":  # (N, 2) scores, a task head each
         scores = torch.stack([scores, torch.randn(num_items, generator=generator)], 1)
-    groups = torch.randint(0, max(1, num_items // ARGS.group_size), (num_items,), generator=generator) if grouped else None
-    if groups is not None:
-        groups = groups.to(getattr(torch, ARGS.group_dtype))
+    groups = (torch.randint(0, max(1, num_items // ARGS.group_size), (num_items,), generator=generator)
+              .to(getattr(torch, ARGS.group_dtype)) if grouped else None)
     return scores, labels, groups
 
 

@@ -336,8 +336,9 @@ def make_inputs(spec: dict[str, Any], n: int | None = None):
             n_groups = max(1, round(spec["n_groups"] * n / spec["n"]))
         else:
             n_groups = max(1, n // spec["group_size"])
-        user_ids = torch.randint(0, 2**31 if spec.get("id_dtype") == "int32" else 2**40, (n_groups,), generator=generator)
-        groups = user_ids[torch.randint(0, n_groups, (n,), generator=generator)].to(getattr(torch, spec.get("id_dtype", "int64")))
+        id_dtype = getattr(torch, spec.get("id_dtype", "int64"))
+        user_ids = torch.randint(0, min(2**40, torch.iinfo(id_dtype).max + 1), (n_groups,), generator=generator)
+        groups = user_ids[torch.randint(0, n_groups, (n,), generator=generator)].to(id_dtype)
         if spec.get("contiguous"):  # each user's items in one run (the users' random ids ascending)
             groups = torch.sort(groups, stable=True).values
     if spec.get("separation"):
