@@ -72,6 +72,35 @@ __all__ = [
 #: once, when the kernels are decorated at import time.
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 
+
+def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> str | None:
+    """Why Triton's interpreter cannot run every kernel with these versions, or None.
+
+    Before Triton 3.7 the interpreter turns a loop bound that a kernel computed (a reduction: the
+    layout kernels' block ranges, the dense kernels' run bounds) into a Python int with ``int(array)``,
+    which NumPy 2.4 refuses for an array of one element (triton-lang/triton#9171, fixed in 3.7):
+    those launches fail with ``InterpreterError: ... only 0-dimensional arrays can be converted``.
+    """
+    def major_minor(version: str) -> tuple[int, int]:
+        parts = (version.split("+")[0].split(".") + ["0"])[:2]
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+    if major_minor(triton_version) < (3, 7) and major_minor(numpy_version) >= (2, 4):
+        return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1) fails on the kernels' computed loop "
+                f"bounds with NumPy {numpy_version} (triton-lang/triton#9171, fixed in Triton 3.7): install "
+                "'numpy<2.4' or 'triton>=3.7' to run the Triton kernels on the CPU")
+    return None
+
+
+if INTERPRET:
+    import warnings
+
+    import numpy
+
+    _problem = interpreter_numpy_problem(triton.__version__, numpy.__version__)
+    if _problem is not None:
+        warnings.warn(_problem, RuntimeWarning, stacklevel=2)
+
 # Batch sizes are launch arguments that Triton does not specialize on: each launched kernel names
 # them in its ``do_not_specialize`` (N; block, chunk and rank counts and strides, which follow N).
 # Triton compiles a kernel again for each new pattern of its int arguments (equal to 1, a multiple

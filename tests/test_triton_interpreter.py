@@ -98,3 +98,31 @@ def test_integer_arithmetic_gives_the_same_values_without_the_unread_overflow_bo
     assert skip_the_unchecked_overflow_arithmetic() is False and builder.options.sanitize_overflow is True
     with pytest.raises(Exception, match="int32 overflow detected for operation mul"):
         _int32_products()
+
+
+@triton.jit
+def _reduced_bounds_kernel(x_ptr, out_ptr, B: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, B))
+    steps = 0
+    for _ in range(tl.min(x, axis=0), tl.max(x, axis=0)):  # loop bounds a reduction computed, as kernels.dense's
+        steps += 1
+    tl.store(out_ptr, steps)
+
+
+def test_the_numpy_check_names_the_versions_whose_interpreter_fails_on_computed_loop_bounds():
+    from mlloss.kernels._common import interpreter_numpy_problem
+
+    assert "triton-lang/triton#9171" in interpreter_numpy_problem("3.6.0", "2.4.6")
+    assert "numpy<2.4" in interpreter_numpy_problem("3.6.0+git1a2b", "2.4.0rc1")
+    for triton_version, numpy_version in (("3.7.0", "2.4.6"), ("3.10.1", "2.5.0"), ("3.6.0", "2.3.5"), ("3.5.1", "1.26.4")):
+        assert interpreter_numpy_problem(triton_version, numpy_version) is None
+    # against the installed versions: the check says a launch fails exactly when it does
+    import numpy
+
+    x, out = torch.tensor([3, 9, 5, 17], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    if interpreter_numpy_problem(triton.__version__, numpy.__version__) is None:
+        _reduced_bounds_kernel[(1,)](x, out, B=4)
+        assert int(out) == 14
+    else:
+        with pytest.raises(Exception, match="0-dimensional"):
+            _reduced_bounds_kernel[(1,)](x, out, B=4)
