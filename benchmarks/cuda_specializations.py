@@ -78,6 +78,7 @@ class Case:
     dtype: str = "float32"
     tasks: int = 0  # scores (N,), or (N, tasks) for a bce+ loss
     scanned: bool = False  # the counting layout's block scan, as past kernels.levels.SCAN_BLOCKS blocks
+    ids: str = "int64"  # the group ids' dtype: ids of at most 32 bits stay int32 (mlloss.kernels.check.group_vector)
 
 
 def cases() -> list[Case]:
@@ -132,6 +133,12 @@ def cases() -> list[Case]:
                  "binary", layout),
             Case(f"LaA linear {size} contiguous groups", lambda: mlloss.LaALoss(backend="triton", contiguous_groups=True),
                  "two", layout),
+            # int32 group ids, as a user passes them where they fit: the kernels that read ids take *i32
+            Case(f"AUC logistic {size} groups int32 ids", auc(), "binary", layout, ids="int32"),
+            Case(f"PDAOM {size} groups int32 ids", lambda: mlloss.PDAOMLoss(backend="triton"), "binary", layout,
+                 ids="int32"),
+            Case(f"LaA linear {size} groups int32 ids", lambda: mlloss.LaALoss(backend="triton"), "two", layout,
+                 ids="int32"),
         ]
     out += [  # a batch of more blocks than kernels.levels.SCAN_BLOCKS (2^20 items) scans the blocks' counts
         Case("AUC logistic layout scanned", auc(), "binary", True, grouped=False, scanned=True),
@@ -157,6 +164,7 @@ def _inputs(case: Case):
     elif case.labels == "ordinal":
         labels = torch.randint(0, 5, (n,), generator=generator).to(torch.float32)
     groups = torch.randint(0, max(n // 50, 1), (n,), generator=generator) if case.grouped else None
+    groups = groups.to(getattr(torch, case.ids)) if groups is not None else None
     mask = (torch.arange(n) % 4 != 3) if case.masked else None
     return scores, labels, groups, mask
 
