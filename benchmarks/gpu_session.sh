@@ -57,7 +57,7 @@ tests)
     # (pytest-xdist is in the image) share the 16 cores' Triton and Inductor compiles and one GPU.
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
-        tests/test_compile.py tests/test_graph_replay.py tests/test_task_columns.py tests/test_contiguous_groups.py \
+        tests/test_compile.py tests/test_graph_replay.py tests/test_task_columns.py tests/test_contiguous_groups.py tests/test_group_ids.py \
         2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
     ;;
 bench)
@@ -127,7 +127,8 @@ kernels|training)
     if [ "$1" = kernels ]; then
         # the launch check, then tests (69 s on an H100 before the launch check compiled part of their
         # kernels, 84-87 s with the suite of 2026-11-26, before tests/test_task_columns.py's 55 tests
-        # and their 10 new specializations, and tests/test_contiguous_groups.py's 49 and their 8),
+        # and their 10 new specializations, tests/test_contiguous_groups.py's 49 and their 8, and
+        # tests/test_group_ids.py's 74 with the int32-id specializations: the 130 s may cut the last few),
         # then bench_gpu.py --quick (issue 10): sections 1-5,
         # then 6 (accuracy) in a file of their own, so that a slow float64 reference cannot take
         # the timing sections' time (section 7, the tiles, ran at a20b70f and before: `bench

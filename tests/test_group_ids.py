@@ -5,7 +5,9 @@ and a radix sort passes over every bit of its keys (CUDA's sort of int32 keys ta
 int64 keys 8). Nothing else may change: every loss, on each tier (the dense and the layout kernels
 under ``TRITON_INTERPRET=1``, and the PyTorch tier), with and without a mask and with contiguous
 groups, gives the loss and gradient of int64 ids bit for bit, whether the ids arrive as int32,
-int16, uint8 or as int64 ids far outside the int32 range.
+int16, uint8 or as int64 ids far outside the int32 range. ``MLLOSS_TEST_DEVICE=cuda`` (with
+``TRITON_INTERPRET=0``) runs the same comparisons on a GPU, where the layout sorts the ids with
+CUDA's radix sort.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import mlloss
 from mlloss import _validation as check
 
 NUM_ITEMS = 120
+DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")
 
 LOSSES = {
     "auc": lambda backend, **kw: mlloss.AUCLoss(backend=backend, **kw),
@@ -47,7 +50,7 @@ def batch(seed: int, contiguous: bool):
     scores = torch.randn(NUM_ITEMS, generator=gen, dtype=torch.float64)
     labels = (torch.rand(NUM_ITEMS, 2, generator=gen) < torch.tensor([0.3, 0.6])).double()
     mask = torch.rand(NUM_ITEMS, generator=gen) < 0.8
-    return ids, scores, labels, mask
+    return ids.to(DEVICE), scores.to(DEVICE), labels.to(DEVICE), mask.to(DEVICE)
 
 
 def loss_and_grad(name, backend, scores, labels, groups, mask, contiguous):
@@ -80,16 +83,16 @@ def test_every_id_dtype_gives_the_bits_of_int64_ids(name, kernels, masked, conti
 
 
 def test_ids_of_at_most_32_bits_are_kept_as_int32_and_the_others_as_int64():
-    ids = torch.tensor([3, 0, 3, 100])
+    ids = torch.tensor([3, 0, 3, 100], device=DEVICE)
     narrow = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32)
     for dtype in (*narrow, torch.int64, torch.uint32, torch.uint64):
         groups = check.group_vector(ids.to(dtype), 4)
         assert groups.dtype == (torch.int32 if dtype in narrow else torch.int64), dtype
         assert groups.tolist() == ids.tolist(), dtype
     # the widest ids keep their groups: uint32 ids over 2^31, uint64 ids over 2^63 (wrapping to distinct ones)
-    wide = torch.tensor([2**32 - 1, 5, 2**32 - 1], dtype=torch.int64).to(torch.uint32)
+    wide = torch.tensor([2**32 - 1, 5, 2**32 - 1], dtype=torch.int64, device=DEVICE).to(torch.uint32)
     assert check.group_vector(wide, 3).tolist() == [2**32 - 1, 5, 2**32 - 1]
-    huge = torch.tensor([-1, 5, -1], dtype=torch.int64).view(torch.uint64)  # 2^64 - 1
+    huge = torch.tensor([-1, 5, -1], dtype=torch.int64, device=DEVICE).view(torch.uint64)  # 2^64 - 1
     assert check.group_vector(huge, 3).tolist() == [-1, 5, -1]
 
 
