@@ -163,8 +163,8 @@ def _inputs(case: Case):
         labels = labels[:, 0]
     elif case.labels == "ordinal":
         labels = torch.randint(0, 5, (n,), generator=generator).to(torch.float32)
-    groups = torch.randint(0, max(n // 50, 1), (n,), generator=generator) if case.grouped else None
-    groups = groups.to(getattr(torch, case.ids)) if groups is not None else None
+    groups = (torch.randint(0, max(n // 50, 1), (n,), generator=generator).to(getattr(torch, case.ids))
+              if case.grouped else None)
     mask = (torch.arange(n) % 4 != 3) if case.masked else None
     return scores, labels, groups, mask
 

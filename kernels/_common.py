@@ -40,6 +40,8 @@ launches that way); the approximations' own error (about 2^-22 relative) is a GP
 
 from __future__ import annotations
 
+import re
+
 import torch
 import triton
 import triton.language as tl
@@ -81,9 +83,8 @@ def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> str | 
     which NumPy 2.4 refuses for an array of one element (triton-lang/triton#9171, fixed in 3.7):
     those launches fail with ``InterpreterError: ... only 0-dimensional arrays can be converted``.
     """
-    def major_minor(version: str) -> tuple[int, int]:
-        parts = (version.split("+")[0].split(".") + ["0"])[:2]
-        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    def major_minor(version: str) -> tuple[int, ...]:  # the leading digits of the first two fields: "2.4rc1" -> (2, 4)
+        return tuple(int(re.match(r"\d*", part).group() or 0) for part in (version.split(".") + ["0"])[:2])
 
     if major_minor(triton_version) < (3, 7) and major_minor(numpy_version) >= (2, 4):
         return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1) fails on the kernels' computed loop "

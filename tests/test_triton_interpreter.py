@@ -114,6 +114,7 @@ def test_the_numpy_check_names_the_versions_whose_interpreter_fails_on_computed_
 
     assert "triton-lang/triton#9171" in interpreter_numpy_problem("3.6.0", "2.4.6")
     assert "numpy<2.4" in interpreter_numpy_problem("3.6.0+git1a2b", "2.4.0rc1")
+    assert interpreter_numpy_problem("3.6rc1", "2.4.6") is not None  # the minor's leading digits: 6, not 61
     for triton_version, numpy_version in (("3.7.0", "2.4.6"), ("3.10.1", "2.5.0"), ("3.6.0", "2.3.5"), ("3.5.1", "1.26.4")):
         assert interpreter_numpy_problem(triton_version, numpy_version) is None
     # against the installed versions: the check says a launch fails exactly when it does
