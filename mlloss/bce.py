@@ -138,7 +138,8 @@ class BCEPlusRanking(nn.Module):
                 raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
             bce = self.bce(scores, labels, mask=mask)
         if num_tasks > 1 and self._takes_task_columns():
-            return bce + self._ranking_in_one_call(scores, labels, groups, mask, weights)
+            term, weight = self._ranking_in_one_call(scores, labels, groups, mask, weights)
+            return torch.add(bce, term, alpha=weight)
         terms, task_parts, items = [], [], None
         for task in range(num_tasks):
             ranking_args = {} if mask is None else {"mask": mask}  # ranking losses of other libraries take none
@@ -149,7 +150,13 @@ class BCEPlusRanking(nn.Module):
             terms.append(term)
             task_parts.append(getattr(self.ranking, "parts", {}))
         self._keep_parts([term.detach() for term in terms], task_parts)
-        return bce + sum((w * term for w, term in zip(weights[1:], terms[1:])), weights[0] * terms[0])
+        # lam as add's alpha, not ``lam * term``: under torch.compile(dynamic=True) Dynamo passes a
+        # float attribute as a float64 CPU tensor, which a product keeps in the graph (on CUDA that
+        # skips or splits its CUDA graphs), where alpha takes it as a constant.
+        total = bce
+        for weight, term in zip(weights, terms):
+            total = torch.add(total, term, alpha=weight)
+        return total
 
     def _summed(self) -> bool:
         """Whether the ranking term is a sum over groups (PDAOM's Eq. 6), divided by the items."""
@@ -186,9 +193,10 @@ class BCEPlusRanking(nn.Module):
         return not isinstance(ranking, AUCLoss) or type(ranking).forward is AUCLoss.forward
 
     def _ranking_in_one_call(self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
-                             weights: tuple[float, ...]) -> Tensor:
+                             weights: tuple[float, ...]) -> tuple[Tensor, float]:
         """``sum_k lam_k * ranking_k`` of the K task columns in one ranking call, with the same
-        ``parts`` as the call per task."""
+        ``parts`` as the call per task, as a term and the weight to add it with (the lam they
+        share; 1 when the call weighted them)."""
         equal = all(w == weights[0] for w in weights)
         task_columns = getattr(self.ranking, "task_columns")  # see _takes_task_columns
         result = task_columns(self._ranking_scores(scores, mask), labels, groups, mask,
@@ -205,7 +213,7 @@ class BCEPlusRanking(nn.Module):
 
         task_parts = [column_parts(k) for k in range(len(weights))]
         self._keep_parts(per_task.detach().to(term.dtype), task_parts)  # the per-task calls' dtype
-        return term * weights[0] if equal and weights[0] != 1 else term
+        return term, weights[0] if equal else 1.0
 
     def _ranking_scores(self, column: Tensor, mask: Tensor | None) -> Tensor:
         """What the ranking loss sees of a score column, or of (N, K) task columns."""

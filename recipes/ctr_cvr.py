@@ -85,7 +85,8 @@ class MultiTaskObjective(nn.Module):
         else:
             total = sum(self.task_loss(logits[:, t], labels[:, t], groups=users, mask=mask) for t in range(len(TASKS)))
         if self.uses_ranking_head:
-            total = total + self.lam * self.ranking_loss(logits[:, len(TASKS)], labels, groups=users, mask=mask)
+            ranking = self.ranking_loss(logits[:, len(TASKS)], labels, groups=users, mask=mask)
+            total = torch.add(total, ranking, alpha=self.lam)  # not total + lam * ranking: --compile in docs/recipe.md
         return total
 
 

@@ -147,6 +147,81 @@ def test_dynamic_shapes_compile_with_the_loss_options_as_symbols(loss_name: str)
     assert compiles[0] >= 1 and compiles[1:] == compiles[:1] * 2, f"compilations after each batch {compiles}"
 
 
+def cpu_tensors_of_compiled_step(step, inputs: tuple, dynamic: bool) -> list[str]:
+    """The graph nodes holding a CPU tensor in the forward and backward graphs of ``step``
+    compiled (fullgraph) and run forward + backward on ``inputs``, meta tensors: the meta device
+    stands in for CUDA (on the CPU every tensor is a CPU tensor). A CPU tensor in a compiled CUDA
+    step makes Inductor skip its CUDA graphs (torch < 2.9) or split the step into several around
+    it (graph partitions): ``mode="reduce-overhead"`` loses part or all of what it is for."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    on_cpu: list[str] = []
+
+    def record(kind: str):
+        def compiler(graph: torch.fx.GraphModule, example_inputs):
+            for node in graph.graph.nodes:
+                value = node.meta.get("val")
+                for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                        on_cpu.append(f"{kind} {node.op} {node.name}: {node.target}")
+            return graph.forward
+        return compiler
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=record("forward"), bw_compiler=record("backward"))
+    value = torch.compile(step, fullgraph=True, dynamic=dynamic, backend=backend)(*inputs)
+    value.backward()
+    assert value.is_meta
+    return on_cpu
+
+
+# And a lam other than 1. (One lam per task column is left out: its weights are a constant the
+# traced step builds on the scores' device, which fake propagation on the meta device refuses:
+# there a factory call returns a real meta tensor.)
+CPU_FREE_LOSSES = {**LOSSES, "bce+auc(lam=0.5)": lambda: mlloss.build_loss("bce+auc", lam=0.5)}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("loss_name", list(CPU_FREE_LOSSES))
+def test_compiled_step_on_a_device_holds_no_cpu_tensor(loss_name: str, dynamic: bool) -> None:
+    """No CPU tensor in a compiled step with any loss (``cpu_tensors_of_compiled_step``).
+    ``dynamic=True`` is where one came from: Dynamo passes a module's float attributes as float64
+    CPU scalars, and ``lam * term`` kept bce+pdaom's lam in the forward and backward graphs."""
+    if "triton" in loss_name:
+        pytest.importorskip("triton")
+    model = torch.nn.Linear(4, 1).to("meta")
+    loss = CPU_FREE_LOSSES[loss_name]().to("meta")
+    single = loss_name in SINGLE_LABEL or loss_name.startswith("bce+")
+
+    def step(features, labels, groups):
+        return loss(model(features)[:, 0], labels[:, 0] if single else labels, groups)
+
+    inputs = (torch.empty(NUM_ITEMS, 4, device="meta"), torch.empty(NUM_ITEMS, 2, device="meta"),
+              torch.empty(NUM_ITEMS, dtype=torch.int64, device="meta"))
+    on_cpu = cpu_tensors_of_compiled_step(step, inputs, dynamic)
+    assert model.weight.grad.is_meta
+    assert not on_cpu, f"{loss_name}, dynamic={dynamic}: CPU tensors in the compiled graphs: {on_cpu}"
+
+
+@pytest.mark.parametrize("loss", ["laa", "bce+pdaom"])
+def test_the_recipes_compiled_step_holds_no_cpu_tensor(loss: str) -> None:
+    """recipes/ctr_cvr.py's training step as ``--compile`` compiles it without ``--fixed-batches``
+    (the batch size dynamic): its model and objective, the ranking head's ``lam`` (laa) and
+    BCEPlusRanking's (bce+pdaom) included."""
+    from mlloss.data import SyntheticConfig, TensorBatches, generate_impressions, split_by_time
+    from recipe_util import load_recipe
+
+    recipe = load_recipe("ctr_cvr")
+    args = recipe.parse_args(["--loss", loss, "--num-users", "50", "--num-items", "40", "--no-checkpoint"])
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=50, num_items=40, mean_impressions=20)))[0]
+    objective = recipe.MultiTaskObjective(loss, None, validate_args=False)
+    model = recipe.build_model(args, train, len(recipe.TASKS) + objective.uses_ranking_head)
+    module = recipe.CtrCvrModule(model, objective, args.lr, args.weight_decay).to("meta")
+    batch = next(iter(TensorBatches(train.columns(), 128, group_key="user", seed=0)))
+    on_cpu = cpu_tensors_of_compiled_step(module.batch_loss, ({k: v.to("meta") for k, v in batch.items()},), True)
+    assert not on_cpu, f"--loss {loss}: CPU tensors in the compiled graphs: {on_cpu}"
+
+
 @pytest.mark.parametrize("loss_name", ["AUCLoss", "LaALoss", "bce+pdaom", "AUCLoss(triton)"])
 def test_the_op_and_its_autograd_give_the_eager_bits(loss_name: str, monkeypatch) -> None:
     """Eager calls run the op's implementation in an ``autograd.Function``; compiled code calls the
