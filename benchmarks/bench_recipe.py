@@ -327,6 +327,17 @@ def data_path(train_split, batch_size: int, device: torch.device) -> dict:
             "per_row_dataloader_impressions_per_s": per_row}
 
 
+def cudagraph_counters() -> dict[str, int]:
+    """Inductor's CUDA-graph counters so far in this process: ``cudagraph_skips`` (compiled graphs
+    it runs without CUDA graphs: a CPU tensor, a mutated input, ...; the reason goes to the
+    ``cudagraphs`` log, ``TORCH_LOGS=cudagraphs``), ``cudagraph_partitions`` (graphs it split
+    around work it cannot capture, each part a CUDA graph of its own) and
+    ``cudagraph_recorded_non_static_inputs`` (inputs copied into a graph's buffers at each replay)."""
+    from torch._dynamo.utils import counters
+
+    return {key: value for key, value in counters["inductor"].items() if key.startswith("cudagraph")}
+
+
 def _or_dash(value) -> str:
     return "-" if value is None else str(value)
 
@@ -353,6 +364,11 @@ def markdown(result: dict) -> str:
         versus = "-" if bce is None else f"{row['impressions_per_s'] / bce['impressions_per_s']:.2f}"
         lines.append(f"| {row['loss']} | {row['batch_size']} | {row['impressions_per_s']:,.0f} | {row['step_ms']:.2f} | "
                      f"{split} | {versus} | {_or_dash(row['kernel_ops'])} | {_or_dash(row['syncing_ops'])} |")
+    if result.get("compile"):
+        lines += ["", "Inductor's CUDA-graph counters of each row's two runs (`cudagraph_counters`: none means no "
+                  "graph skipped or split): " + "; ".join(
+                      f"{row['loss']} {row['batch_size']}: {row.get('cudagraph_counters') or 'none'}"
+                      for row in result["training"]) + "."]
     lines += ["", "`other`: the profiled step minus the parts (Lightning, the recipe's bookkeeping and the profiler's "
               "own cost of timing each region). `kernel ops`, `syncing ops`: aten ops of one step (forward, loss, "
               "backward, Adam) that run a kernel, and that would wait for a GPU, on this device's path (on the CPU "
@@ -429,8 +445,12 @@ def main(argv: list[str] | None = None) -> dict:
                   f"plain loop {r['plain_step_ms']:.3f} ms)", flush=True)
     for batch_size in args.batch_sizes:
         for loss in args.losses:
+            before = cudagraph_counters()
             row = train(args, loss, batch_size, data, profile=False)
             row["split_ms"] = train(args, loss, batch_size, data, profile=True)["split_ms"]
+            if args.compile:
+                row["cudagraph_counters"] = {k: v - before.get(k, 0) for k, v in cudagraph_counters().items()
+                                             if v != before.get(k, 0)}
             result["training"].append(row)
             write(result, output)
             split = " ".join(f"{p} {row['split_ms'][p]:.3f}" for p in PARTS)

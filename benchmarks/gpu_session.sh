@@ -115,6 +115,8 @@ EOF
 step)
     # The options name the output: recipe-cuda.json, recipe-cuda-compile-reduce-overhead-fixed-batches.json.
     suffix=$(printf '%s ' "${@:2}" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+    # Compiled: why Inductor skipped or split a graph's CUDA graphs goes to the log (the JSON counts them).
+    case " ${*:2} " in *" --compile"*) export TORCH_LOGS=${TORCH_LOGS:-cudagraphs} ;; esac
     python benchmarks/bench_recipe.py --device cuda "${@:2}" --output "$out/recipe-cuda${suffix:+-$suffix}.json" 2>&1 \
         | tee -iap "$out/recipe-step.log" | quiet_tail 40
     ;;
