@@ -364,7 +364,7 @@ def markdown(result: dict) -> str:
         versus = "-" if bce is None else f"{row['impressions_per_s'] / bce['impressions_per_s']:.2f}"
         lines.append(f"| {row['loss']} | {row['batch_size']} | {row['impressions_per_s']:,.0f} | {row['step_ms']:.2f} | "
                      f"{split} | {versus} | {_or_dash(row['kernel_ops'])} | {_or_dash(row['syncing_ops'])} |")
-    if result.get("compile"):
+    if any("cudagraph_counters" in row for row in result["training"]):
         lines += ["", "Inductor's CUDA-graph counters of each row's two runs (`cudagraph_counters`: none means no "
                   "graph skipped or split): " + "; ".join(
                       f"{row['loss']} {row['batch_size']}: {row.get('cudagraph_counters') or 'none'}"
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> dict:
             before = cudagraph_counters()
             row = train(args, loss, batch_size, data, profile=False)
             row["split_ms"] = train(args, loss, batch_size, data, profile=True)["split_ms"]
-            if args.compile:
+            if args.compile and device.type == "cuda":  # the CPU has no CUDA graphs to count
                 row["cudagraph_counters"] = {k: v - before.get(k, 0) for k, v in cudagraph_counters().items()
                                              if v != before.get(k, 0)}
             result["training"].append(row)
