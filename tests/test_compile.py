@@ -222,6 +222,29 @@ def test_the_recipes_compiled_step_holds_no_cpu_tensor(loss: str) -> None:
     assert not on_cpu, f"--loss {loss}: CPU tensors in the compiled graphs: {on_cpu}"
 
 
+def test_dynamic_shapes_compile_balanced_loa_with_its_running_priors() -> None:
+    """``LoALoss("balanced")`` in training mode adds each batch to its running label counts and checks
+    that the batch has as many label columns as they do. Under ``dynamic=True`` both sizes are
+    symbols: Dynamo 2.11 evaluated ``numel() not in (0, K)`` as true with both sizes 2 and raised
+    the check's ValueError on the first batch. Compiled, it follows an eager twin on batches of three
+    sizes: the same losses, gradients and running counts."""
+    torch._dynamo.reset()
+    compiled_loss, eager_loss = (mlloss.LoALoss("balanced", num_labels=2).to(DEVICE) for _ in range(2))
+    compiled = torch.compile(compiled_loss, fullgraph=True, dynamic=True, backend="aot_eager")
+    for num_items in (40, 48, 56):
+        gen = torch.Generator().manual_seed(num_items)
+        labels = torch.randint(0, 2, (num_items, 2), generator=gen).to(torch.float32).to(DEVICE)
+        scores = torch.randn(num_items, generator=gen).to(DEVICE)
+        got, expected = scores.clone().requires_grad_(True), scores.clone().requires_grad_(True)
+        value, eager_value = compiled(got, labels), eager_loss(expected, labels)
+        (value + eager_value).backward()
+        torch.testing.assert_close(value, eager_value, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(compiled_loss.seen_positives, eager_loss.seen_positives, rtol=0, atol=0)
+        torch.testing.assert_close(compiled_loss.seen_items, eager_loss.seen_items, rtol=0, atol=0)
+    assert eager_loss.seen_items.item() == 40 + 48 + 56
+
+
 @pytest.mark.parametrize("loss_name", ["AUCLoss", "LaALoss", "bce+pdaom", "AUCLoss(triton)"])
 def test_the_op_and_its_autograd_give_the_eager_bits(loss_name: str, monkeypatch) -> None:
     """Eager calls run the op's implementation in an ``autograd.Function``; compiled code calls the
