@@ -494,12 +494,13 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
             with torch.inference_mode(False):
                 return self._counts_with(labels, num_items)
         positives = labels.sum(0, dtype=torch.float64).to(self.seen_items.device)
-        # Two comparisons, not ``numel() not in (0, K)``: under torch.compile(dynamic=True) the sizes
+        # Two comparisons, not ``seen not in (0, K)``: under torch.compile(dynamic=True) the sizes
         # are symbols, and Dynamo 2.11 took the ``in`` for false with both sizes 2.
-        if self.seen_positives.numel() != 0 and self.seen_positives.numel() != positives.numel():
+        seen = self.seen_positives.numel()
+        if seen != 0 and seen != positives.numel():
             raise ValueError(
                 f"labels have {positives.numel()} columns but the running priors were estimated "
-                f"for {self.seen_positives.numel()} (num_labels, or the first training batch, or a "
+                f"for {seen} (num_labels, or the first training batch, or a "
                 f"loaded state dict); got labels of shape {tuple(labels.shape)}"
             )
         if self.seen_positives.numel():  # else the first batch, which sizes them
