@@ -7,10 +7,10 @@
 
 The recipe wires library parts together (docs/recipe.md): data, sampler and datamodule from
 ``mlloss.data``, towers from ``mlloss.models``, the objective from ``mlloss.build_loss``, AUC/GAUC
-from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing``
-(its Lightning plugin in ``mlloss.integrations``). Its siblings: ``ctr_cvr_options.py`` (command line, named configs
-in ``configs/``, the data, model and strategy they select), ``ctr_cvr_report.py`` (baselines, results.md,
-curves.png) and ``ctr_cvr_resume.py`` (``--resume``).
+from ``RankingMetrics``, crash-safe checkpoints from ``mlloss.checkpointing`` (its Lightning plugin in
+``mlloss.integrations``). Its siblings: ``ctr_cvr_options.py`` (command line, named configs in ``configs/``, the
+data, model and strategy they select), ``ctr_cvr_report.py`` (baselines, results.md, curves.png) and
+``ctr_cvr_resume.py`` (``--resume``).
 """
 
 from __future__ import annotations
@@ -47,13 +47,10 @@ from mlloss.models import MultiTaskModel
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
                              check_batches, load_data, parse_args)
 from ctr_cvr_resume import (OptimizerOptions, check_output_folder, check_resume, checkpoint_record,  # noqa: E402
-                            recorded_options, replace_other_kind_of_checkpoint, restore_rng_states, resume_path,
-                            rng_states)
+                            recorded_options, replace_other_kind_of_checkpoint, restore_rng_states, resume_path, rng_states)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
                             lightning_notices_muted, scorer_results, write_report)
 
-
-# --------------------------------------------------------------------------- model and objective
 
 
 class MultiTaskObjective(nn.Module):
@@ -75,8 +72,7 @@ class MultiTaskObjective(nn.Module):
             self.lam = 1.0 if lam is None else lam
         else:
             kwargs = {"lam": lam} if lam is not None and name.startswith("bce+") else {}
-            self.task_loss = mlloss.build_loss(name, validate_args=validate_args, **kwargs,
-                                               **(ranking if name != "bce" else {}))
+            self.task_loss = mlloss.build_loss(name, validate_args=validate_args, **kwargs, **(ranking if name != "bce" else {}))
 
     def forward(self, logits: Tensor, labels: Tensor, users: Tensor, mask: Tensor | None = None) -> Tensor:
         """``mask``: the real rows of a padded batch (``--fixed-batches``); the losses leave out the rest."""
@@ -231,8 +227,6 @@ class CtrCvrModule(pl.LightningModule):
         fused = all(p.device.type in ("cpu", "cuda") for p in dense)  # one kernel for all parameters
         return torch.optim.Adam(dense, lr=self.lr, weight_decay=self.weight_decay, fused=fused)
 
-
-# --------------------------------------------------------------------------- entry point
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
