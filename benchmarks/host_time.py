@@ -234,7 +234,7 @@ def host_time(name: str, *, grouped: bool, layout: bool, calls: int, num_items: 
 
     scores, labels, groups = host_path.batch(num_items)
     scores, labels = host_path.loss_scores(name, scores), host_path.loss_labels(name, labels)
-    loss = host_path.LOSSES[name](False)
+    loss = host_path.BUILDERS[name](False)
     groups = host_path.loss_groups(name, groups) if grouped else None
 
     def call():
@@ -264,7 +264,7 @@ def cases(match: str | None, replay: bool = False) -> list[tuple[str, bool, bool
     losses on the layout kernels they replace; with ``replay`` each of these replayed too."""
     import host_path
 
-    rows = [(name, grouped, False) for name in host_path.LOSSES for grouped in (False, True)]
+    rows = [(name, grouped, False) for name in host_path.BUILDERS for grouped in (False, True)]
     rows += [(name, grouped, True) for name in host_path.DENSE_LOSSES for grouped in (False, True)]
     rows = [(*row, replayed) for row in rows for replayed in ((False, True) if replay else (False,))]
     return [row for row in rows if match is None or match in row[0]]
@@ -354,7 +354,8 @@ def _row(fields: dict) -> HostTime:
 def _kernels(row: HostTime) -> str:
     import host_path
 
-    kernels = "dense" if row.loss in host_path.DENSE_LOSSES and not row.layout else "layout"
+    dense = row.loss in host_path.DENSE_LOSSES or row.loss in host_path.OBJECTIVES
+    kernels = "dense" if dense and not row.layout else "layout"
     return kernels + (" replayed" if row.replay else "")
 
 

@@ -56,7 +56,7 @@ class BCELoss(nn.Module):
         # The entries close over the op's statistics, never over the differentiable loss: kept until
         # the next call, it would hold the step's autograd graph (and, in a step captured in a CUDA
         # graph, nodes of an eager call outside it, which broke the capture).
-        keep_call_state(self, parts=LossParts(_task_entries({"bce": task_losses.sum}, {"bce": task_losses})))
+        keep_call_state(self, parts=_bce_parts(task_losses))
         return loss
 
     def extra_repr(self) -> str:
@@ -136,7 +136,11 @@ class BCEPlusRanking(nn.Module):
             weights = self.lam if isinstance(self.lam, tuple) else (self.lam,) * num_tasks
             if len(weights) != num_tasks:
                 raise ValueError(f"lam has {len(weights)} entries but scores have {num_tasks} task columns; got lam={self.lam}")
-            bce = self.bce(scores, labels, mask=mask)
+            one_op = self._in_one_op()
+            if not one_op:
+                bce = self.bce(scores, labels, mask=mask)
+        if one_op:
+            return self._in_one_op_call(scores, labels, groups, mask, weights)
         if num_tasks > 1 and self._takes_task_columns():
             term, weight = self._ranking_in_one_call(scores, labels, groups, mask, weights)
             return torch.add(bce, term, alpha=weight)
@@ -168,19 +172,27 @@ class BCEPlusRanking(nn.Module):
         counted = scores.shape[0] if mask is None else mask.sum()
         return check.at_least_one(getattr(self.ranking, "num_items", counted))
 
-    def _keep_parts(self, terms: Sequence[Tensor] | Tensor, task_parts: Sequence[Mapping[str, Tensor]]) -> None:
+    def _keep_parts(self, terms: Sequence[Tensor] | Tensor | Callable[[], Tensor],
+                    task_parts: Sequence[Mapping[str, Tensor]] | Callable[[], Sequence[Mapping[str, Tensor]]]) -> None:
         """``parts`` from the detached per-task ranking ``terms`` (scalars, or a (K,) tensor) and each
-        task's ranking parts (its ``valid_pairs`` and ``groups_with_pairs``, if it counts them), read
-        only when an entry is."""
-        # parts close over detached terms only (see BCELoss.forward)
+        task's ranking parts (its ``valid_pairs`` and ``groups_with_pairs``, if it counts them), or
+        functions making them, read only when an entry is."""
+        # parts close over detached terms only (see BCELoss.forward), and are built when first read
         bce_parts = self.bce.parts
-        totals: dict[str, Callable[[], Tensor]] = {"bce": lambda: bce_parts["bce"], "ranking": lambda: _total(terms)}
-        per_task: dict[str, object] = {"bce": bce_parts, "ranking": terms}
-        if all("valid_pairs" in p and "groups_with_pairs" in p for p in task_parts):  # a user's loss may count none
-            totals["valid_pairs"] = lambda: _total([p["valid_pairs"] for p in task_parts])
-            totals["groups_with_pairs"] = lambda: _total([p["groups_with_pairs"] for p in task_parts])
-            per_task["valid_pairs"] = [_maker(p, "valid_pairs") for p in task_parts]
-        keep_call_state(self, parts=LossParts(_task_entries(totals, per_task if len(terms) > 1 else {})))
+
+        def makers() -> dict:
+            made_terms = terms() if callable(terms) else terms
+            parts = task_parts() if callable(task_parts) else task_parts
+            totals: dict[str, Callable[[], Tensor]] = {"bce": lambda: bce_parts["bce"],
+                                                       "ranking": lambda: _total(made_terms)}
+            per_task: dict[str, object] = {"bce": bce_parts, "ranking": made_terms}
+            if all("valid_pairs" in p and "groups_with_pairs" in p for p in parts):  # a user's loss may count none
+                totals["valid_pairs"] = lambda: _total([p["valid_pairs"] for p in parts])
+                totals["groups_with_pairs"] = lambda: _total([p["groups_with_pairs"] for p in parts])
+                per_task["valid_pairs"] = [_maker(p, "valid_pairs") for p in parts]
+            return _task_entries(totals, per_task if len(parts) > 1 else {})
+
+        keep_call_state(self, parts=LossParts(makers))
 
     def _takes_task_columns(self) -> bool:
         """Whether the ranking loss computes every task's term in one call (``AUCLoss.task_columns``,
@@ -191,6 +203,39 @@ class BCEPlusRanking(nn.Module):
         if getattr(ranking, "cross_device", False) or not callable(getattr(ranking, "task_columns", None)):
             return False
         return not isinstance(ranking, AUCLoss) or type(ranking).forward is AUCLoss.forward
+
+    def _in_one_op(self) -> bool:
+        """Whether the cross-entropy and the ranking term are computed as one op
+        (``ops.bce_ranking``: one autograd node and one pass through the host path, not four): an
+        ``AUCLoss`` or ``PDAOMLoss`` ranking that takes task columns (``_takes_task_columns``,
+        its ``task_columns`` its own), seeing the model's scores as they are or the sigmoid of
+        its logits (not the logit of its probabilities)."""
+        ranking = self.ranking
+        return (isinstance(ranking, AUCLoss) and self._takes_task_columns()
+                and type(ranking).task_columns is AUCLoss.task_columns
+                and not (self.inputs == "probabilities" and self.ranking_input == "logit"))
+
+    def _in_one_op_call(self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
+                        weights: tuple[float, ...]) -> Tensor:
+        """The objective in one op (``_in_one_op``), with the ``parts`` of the calls it stands for."""
+        equal = all(w == weights[0] for w in weights)
+        ranking: AUCLoss = self.ranking  # type: ignore[assignment]  # see _in_one_op
+        loss, facts, cross_entropies = ranking._plus_cross_entropy(
+            scores, labels, groups, mask, weights=None if equal else _lam_on(weights, scores.device),
+            lam=weights[0] if equal else 1.0, probabilities=self.inputs == "probabilities",
+            sigmoid=self.inputs == "logits" and self.ranking_input == "probability", summed=self._summed(),
+            validate_bce=self.bce.validate_args,
+        )
+        keep_call_state(self.bce, parts=_bce_parts(cross_entropies))
+        summed, num_items = self._summed(), scores.shape[0]
+
+        def per_task() -> Tensor:  # in the per-task calls' dtype
+            terms = facts.problem_losses.to(loss.dtype)
+            # Eq. 7 over N (see the class docstring): the items the op divided by
+            return terms / check.at_least_one(num_items if mask is None else mask.sum()) if summed else terms
+
+        self._keep_parts(per_task, lambda: _column_parts(facts, len(weights)))
+        return loss
 
     def _ranking_in_one_call(self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
                              weights: tuple[float, ...]) -> tuple[Tensor, float]:
@@ -206,13 +251,7 @@ class BCEPlusRanking(nn.Module):
             items = self._items(scores, mask)
             term, per_task = term / items, per_task / items
         facts = PairStats(result.stats)  # the parts keep no autograd graph
-
-        def column_parts(k: int) -> LossParts:
-            return LossParts({"valid_pairs": lambda: facts.valid_pairs[k],
-                              "groups_with_pairs": lambda: facts.groups_with_pairs[k]})
-
-        task_parts = [column_parts(k) for k in range(len(weights))]
-        self._keep_parts(per_task.detach().to(term.dtype), task_parts)  # the per-task calls' dtype
+        self._keep_parts(per_task.detach().to(term.dtype), _column_parts(facts, len(weights)))  # the per-task calls' dtype
         return term, weights[0] if equal else 1.0
 
     def _ranking_scores(self, column: Tensor, mask: Tensor | None) -> Tensor:
@@ -266,6 +305,20 @@ def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:
             f"got scores of shape {tuple(scores.shape)} and labels of shape {tuple(labels.shape)}"
         )
     return scores, labels
+
+
+def _bce_parts(task_losses: Tensor) -> LossParts:
+    """``BCELoss``'s ``parts`` from its per-task cross-entropies (K,), detached."""
+    return LossParts(lambda: _task_entries({"bce": task_losses.sum}, {"bce": task_losses}))
+
+
+def _column_parts(facts: PairStats, num_columns: int) -> list[LossParts]:
+    """The ranking parts of each of the task columns a ranking loss's ``facts`` count."""
+
+    def column_parts(k: int) -> LossParts:
+        return LossParts({"valid_pairs": lambda: facts.valid_pairs[k], "groups_with_pairs": lambda: facts.groups_with_pairs[k]})
+
+    return [column_parts(k) for k in range(num_columns)]
 
 
 def _task_entries(totals: dict, per_task: dict) -> dict:

@@ -19,7 +19,9 @@ from torch import Tensor, nn
 from . import _validation as check
 from ._constants import ConstantBuffers
 from .distributed import gather_batch, gather_batch_with_rows, partition, refusing_together, share_failed, sum_shares
-from .ops.dispatch import CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, pair_loss, resolve_tier, splits_pair_work
+from .ops.bce_ranking import bce_plus_pair_loss
+from .ops.dispatch import (CLOSED_FORMS, LEVEL_RESOLUTION, PairLossResult, PairStats, pair_loss, resolve_tier,
+                           splits_pair_work)
 from .parts import LossParts, keep_call_state, pair_parts
 from .surrogates import USES_MARGIN
 
@@ -82,22 +84,8 @@ class _PairwiseLoss(nn.Module):
             self.pairs, groups, shares[1],
         )
         try:
-            result = pair_loss(
-                scores, labels, groups, mask,
-                mixing=mixing,
-                label_weights=label_weights,
-                cost=cost,
-                surrogate=self.surrogate,
-                margin=self.margin,
-                pairs=self.pairs,
-                temperature=self.temperature,
-                reduction=self.reduction,
-                backend=self.backend,
-                validate=self.validate_args,
-                real_levels=real_levels,
-                partition=shares,
-                contiguous_groups=self.contiguous_groups,
-            )
+            result = pair_loss(scores, labels, groups, mask, mixing=mixing, label_weights=label_weights, cost=cost,
+                               real_levels=real_levels, partition=shares, **self._pair_options())
         except Exception as error:
             if splits:  # the other ranks wait in sum_shares for this rank's share
                 num_problems = 1 if label_weights is not None else labels.shape[1]  # LaA: one; else one per label
@@ -112,6 +100,12 @@ class _PairwiseLoss(nn.Module):
         loss, problem_losses = sum_shares(result.loss, result.problem_losses)
         stats = torch.cat([problem_losses, result.stats[result.num_problems :]])
         return replace(result, loss=loss, stats=stats, partial=False)
+
+    def _pair_options(self) -> dict:
+        """The loss's options as ``ops.dispatch.pair_loss`` takes them."""
+        return {"surrogate": self.surrogate, "margin": self.margin, "pairs": self.pairs, "temperature": self.temperature,
+                "reduction": self.reduction, "backend": self.backend, "validate": self.validate_args,
+                "contiguous_groups": self.contiguous_groups}
 
     def _naming_own_rows(self, error: ValueError) -> ValueError:
         """The data check's ``error``, which names an entry of the gathered batch, with the positions
@@ -291,6 +285,23 @@ class AUCLoss(_PairwiseLoss):
         names = [str(k) for k in range(scores.shape[1])]
         keep_call_state(self, parts=pair_parts(result, label_names=names, mixing=weights))
         return result
+
+    def _plus_cross_entropy(
+        self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None, *,
+        weights: Tensor | None, lam: float, probabilities: bool, sigmoid: bool, summed: bool, validate_bce: bool,
+    ) -> tuple[Tensor, PairStats, Tensor]:
+        """``BCEPlusRanking``'s objective with this loss as its ranking term, in one op
+        (``ops.bce_ranking``; its arguments): (the objective, this loss's statistics, the per-task
+        cross-entropies) of (N, K) logits and labels, checked and with the ``parts`` of
+        ``task_columns`` (of ``forward`` for K = 1). One process's batch: not ``cross_device``."""
+        scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask, score_columns=True)
+        loss, stats, cross_entropies = bce_plus_pair_loss(
+            scores, labels, groups, mask, mixing=weights, lam=lam, probabilities=probabilities, sigmoid=sigmoid,
+            summed=summed, validate_bce=validate_bce, **self._pair_options())
+        facts = PairStats(stats)
+        names = [str(k) for k in range(scores.shape[1])] if scores.shape[1] > 1 else None
+        keep_call_state(self, parts=pair_parts(facts, label_names=names, mixing=weights))
+        return loss, facts, cross_entropies
 
 
 class PDAOMLoss(AUCLoss):

@@ -28,12 +28,27 @@ from torch import Tensor
 from .ops.dispatch import PairStats
 
 
-class LossParts(Mapping[str, Tensor]):
-    """A read-only mapping name -> detached scalar tensor, each made on first access."""
+Makers = Mapping[str, Callable[[], Tensor]]
 
-    def __init__(self, makers: Mapping[str, Callable[[], Tensor]] | None = None) -> None:
-        self._makers = dict(makers or {})
+
+class LossParts(Mapping[str, Tensor]):
+    """A read-only mapping name -> detached scalar tensor, each made on first access.
+
+    ``makers``: name -> a function making the entry; or a function returning that mapping, called
+    when the parts are first looked at (a loss call that nobody logs does not even build it: a
+    loss's parts are a dozen closures, tens of microseconds of host time a call)."""
+
+    def __init__(self, makers: Makers | Callable[[], Makers] | None = None) -> None:
+        self._source = makers
+        self._table: dict[str, Callable[[], Tensor]] | None = None
         self._made: dict[str, Tensor] = {}
+
+    @property
+    def _makers(self) -> dict[str, Callable[[], Tensor]]:
+        if self._table is None:
+            source = self._source() if callable(self._source) else self._source
+            self._table, self._source = dict(source or {}), None
+        return self._table
 
     def __getitem__(self, name: str) -> Tensor:
         if name not in self._made:
@@ -82,12 +97,16 @@ def pair_parts(
     """``parts`` of a pairwise loss (see ``mlloss.parts``): totals over its problems, and with
     ``label_names`` (LoA) one entry per label of its term, mixing weight and valid pairs."""
     facts = PairStats(result.stats)  # the makers read the statistics: no autograd graph kept alive
-    makers: dict[str, Callable[[], Tensor]] = {
-        "valid_pairs": lambda: facts.valid_pairs.sum(),
-        "groups_with_pairs": lambda: facts.groups_with_pairs.sum(),
-    }
-    for k, name in enumerate(label_names or ()):
-        makers.update(_label_makers(facts, name, k, mixing))
+
+    def makers() -> dict[str, Callable[[], Tensor]]:
+        entries: dict[str, Callable[[], Tensor]] = {
+            "valid_pairs": lambda: facts.valid_pairs.sum(),
+            "groups_with_pairs": lambda: facts.groups_with_pairs.sum(),
+        }
+        for k, name in enumerate(label_names or ()):
+            entries.update(_label_makers(facts, name, k, mixing))
+        return entries
+
     return LossParts(makers)
 
 

@@ -225,3 +225,64 @@ def test_task_columns_compile_fullgraph_and_match_eager():
     x = logits[:, :2].clone().requires_grad_(True)
     compiled(x, labels, groups, mask).backward()
     torch.testing.assert_close(x.grad, eager_x.grad, rtol=1e-12, atol=0)
+
+
+def _autograd_nodes(loss: torch.Tensor) -> list[str]:
+    """The names of the autograd nodes between ``loss`` and the leaves it depends on."""
+    names, stack = [], [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or type(node).__name__ == "AccumulateGrad":
+            continue
+        names.append(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ranking", ["auc", "pdaom"])
+@pytest.mark.parametrize("tasks,masked,lam,dtype", [(2, True, (2.0, 0.25), torch.float64), (2, False, 0.5, torch.float32),
+                                                    (1, True, 3.0, torch.float64), (2, True, 1.0, torch.bfloat16)])
+def test_bce_plus_ranking_in_one_op_equals_its_terms_composed(backend, ranking, tasks, masked, lam, dtype):
+    # The objective as one op (ops.bce_ranking: the cross-entropy, the sigmoid, the ranking term and
+    # the sum in one autograd node) against the same terms as separate ops: values, gradients, parts.
+    logits, labels, groups, mask = batch(23, n=90, tasks=tasks)
+    scores = logits[:, :tasks].to(dtype)
+    results = []
+    for one_op in (True, False):
+        objective = mlloss.build_loss(f"bce+{ranking}", lam=lam, backend=backend)
+        assert objective._in_one_op()
+        if not one_op:
+            objective._in_one_op = lambda: False  # the terms composed, as for any other ranking module
+        x = scores.to(DEVICE).clone().requires_grad_(True)
+        value = objective(x, labels.to(DEVICE), groups.to(DEVICE), mask.to(DEVICE) if masked else None)
+        nodes = _autograd_nodes(value)
+        value.backward()
+        results.append((value.detach(), x.grad, {k: v.cpu() for k, v in objective.parts.items()}, nodes))
+    (value, grad, parts, nodes), (composed_value, composed_grad, composed_parts, composed_nodes) = results
+    assert nodes == ["FusedGradientBackward"] and len(composed_nodes) > 1, (nodes, composed_nodes)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(value, composed_value, rtol=rtol, atol=0)
+    # bfloat16: the composed terms' gradients are rounded to bfloat16 each before they are summed,
+    # the op's once after: a bfloat16 ulp (2^-8 relative) apart
+    grad_tolerance = {torch.float64: (1e-12, 0), torch.float32: (1e-5, 1e-7), torch.bfloat16: (2**-7, 1e-5)}[dtype]
+    torch.testing.assert_close(grad, composed_grad, rtol=grad_tolerance[0], atol=grad_tolerance[1])
+    assert grad.dtype == dtype and parts.keys() == composed_parts.keys()
+    for name in parts:
+        torch.testing.assert_close(parts[name], composed_parts[name], rtol=rtol, atol=0, msg=name)
+    if masked:  # the rows left out get exactly zero
+        assert not grad[~mask.to(DEVICE)].any()
+
+
+def test_bce_plus_ranking_takes_one_op_only_where_it_stands_for_the_calls():
+    assert mlloss.build_loss("bce+pdaom")._in_one_op() and mlloss.build_loss("bce+auc", inputs="probabilities")._in_one_op()
+    # the logit of probabilities, a ranking across processes, another library's ranking module: composed
+    assert not mlloss.build_loss("bce+auc", inputs="probabilities", ranking_input="logit")._in_one_op()
+    assert not mlloss.BCEPlusRanking(mlloss.AUCLoss(cross_device=True))._in_one_op()
+    assert not mlloss.BCEPlusRanking(mlloss.LaALoss())._in_one_op()
+
+    class OwnColumns(mlloss.AUCLoss):
+        def task_columns(self, *args, **kwargs):
+            return super().task_columns(*args, **kwargs)
+
+    assert not mlloss.BCEPlusRanking(OwnColumns())._in_one_op()

@@ -178,15 +178,38 @@ def pair_loss(
         raise ValueError(f"score columns (scores of shape (N, K)) take K binary label columns of the same shape; got "
                          f"scores {tuple(scores.shape)}, labels {tuple(labels.shape)}"
                          + (", aggregated labels (LaA)" if label_weights is not None else ""))
+    flags, values = pair_flags(scores, groups, cost=cost, surrogate=surrogate, margin=margin, pairs=pairs,
+                               temperature=temperature, reduction=reduction, backend=backend, validate=validate,
+                               real_levels=real_levels, partition=partition, contiguous_groups=contiguous_groups)
+    loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
+    partial = splits_pair_work(TIERS[flags[4]], pairs, groups, flags[8])  # the tier, the world size
+    return PairLossResult(stats=stats, loss=loss, partial=partial)
+
+
+def pair_flags(
+    scores: Tensor,
+    groups: Tensor | None,
+    *,
+    cost: str = "uniform",
+    surrogate: str,
+    margin: float,
+    pairs: str,
+    temperature: float | None,
+    reduction: str,
+    backend: str,
+    validate: bool,
+    real_levels: bool = False,
+    partition: tuple[int, int] | None = None,
+    contiguous_groups: bool = False,
+) -> tuple[list[int], list[float]]:
+    """The op's host options (``flags``, ``values``: see "The op" below) for ``pair_loss``'s
+    arguments, the tier resolved for these scores and groups."""
     tier = resolve_tier(backend, surrogate, pairs, scores.device, scores.shape[0],
                         contiguous_groups=contiguous_groups and groups is not None)
     rank, world_size = partition if partition is not None else (0, 1)
     flags = [_CODES[cost], _CODES[surrogate], _CODES[pairs], _CODES[reduction], _CODES[tier],
              int(validate), int(real_levels), rank, world_size, int(contiguous_groups)]
-    values = [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
-    loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
-    partial = splits_pair_work(tier, pairs, groups, world_size)
-    return PairLossResult(stats=stats, loss=loss, partial=partial)
+    return flags, [float(margin), NO_TEMPERATURE if temperature is None else float(temperature)]
 
 
 # --------------------------------------------------------------------------- #

@@ -32,6 +32,15 @@ def binary_cross_entropy(
 def _binary_cross_entropy_op(
     scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
+    return cross_entropy_terms(scores, labels, mask, probabilities, validate)[:3]
+
+
+def cross_entropy_terms(
+    scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The op's (loss, per-task losses, grad), and the probabilities of the items (the scores
+    given as probabilities, else the sigmoid of the logits), in the accumulation dtype, 0.5 or 0
+    outside the mask: what a ranking term on probabilities reads (``bce_ranking``)."""
     if mask is not None:  # left-out items become (0, 0), valid as logits and as probabilities
         scores = torch.where(mask[:, None], scores, scores.new_zeros(()))
         labels = torch.where(mask[:, None], labels, labels.new_zeros(()))
@@ -51,16 +60,18 @@ def _binary_cross_entropy_op(
         # torch's own rule: log clamped at -100, and the slope's denominator at 1e-12.
         losses = F.binary_cross_entropy(z, y, reduction="none")
         slopes = (z - y) / (z * (1 - z)).clamp(min=1e-12)
+        probability = z
     else:
         losses = F.binary_cross_entropy_with_logits(z, y, reduction="none")
-        slopes = torch.sigmoid(z) - y
+        probability = torch.sigmoid(z)
+        slopes = probability - y
     if mask is None:
         task_losses, grad = losses.sum(0) / count, slopes / count
     else:
         task_losses, grad = (losses * weight).sum(0), slopes * weight
     # Elementwise ops give transposed scores (a model's logits.t()) a transposed gradient; the
     # fake below, and so torch.compile, expects a contiguous one (a no-op for contiguous scores).
-    return task_losses.sum(), task_losses, grad.contiguous()
+    return task_losses.sum(), task_losses, grad.contiguous(), probability
 
 
 def _binary_cross_entropy_fake(scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool):
