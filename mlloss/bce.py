@@ -1,6 +1,7 @@
 """Binary cross-entropy losses, beside the pairwise ones of ``losses``: ``BCELoss`` and
 ``BCEPlusRanking`` (cross-entropy plus a weighted pairwise term, per task; Sun et al. Eq. 7 with
-PDAOM). The arithmetic is the fused op ``mlloss::binary_cross_entropy`` (``ops.pointwise``); the
+PDAOM). The arithmetic is the fused op ``mlloss::binary_cross_entropy`` (``ops.pointwise``), and
+for ``bce+auc`` and ``bce+pdaom`` ``mlloss::bce_plus_pair_loss`` (``ops.bce_ranking``); the
 registry that builds them by name is ``registry``.
 """
 
@@ -79,9 +80,10 @@ class BCEPlusRanking(nn.Module):
     Multi-task models: scores and labels (N, K), one column per task (click, purchase): the
     objective is the sum over tasks of ``mean_i CE_ik + lam_k * ranking_k``, the ranking loss
     applied to each task's column (with the same groups); ``lam`` is one number or one per task.
-    An ``AUCLoss`` or ``PDAOMLoss`` ranking (not ``cross_device``) computes the K terms in one call
-    on the task columns (``AUCLoss.task_columns``: one set of kernel launches and one host path,
-    not K); any other ranking module is called once per task.
+    With an ``AUCLoss`` or ``PDAOMLoss`` ranking (not ``cross_device``) the cross-entropy and the K
+    ranking terms are one op (``ops.bce_ranking``: the ranking on the task columns, one set of
+    kernel launches and one autograd node, not K calls and a node per term); any other ranking
+    module is called once per task.
 
     Args:
         ranking: the pairwise loss (one binary label column at a time).

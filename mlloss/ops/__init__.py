@@ -11,7 +11,8 @@
 * The Triton tier: the top-level folder ``kernels/``, installed as ``mlloss.kernels``
   (``kernels.pairwise``, ``kernels.dense``, ``kernels.hardest``); imported only when a call runs on it.
 * ``fused``: the dtype rule, the registration and the autograd formula every op shares (the
-  gradient is computed in the forward pass); ``pointwise``: the binary cross-entropy op.
+  gradient is computed in the forward pass); ``pointwise``: the binary cross-entropy op;
+  ``bce_ranking``: the cross-entropy plus a pairwise term (``bce+auc``, ``bce+pdaom``) as one op.
 * ``replay``: opt-in replay of eager Triton-tier calls from CUDA graphs
   (``mlloss.set_graph_replay``), the host path paid once per shape.
 

@@ -9,10 +9,13 @@ made in the forward pass, chain rule included (``fused``), so that backward is o
 
 Why one op: the two ops, the sigmoid and the sum each add a node to the autograd graph and a
 pass through the library's host path, and at the batch sizes recommenders train with a GPU step
-is bound by its host. One ``bce+auc`` forward + backward on (1,024, 2) logits in users of ~20
-items took 655 us of host time as four nodes and 361 us as this one (Triton tier, the kernels
-compiled for Hopper and their launches stood in for: ``benchmarks/host_time.py``'s method, on
-this repository's CPU), where the cross-entropy alone took 212 us.
+is bound by its host. One forward + backward on (1,024, 2) logits took 561 us of host time for
+``bce+auc`` and 610 us for ``bce+pdaom`` as four nodes, 423-451 and 417-421 us as this one, where
+the cross-entropy alone takes about 200 us (``benchmarks/host_time.py --match "task columns"``:
+the Triton tier, the kernels compiled for Hopper, their launches stood in for, on this
+repository's CPU; ``benchmarks/results/host-time-ab-bce-one-op.md``). The ranking reads the
+cross-entropy's own sigmoid, and the objective adds 3 kernel ops to a ``bce`` step of the recipe
+where the ops composed added 6-9 (docs/recipe.md).
 
 Same values as the ops composed, up to the order of the float operations: the tests compare both
 with the float64 brute force.
