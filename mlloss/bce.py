@@ -220,16 +220,16 @@ class BCEPlusRanking(nn.Module):
     def _in_one_op_call(self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
                         weights: tuple[float, ...]) -> Tensor:
         """The objective in one op (``_in_one_op``), with the ``parts`` of the calls it stands for."""
-        equal = all(w == weights[0] for w in weights)
+        equal, summed = all(w == weights[0] for w in weights), self._summed()
         ranking: AUCLoss = self.ranking  # type: ignore[assignment]  # see _in_one_op
         loss, facts, cross_entropies = ranking._plus_cross_entropy(
             scores, labels, groups, mask, weights=None if equal else _lam_on(weights, scores.device),
             lam=weights[0] if equal else 1.0, probabilities=self.inputs == "probabilities",
-            sigmoid=self.inputs == "logits" and self.ranking_input == "probability", summed=self._summed(),
+            sigmoid=self.inputs == "logits" and self.ranking_input == "probability", summed=summed,
             validate_bce=self.bce.validate_args,
         )
         keep_call_state(self.bce, parts=_bce_parts(cross_entropies))
-        summed, num_items = self._summed(), scores.shape[0]
+        num_items = scores.shape[0]
 
         def per_task() -> Tensor:  # in the per-task calls' dtype
             terms = facts.problem_losses.to(loss.dtype)

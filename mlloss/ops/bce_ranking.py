@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import _validation as check
 from .dispatch import _pair_loss, _pair_loss_fake, pair_flags
 from .fused import accumulation_dtype, fused_loss_op
 from .pointwise import cross_entropy_terms
@@ -102,11 +103,11 @@ def _bce_plus_pair(scores, labels, groups, mask, mixing, flags, values, *, repla
     if sigmoid:
         grad = torch.ops.aten.sigmoid_backward(grad, ranked)
     if summed:  # Eq. 7 over N: the items that count, at least one
-        items = scores.shape[0] if mask is None else mask.sum().clamp(min=1)
+        items = check.at_least_one(scores.shape[0] if mask is None else mask.sum())
         if isinstance(items, Tensor):
             loss, grad = loss / items, grad / items
         else:
-            lam = lam / max(items, 1)
+            lam = lam / items
     total = torch.add(bce, loss, alpha=lam)
     grad = torch.add(bce_grad, grad.to(bce_grad.dtype), alpha=lam)
     return total, stats, bce_tasks, grad
