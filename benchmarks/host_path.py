@@ -23,7 +23,9 @@ buffers, about 20 bytes per key).
 
 Usage::
 
-    TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--output benchmarks/results/host-path.json]
+    TRITON_INTERPRET=1 python benchmarks/host_path.py [--memory 1048576] [--recipe-steps] [--output benchmarks/results/host-path.json]
+
+``--recipe-steps`` also counts one training step of ``recipes/ctr_cvr.py`` per loss (docs/recipe.md).
 
 The host's time per call (the library's Python, PyTorch's dispatch and Triton's launch path):
 ``benchmarks/host_time.py``.
@@ -91,8 +93,9 @@ LOSSES: dict[str, Callable[[bool], torch.nn.Module]] = {
         backend="triton", validate_args=validate, contiguous_groups=True),
 }
 # The cross-entropy, and the objectives that add a ranking term to it, on a two-task model's (N, 2)
-# logits (what recipes/ctr_cvr.py trains with). Not among LOSSES, whose budgets tests/test_host_path.py
-# asserts: the cross-entropy's data check reads the host itself.
+# logits (what recipes/ctr_cvr.py trains with). bce+auc and bce+pdaom are one op (ops.bce_ranking),
+# whose two data checks are read in one host read. A mask costs the cross-entropy more than the
+# dense kernels: it fills the left-out rows and weighs the others (tests/test_host_path.py).
 OBJECTIVES: dict[str, Callable[[bool], torch.nn.Module]] = {
     "BCELoss(2 task columns)": lambda validate: mlloss.BCELoss(validate_args=validate),
     "bce+auc(2 task columns)": lambda validate: mlloss.build_loss("bce+auc", backend="triton", validate_args=validate),
@@ -267,8 +270,8 @@ def all_counts() -> list[CallCount]:
         for name, grouped, masked, layout in calls
         for validate in (True, False)
     ]
-    counts += [count_call(name, grouped=grouped, validate=validate) for name in OBJECTIVES
-               for grouped in (False, True) for validate in (True, False)]
+    counts += [count_call(name, grouped=grouped, validate=validate, masked=masked) for name in OBJECTIVES
+               for grouped, masked in ((False, False), (True, False), (True, True)) for validate in (True, False)]
     return counts + [
         count_call(name, grouped=grouped, validate=validate, masked=masked, replay=True)
         for name in LOSSES for grouped, masked in ((False, False), (True, False), (True, True))
@@ -276,11 +279,52 @@ def all_counts() -> list[CallCount]:
     ]
 
 
+RECIPE_LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
+
+
+def recipe_step_counts(batch_size: int = 1024) -> list[dict]:
+    """The aten ops of one training step of recipes/ctr_cvr.py (forward, objective, backward,
+    Adam, the loss summed on the device) for each of ``RECIPE_LOSSES``, on a batch of the recipe's
+    default synthetic log, exact (a batch of whole users) and padded (``--fixed-batches``: a mask):
+    the second step (Adam's state exists), the pairwise terms on the Triton tier with their kernel
+    launches uncounted, the data checks off (as the recipe trains)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+    import ctr_cvr
+    from mlloss.data import SyntheticConfig, TensorBatches, generate_impressions, split_by_time
+
+    args = ctr_cvr.parse_args([])
+    train = split_by_time(generate_impressions(SyntheticConfig()))[0]
+    rows = []
+    for fixed_size in (False, True):
+        batch = next(iter(TensorBatches(train.columns(), batch_size, group_key="user", fixed_size=fixed_size)))
+        for loss in RECIPE_LOSSES:
+            torch.manual_seed(0)
+            objective = ctr_cvr.MultiTaskObjective(loss, None, validate_args=False)
+            for module in objective.modules():
+                if hasattr(module, "backend"):
+                    module.backend = "triton"
+            model = ctr_cvr.build_model(args, train, len(ctr_cvr.TASKS) + objective.uses_ranking_head)
+            module = ctr_cvr.CtrCvrModule(model, objective, args.lr, args.weight_decay)
+            optimizer = module.configure_optimizers()
+            for _ in range(2):
+                with kernels_uncounted(), OpCounter() as counter:
+                    value = module.batch_loss(batch)
+                    value.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    module.train_loss_sum.add_(value.detach())
+            rows.append({"loss": loss, "fixed_batches": fixed_size, "rows": int(batch["labels"].shape[0]),
+                         "kernel_ops": len(counter.kernels), "ops": len(counter.ops), "syncs": len(counter.syncs)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default=RESULTS, help="JSON file for the counts")
     parser.add_argument("--verbose", action="store_true", help="print every op of every call")
     parser.add_argument("--memory", type=int, metavar="N", help="also the peak bytes of a call at N items")
+    parser.add_argument("--recipe-steps", action="store_true",
+                        help="also the ops of one training step of recipes/ctr_cvr.py per loss")
     options = parser.parse_args(argv)
     counts = all_counts()
     print(f"{'loss':<24} {'kernels':>8} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
@@ -301,11 +345,17 @@ def main(argv: list[str] | None = None) -> None:
                                "peak_bytes_in_sorts": in_sorts})
                 print(f"{name:<20} {'groups' if grouped else 'no groups':>9} {peak / 2**20:8.1f} MB"
                       f"   in its sorts {in_sorts / 2**20:5.1f} MB + CUDA's sort scratch")
+    steps = recipe_step_counts() if options.recipe_steps else []
+    if steps:
+        print("\nrecipes/ctr_cvr.py, one training step (the second) at batch 1,024: aten ops that run a kernel")
+        for row in steps:
+            print(f"{row['loss']:<10} {'padded' if row['fixed_batches'] else 'exact':>6} {row['rows']:>5} rows "
+                  f"{row['kernel_ops']:>4} kernel ops {row['ops']:>4} ops {row['syncs']:>2} syncs")
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as handle:
         json.dump(
             {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
-             "calls": [asdict(r) for r in counts], "memory": memory},
+             "calls": [asdict(r) for r in counts], "memory": memory, "recipe_steps": steps},
             handle,
             indent=1,
         )

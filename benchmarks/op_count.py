@@ -68,6 +68,37 @@ class OpCounter(TorchDispatchMode):
         self.ops: list[str] = []
         self.syncs: list[str] = []
         self.kernels: list[str] = []
+        self._depth = 0  # the mode re-enters itself (below); tolist is wrapped once
+        self._tolist = torch.Tensor.tolist
+
+    def __enter__(self):
+        if self._depth == 0:
+            # ``Tensor.tolist`` of a CUDA tensor dispatches a copy to the host (``_to_copy``: a
+            # kernel and a sync); of a CPU tensor it reads the memory and dispatches nothing. The
+            # CPU tensors of a run on this machine stand for CUDA ones: their tolist counts the same.
+            tolist = self._tolist
+
+            def counted_tolist(tensor: torch.Tensor):
+                if tensor.device.type == "cpu":
+                    self._record("_to_copy", kernel=True, syncing=True)
+                return tolist(tensor)
+
+            torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
+        self._depth += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth == 0:
+            torch.Tensor.tolist = self._tolist  # type: ignore[method-assign]
+        return super().__exit__(*exc)
+
+    def _record(self, name: str, *, kernel: bool, syncing: bool) -> None:
+        self.ops.append(name)
+        if kernel:
+            self.kernels.append(name)
+        if syncing:
+            self.syncs.append(name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -80,9 +111,6 @@ class OpCounter(TorchDispatchMode):
             # decompose them as the dispatcher does elsewhere (a no-op .to() issues nothing).
             with self:
                 return func.decompose(*args, **kwargs)
-        self.ops.append(str(func.overloadpacket.__name__))
-        if not func.is_view and self.ops[-1] not in NO_KERNEL_OPS:
-            self.kernels.append(self.ops[-1])
-        if is_syncing(func, args, kwargs):
-            self.syncs.append(str(func.overloadpacket.__name__))
+        name = str(func.overloadpacket.__name__)
+        self._record(name, kernel=not func.is_view and name not in NO_KERNEL_OPS, syncing=is_syncing(func, args, kwargs))
         return func(*args, **kwargs)

@@ -12,13 +12,16 @@ evaluation set holds and share the helpers above them.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import os
 import sys
 import operator
+import types
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import SupportsIndex, TypeGuard
+from typing import Callable, NamedTuple, SupportsIndex, TypeGuard
 
 import torch
 from torch import Tensor
@@ -460,27 +463,46 @@ def mask_vector(mask: object, scores: Tensor) -> Tensor | None:
 LABEL_RULES = ("binary", "summed-binary", "integer", "real")
 
 
-def score_extremes(scores: Tensor) -> tuple[float, float]:
-    """(min, max) of ``scores`` in one host read, (0, 0) for no scores: a NaN makes both NaN, so
-    they are finite exactly when every score is, and lie in [0, 1] exactly when every score does
-    (2 tensor operations where torch.isfinite and its reduction make 5)."""
-    return tuple(torch.stack(torch.aminmax(scores)).tolist()) if scores.numel() else (0.0, 0.0)
+def label_violations(labels: Tensor, label_rule: str) -> Tensor | None:
+    """How many labels break ``label_rule`` (see LABEL_RULES; non-finite labels always do), as a
+    0-dim tensor on the labels' device, or None where none can (bool labels; integer labels and a
+    rule other than "binary"). One tensor operation and a count."""
+    if labels.dtype == torch.bool:
+        return None
+    if label_rule in ("binary", "summed-binary"):
+        # y - y^2 is 0 exactly at 0 and 1: also in floating point (fl(y^2) = y only there), and
+        # for integer labels modulo 2^bits (y and y - 1 are coprime); NaN for NaN and inf
+        bad = torch.addcmul(labels, labels, labels, value=-1)
+    elif not labels.is_floating_point():
+        return None
+    elif label_rule == "integer":
+        bad = torch.frac(labels)  # exact; NaN for NaN and inf
+    else:
+        bad = labels - labels  # NaN for NaN and inf
+    return bad.count_nonzero()
+
+
+def batch_check_values(scores: Tensor, labels: Tensor, label_rule: str) -> Tensor:
+    """What a data check reads of a batch, as one tensor on its device, read in one go:
+    [min score, max score] and, unless the labels cannot break ``label_rule``, the count of those
+    that do (``label_violations``). A NaN score makes min and max NaN, so both are finite exactly
+    when every score is, and lie in [0, 1] exactly when every score does. No scores: 0 and 0."""
+    extremes = list(torch.aminmax(scores)) if scores.numel() else [scores.new_zeros(())] * 2
+    bad = label_violations(labels, label_rule)
+    return torch.stack(extremes if bad is None else [*extremes, bad])  # promotes the count
+
+
+def status_of(values: Sequence[float]) -> int:
+    """The data-check bits of ``batch_check_values`` read on the host."""
+    low, high, *bad = values
+    status = 0 if math.isfinite(low) and math.isfinite(high) else STATUS_BAD_SCORE
+    return status | (STATUS_BAD_LABEL if bad and bad[0] else 0)
 
 
 def data_status(scores: Tensor, labels: Tensor, label_rule: str) -> int:
-    """The data-check bits of a batch, computed with tensor operations (host reads): non-finite
-    scores, and labels that break ``label_rule`` (see LABEL_RULES) or are not finite."""
-    low, high = score_extremes(scores)
-    status = 0 if math.isfinite(low) and math.isfinite(high) else STATUS_BAD_SCORE
-    if label_rule in ("binary", "summed-binary"):
-        ok = bool(((labels == 0) | (labels == 1)).all())
-    elif not labels.is_floating_point():
-        ok = True
-    elif label_rule == "integer":
-        ok = bool((labels == torch.round(labels)).all())  # NaN and inf are not whole numbers
-    else:
-        ok = bool(torch.isfinite(labels).all())
-    return status | (0 if ok else STATUS_BAD_LABEL)
+    """The data-check bits of a batch (one host read): non-finite scores, and labels that break
+    ``label_rule`` (see LABEL_RULES) or are not finite."""
+    return status_of(batch_check_values(scores, labels, label_rule).tolist())
 
 
 def overflow_status(loss: Tensor) -> Tensor:
@@ -513,19 +535,39 @@ PROBABILITY_WARNING_BATCHES = 8
 _probability_like_batches = 0
 
 
-def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: bool, mask: Tensor | None = None) -> None:
-    """The data check of the cross-entropy (host reads): 0/1 labels, and finite logits or
-    probabilities in [0, 1]. Logits that all lie in [0, 1] in ``PROBABILITY_WARNING_BATCHES``
-    batches in a row look like probabilities: a warning (once per process, Python's default
-    filter) says how to declare them. With a ``mask``, the rows it leaves out must hold zeros
-    (the op's fill) and do not count for the warning."""
+class PendingCheck(NamedTuple):
+    """A data check made on the device and waiting for its host read: ``values`` to read, and
+    ``finish`` the host's part given what was read (it raises or warns). A caller with a read of
+    its own to make reads both in one (``ops.bce_ranking``); ``run`` reads them alone."""
+
+    values: Tensor
+    finish: Callable[[Sequence[float]], None]
+
+    def run(self) -> None:
+        self.finish(self.values.tolist())
+
+
+def cross_entropy_check(scores: Tensor, labels: Tensor, *, probabilities: bool, mask: Tensor | None = None) -> PendingCheck:
+    """The data check of the cross-entropy: 0/1 labels, and finite logits or probabilities in
+    [0, 1], read in one host read (``batch_check_values``: 2 to 4 tensor operations). Logits that
+    all lie in [0, 1] in ``PROBABILITY_WARNING_BATCHES`` batches in a row look like probabilities:
+    a warning (once per process, Python's default filter) says how to declare them. With a
+    ``mask``, the rows it leaves out must hold zeros (the op's fill) and do not count for the
+    warning."""
+    values = batch_check_values(scores, labels, "binary")
+    return PendingCheck(values, functools.partial(_finish_cross_entropy_check, scores=scores, labels=labels,
+                                                  probabilities=probabilities, mask=mask))
+
+
+def _finish_cross_entropy_check(values: Sequence[float], *, scores: Tensor, labels: Tensor, probabilities: bool,
+                                mask: Tensor | None) -> None:
     global _probability_like_batches
-    if not bool(((labels == 0) | (labels == 1)).all()):  # the slow path names the first bad label
+    low, high, *bad_labels = values
+    if bad_labels and bad_labels[0]:  # the slow path names the first bad label
         labels = labels.to(torch.float64)
         _require_finite_labels(labels)
         check_binary(labels)
     # (a mask's filler rows are 0, which changes neither answer; the slow paths name an entry)
-    low, high = score_extremes(scores)
     in_unit_interval = low >= 0 and high <= 1  # False for NaN
     if probabilities:
         if not in_unit_interval:
@@ -545,8 +587,23 @@ def check_cross_entropy_batch(scores: Tensor, labels: Tensor, *, probabilities: 
             "a sigmoid these are probabilities, and the cross-entropy would treat them as logits; declare them "
             "with inputs='probabilities' (e.g. build_loss('bce+pdaom', inputs='probabilities'))",
             UserWarning,
-            stacklevel=4,
+            stacklevel=_callers_level(),
         )
+
+
+# The frames of this package and of torch (a module's __call__, autograd's apply): a warning about
+# the batch names the line outside them that passed it.
+_LIBRARY_FILES = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, torch.__file__ or ""))
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` that makes a warning issued by the calling function name the first frame
+    outside mlloss and torch: the caller's line whatever path the call took inside them."""
+    frame: types.FrameType | None = sys._getframe(2)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_FILES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:

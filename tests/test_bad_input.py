@@ -184,3 +184,77 @@ def test_numpy_scalars_are_numbers():
     # The value as repr writes it: np.True_ with NumPy 2, True with NumPy 1.
     with pytest.raises(ValueError, match=re.escape(f"temperature must be a positive finite number or None; got {np.True_!r}")):
         mlloss.AUCLoss(pairs="hardest", temperature=np.True_)
+
+
+_BAD_ENTRIES = {  # (the entry at [2, 1], its message)
+    "nan logit": ("scores", float("nan"), r"scores must be finite; scores\[2, 1\] = nan"),
+    "inf logit": ("scores", float("inf"), r"scores must be finite; scores\[2, 1\] = inf"),  # sigmoid(inf) is 1
+    "-inf logit": ("scores", -float("inf"), r"scores must be finite; scores\[2, 1\] = -inf"),
+    "label 2": ("labels", 2.0, r"labels must be binary \(0/1\); labels\[2, 1\] = 2.0"),
+    "label 0.5": ("labels", 0.5, r"labels must be binary \(0/1\); labels\[2, 1\] = 0.5"),
+    "nan label": ("labels", float("nan"), r"labels must be finite; labels\[2, 1\] = nan"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(_BAD_ENTRIES))
+@pytest.mark.parametrize("name", ["bce", "bce+auc", "bce+pdaom"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_cross_entropy_objectives_name_a_bad_entry_on_every_path(bad, name, backend, masked):
+    # bce+auc and bce+pdaom make the cross-entropy's check and the ranking's in one op, read
+    # together on the Triton tier: the cross-entropy's messages, about the logits the caller passed.
+    if backend == "triton":
+        pytest.importorskip("triton")
+    generator = torch.Generator().manual_seed(3)
+    scores = torch.randn(8, 2, generator=generator, dtype=torch.float64)
+    labels = torch.tensor([[1.0, 0.0], [0.0, 1.0]] * 4)
+    groups, mask = torch.arange(8) // 4, None
+    if masked:  # a filler row holding garbage is never named
+        mask = torch.ones(8, dtype=torch.bool)
+        mask[5] = False
+        scores[5], labels[5] = float("nan"), 7.0
+    which, value, message = _BAD_ENTRIES[bad]
+    (scores if which == "scores" else labels)[2, 1] = value
+    options = {} if name == "bce" else {"backend": backend}
+    loss = mlloss.build_loss(name, **options)
+    with pytest.raises(ValueError, match=message):
+        loss(scores, labels, groups, mask=mask)
+    if which == "labels" and value == 2.0:  # integer labels: the same rule, the same message
+        with pytest.raises(ValueError, match=message):
+            loss(scores, labels.long(), groups, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64,
+                                   torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_label_violations_counts_exactly_the_labels_that_break_each_rule(dtype):
+    # The data check's count (one op and a count_nonzero) against the comparisons it replaces, on
+    # values a dtype holds near 0 and 1, its extremes, and NaN and infinities for floating labels.
+    from mlloss._validation import label_violations
+
+    if dtype == torch.bool:
+        assert label_violations(torch.tensor([True, False]), "binary") is None  # cannot break the rule
+        return
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        near = [0.0, 1.0, -0.0, info.tiny, -info.tiny, info.eps, 1 - info.eps / 2, 1 + info.eps, 2.0, 0.5, -1.0,
+                info.max, -info.max, float("nan"), float("inf"), -float("inf"), 1e-45]
+    else:
+        info = torch.iinfo(dtype)
+        near = [0, 1, 2, info.max, info.min, info.max - 1, info.min + 1, 16, 256 % (info.max + 1)]
+        near = [v for v in near if info.min <= v <= info.max]
+    values = torch.tensor(near, dtype=torch.float64).to(dtype)
+    wide = values.double()
+    expected = {  # the rules of LABEL_RULES, written out
+        "binary": (wide != 0) & (wide != 1),
+        "integer": ~torch.isfinite(wide) | (wide != torch.round(wide)),
+        "real": ~torch.isfinite(wide),
+    }
+    for rule, bad in expected.items():
+        if rule != "binary" and not dtype.is_floating_point:  # integers are whole and finite
+            assert label_violations(values, rule) is None
+            continue
+        for value, value_bad in zip(values, bad):
+            labels = torch.zeros(5, 2, dtype=dtype)
+            labels[3, 1] = value
+            assert int(label_violations(labels, rule)) == int(value_bad), (rule, dtype, value)
+        assert int(label_violations(values, rule)) == int(bad.sum()), rule

@@ -72,6 +72,36 @@ def test_one_call_stays_within_the_op_and_sync_budget(loss: str, grouped: bool, 
         assert not HOST_DATA_OPS & set(call.op_names), call.op_names
 
 
+# What ``mask=`` adds to the cross-entropy (ops.pointwise): the fill of the left-out logits and
+# labels (a view, a zero, two wheres) and the weights of the others (a count, its clamp, a division);
+# a summed ranking (PDAOM, Eq. 7) divides its loss and gradient by the count.
+CROSS_ENTROPY_MASK_OPS = 7
+SUMMED_MASK_OPS = 2
+
+
+@pytest.mark.parametrize("objective", list(host_path.OBJECTIVES))
+@pytest.mark.parametrize("grouped,masked", [(False, False), (True, False), (True, True)],
+                         ids=["no-groups", "groups", "groups-mask"])
+def test_the_cross_entropy_objectives_stay_within_the_budget(objective: str, grouped: bool, masked: bool) -> None:
+    # bce, bce+auc and bce+pdaom on a two-task model's logits: the cross-entropy's data check and
+    # the ranking's are read in one host read, and nothing else waits for the device.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
+    checked = count_call(objective, grouped=grouped, validate=True, masked=masked)
+    unchecked = count_call(objective, grouped=grouped, validate=False, masked=masked)
+    if masked:
+        plain = count_call(objective, grouped=grouped, validate=True)
+        budget = CROSS_ENTROPY_MASK_OPS + (SUMMED_MASK_OPS if "pdaom" in objective else 0)
+        assert checked.ops <= plain.ops + budget, f"{objective}: {checked.ops} aten ops {checked.op_names}"
+    else:
+        assert checked.ops <= MAX_OPS, f"{objective}: {checked.ops} aten ops {checked.op_names}"
+    assert checked.sync_names == ["_to_copy"], checked.sync_names  # the read of the checks' values
+    assert unchecked.syncs == 0, unchecked.sync_names
+    assert unchecked.ops < checked.ops
+    for call in (checked, unchecked):
+        assert not HOST_DATA_OPS & set(call.op_names), call.op_names
+
+
 @pytest.mark.parametrize("loss", ["AUCLoss", "PDAOMLoss"])
 @pytest.mark.parametrize("layout", [False, True], ids=["dense", "layout"])
 def test_task_columns_cost_one_call_not_one_per_column(loss: str, layout: bool) -> None:
@@ -122,6 +152,10 @@ def test_the_counter_sees_syncs_and_library_internals() -> None:
         torch.ones(2).sum().item()
     assert "_local_scalar_dense" in counter.syncs and len(counter.syncs) > 2
     assert "sort" in counter.ops  # seen inside the library's op
+    with counter:  # a CPU tensor's tolist dispatches nothing; a CUDA tensor's is a copy to the host
+        before = len(counter.syncs)
+        scores[:3].tolist()
+    assert counter.syncs[before:] == ["_to_copy"]
     with counter:
         torch.tensor([0.5, 2.0]) * scores[:2]
     assert HOST_DATA_OPS & set(counter.ops)

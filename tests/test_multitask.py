@@ -101,8 +101,9 @@ def test_inputs_of_the_other_kind_raise_or_warn(monkeypatch):
         loss(logits, labels, groups)  # a batch with a negative logit starts the count again
         for _ in range(batches - 1):
             loss(probabilities, labels, groups)
-    with pytest.warns(UserWarning, match=f"every logit of the last {batches} batches lies in \\[0, 1\\].*inputs='probabilities'"):
+    with pytest.warns(UserWarning, match=f"every logit of the last {batches} batches lies in \\[0, 1\\].*inputs='probabilities'") as caught:
         loss(probabilities, labels, groups)
+    assert [warning.filename for warning in caught] == [__file__]  # the line that passed the batch
     with warnings_as_errors():  # without the data check there is nothing to warn about
         mlloss.build_loss("bce+pdaom", validate_args=False)(probabilities, labels, groups)
 

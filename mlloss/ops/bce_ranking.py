@@ -28,7 +28,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _validation as check
 from .dispatch import _pair_loss, _pair_loss_fake, pair_flags
 from .fused import accumulation_dtype, fused_loss_op
 from .pointwise import cross_entropy_terms
@@ -90,27 +89,26 @@ def _bce_plus_pair_eager(*inputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def _bce_plus_pair(scores, labels, groups, mask, mixing, flags, values, *, replayable: bool):
     probabilities, sigmoid, summed, validate_bce = map(bool, flags[-_BCE_FLAGS:])
     lam = values[-1]
-    bce, bce_tasks, bce_grad, probability = cross_entropy_terms(scores, labels, mask, probabilities, validate_bce)
+    bce = cross_entropy_terms(scores, labels, mask, probabilities, validate_bce)
     # sigmoid(logits): the cross-entropy's own, in float32 at least (half-precision probabilities
     # tie: bfloat16 keeps 8 bits), 0.5 outside the mask (a filler row's NaN would make its zero
     # gradient NaN, 0 * NaN)
-    ranked = probability if sigmoid else scores
+    ranked = bce.probability if sigmoid else scores
     one_column = scores.shape[1] == 1  # (N,) scores: the pair op's score columns are K > 1
     loss, stats, grad = _pair_loss(ranked[:, 0] if one_column else ranked, labels, groups, mask, mixing, None,
-                                   flags[:-_BCE_FLAGS], values[:-1], replayable=replayable)
+                                   flags[:-_BCE_FLAGS], values[:-1], replayable=replayable, first_check=bce.data_check)
     if one_column:
         grad = grad[:, None]
     if sigmoid:
         grad = torch.ops.aten.sigmoid_backward(grad, ranked)
-    if summed:  # Eq. 7 over N: the items that count, at least one
-        items = check.at_least_one(scores.shape[0] if mask is None else mask.sum())
-        if isinstance(items, Tensor):
-            loss, grad = loss / items, grad / items
+    if summed:  # Eq. 7 over N: the items that count, at least one (the cross-entropy's count)
+        if isinstance(bce.items, Tensor):
+            loss, grad = loss / bce.items, grad / bce.items
         else:
-            lam = lam / items
-    total = torch.add(bce, loss, alpha=lam)
-    grad = torch.add(bce_grad, grad.to(bce_grad.dtype), alpha=lam)
-    return total, stats, bce_tasks, grad
+            lam = lam / bce.items
+    total = torch.add(bce.loss, loss, alpha=lam)
+    grad = torch.add(bce.grad, grad.to(bce.grad.dtype), alpha=lam)
+    return total, stats, bce.task_losses, grad
 
 
 def _bce_plus_pair_fake(scores, labels, groups, mask, mixing, flags, values):

@@ -257,9 +257,16 @@ def _pair_loss_eager(*inputs) -> tuple[Tensor, Tensor, Tensor]:
     return _pair_loss(*inputs, replayable=True)
 
 
-def _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, values, *, replayable: bool):
+def _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, values, *, replayable: bool,
+               first_check: check.PendingCheck | None = None):
+    """``_pair_loss_op``. ``first_check``: another op's data check on the same batch (the
+    cross-entropy's, ``bce_ranking``), finished before this op's status is acted on; on the Triton
+    tier with the checks on both are read in one host read."""
     options, tier, validate, real_levels, rank, world_size, contiguous = _decoded(tuple(flags), tuple(values))
     label_rule = _label_rule(labels, label_weights is not None, real_levels)
+    if first_check is not None and not (validate and tier == "triton" and scores.shape[0] >= 2):
+        first_check.run()
+        first_check = None
     if tier != "triton" or scores.shape[0] < 2:
         if contiguous and groups is not None:
             groups = run_ordinals(groups)
@@ -272,7 +279,12 @@ def _pair_loss(scores, labels, groups, mask, mixing, label_weights, flags, value
     else:
         loss, stats, grad, status = _kernel_work(*tensors, *host)
     if status is not None:  # validate
-        _raise_for(int(status.item()), scores, labels, groups, mask, label_rule)
+        if first_check is None:
+            code = int(status.item())
+        else:  # one read: the status (small bits, exact in any float dtype) and the other check's values
+            code, *first_values = torch.cat([status, first_check.values]).tolist()
+            first_check.finish(first_values)
+        _raise_for(int(code), scores, labels, groups, mask, label_rule)
     return loss, stats, grad
 
 

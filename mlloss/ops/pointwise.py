@@ -12,6 +12,8 @@ over the other items, and their gradient is exactly 0.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -32,20 +34,37 @@ def binary_cross_entropy(
 def _binary_cross_entropy_op(
     scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return cross_entropy_terms(scores, labels, mask, probabilities, validate)[:3]
+    terms = cross_entropy_terms(scores, labels, mask, probabilities, validate)
+    if terms.data_check is not None:
+        terms.data_check.run()
+    return terms.loss, terms.task_losses, terms.grad
+
+
+class CrossEntropyTerms(NamedTuple):
+    loss: Tensor  # the sum over tasks of their means, ()
+    task_losses: Tensor  # (K,)
+    grad: Tensor  # (N, K)
+    # the probabilities of the items (the scores given as probabilities, else the sigmoid of the
+    # logits), 0.5 or 0 outside the mask: what a ranking term on probabilities reads (bce_ranking)
+    probability: Tensor
+    items: int | Tensor  # the items counted, at least 1: N, or the mask's count (a tensor, in the dtype)
+    data_check: check.PendingCheck | None  # the data check of logits, for the caller to read and finish
 
 
 def cross_entropy_terms(
     scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The op's (loss, per-task losses, grad), and the probabilities of the items (the scores
-    given as probabilities, else the sigmoid of the logits), in the accumulation dtype, 0.5 or 0
-    outside the mask: what a ranking term on probabilities reads (``bce_ranking``)."""
+) -> CrossEntropyTerms:
+    """The op's terms, in the accumulation dtype, and with ``validate`` the data check of logits,
+    made on the device and left for the caller to read and finish (``_validation.PendingCheck``).
+    Probabilities are checked here, before torch's cross-entropy of probabilities sees them (on
+    CUDA a value outside [0, 1] is a device-side assert)."""
     if mask is not None:  # left-out items become (0, 0), valid as logits and as probabilities
-        scores = torch.where(mask[:, None], scores, scores.new_zeros(()))
-        labels = torch.where(mask[:, None], labels, labels.new_zeros(()))
-    if validate:
-        check.check_cross_entropy_batch(scores, labels, probabilities=probabilities, mask=mask)
+        keep, zero = mask[:, None], mask.new_zeros(())  # a 0-dim bool 0 takes each tensor's dtype
+        scores, labels = torch.where(keep, scores, zero), torch.where(keep, labels, zero)
+    pending = check.cross_entropy_check(scores, labels, probabilities=probabilities, mask=mask) if validate else None
+    if pending is not None and probabilities:
+        pending.run()
+        pending = None
     dtype = accumulation_dtype(scores)
     z = scores.to(dtype)
     y = labels.to(dtype)
@@ -53,9 +72,8 @@ def cross_entropy_terms(
     if mask is None:
         count = max(z.shape[0], 1)
     else:  # a weight of 1/count on the items that count, 0 on the others
-        weight = mask.to(dtype)
-        count = weight.sum().clamp(min=1)
-        weight = (weight / count)[:, None]
+        count = mask.sum(dtype=dtype).clamp(min=1)
+        weight = keep / count
     if probabilities:
         # torch's own rule: log clamped at -100, and the slope's denominator at 1e-12.
         losses = F.binary_cross_entropy(z, y, reduction="none")
@@ -71,7 +89,7 @@ def cross_entropy_terms(
         task_losses, grad = (losses * weight).sum(0), slopes * weight
     # Elementwise ops give transposed scores (a model's logits.t()) a transposed gradient; the
     # fake below, and so torch.compile, expects a contiguous one (a no-op for contiguous scores).
-    return task_losses.sum(), task_losses, grad.contiguous(), probability
+    return CrossEntropyTerms(task_losses.sum(), task_losses, grad.contiguous(), probability, count, pending)
 
 
 def _binary_cross_entropy_fake(scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool):
