@@ -3,7 +3,9 @@ with ties, singleton and one-class groups, K = 1..5 labels, weights, every surro
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -137,6 +139,20 @@ def test_ordinal_label_column_for_laa():
     assert_matches(
         lambda s: mlloss.LaALoss(real_levels=True)(s, levels), lambda s: pair_loss(s, levels, cost="linear"), scores
     )
+    # The column as a strided view of a wider table, in each dtype, with a weight or without:
+    # the levels (a (1, N) row of the column, copied when strided) are the same, and no search
+    # is handed a strided tensor (torch warns of the extra copy).
+    table = torch.stack([ratings, ratings.flip(0), ratings], dim=1)
+    for dtype, weight in itertools.product((torch.int64, torch.float32, torch.float64), (None, [2.5])):
+        column = table.to(dtype)[:, 1:2]
+        for backend in ("torch", "triton") if importlib.util.find_spec("triton") else ("torch",):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert_matches(
+                    lambda s: mlloss.LaALoss(weight, backend=backend)(s, column, groups),
+                    lambda s: pair_loss(s, ratings.flip(0) * (weight or [1])[0], groups, cost="linear"),
+                    scores,
+                )
 
 
 @pytest.mark.parametrize("surrogate", SURROGATES)

@@ -516,16 +516,19 @@ def problem_levels(labels: Tensor, label_weights: Sequence[float] | None, *, on_
         # The mask keeps labels other than 0/1 (reported by the data check) from indexing out of range.
         pattern = (labels.to(torch.float64) @ powers).to(torch.int64).bitwise_and_(rank_table.numel() - 1)
         return Levels(rank_table[pattern][None], values.shape[1], values)
-    if num_labels == 1:
-        level = labels[:, 0].to(torch.float64) * label_weights[0]
+    # The level as one (1, N) row: the problem's row of ranks, and its sorted values, as they come.
+    if num_labels == 1:  # the column's transposed view; LaA's default weight 1 leaves it as it is
+        level = labels.t().to(torch.float64).contiguous()  # (a float64 column of a wider tensor: copied)
+        if label_weights[0] != 1:
+            level = level * label_weights[0]
     else:
-        level = rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64))
+        level = rounded_levels(labels.to(torch.float64) @ labels.new_tensor(label_weights, dtype=torch.float64))[None]
     ordered = torch.sort(level).values
-    rank = torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)[None]
+    rank = torch.searchsorted(ordered, level, out_int32=level.numel() < 2**31)
     # The values as they are: each tier measures a group's from its own levels (the PyTorch tier
     # from its middle level, the kernels from its lowest: ``kernels.pairwise.position_values``),
     # so that a group of levels 0.01 and 0.02 beside others near 1e14 keeps its pair.
-    return Levels(rank, level.numel(), ordered[None])
+    return Levels(rank, level.numel(), ordered)
 
 
 def _pattern_levels(labels: Tensor, label_weights: Sequence[float]) -> int:
