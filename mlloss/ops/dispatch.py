@@ -182,7 +182,8 @@ def pair_loss(
                                temperature=temperature, reduction=reduction, backend=backend, validate=validate,
                                real_levels=real_levels, partition=partition, contiguous_groups=contiguous_groups)
     loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
-    partial = splits_pair_work(TIERS[flags[4]], pairs, groups, flags[8])  # the tier, the world size
+    _, tier, _, _, _, world_size, _ = _decoded(tuple(flags), tuple(values))
+    partial = splits_pair_work(tier, pairs, groups, world_size)
     return PairLossResult(stats=stats, loss=loss, partial=partial)
 
 
