@@ -224,6 +224,23 @@ def test_the_cross_entropy_objectives_name_a_bad_entry_on_every_path(bad, name, 
             loss(scores, labels.long(), groups, mask=mask)
 
 
+@pytest.mark.parametrize("value", [1.5, -0.25, float("nan"), float("inf")])
+@pytest.mark.parametrize("name", ["bce", "bce+auc", "bce+pdaom"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_probabilities_outside_0_1_are_named_before_torch_refuses_them(value, name, backend):
+    # torch's cross-entropy of probabilities refuses a value outside [0, 1] (on CUDA a device-side
+    # assert); the check, read once after the op, names it first.
+    if backend == "triton":
+        pytest.importorskip("triton")
+    probabilities = torch.sigmoid(torch.randn(8, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+    probabilities[2, 1] = value
+    labels, groups = torch.tensor([[1.0, 0.0], [0.0, 1.0]] * 4), torch.arange(8) // 4
+    options = {"inputs": "probabilities"} if name == "bce" else {"inputs": "probabilities", "backend": backend}
+    with pytest.raises(ValueError, match=rf"scores must be probabilities in \[0, 1\] \(inputs='probabilities'\); "
+                                         rf"scores\[2, 1\] = {value}"):
+        mlloss.build_loss(name, **options)(probabilities, labels, groups)
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64,
                                    torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_label_violations_counts_exactly_the_labels_that_break_each_rule(dtype):

@@ -9,6 +9,8 @@ not the host, set the time of a call.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import os
 import sys
@@ -100,6 +102,27 @@ def test_the_cross_entropy_objectives_stay_within_the_budget(objective: str, gro
     assert unchecked.ops < checked.ops
     for call in (checked, unchecked):
         assert not HOST_DATA_OPS & set(call.op_names), call.op_names
+
+
+@pytest.mark.parametrize("name", ["bce", "bce+auc", "bce+pdaom"])
+def test_probabilities_are_checked_in_the_one_read(name: str) -> None:
+    # inputs="probabilities" (heads that end in a sigmoid): the same single read as logits.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
+    import mlloss
+
+    scores, labels, groups = host_path.batch()
+    probabilities = torch.sigmoid(host_path.loss_scores("bce+auc(2 task columns)", scores))
+    loss = mlloss.build_loss(name, inputs="probabilities", **({} if name == "bce" else {"backend": "triton"}))
+    for counted in (False, True):  # the first call compiles the kernels
+        x = probabilities.clone().requires_grad_(True)
+        counter = host_path.OpCounter()
+        with host_path.kernels_uncounted(), counter if counted else contextlib.nullcontext():
+            loss(x, labels, groups).backward()
+    assert counter.syncs == ["_to_copy"], counter.syncs
+    # (+2: until the check is read, torch's cross-entropy of probabilities sees them clamped into
+    # [0, 1], NaN as 0.5; its slope (z - y) / (z (1 - z)) takes 3 ops more than sigmoid(z) - y)
+    assert len(counter.ops) <= MAX_OPS + 2, collections.Counter(counter.ops)
 
 
 @pytest.mark.parametrize("loss", ["AUCLoss", "PDAOMLoss"])

@@ -55,18 +55,17 @@ def cross_entropy_terms(
     scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
 ) -> CrossEntropyTerms:
     """The op's terms, in the accumulation dtype, and with ``validate`` the data check of logits,
-    made on the device and left for the caller to read and finish (``_validation.PendingCheck``).
-    Probabilities are checked here, before torch's cross-entropy of probabilities sees them (on
-    CUDA a value outside [0, 1] is a device-side assert)."""
+    made on the device and left for the caller to read and finish (``_validation.PendingCheck``)."""
     if mask is not None:  # left-out items become (0, 0), valid as logits and as probabilities
         keep, zero = mask[:, None], mask.new_zeros(())  # a 0-dim bool 0 takes each tensor's dtype
         scores, labels = torch.where(keep, scores, zero), torch.where(keep, labels, zero)
     pending = check.cross_entropy_check(scores, labels, probabilities=probabilities, mask=mask) if validate else None
-    if pending is not None and probabilities:
-        pending.run()
-        pending = None
     dtype = accumulation_dtype(scores)
     z = scores.to(dtype)
+    if probabilities and pending is not None:
+        # Until the check is read, torch's cross-entropy of probabilities sees them in [0, 1] (it
+        # refuses others, NaN too: on CUDA a device-side assert); a batch the check passes is unchanged.
+        z = z.clamp(0, 1).nan_to_num(0.5)
     y = labels.to(dtype)
     count: int | Tensor
     if mask is None:
