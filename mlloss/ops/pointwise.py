@@ -48,14 +48,14 @@ class CrossEntropyTerms(NamedTuple):
     # logits), 0.5 or 0 outside the mask: what a ranking term on probabilities reads (bce_ranking)
     probability: Tensor
     items: int | Tensor  # the items counted, at least 1: N, or the mask's count (a tensor, in the dtype)
-    data_check: check.PendingCheck | None  # the data check of logits, for the caller to read and finish
+    data_check: check.PendingCheck | None  # the data check of the scores and labels, for the caller to read and finish
 
 
 def cross_entropy_terms(
     scores: Tensor, labels: Tensor, mask: Tensor | None, probabilities: bool, validate: bool
 ) -> CrossEntropyTerms:
-    """The op's terms, in the accumulation dtype, and with ``validate`` the data check of logits,
-    made on the device and left for the caller to read and finish (``_validation.PendingCheck``)."""
+    """The op's terms, in the accumulation dtype, and with ``validate`` its data check, made on the
+    device and left for the caller to read and finish (``_validation.PendingCheck``)."""
     if mask is not None:  # left-out items become (0, 0), valid as logits and as probabilities
         keep, zero = mask[:, None], mask.new_zeros(())  # a 0-dim bool 0 takes each tensor's dtype
         scores, labels = torch.where(keep, scores, zero), torch.where(keep, labels, zero)
