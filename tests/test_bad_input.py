@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -186,6 +187,8 @@ def test_numpy_scalars_are_numbers():
         mlloss.AUCLoss(pairs="hardest", temperature=np.True_)
 
 
+DEVICE = os.environ.get("MLLOSS_TEST_DEVICE", "cpu")  # MLLOSS_TEST_DEVICE=cuda: the Triton tier compiled
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.triton)]
 _BAD_ENTRIES = {  # (the entry at [2, 1], its message)
     "nan logit": ("scores", float("nan"), r"scores must be finite; scores\[2, 1\] = nan"),
     "inf logit": ("scores", float("inf"), r"scores must be finite; scores\[2, 1\] = inf"),  # sigmoid(inf) is 1
@@ -198,7 +201,7 @@ _BAD_ENTRIES = {  # (the entry at [2, 1], its message)
 
 @pytest.mark.parametrize("bad", sorted(_BAD_ENTRIES))
 @pytest.mark.parametrize("name", ["bce", "bce+auc", "bce+pdaom"])
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("masked", [False, True])
 def test_the_cross_entropy_objectives_name_a_bad_entry_on_every_path(bad, name, backend, masked):
     # bce+auc and bce+pdaom make the cross-entropy's check and the ranking's in one op, read
@@ -215,6 +218,8 @@ def test_the_cross_entropy_objectives_name_a_bad_entry_on_every_path(bad, name, 
         scores[5], labels[5] = float("nan"), 7.0
     which, value, message = _BAD_ENTRIES[bad]
     (scores if which == "scores" else labels)[2, 1] = value
+    scores, labels, groups = scores.to(DEVICE), labels.to(DEVICE), groups.to(DEVICE)
+    mask = None if mask is None else mask.to(DEVICE)
     options = {} if name == "bce" else {"backend": backend}
     loss = mlloss.build_loss(name, **options)
     with pytest.raises(ValueError, match=message):
@@ -226,7 +231,7 @@ def test_the_cross_entropy_objectives_name_a_bad_entry_on_every_path(bad, name, 
 
 @pytest.mark.parametrize("value", [1.5, -0.25, float("nan"), float("inf")])
 @pytest.mark.parametrize("name", ["bce", "bce+auc", "bce+pdaom"])
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_probabilities_outside_0_1_are_named_before_torch_refuses_them(value, name, backend):
     # torch's cross-entropy of probabilities refuses a value outside [0, 1] (on CUDA a device-side
     # assert); the check, read once after the op, names it first.
@@ -235,6 +240,7 @@ def test_probabilities_outside_0_1_are_named_before_torch_refuses_them(value, na
     probabilities = torch.sigmoid(torch.randn(8, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
     probabilities[2, 1] = value
     labels, groups = torch.tensor([[1.0, 0.0], [0.0, 1.0]] * 4), torch.arange(8) // 4
+    probabilities, labels, groups = probabilities.to(DEVICE), labels.to(DEVICE), groups.to(DEVICE)
     options = {"inputs": "probabilities"} if name == "bce" else {"inputs": "probabilities", "backend": backend}
     with pytest.raises(ValueError, match=rf"scores must be probabilities in \[0, 1\] \(inputs='probabilities'\); "
                                          rf"scores\[2, 1\] = {value}"):
