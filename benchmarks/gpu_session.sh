@@ -58,6 +58,8 @@ tests)
     MLLOSS_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_triton_backend.py tests/test_triton_kernels.py tests/test_dense_kernels.py tests/test_metrics.py \
         tests/test_compile.py tests/test_graph_replay.py tests/test_task_columns.py tests/test_contiguous_groups.py tests/test_group_ids.py \
+        tests/test_bad_input.py::test_the_cross_entropy_objectives_name_a_bad_entry_on_every_path \
+        tests/test_bad_input.py::test_probabilities_outside_0_1_are_named_before_torch_refuses_them \
         2>&1 | tee -ip "$out/tests.txt" | quiet_tail 5
     ;;
 bench)
