@@ -154,6 +154,30 @@ def test_a_replayed_call_still_raises_for_bad_data():
     assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
 
 
+def test_a_replayed_bce_plus_ranking_reads_both_checks_and_raises_for_either():
+    """bce+pdaom replays its ranking term and reads that graph's status together with the
+    cross-entropy's check (one read): an infinite logit, which only the cross-entropy's check
+    sees (its sigmoid is 1), and a label of 2 raise the errors that name them; the next good
+    batch replays again with the bits of a call without replay."""
+    loss = LOSSES["bce+pdaom"]()
+    with replay_on():
+        calls(loss, [make_batch("bce+pdaom", seed) for seed in range(2)])
+        assert replay.captured_signatures() == 1
+        scores, labels, groups, _ = make_batch("bce+pdaom", 7)
+        scores[41, 1] = float("inf")
+        with pytest.raises(ValueError, match=r"scores must be finite; scores\[41, 1\] = inf"):
+            loss(scores, labels, groups)
+        scores, labels, groups, _ = make_batch("bce+pdaom", 8)
+        labels[5, 0] = 2.0
+        with pytest.raises(ValueError, match=r"labels must be binary \(0/1\); labels\[5, 0\] = 2.0"):
+            loss(scores, labels, groups)
+        good = make_batch("bce+pdaom", 9)
+        (value, grad), = calls(loss, [good])
+        assert replay.captured_signatures() == 1
+    (want_value, want_grad), = calls(LOSSES["bce+pdaom"](), [good])
+    assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
+
+
 def test_signatures_past_max_graphs_run_as_they_are():
     """The first ``max_graphs`` signatures to come twice keep their graphs; later ones run as
     they are, with no capture (batches of ever new sizes would otherwise capture a graph and
