@@ -69,10 +69,11 @@ class OpCounter(TorchDispatchMode):
         self.syncs: list[str] = []
         self.kernels: list[str] = []
         self._depth = 0  # the mode re-enters itself (below); tolist is wrapped once
-        self._tolist = torch.Tensor.tolist
+        self._tolist = torch.Tensor.tolist  # what was there on entry, put back on exit
 
     def __enter__(self):
         if self._depth == 0:
+            self._tolist = torch.Tensor.tolist  # (another counter's, when counters nest)
             # ``Tensor.tolist`` of a CUDA tensor dispatches a copy to the host (``_to_copy``: a
             # kernel and a sync); of a CPU tensor it reads the memory and dispatches nothing. The
             # CPU tensors of a run on this machine stand for CUDA ones: their tolist counts the same.

@@ -493,7 +493,8 @@ def batch_check_values(scores: Tensor, labels: Tensor, label_rule: str) -> Tenso
 
 
 def status_of(values: Sequence[float]) -> int:
-    """The data-check bits of ``batch_check_values`` read on the host."""
+    """The data-check bits of ``batch_check_values`` read on the host (``data_status``, and the
+    cross-entropy's check)."""
     low, high, *bad = values
     status = 0 if math.isfinite(low) and math.isfinite(high) else STATUS_BAD_SCORE
     return status | (STATUS_BAD_LABEL if bad and bad[0] else 0)
@@ -562,8 +563,8 @@ def cross_entropy_check(scores: Tensor, labels: Tensor, *, probabilities: bool, 
 def _finish_cross_entropy_check(values: Sequence[float], *, scores: Tensor, labels: Tensor, probabilities: bool,
                                 mask: Tensor | None) -> None:
     global _probability_like_batches
-    low, high, *bad_labels = values
-    if bad_labels and bad_labels[0]:  # the slow path names the first bad label
+    status, (low, high) = status_of(values), values[:2]
+    if status & STATUS_BAD_LABEL:  # the slow path names the first bad label
         labels = labels.to(torch.float64)
         _require_finite_labels(labels)
         check_binary(labels)
@@ -576,7 +577,7 @@ def _finish_cross_entropy_check(values: Sequence[float], *, scores: Tensor, labe
                 f"scores must be probabilities in [0, 1] (inputs='probabilities'); {_first_entry('scores', scores, outside)}"
             )
         return
-    if not (math.isfinite(low) and math.isfinite(high)):
+    if status & STATUS_BAD_SCORE:
         _require_finite_scores(scores)
     looks_like_probabilities = in_unit_interval and (  # the mask read only then
         scores.numel() if mask is None else int(mask.sum()) * scores.shape[1]) >= MIN_VALUES_FOR_PROBABILITY_WARNING
