@@ -288,7 +288,7 @@ def recipe_step_counts(batch_size: int = 1024) -> list[dict]:
     default synthetic log, exact (a batch of whole users) and padded (``--fixed-batches``: a mask):
     the second step (Adam's state exists), the pairwise terms on the Triton tier with their kernel
     launches uncounted, the data checks off (as the recipe trains)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+    import bench_recipe  # the step as bench_recipe.py counts it (step_ops); it puts recipes/ on the path
     import ctr_cvr
     from mlloss.data import SyntheticConfig, TensorBatches, generate_impressions, split_by_time
 
@@ -307,14 +307,9 @@ def recipe_step_counts(batch_size: int = 1024) -> list[dict]:
             module = ctr_cvr.CtrCvrModule(model, objective, args.lr, args.weight_decay)
             optimizer = module.configure_optimizers()
             for _ in range(2):
-                with kernels_uncounted(), OpCounter() as counter:
-                    value = module.batch_loss(batch)
-                    value.backward()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    module.train_loss_sum.add_(value.detach())
-            rows.append({"loss": loss, "fixed_batches": fixed_size, "rows": int(batch["labels"].shape[0]),
-                         "kernel_ops": len(counter.kernels), "ops": len(counter.ops), "syncs": len(counter.syncs)})
+                with kernels_uncounted():
+                    counts = bench_recipe.step_ops(module, optimizer, batch)
+            rows.append({"loss": loss, "fixed_batches": fixed_size, "rows": int(batch["labels"].shape[0]), **counts})
     return rows
 
 
@@ -350,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\nrecipes/ctr_cvr.py, one training step (the second) at batch 1,024: aten ops that run a kernel")
         for row in steps:
             print(f"{row['loss']:<10} {'padded' if row['fixed_batches'] else 'exact':>6} {row['rows']:>5} rows "
-                  f"{row['kernel_ops']:>4} kernel ops {row['ops']:>4} ops {row['syncs']:>2} syncs")
+                  f"{row['kernel_ops']:>4} kernel ops {row['syncing_ops']:>2} syncs")
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as handle:
         json.dump(
