@@ -168,6 +168,13 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
+def check_str(name: str, value: object) -> str:
+    """``value``, which must be a str (a key, a prefix of logged names)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str; got {value!r}")
+    return value
+
+
 def check_margin(margin: object) -> float:
     return check_finite_number("margin", margin)
 
@@ -292,7 +299,17 @@ def as_vector(values: Tensor, name: str) -> Tensor:
 
 def require_integer_ids(groups: Tensor, name: str) -> None:
     if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer ids; got dtype {groups.dtype}")
+        # a bool tensor here is most often a mask passed positionally, in the place of the groups
+        hint = " (a bool mask of the items that count goes in mask=)" if groups.dtype == torch.bool and name == "groups" else ""
+        raise TypeError(f"{name} must hold integer ids; got dtype {groups.dtype}{hint}")
+
+
+def require_scores_device(scores: Tensor, **tensors: object) -> None:
+    """Raise unless each given tensor (labels=, groups=, mask=) is on the scores' device, naming it
+    (what is not a tensor is left to the input's own checks)."""
+    for name, tensor in tensors.items():
+        if isinstance(tensor, Tensor) and tensor.device != scores.device:
+            raise ValueError(f"{name} must be on the scores' device ({scores.device}); got {tensor.device}")
 
 
 def floating_scores(scores: object) -> Tensor:
@@ -452,8 +469,7 @@ def mask_vector(mask: object, scores: Tensor) -> Tensor | None:
         mask = mask[:, 0]
     if mask.dim() != 1 or mask.shape[0] != scores.shape[0]:
         raise ValueError(f"mask must have shape ({scores.shape[0]},), one entry per item; got {tuple(mask.shape)}")
-    if mask.device != scores.device:
-        raise ValueError(f"mask must be on the scores' device ({scores.device}); got {mask.device}")
+    require_scores_device(scores, mask=mask)
     return mask
 
 

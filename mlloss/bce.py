@@ -25,7 +25,8 @@ __all__ = ["BCELoss", "BCEPlusRanking", "INPUTS"]
 
 class BCELoss(nn.Module):
     """Binary cross-entropy, the mean over items of each task, summed over tasks; ``groups`` is
-    ignored. An empty batch gives 0.
+    checked as the ranking losses check it (integer ids, one per item), then ignored. An empty
+    batch gives 0.
 
     Args:
         inputs: ``"logits"`` (default) or ``"probabilities"`` for models whose heads end in a
@@ -50,6 +51,9 @@ class BCELoss(nn.Module):
 
     def forward(self, scores: Tensor, labels: Tensor, groups: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         scores, labels = _task_columns(scores, labels)
+        # the groups count for nothing here, but are checked as the ranking losses check them: a
+        # mask passed in their place (positionally) would otherwise be dropped without a word
+        check.require_scores_device(scores, groups=check.group_vector(groups, scores.shape[0]))
         loss, task_losses = binary_cross_entropy(
             scores, labels, check.mask_vector(mask, scores),
             probabilities=self.inputs == "probabilities", validate=self.validate_args,
@@ -301,6 +305,7 @@ def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:
     if scores.dim() != 2:
         raise ValueError(f"scores must have shape (N,) or (N, K); got {tuple(scores.shape)}")
     labels = check.label_columns(labels, scores.shape[0])
+    check.require_scores_device(scores, labels=labels)
     if labels.shape[1] != scores.shape[1]:
         raise ValueError(
             f"scores have {scores.shape[1]} task columns but labels have {labels.shape[1]}; "

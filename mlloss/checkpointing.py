@@ -531,6 +531,9 @@ def latest_complete_checkpoint(
     (never used), is reported (``report``, by default printed on global rank 0):
     ``"skipped <path>: <why>"``.
     """
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        raise ValueError(f"latest_complete_checkpoint: name must be the file name of the checkpoints in directory "
+                         f"(such as 'last.ckpt'; a folder goes in directory); got name={name!r}")
     if Path(directory).exists() and not Path(directory).is_dir():
         raise NotADirectoryError(f"latest_complete_checkpoint: directory {str(directory)!r} is a file, not the folder "
                                  f"of the checkpoints (pass its folder, and name= for a name other than {name})")

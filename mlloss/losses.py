@@ -130,6 +130,7 @@ class _PairwiseLoss(nn.Module):
             labels = check.label_columns(labels, scores.shape[0])
             groups = check.group_vector(groups, scores.shape[0])
             mask = check.mask_vector(mask, scores)
+            check.require_scores_device(scores, labels=labels, groups=groups)
         own_rows = None
         if self.cross_device:
             (scores, labels, groups, mask), own_rows = gather_batch_with_rows(scores, labels, groups, mask)
@@ -350,9 +351,11 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
             running estimate: the label means over every batch seen in training mode (the current
             one included), kept in the module's state dict.
         priors: label priors pi_k in (0, 1) for ``weights="balanced"``.
-        num_labels: K, for ``weights="balanced"`` without ``priors``: sizes the running estimate
-            at construction. Without it the estimate is sized by the first batch, which makes a
-            ``torch.compile``-d step compile once more after that batch.
+        num_labels: K, the number of label columns every batch must have. For
+            ``weights="balanced"`` without ``priors`` it sizes the running estimate at
+            construction; without it the estimate is sized by the first batch, which makes a
+            ``torch.compile``-d step compile once more after that batch. ``num_labels``,
+            ``weights``, ``priors`` and ``label_names`` must agree on K where they say it.
         label_names: names of the K labels in ``parts`` (``label_loss/click``); default their index.
         surrogate, margin, pairs, temperature, reduction, backend, cross_device, validate_args,
             contiguous_groups: as in ``AUCLoss``. With groups, each L_k is reduced over the groups where label k has a valid pair.
@@ -413,6 +416,14 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
                 if given is not None and given.numel() != num_labels:
                     raise ValueError(f"{name} has {given.numel()} entries but num_labels={num_labels}; got {name}={given.tolist()}")
         self.label_names = check.check_label_names("label_names", label_names)
+        # K, where the arguments tell it, must be one number (each batch's labels then have K columns)
+        sizes = {name: size for name, size in (
+            ("num_labels", num_labels), ("weights", None if fixed is None else fixed.numel()),
+            ("priors", None if given_priors is None else given_priors.numel()),
+            ("label_names", None if self.label_names is None else len(self.label_names))) if size is not None}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"num_labels, weights, priors and label_names must agree on the number of labels; got {sizes}")
+        self.num_labels = num_labels
         # Running prior estimate for weights="balanced": positives per label and items seen.
         self.register_buffer("seen_positives", torch.zeros(num_labels or 0, dtype=torch.float64))
         self.register_buffer("seen_items", torch.zeros((), dtype=torch.float64))
@@ -436,11 +447,17 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
                 f"label_names has {len(self.label_names)} names but labels have {labels.shape[1]} columns; "
                 f"got label_names={self.label_names}"
             )
+        # the weights and the running priors check their own lengths (``_mixing``, ``_counts_with``)
+        if self.num_labels is not None and self.weights is None and not self.balanced and labels.shape[1] != self.num_labels:
+            raise ValueError(f"labels have {labels.shape[1]} columns but num_labels={self.num_labels}; "
+                             f"got labels of shape {tuple(labels.shape)}")
         num_items = self.num_items if self.balanced else None  # the balanced priors' denominator
-        counted, counts = labels, None
+        # labels are data: counted without their autograd history (labels built from tensors that
+        # require grad would otherwise chain every step's graph into the running counts)
+        counted, counts = labels.detach() if labels.requires_grad else labels, None
         if num_items is not None:
             if mask is not None:  # the priors count the mask's items: the others' labels become 0
-                counted = labels.masked_fill(~mask[:, None], 0)
+                counted = counted.masked_fill(~mask[:, None], 0)
             counts = self._counts_with(counted, num_items)
         mixing = self._mixing(counted, num_items, counts)
         result = self._pair_loss(scores, labels, groups, mask, mixing=mixing)
@@ -457,7 +474,7 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         rank's, gathered from every rank as ``forward`` gathers them: a collective, which every
         rank calls, and all get the same a_k."""
         with refusing_together(self.cross_device, getattr(labels, "device", None)):
-            labels = check.label_columns(labels, None)
+            labels = check.label_columns(labels, None).detach()
         if self.cross_device:  # the scores are a placeholder: only the labels are read
             _, labels, _, _ = gather_batch(labels.new_zeros(labels.shape[0], dtype=torch.float32), labels, None)
         mixing = self._mixing(labels, None, self._counts_with(labels, labels.shape[0]))
@@ -532,10 +549,11 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         self.seen_items[...] = items
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # The running priors have K entries, unknown until the first batch: take the saved size
-        # (on this module's device, in float64, whatever the checkpoint's map_location).
+        # The running priors have K entries, unknown until the first batch: an unsized module takes
+        # the saved size (on this module's device, in float64, whatever the checkpoint's
+        # map_location); a sized one (num_labels, or a batch seen) refuses another K as torch does.
         key = prefix + "seen_positives"
-        if key in state_dict:
+        if key in state_dict and self.seen_positives.numel() == 0:
             self.seen_positives = self.seen_items.new_zeros(state_dict[key].shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 

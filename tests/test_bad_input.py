@@ -58,6 +58,13 @@ LABELS = torch.tensor([1.0, 0.0, 1.0, 0.0])
         (lambda: mlloss.LoALoss(label_names="cp"), ValueError, "label_names must be a sequence of names, .*not one string; got 'cp'"),
         (lambda: mlloss.LoALoss([1.0, 2.0], num_labels=3), ValueError, r"weights has 2 entries but num_labels=3"),
         (lambda: mlloss.LoALoss("balanced", priors=[0.1, 0.2], num_labels=3), ValueError, r"priors has 2 entries but num_labels=3"),
+        # found by an audit of the API: contradictions visible at construction, refused there
+        (lambda: mlloss.LoALoss([1.0, 2.0], label_names=["click", "buy", "share"]), ValueError,
+         r"must agree on the number of labels; got \{'weights': 2, 'label_names': 3\}"),
+        (lambda: mlloss.LoALoss("balanced", num_labels=2, label_names=["click", "buy", "share"]), ValueError,
+         r"got \{'num_labels': 2, 'label_names': 3\}"),
+        (lambda: mlloss.LoALoss("balanced", priors=[0.2, 0.05], label_names=["click"]), ValueError,
+         r"got \{'priors': 2, 'label_names': 1\}"),
     ],
 )
 def test_bad_constructor_arguments_fail_in_init(build, error, message):
@@ -281,3 +288,38 @@ def test_label_violations_counts_exactly_the_labels_that_break_each_rule(dtype):
             labels[3, 1] = value
             assert int(label_violations(labels, rule)) == int(value_bad), (rule, dtype, value)
         assert int(label_violations(values, rule)) == int(bad.sum()), rule
+
+
+TWO_LABELS = torch.stack([LABELS, 1 - LABELS], 1)
+
+
+@pytest.mark.parametrize("build,labels", [(mlloss.AUCLoss, LABELS), (mlloss.LaALoss, TWO_LABELS),
+                                          (lambda: mlloss.LoALoss("balanced"), TWO_LABELS), (mlloss.BCELoss, LABELS),
+                                          (lambda: mlloss.build_loss("bce+pdaom"), LABELS)])
+@pytest.mark.parametrize("where", ["labels", "groups", "mask"])
+def test_labels_groups_and_mask_on_another_device_are_named(build, labels, where):
+    # the meta device stands in for scores on CUDA and an input left on the CPU: the error names
+    # the input and both devices instead of an internal device or copy error
+    inputs = {"labels": labels, "groups": torch.tensor([0, 0, 1, 1]), "mask": torch.ones(4, dtype=torch.bool)}
+    inputs[where] = inputs[where].to("meta")
+    with pytest.raises(ValueError, match=rf"{where} must be on the scores' device \(cpu\); got meta"):
+        build()(SCORES, inputs["labels"], inputs["groups"], mask=inputs["mask"])
+
+
+def test_bce_checks_the_groups_it_ignores():
+    # a mask passed positionally lands in groups: BCELoss used to drop it silently (the fillers
+    # counted in the mean); it is now refused as the ranking losses refuse it, with a hint
+    mask = torch.tensor([True, True, False, True])
+    with pytest.raises(TypeError, match=r"groups must hold integer ids; got dtype torch.bool \(a bool mask .* goes in mask=\)"):
+        mlloss.BCELoss()(SCORES, LABELS, mask)
+    with pytest.raises(ValueError, match="groups have 3 entries but scores have 4 items"):
+        mlloss.BCELoss()(SCORES, LABELS, torch.tensor([0, 1, 0]))
+    torch.testing.assert_close(mlloss.BCELoss()(SCORES, LABELS, torch.tensor([0, 1, 0, 1])), mlloss.BCELoss()(SCORES, LABELS),
+                               rtol=0, atol=0)
+
+
+def test_loa_num_labels_is_checked_against_every_batch():
+    with pytest.raises(ValueError, match=r"labels have 2 columns but num_labels=3; got labels of shape \(4, 2\)"):
+        mlloss.LoALoss(num_labels=3)(SCORES, TWO_LABELS)
+    torch.testing.assert_close(mlloss.LoALoss(num_labels=2)(SCORES, TWO_LABELS), mlloss.LoALoss()(SCORES, TWO_LABELS),
+                               rtol=0, atol=0)

@@ -211,6 +211,11 @@ def test_latest_complete_checkpoint_refuses_a_file_and_takes_a_missing_folder_fo
     with pytest.raises(NotADirectoryError, match=re.escape(f"directory '{tmp_path / 'last.ckpt'}' is a file")):
         latest_complete_checkpoint(tmp_path / "last.ckpt", report=pytest.fail)
     assert latest_complete_checkpoint(tmp_path / "missing", report=pytest.fail) is None
+    # name is the checkpoints' file name: '' made the folder itself a candidate, None a pathlib error
+    for name in ("", ".", "sub/last.ckpt", None):
+        with pytest.raises(ValueError, match=re.escape(f"name must be the file name of the checkpoints in directory "
+                                                       f"(such as 'last.ckpt'; a folder goes in directory); got name={name!r}")):
+            latest_complete_checkpoint(tmp_path, name=name, report=pytest.fail)
 
 
 def test_failed_writes_leave_nothing_behind_and_name_the_argument(tmp_path):

@@ -8,6 +8,8 @@ and balanced LoA give the two combinations the same score.
 
 from __future__ import annotations
 
+import copy
+
 import math
 import re
 
@@ -127,6 +129,35 @@ def test_loa_buffers_stay_float64_when_the_module_is_cast(dtype):
     restored.load_state_dict({name: t.float() for name, t in balanced.state_dict().items()})
     assert restored.seen_positives.dtype == restored.seen_items.dtype == torch.float64
     assert restored.seen_items.item() == 70_000
+
+
+def test_labels_that_require_grad_leave_no_graph_in_the_running_priors():
+    # Labels built from tensors that require grad (a label derived from a model's output, say)
+    # chained every step's autograd graph into the count buffers: they required grad, grew one
+    # node a step, and copy.deepcopy of the loss (an EMA or SWA copy of the model) failed.
+    loss, plain = mlloss.LoALoss("balanced"), mlloss.LoALoss("balanced")
+    for step in range(3):
+        generator = torch.Generator().manual_seed(step)
+        scores = torch.randn(60, dtype=torch.float64, generator=generator)
+        labels = LABELS[torch.randperm(LABELS.shape[0], generator=generator)[:60]]
+        value = loss(scores, labels.clone().requires_grad_())
+        torch.testing.assert_close(value, plain(scores, labels), rtol=0, atol=0)
+    assert not loss.seen_positives.requires_grad and loss.seen_positives.grad_fn is None
+    assert torch.equal(loss.seen_positives, plain.seen_positives) and torch.equal(loss.seen_items, plain.seen_items)
+    assert torch.equal(copy.deepcopy(loss).seen_positives, plain.seen_positives)
+    assert not loss.mixing_weights(LABELS[:100].clone().requires_grad_()).requires_grad
+
+
+def test_a_sized_loa_refuses_running_priors_of_another_size():
+    # An unsized module takes the saved K; one sized by num_labels (or by a batch) refuses another K
+    # as torch refuses any buffer of another shape. It used to resize itself to the saved K.
+    saved = mlloss.LoALoss("balanced")
+    saved(torch.zeros(100, dtype=torch.float64), LABELS[:100])
+    fresh = mlloss.LoALoss("balanced")
+    fresh.load_state_dict(saved.state_dict())
+    assert torch.equal(fresh.seen_positives, saved.seen_positives)
+    with pytest.raises(RuntimeError, match=r"size mismatch for seen_positives: .*torch.Size\(\[2\]\).*torch.Size\(\[3\]\)"):
+        mlloss.LoALoss("balanced", num_labels=3).load_state_dict(saved.state_dict())
 
 
 def test_a_refused_batch_leaves_the_running_priors_as_they_were():

@@ -120,6 +120,12 @@ def test_callback_without_groups_and_with_one_label():
 def test_callback_names_a_bad_group_weighting_as_ranking_metrics_does():
     with pytest.raises(ValueError, match="group_weighting must be one of 'uniform', 'size'; got 'items'"):
         RankingMetrics(["click"], group_weighting="items")
+    # print_report="False" was taken for True, prefix=None logged 'Noneauc/click'
+    with pytest.raises(TypeError, match="print_report must be a bool; got 'False'"):
+        RankingMetrics(["click"], print_report="False")
+    for name in ("prefix", "test_prefix", "score_key", "labels_key", "groups_key", "loss_attribute"):
+        with pytest.raises(TypeError, match=f"{name} must be a str; got None"):
+            RankingMetrics(["click"], **{name: None})
 
 
 def test_callback_scores_one_column_per_label_as_task_heads():

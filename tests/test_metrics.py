@@ -562,6 +562,10 @@ G3 = torch.tensor([1, 1, 2])
         (lambda: multipartite_auc(S3, Y3.to(torch.complex64)), TypeError, "levels must be real; got dtype torch.complex64"),
         (lambda: multipartite_auc(S3, Y3, G3.double()), TypeError, "groups must hold integer ids; got dtype torch.float64"),
         (lambda: MultiLabelAUC(num_labels=0), ValueError, "num_labels must be a positive integer; got 0"),
+        (lambda: MultiLabelAUC(num_labels=True), ValueError, "num_labels must be a positive integer; got True"),
+        (lambda: binary_auc(S3, Y3.to("meta")), ValueError, r"labels must be on the scores' device \(cpu\); got meta"),
+        (lambda: GroupAUC().update(S3, Y3, G3.to("meta")), ValueError, r"groups must be on the scores' device \(cpu\); got meta"),
+        (lambda: MultipartiteAUC(grouped=True).update(S3, Y3, G3.to("meta")), ValueError, "groups must be on the scores' device"),
         (
             lambda: MultiLabelAUC(num_labels=2).update(S3, Y3),
             ValueError,

@@ -347,6 +347,35 @@ def test_tensor_batches_errors_name_the_argument():
     for groups in (torch.arange(2), torch.arange(5)):  # a short one dropped rows silently
         with pytest.raises(ValueError, match=r"groups must be a \(N,\) tensor with one id per row of columns \(N = 3\)"):
             TensorBatches({"a": torch.zeros(3)}, 2, groups=groups)
+    # a NumPy or list column failed with an AttributeError ('numpy.ndarray' object has no attribute 'dim')
+    for column in (np.zeros(3, dtype=np.int64), [0, 0, 1]):
+        with pytest.raises(TypeError, match=rf"columns\['user'\] must be a torch.Tensor .*got {type(column).__name__}"):
+            TensorBatches({"a": torch.zeros(3), "user": column}, 2, group_key="user")
+
+
+def test_group_datamodule_checks_its_arguments_when_built():
+    # each was accepted and failed only when Lightning loaded the split inside fit (a typo in
+    # group_key, a validation split without the group column) or misbehaved there
+    from mlloss.data import GroupDataModule
+
+    train, val = columns_of(100, 10), columns_of(40, 5)
+    cases = [
+        (dict(batch_size="64"), ValueError, "batch_size must be a positive integer; got '64'"),
+        (dict(batch_size=0), ValueError, "batch_size must be a positive integer; got 0"),
+        (dict(batch_size=8, group_key="users"), ValueError, r"train has no 'users' column for the group ids"),
+        (dict(batch_size=8, seed=0.5), ValueError, "seed must be an integer"),
+        (dict(batch_size=8, fixed_size=1), TypeError, "fixed_size must be a bool"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            GroupDataModule(train, val, **{"group_key": "user", **kwargs})
+    renamed = {"user_id" if key == "user" else key: value for key, value in val.items()}
+    with pytest.raises(ValueError, match=r"val has no 'user' column for the group ids \(group_key='user'\)"):
+        GroupDataModule(train, renamed, batch_size=8, group_key="user")
+    with pytest.raises(TypeError, match="train must be a mapping of column names to tensors; got NoneType"):
+        GroupDataModule(None, val, batch_size=8, group_key="user")
+    assert str(GroupDataModule(train, val, batch_size=8, group_key="user")) == (
+        "GroupDataModule(train=100 rows, val=40 rows, batch_size=8, group_key='user', seed=0, fixed_size=False)")
 
 
 def test_group_data_module_without_a_validation_split_runs_no_validation():

@@ -36,6 +36,28 @@ from mlloss.data.sampler import GroupBatchSampler
 __all__ = ["TensorBatches"]
 
 
+def check_columns(columns: object, group_key: str | None, *, name: str = "columns") -> int:
+    """The number of rows N of ``columns``, a non-empty ``{column name: tensor}`` mapping whose
+    tensors share their first dimension; with ``group_key``, one of them holds the group ids. The
+    errors name ``name`` (the argument, or a split) and the column."""
+    if not isinstance(columns, Mapping):
+        raise TypeError(f"{name} must be a mapping of column names to tensors; got {type(columns).__name__}")
+    if not columns:
+        raise ValueError(f"{name} must hold at least one tensor")
+    for key, value in columns.items():
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name}[{key!r}] must be a torch.Tensor (torch.as_tensor converts a NumPy array or a "
+                            f"list); got {type(value).__name__}")
+    lengths = {key: value.shape[0] if value.dim() else None for key, value in columns.items()}
+    num_rows = next(iter(lengths.values()))
+    if num_rows is None or len(set(lengths.values())) != 1:
+        raise ValueError(f"{name} must have the same first dimension (one row per item); got {lengths}")
+    if group_key is not None and group_key not in columns:
+        raise ValueError(f"{name} has no {group_key!r} column for the group ids (group_key={group_key!r}); "
+                         f"got the columns {sorted(columns)}")
+    return num_rows
+
+
 class TensorBatches:
     """Batches of ``columns`` that keep the rows of each group together, as slices on ``device``.
 
@@ -82,18 +104,12 @@ class TensorBatches:
         mask_key: str = "mask",
     ) -> None:
         check_bool("fixed_size", fixed_size)
-        if not columns:
-            raise ValueError("columns must hold at least one tensor")
-        lengths = {name: value.shape[0] if value.dim() else None for name, value in columns.items()}
-        if len(set(lengths.values())) != 1 or None in lengths.values():
-            raise ValueError(f"columns must have the same first dimension (one row per item); got {lengths}")
+        num_rows = check_columns(columns, group_key if groups is None else None)
         if groups is None:
-            if group_key not in columns:
-                raise ValueError(f"groups is None and columns has no {group_key!r} column; got {sorted(columns)}")
             groups = columns[group_key]
-        elif not isinstance(groups, torch.Tensor) or groups.dim() != 1 or groups.shape[0] != next(iter(lengths.values())):
-            raise ValueError(f"groups must be a (N,) tensor with one id per row of columns (N = "
-                             f"{next(iter(lengths.values()))}); got {tuple(groups.shape) if isinstance(groups, torch.Tensor) else type(groups).__name__}")
+        elif not isinstance(groups, torch.Tensor) or groups.dim() != 1 or groups.shape[0] != num_rows:
+            raise ValueError(f"groups must be a (N,) tensor with one id per row of columns (N = {num_rows}); "
+                             f"got {tuple(groups.shape) if isinstance(groups, torch.Tensor) else type(groups).__name__}")
         if fixed_size and mask_key in columns:
             raise ValueError(f"mask_key {mask_key!r} is the name of one of the columns; pass another mask_key "
                              f"(columns: {sorted(columns)})")

@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from mlloss._extras import needs_extra
-from mlloss._validation import check_bool
-from mlloss.data.batches import TensorBatches
+from mlloss._validation import check_bool, check_int, check_str
+from mlloss.data.batches import TensorBatches, check_columns
+from mlloss.data.sampler import check_seed
 
 with needs_extra("lightning", "mlloss.data.GroupDataModule"):
     import pytorch_lightning as pl
@@ -69,13 +70,27 @@ class GroupDataModule(pl.LightningDataModule):
         fixed_size: bool = False,
     ) -> None:
         super().__init__()
-        self.splits = {"train": train, "val": val, "test": test}
-        self.batch_size = batch_size
-        self.group_key = group_key
-        self.seed = seed
+        # checked here, not when Lightning first loads a split's batches inside fit
+        self.batch_size = check_int("batch_size", batch_size, minimum=1, requirement="a positive integer")
+        self.group_key = check_str("group_key", group_key)
+        self.seed = check_seed(seed)
         self.fixed_size = check_bool("fixed_size", fixed_size)
+        self.splits = {"train": train, "val": val, "test": test}
+        for split, columns in self.splits.items():
+            if columns is not None or split == "train":
+                check_columns(columns, group_key, name=split)
         # each split's batches with the (rank, world size, device) they were built for
         self._batches: dict[str, tuple[tuple, TensorBatches]] = {}
+
+    def __repr__(self) -> str:
+        # Lightning's own __str__ iterates a loader that is no DataLoader as a list of DataLoaders
+        # (here it would iterate the batches, and fail)
+        rows = ", ".join(f"{split}={next(iter(columns.values())).shape[0]} rows"
+                         for split, columns in self.splits.items() if columns is not None)
+        return (f"{type(self).__name__}({rows}, batch_size={self.batch_size}, group_key={self.group_key!r}, "
+                f"seed={self.seed}, fixed_size={self.fixed_size})")
+
+    __str__ = __repr__
 
     def batches(self, split: str) -> TensorBatches:
         """The split's batches for this trainer's rank, world size and device (built once per split,

@@ -46,6 +46,14 @@ SEEDS = (-(2**63), 2**64)  # the range of torch.Generator.manual_seed
 SEED_REQUIREMENT = "an integer in [-2**63, 2**64) (torch.Generator's seeds)"
 
 
+def check_seed(seed: object) -> int:
+    """``seed`` as an int in the range torch.Generator.manual_seed takes."""
+    checked = check_int("seed", seed, minimum=SEEDS[0], requirement=SEED_REQUIREMENT)
+    if not checked < SEEDS[1]:
+        raise ValueError(f"seed must be {SEED_REQUIREMENT}; got {seed!r}")
+    return checked
+
+
 class GroupBatchSampler(Sampler[list[int]]):
     """Batches of item indices that keep each group's items together (see the module docstring).
 
@@ -94,9 +102,7 @@ class GroupBatchSampler(Sampler[list[int]]):
         self._group_sizes = torch.unique_consecutive(sorted_ids, return_counts=True)[1]
         self.batch_size = batch_size
         self.shuffle = check_bool("shuffle", shuffle)
-        self.seed = check_int("seed", seed, minimum=SEEDS[0], requirement=SEED_REQUIREMENT)
-        if not self.seed < SEEDS[1]:
-            raise ValueError(f"seed must be {SEED_REQUIREMENT}; got {seed!r}")
+        self.seed = check_seed(seed)
         self.drop_last = check_bool("drop_last", drop_last)
         self.pad = pad
         self.epoch = 0

@@ -39,7 +39,7 @@ from torch.utils.data import BatchSampler, DistributedSampler
 from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
-from .._validation import check_choice, check_weights, require_integer_ids, require_label_names
+from .._validation import check_bool, check_choice, check_str, check_weights, require_integer_ids, require_label_names
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
 from ..metrics.classes import _PairMetric
@@ -194,6 +194,10 @@ class RankingMetrics(pl.Callback):
         super().__init__()
         names = require_label_names("label_names", label_names)
         check_choice("group_weighting", group_weighting, WEIGHTINGS)
+        for name, value in (("prefix", prefix), ("test_prefix", test_prefix), ("score_key", score_key),
+                            ("labels_key", labels_key), ("groups_key", groups_key), ("loss_attribute", loss_attribute)):
+            check_str(name, value)
+        check_bool("print_report", print_report)
         self.label_names = names
         for name, weights, positive in (("label_weights", label_weights, True), ("loa_weights", loa_weights, False)):
             checked = check_weights(name, weights, strictly_positive=positive)

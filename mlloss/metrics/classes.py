@@ -262,6 +262,7 @@ class AUC(_PairMetric):
     def update(self, scores: Tensor, labels: Tensor) -> None:
         """Validate a batch and keep it."""
         valid_scores = check.metric_scores(scores)
+        check.require_scores_device(valid_scores, labels=labels)
         valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=False)
         self.scores.append(_own(valid_scores, scores))
         self.labels.append(_own(valid_labels.to(torch.uint8), labels))
@@ -302,6 +303,7 @@ class GroupAUC(_PairMetric):
     def update(self, scores: Tensor, labels: Tensor, groups: Tensor) -> None:
         """Validate a batch and keep it."""
         valid_scores = check.metric_scores(scores)
+        check.require_scores_device(valid_scores, labels=labels, groups=groups)
         valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=False)
         valid_groups = check.metric_groups(groups, valid_scores.numel())
         self.scores.append(_own(valid_scores, scores))
@@ -343,14 +345,13 @@ class MultiLabelAUC(_PairMetric):
 
     def __init__(self, num_labels: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if not isinstance(num_labels, int) or num_labels < 1:
-            raise ValueError(f"num_labels must be a positive integer; got {num_labels!r}")
-        self.num_labels = num_labels
+        self.num_labels = check.check_int("num_labels", num_labels, minimum=1, requirement="a positive integer")
         self._add_cat_states("scores", "labels")
 
     def update(self, scores: Tensor, labels: Tensor) -> None:
         """Validate a batch and keep it."""
         valid_scores = check.metric_scores(scores)
+        check.require_scores_device(valid_scores, labels=labels)
         valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=True)
         if valid_labels.shape[1] != self.num_labels:
             raise ValueError(f"labels must have {self.num_labels} columns (num_labels); got {valid_labels.shape[1]}")
@@ -459,6 +460,7 @@ class MultipartiteAUC(_PairMetric):
             raise ValueError(f"groups must be given if and only if grouped=True; got grouped={self.grouped} and "
                              f"groups={'None' if groups is None else 'a tensor'}")
         valid_scores = check.metric_scores(scores)
+        check.require_scores_device(valid_scores, levels=levels, groups=groups)
         aggregated = aggregate_levels(levels, self.label_weights)  # validates the levels and the weights
         check.metric_length(aggregated, "levels", valid_scores.numel())
         self._check_layout(levels)

@@ -115,6 +115,7 @@ def binary_auc(scores: Tensor, labels: Tensor) -> Tensor:
         tensor(0.8750, dtype=torch.float64)
     """
     scores = check.metric_scores(scores)
+    check.require_scores_device(scores, labels=labels)
     labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
     auc = _auc_per_group(scores, labels[:, None], None)[0][0, 0]
     return warn_if_undefined(auc, "AUC is undefined unless `labels` contain both 0 and 1")
@@ -146,6 +147,7 @@ def group_auc(scores: Tensor, labels: Tensor, groups: Tensor, weighting: Weighti
     """
     check.check_choice("weighting", weighting, WEIGHTINGS)
     scores = check.metric_scores(scores)
+    check.require_scores_device(scores, labels=labels, groups=groups)
     labels = check.metric_binary(labels, "labels", scores.numel(), matrix=False)
     per_group, counts = _auc_per_group(scores, labels[:, None], check.metric_groups(groups, scores.numel()))
     per_group = per_group[:, 0]
@@ -172,6 +174,7 @@ def multilabel_auc(scores: Tensor, labels: Tensor) -> Tensor:
         ValueError: on a shape or length mismatch, NaN ``scores`` or labels outside ``{0, 1}``.
     """
     scores = check.metric_scores(scores)
+    check.require_scores_device(scores, labels=labels)
     labels = check.metric_binary(labels, "labels", scores.numel(), matrix=True)
     auc = _auc_per_group(scores, labels, None)[0][0]
     return warn_if_undefined(auc, "AUC of a label is undefined unless its column contains both 0 and 1")
@@ -313,6 +316,7 @@ def multipartite_auc(
     check.check_choice("cost", cost, COSTS)
     check.check_choice("weighting", weighting, WEIGHTINGS)
     scores = check.metric_scores(scores)
+    check.require_scores_device(scores, levels=levels, groups=groups)
     levels = aggregate_levels(levels, label_weights)
     check.metric_length(levels, "levels", scores.numel())
     if groups is not None:
