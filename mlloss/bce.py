@@ -165,7 +165,8 @@ class BCEPlusRanking(nn.Module):
         # skips or splits its CUDA graphs), where alpha takes it as a constant.
         total = bce
         for weight, term in zip(weights, terms):
-            total = torch.add(total, term, alpha=weight)
+            if weight != 0:  # a task of lam 0 adds nothing, also when its term overflows (0 * inf = NaN)
+                total = torch.add(total, term, alpha=weight)
         return total
 
     def _summed(self) -> bool:
@@ -224,7 +225,7 @@ class BCEPlusRanking(nn.Module):
     def _in_one_op_call(self, scores: Tensor, labels: Tensor, groups: Tensor | None, mask: Tensor | None,
                         weights: tuple[float, ...]) -> Tensor:
         """The objective in one op (``_in_one_op``), with the ``parts`` of the calls it stands for."""
-        equal, summed = all(w == weights[0] for w in weights), self._summed()
+        equal, summed = _one_lam(weights), self._summed()
         ranking: AUCLoss = self.ranking  # type: ignore[assignment]  # see _in_one_op
         loss, facts, cross_entropies = ranking._plus_cross_entropy(
             scores, labels, groups, mask, weights=None if equal else _lam_on(weights, scores.device),
@@ -248,7 +249,7 @@ class BCEPlusRanking(nn.Module):
         """``sum_k lam_k * ranking_k`` of the K task columns in one ranking call, with the same
         ``parts`` as the call per task, as a term and the weight to add it with (the lam they
         share; 1 when the call weighted them)."""
-        equal = all(w == weights[0] for w in weights)
+        equal = _one_lam(weights)
         task_columns = getattr(self.ranking, "task_columns")  # see _takes_task_columns
         result = task_columns(self._ranking_scores(scores, mask), labels, groups, mask,
                               weights=None if equal else _lam_on(weights, scores.device))
@@ -279,6 +280,13 @@ class BCEPlusRanking(nn.Module):
 
 
 INPUTS = ("logits", "probabilities")
+
+
+def _one_lam(weights: tuple[float, ...]) -> bool:
+    """Whether every task's ranking term takes the same non-zero lam, which then scales their sum
+    (one multiplier); else the lams go in as per-task weights, where a task of lam 0 adds nothing
+    even when its own term overflows (a scale of 0 would make the sum 0 * inf = NaN)."""
+    return weights[0] != 0 and all(w == weights[0] for w in weights)
 
 
 def _lam_on(weights: tuple[float, ...], device: torch.device) -> Tensor:

@@ -207,7 +207,10 @@ class AUCLoss(_PairwiseLoss):
             about ten launches and their scratch memory a call). Same loss as ``False`` on such
             batches, up to the order of the float sums over the groups. With ``cross_device``
             the runs are those of the gathered batch (the ranks' batches in rank order): give it
-            only when no group has rows on two ranks.
+            only when no group has rows on two ranks. The runs are read on every row, left out
+            by a ``mask`` or not: a left-out row whose id differs from its neighbours' ends a run
+            (put filler rows after the real ones, as ``TensorBatches(fixed_size=True)`` does, or
+            give them a neighbour's id).
 
     ``forward(scores, labels, groups=None, mask=None)``: scores (N,) or (N, 1); labels (N,) binary;
     groups (N,) integer ids (e.g. user ids, any order unless ``contiguous_groups``); mask (N,) bool, True for the items that

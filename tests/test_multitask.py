@@ -180,3 +180,49 @@ def test_parts_keep_no_autograd_graph_alive(name):
     assert {key: part for key, part in loss.parts.items()}.keys() == expected.keys()
     for key, part in loss.parts.items():
         assert torch.equal(part, expected[key]), key
+
+
+class _OwnForwardPDAOM(mlloss.PDAOMLoss):
+    """A PDAOM whose own forward makes BCEPlusRanking call it once per task (its generic path)."""
+
+    def forward(self, scores, labels, groups=None, mask=None):
+        return super().forward(scores, labels, groups, mask)
+
+
+def _objective(kind: str, lam, validate: bool, backend: str) -> torch.nn.Module:
+    if kind == "per-task calls":
+        ranking = _OwnForwardPDAOM(validate_args=validate, backend=backend)
+        return mlloss.BCEPlusRanking(ranking, lam=lam, ranking_input="logit")
+    extra = {"surrogate": "exponential"} if kind == "bce+auc" else {}
+    return mlloss.build_loss(kind, lam=lam, ranking_input="logit", validate_args=validate, backend=backend, **extra)
+
+
+# (kind, validate_args): a ranking module called once per task is the user's own and keeps its
+# own checks, which refuse its overflowing term before BCEPlusRanking weighs it
+ZERO_LAM_CASES = [(kind, validate) for kind in ("bce+pdaom", "bce+auc") for validate in (True, False)] + [("per-task calls", False)]
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
+@pytest.mark.parametrize("kind,validate", ZERO_LAM_CASES)
+@pytest.mark.parametrize("lam", [0.0, [0.0, 0.0]])
+def test_a_ranking_weight_of_zero_leaves_the_cross_entropy_alone(backend, kind, validate, lam):
+    # Task 0 holds a reversed pair 800 logits apart: its exponential ranking term overflows float64.
+    # With lam 0 for every task the objective is the cross-entropy; the equal lams scaled the summed
+    # terms, 0 * inf = NaN, which raised OverflowError (checks on) or gave a NaN loss and gradient.
+    scores = torch.tensor([[-400.0, 0.1], [400.0, -0.2], [0.0, 0.3], [1.0, 0.4], [2.0, -1.0], [-3.0, 2.0]],
+                          dtype=torch.float64)
+    labels = torch.tensor([[1, 1], [0, 0], [1, 0], [0, 1], [1, 0], [0, 1]], dtype=torch.float64)
+    expected, expected_grad = value_and_grad(lambda z: mlloss.BCELoss()(z, labels), scores)
+    value, grad = value_and_grad(lambda z: _objective(kind, lam, validate, backend)(z, labels), scores)
+    assert torch.equal(value, expected) and torch.equal(grad, expected_grad)
+    if not validate:  # the term is there to overflow: a lam that counts meets it (with the checks on: the next test)
+        assert not torch.isfinite(_objective(kind, [1.0, 0.0], validate, backend)(scores, labels))
+
+
+@pytest.mark.parametrize("kind", ["bce+pdaom", "bce+auc"])
+def test_an_overflowing_ranking_term_that_counts_is_refused(kind):
+    scores = torch.tensor([[-400.0, 0.1], [400.0, -0.2], [0.0, 0.3], [1.0, 0.4]], dtype=torch.float64)
+    labels = torch.tensor([[1, 1], [0, 0], [1, 0], [0, 1]], dtype=torch.float64)
+    for lam in (1.0, [1.0, 0.0]):
+        with pytest.raises(OverflowError, match="the pairwise loss is not finite"):
+            _objective(kind, lam, True, "torch")(scores, labels)

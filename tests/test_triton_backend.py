@@ -191,6 +191,7 @@ UNCHECKED_LOSSES = {
     "pdaom": (lambda backend: mlloss.PDAOMLoss(backend=backend, validate_args=False), 1),
     "pdaom hinge": (lambda backend: mlloss.PDAOMLoss(surrogate="hinge", backend=backend, validate_args=False), 1),
     "laa graded hardest": (lambda backend: mlloss.LaALoss(pairs="hardest", backend=backend, validate_args=False), 1),
+    "pdaom soft": (lambda backend: mlloss.PDAOMLoss(temperature=0.5, backend=backend, validate_args=False), 1),
 }
 
 
@@ -199,7 +200,9 @@ def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_
     """With ``validate_args=False`` nothing reads the scores: a NaN score in a group with a pair
     makes the loss NaN on the Triton tier as on the PyTorch tier and in the brute force (a training
     loop sees it), where a max with 0 or a max over a cell would skip it; a NaN in a group without
-    a pair, or outside the mask, leaves the loss finite and equal to the PyTorch tier's."""
+    a pair, or outside the mask, leaves the loss finite and equal to the PyTorch tier's, and the
+    NaN score's gradient 0 (the PyTorch tier's soft extremes gave it 0 * NaN: its slope in its
+    cell, times the cell's zero gradient)."""
     make, num_labels = UNCHECKED_LOSSES[name]
     gen = torch.Generator().manual_seed(len(name))
     n = 48
@@ -215,15 +218,19 @@ def test_without_the_data_checks_a_nan_score_makes_the_loss_nan_as_on_the_torch_
     keep = torch.arange(n) != 5
     cases = [(None, None, True), (in_groups, None, True), (alone, None, False), (in_groups, keep, False)]
     for groups, mask, nan in cases:
-        results = []
+        results, grads = [], []
         for backend, device in (("triton", DEVICE), ("torch", "cpu")):
             leaf = scores.clone().to(device).requires_grad_(True)
             value = make(backend)(leaf, labels.to(device), None if groups is None else groups.to(device),
                                   mask=None if mask is None else mask.to(device))
             value.backward()
             results.append(value.detach().cpu())
+            grads.append(leaf.grad.cpu())
         assert bool(results[1].isnan()) == nan  # the PyTorch tier, as the brute force
         torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12, equal_nan=True)
+        if not nan:
+            assert grads[0][5] == grads[1][5] == 0
+            torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["no-groups", "groups"])

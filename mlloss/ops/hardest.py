@@ -169,9 +169,13 @@ class CellExtreme(NamedTuple):
 
     def spread(self, cell_grad: Tensor, grad: Tensor) -> None:
         """Add d loss / d s_i = (d loss / d extreme) (d extreme / d s_i) to ``grad`` (N,)."""
-        shares = (cell_grad.index_select(0, self.cells) * self.weights).to(grad.dtype)
+        at_item = cell_grad.index_select(0, self.cells)
+        shares = (at_item * self.weights).to(grad.dtype)
         if self.items is None:
-            grad += shares
+            # every item's slope (soft extremes): a cell in no valid pair (d loss / d extreme = 0)
+            # passes 0 on, also to a NaN score (unchecked, validate_args=False) whose slope is NaN,
+            # as the Triton tier and the hard extremes do
+            grad += torch.where(at_item == 0, 0.0, shares)
         else:  # each item once (an item of a one-valued cell is both extremes: the second adds)
             grad.index_add_(0, self.items, shares)
 
