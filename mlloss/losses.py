@@ -262,17 +262,19 @@ class AUCLoss(_PairwiseLoss):
         scores' device, if given; what ``forward`` returns for (N, K) scores, and
         ``BCEPlusRanking``'s ``lam``-weighted ranking term), ``result.problem_losses`` each
         column's (unweighted, detached)."""
-        if isinstance(labels, Tensor) and labels.dim() == 1:  # a transposed score vector, or one label for K columns
-            raise ValueError(
-                f"{type(self).__name__} takes scores of shape (N,) or (N, 1), or (N, K) with labels of shape "
-                f"(N, K), one binary label column per score column; got scores of shape "
-                f"{tuple(getattr(scores, 'shape', ()))} and labels of shape {tuple(labels.shape)}"
-            )
-        if self.cross_device:
-            raise ValueError(
-                f"{type(self).__name__}(cross_device=True) takes one score column per call; got scores of shape "
-                f"{tuple(getattr(scores, 'shape', ()))}: call it once per column"
-            )
+        # refused together: with cross_device the other ranks are in the gather by then (they raise too)
+        with refusing_together(self.cross_device, getattr(scores, "device", None)):
+            if isinstance(labels, Tensor) and labels.dim() == 1:  # a transposed score vector, or one label for K columns
+                raise ValueError(
+                    f"{type(self).__name__} takes scores of shape (N,) or (N, 1), or (N, K) with labels of shape "
+                    f"(N, K), one binary label column per score column; got scores of shape "
+                    f"{tuple(getattr(scores, 'shape', ()))} and labels of shape {tuple(labels.shape)}"
+                )
+            if self.cross_device:
+                raise ValueError(
+                    f"{type(self).__name__}(cross_device=True) takes one score column per call; got scores of shape "
+                    f"{tuple(getattr(scores, 'shape', ()))}: call it once per column"
+                )
         scores, labels, groups, mask = self._checked_batch(scores, labels, groups, mask, score_columns=True)
         if labels.shape[1] != scores.shape[1]:
             raise ValueError(
@@ -357,7 +359,9 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
         num_labels: K, the number of label columns every batch must have. For
             ``weights="balanced"`` without ``priors`` it sizes the running estimate at
             construction; without it the estimate is sized by the first batch, which makes a
-            ``torch.compile``-d step compile once more after that batch. ``num_labels``,
+            ``torch.compile``-d step compile once more after that batch (and, compiled, its first
+            call must not run under ``torch.inference_mode`` in training mode: the counts it
+            sizes would be inference tensors, which the next step cannot update). ``num_labels``,
             ``weights``, ``priors`` and ``label_names`` must agree on K where they say it.
         label_names: names of the K labels in ``parts`` (``label_loss/click``); default their index.
         surrogate, margin, pairs, temperature, reduction, backend, cross_device, validate_args,

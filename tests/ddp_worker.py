@@ -150,7 +150,7 @@ def dtype_cases(rank: int, world: int) -> dict:
 
 
 def error_cases(rank: int, world: int) -> dict:
-    """A batch that only rank 1 gets wrong (labels of the wrong length), a share of the pairs that
+    """A batch that only rank 1 gets wrong (labels of the wrong length; (N, 2) scores), a share of the pairs that
     only its owner finds not finite (rank 0's user 0), a bce+auc batch in whose scores only rank 1
     has infinities, then a good batch: which error each rank raised, and the good batch's loss.
     (A rank left waiting times out and fails the test.)"""
@@ -158,6 +158,10 @@ def error_cases(rank: int, world: int) -> dict:
     results = {}
     calls = {
         "refused": lambda: mlloss.AUCLoss(cross_device=True)(scores, labels if rank == 0 else labels[:1], groups),
+        # (N, 2) scores on rank 1 (task columns, which cross_device refuses): refused before the checks of the batch
+        "columns": lambda: mlloss.PDAOMLoss(cross_device=True)(*((scores, labels) if rank == 0 else
+                                                                 (torch.stack([scores, scores], 1), torch.stack([labels, labels], 1))),
+                                                               groups),
         # users 0 and 1 are equal work: rank 0 computes user 0's pairs, rank 1 user 1's
         "overflow": lambda: mlloss.AUCLoss(cross_device=True)(scores * (1e308 if rank == 0 else 1.0), labels, groups),
         # the cross-entropy, a per-rank term, refuses rank 1's infinities before the ranking term's gather

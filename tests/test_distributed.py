@@ -182,6 +182,8 @@ def test_a_rank_that_fails_makes_every_rank_raise_and_the_job_goes_on(job):
     raised = [{name: str(value) for name, value in result.items()} for result in results]
     assert raised[1]["refused"].startswith("ValueError: labels have 1 rows but scores have 2 items")
     assert raised[0]["refused"].startswith("ValueError: cross_device=True: rank(s) [1] refused their local batch")
+    assert raised[1]["columns"].startswith("ValueError: PDAOMLoss(cross_device=True) takes one score column per call")
+    assert raised[0]["columns"].startswith("ValueError: cross_device=True: rank(s) [1] refused their local batch")
     assert raised[0]["overflow"].startswith("OverflowError: the pairwise loss is not finite")
     assert raised[1]["overflow"].startswith("OverflowError: cross_device=True: rank(s) [0] failed to compute")
     assert raised[1]["bce"].startswith("ValueError: scores must be finite; scores[0, 0] = ")
