@@ -4,7 +4,7 @@ Sun et al. add a pairwise exponential AUC term to cross-entropy (Eq. 7) and comp
 backbone of the Meituan data, how the pairs are formed (Table V): all positive-negative pairs of the
 batch (CE + PEL), the single hardest pair of the batch (CE + DAOM, Eq. 5), or the hardest pair of each
 user's sub-batch summed over users (CE + PDAOM, Eq. 6); Fig. 4 varies the batch size and lambda.
-The Meituan data are not public and the Ali-CCP sample in ``shared/data`` has 100 rows, so we use
+The Meituan data are not public and the Ali-CCP sample in ``recipes/data/ali-ccp-sample`` has 100 rows, so we use
 the synthetic Ali-CCP-like generator ``mlloss.data.generate_impressions`` (known click and purchase
 probabilities; the last ``--test-fraction`` of the time range is the test set).
 

@@ -117,6 +117,7 @@ def main(out_dir: Path) -> None:
     )
     trainer.fit(model)
     if trainer.is_global_zero:
+        out_dir.mkdir(parents=True, exist_ok=True)
         model.eval()
         with torch.no_grad():
             features, labels, users = model.val_data.tensors
@@ -130,4 +131,6 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/lightning_ddp_script.py OUT_DIR (where metrics.json and run.pt go)")
     main(Path(sys.argv[1]))
