@@ -438,10 +438,10 @@ def check_single_column(labels: Tensor, loss_name: str) -> Tensor:
 _NARROW_IDS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32)
 
 
-def group_vector(groups: object, num_items: int) -> Tensor | None:
-    """Group ids as a vector (N,), or None; ids need not be sorted or contiguous. Ids of at most 32
-    bits (int32, int16, uint16, int8, uint8) become int32, the others (int64, uint32, uint64) int64:
-    the same groups either way, and the sort of 32-bit ids does half the work."""
+def group_ids(groups: object, num_items: int) -> Tensor | None:
+    """Group ids checked (integer ids, one per item) and viewed as a vector (N,), in their own
+    dtype and layout, or None: what ``group_vector`` converts, and what a loss that ignores the
+    groups (``BCELoss``) checks."""
     if groups is None:
         return None
     if not isinstance(groups, Tensor):
@@ -453,6 +453,16 @@ def group_vector(groups: object, num_items: int) -> Tensor | None:
         raise ValueError(f"groups must have shape (N,); got {tuple(groups.shape)}")
     if groups.shape[0] != num_items:
         raise ValueError(f"groups have {groups.shape[0]} entries but scores have {num_items} items")
+    return groups
+
+
+def group_vector(groups: object, num_items: int) -> Tensor | None:
+    """Group ids as a vector (N,), or None; ids need not be sorted or contiguous. Ids of at most 32
+    bits (int32, int16, uint16, int8, uint8) become int32, the others (int64, uint32, uint64) int64:
+    the same groups either way, and the sort of 32-bit ids does half the work."""
+    groups = group_ids(groups, num_items)
+    if groups is None:
+        return None
     dtype = torch.int32 if groups.dtype in _NARROW_IDS else torch.int64
     return groups.to(dtype).contiguous()  # a strided view (an expanded id) is copied once here
 

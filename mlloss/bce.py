@@ -53,7 +53,7 @@ class BCELoss(nn.Module):
         scores, labels = _task_columns(scores, labels)
         # the groups count for nothing here, but are checked as the ranking losses check them: a
         # mask passed in their place (positionally) would otherwise be dropped without a word
-        check.require_scores_device(scores, groups=check.group_vector(groups, scores.shape[0]))
+        check.require_scores_device(scores, groups=check.group_ids(groups, scores.shape[0]))
         loss, task_losses = binary_cross_entropy(
             scores, labels, check.mask_vector(mask, scores),
             probabilities=self.inputs == "probabilities", validate=self.validate_args,
