@@ -297,10 +297,12 @@ def as_vector(values: Tensor, name: str) -> Tensor:
     return values
 
 
-def require_integer_ids(groups: Tensor, name: str) -> None:
+def require_integer_ids(groups: Tensor, name: str, *, takes_mask: bool = False) -> None:
+    """Raise unless ``groups`` holds integer ids; ``takes_mask``: the caller has a ``mask=``, which
+    the error then points a bool tensor to."""
     if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
         # a bool tensor here is most often a mask passed positionally, in the place of the groups
-        hint = " (a bool mask of the items that count goes in mask=)" if groups.dtype == torch.bool and name == "groups" else ""
+        hint = " (a bool mask of the items that count goes in mask=)" if groups.dtype == torch.bool and takes_mask else ""
         raise TypeError(f"{name} must hold integer ids; got dtype {groups.dtype}{hint}")
 
 
@@ -345,7 +347,7 @@ def score_matrix(scores: object) -> Tensor:
 def _require_finite_scores(scores: Tensor) -> None:
     finite = torch.isfinite(scores)
     if not bool(finite.all()):  # scores[i], or scores[i, k] for task columns
-        raise ValueError(f"scores must be finite; {_first_entry('scores', scores, ~finite)}")
+        raise ValueError(f"scores must be finite; {first_entry('scores', scores, ~finite)}")
 
 
 def label_columns(labels: object, num_items: int | None) -> Tensor:
@@ -383,11 +385,11 @@ def _require_finite_labels(labels: Tensor) -> None:
 
 
 def _label_entry(labels: Tensor, bad: Tensor) -> str:
-    """``_first_entry`` of the (N, K) labels as the caller indexes the labels given: 'labels[i] = v'
+    """``first_entry`` of the (N, K) labels as the caller indexes the labels given: 'labels[i] = v'
     for one column ((N,) or (N, 1)), 'labels[i, k] = v' for several."""
     if labels.shape[1] == 1:
         labels, bad = labels[:, 0], bad[:, 0]
-    return _first_entry("labels", labels, bad)
+    return first_entry("labels", labels, bad)
 
 
 def raise_for_bad_batch(scores: Tensor, labels: Tensor, label_rule: str) -> None:
@@ -446,7 +448,7 @@ def group_ids(groups: object, num_items: int) -> Tensor | None:
         return None
     if not isinstance(groups, Tensor):
         raise TypeError(f"groups must be a torch.Tensor of integer ids or None; got {type(groups).__name__}")
-    require_integer_ids(groups, "groups")
+    require_integer_ids(groups, "groups", takes_mask=True)
     if groups.dim() == 2 and groups.shape[1] == 1:
         groups = groups[:, 0]
     if groups.dim() != 1:
@@ -600,7 +602,7 @@ def _finish_cross_entropy_check(values: Sequence[float], *, scores: Tensor, labe
         if not in_unit_interval:
             outside = ~((scores >= 0) & (scores <= 1))  # NaN is outside
             raise ValueError(
-                f"scores must be probabilities in [0, 1] (inputs='probabilities'); {_first_entry('scores', scores, outside)}"
+                f"scores must be probabilities in [0, 1] (inputs='probabilities'); {first_entry('scores', scores, outside)}"
             )
         return
     if status & STATUS_BAD_SCORE:
@@ -633,7 +635,7 @@ def _callers_level() -> int:
     return level
 
 
-def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:
+def first_entry(name: str, values: Tensor, bad: Tensor) -> str:
     """'name[i] = v' (or 'name[i, k] = v') for the first True entry of ``bad``."""
     index = tuple((bad.nonzero()[0]).tolist())
     return f"{name}[{', '.join(map(str, index))}] = {values[index].item()}"
@@ -646,20 +648,35 @@ def _first_entry(name: str, values: Tensor, bad: Tensor) -> str:
 # NaN not), 0/1 labels of any dtype, (N,) real levels or (N, K) binary columns.
 
 
-def metric_scores(scores: object) -> Tensor:
-    """Scores of shape (N,) or (N, 1), real and free of NaN, as (N,); unsigned integers wider than
-    a byte as int64 in the same order (torch sorts them but cannot search them)."""
+def metric_scores(scores: object, *, same_values: bool = False) -> Tensor:
+    """Scores of shape (N,) or (N, 1), real and free of NaN, as (N,) (``signed_scores``)."""
     scores = require_tensor(scores, "scores")
     if scores.dtype.is_complex:
         raise TypeError(f"scores must be real; got dtype {scores.dtype}")
-    scores = as_vector(scores, "scores")
-    if scores.dtype in (torch.uint16, torch.uint32):
-        scores = scores.to(torch.int64)
-    elif scores.dtype == torch.uint64:  # flipping the top bit maps 0 .. 2^64 - 1 onto -2^63 .. 2^63 - 1
-        scores = scores.view(torch.int64) ^ torch.iinfo(torch.int64).min
+    scores = signed_scores(as_vector(scores, "scores"), "scores", same_values=same_values)
     nan = torch.isnan(scores)
     if nan.any():
-        raise ValueError(f"scores must not contain NaN; {_first_entry('scores', scores, nan)}")
+        raise ValueError(f"scores must not contain NaN; {first_entry('scores', scores, nan)}")
+    return scores
+
+
+def signed_scores(scores: Tensor, name: str, *, same_values: bool = False) -> Tensor:
+    """Scores of an unsigned integer dtype wider than a byte as int64 in the same order (torch sorts
+    them but cannot search them, nor gather them across processes); other scores as they are.
+    uint64 scores have their top bit flipped (0 .. 2^64 - 1 onto -2^63 .. 2^63 - 1), or with
+    ``same_values`` (batches that other batches, of any dtype, are compared with: the streaming
+    metrics) keep their values and must be below 2^63."""
+    if scores.dtype in (torch.uint16, torch.uint32):
+        return scores.to(torch.int64)
+    if scores.dtype == torch.uint64 and not same_values:
+        return scores.view(torch.int64) ^ torch.iinfo(torch.int64).min
+    if scores.dtype == torch.uint64:
+        wide = scores.view(torch.int64) < 0
+        if wide.any():
+            raise ValueError(f"uint64 {name} of a streaming metric must be below 2^63 (its batches are compared "
+                             f"as int64 with batches of any dtype; the functions of mlloss.metrics take them all); "
+                             f"{first_entry(name, scores, wide)}")
+        return scores.view(torch.int64)
     return scores
 
 
@@ -681,7 +698,7 @@ def metric_binary(labels: object, name: str, num_items: int, *, matrix: bool) ->
     metric_length(labels, name, num_items)
     bad = (labels != 0) & (labels != 1)
     if bad.any():
-        raise ValueError(f"{name} must be binary (0 or 1); {_first_entry(name, labels, bad)}")
+        raise ValueError(f"{name} must be binary (0 or 1); {first_entry(name, labels, bad)}")
     return labels.long()
 
 
@@ -699,4 +716,4 @@ def metric_groups(groups: object, num_items: int) -> Tensor:
 def metric_finite(values: Tensor, name: str) -> None:
     finite = torch.isfinite(values)
     if not finite.all():
-        raise ValueError(f"{name} must be finite; {_first_entry(name, values, ~finite)}")
+        raise ValueError(f"{name} must be finite; {first_entry(name, values, ~finite)}")

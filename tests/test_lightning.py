@@ -146,6 +146,41 @@ def test_callback_scores_one_column_per_label_as_task_heads():
     assert "test/multipartite_auc" not in computed and "val/auc/click" not in computed
 
 
+def test_callback_keeps_each_batch_of_an_output_buffer_refilled_in_place():
+    """A validation_step that returns one buffer refilled in place (a CUDA graph's static output):
+    the callback kept float64 scores, uint8 labels and int64 groups without a copy, so every batch it
+    had seen became the last one."""
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(30, generator=gen, dtype=torch.float64), torch.randint(0, 2, (30, 2), generator=gen),
+                torch.randint(0, 5, (30,), generator=gen)) for _ in range(2)]
+    buffers = (torch.empty(30, dtype=torch.float64), torch.empty(30, 2, dtype=torch.uint8), torch.empty(30, dtype=torch.long))
+    callback = RankingMetrics(script.LABEL_NAMES, print_report=False)
+    for batch_idx, batch in enumerate(batches):
+        for buffer, values in zip(buffers, batch):
+            buffer.copy_(values)
+        callback.on_validation_batch_end(None, None, dict(zip(("scores", "labels", "groups"), buffers)), None, batch_idx)
+    for buffer in buffers:  # the next batch, written before the epoch's end
+        buffer.copy_(buffer.flip(0))
+    scores, labels, groups = (torch.cat(parts) for parts in zip(*batches))
+    computed = {key: float(value) for key, value in callback.compute().items()}
+    assert_metrics_equal(computed, expected_metrics(scores, labels, groups))
+
+
+@pytest.mark.filterwarnings("ignore::mlloss.metrics.UndefinedMetricWarning")
+@pytest.mark.parametrize("items", [0, 1])
+def test_callback_on_an_evaluation_of_one_item_or_none(items):
+    """One item (torchmetrics returned its outputs 0-dim: an IndexError) or none (the dictatorship
+    report refused empty labels): the metrics are NaN, the report is left out when there is no item."""
+    callback = RankingMetrics(["click"], print_report=False)
+    feed(callback, {"scores": torch.randn(items, 1), "labels": torch.ones(items, 1), "groups": torch.arange(items)})
+    computed = {key: float(value) for key, value in callback.compute().items()}
+    assert computed["val/num_items"] == items
+    assert math.isnan(computed["val/auc/click"])
+    assert math.isnan(computed["val/gauc/click"]) if items else "val/gauc/click" not in computed  # no id, no groups
+    assert (callback.report is None) == (items == 0)
+    assert any(key.startswith("val/dictatorship/") for key in computed) == (items == 1)
+
+
 def test_callback_rejects_outputs_that_break_the_contract():
     callback = RankingMetrics(script.LABEL_NAMES)
     scores, labels, groups = torch.randn(4), torch.tensor([[1, 0], [0, 0], [1, 1], [0, 0]]), torch.arange(4)
@@ -155,8 +190,10 @@ def test_callback_rejects_outputs_that_break_the_contract():
         feed(callback, {"scores": scores})
     with pytest.raises(ValueError, match=r"\(4, 2\)"):
         feed(callback, {"scores": scores, "labels": labels[:, :1]})
-    with pytest.raises(ValueError, match="binary"):
+    with pytest.raises(ValueError, match=r"outputs\['labels'\] must be binary \(0 or 1\); outputs\['labels'\]\[0, 0\] = 2"):
         feed(callback, {"scores": scores, "labels": labels * 2})
+    with pytest.raises(ValueError, match=r"label_weights weigh the labels of one ranking score .* shape \(4, 2\)"):
+        feed(RankingMetrics(script.LABEL_NAMES, label_weights=[1.0, 2.0]), {"scores": torch.randn(4, 2), "labels": labels})
     with pytest.raises(TypeError, match=r"outputs\['groups'\] must hold integer ids; got dtype torch.float32"):
         feed(callback, {"scores": scores, "labels": labels, "groups": groups.float()})
     with pytest.raises(TypeError, match="got dtype torch.bool"):

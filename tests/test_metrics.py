@@ -509,7 +509,7 @@ G3 = torch.tensor([1, 1, 2])
             r"labels must have shape \(N,\) or \(N, 1\); got \(3, 2\)",
         ),
         (lambda: group_auc(S3, Y3, G3.float()), TypeError, "groups must hold integer ids; got dtype torch.float32"),
-        (lambda: group_auc(S3, Y3, G3.bool()), TypeError, "groups must hold integer ids; got dtype torch.bool"),
+        (lambda: group_auc(S3, Y3, G3.bool()), TypeError, "groups must hold integer ids; got dtype torch.bool$"),  # no mask= to point to
         (lambda: group_auc(S3, Y3, G3[:2]), ValueError, r"groups must have one row per score \(3\); got shape \(2,\)"),
         (lambda: group_auc(S3, Y3, G3, weighting="mean"), ValueError, "weighting must be one of .*; got 'mean'"),
         (lambda: multilabel_auc(S3, torch.zeros(3, 2, 1)), ValueError, r"labels must have shape \(N,\) or \(N, K\); got \(3, 2, 1\)"),
@@ -845,6 +845,77 @@ def _sync_metrics_of_a_rank(rank: int, out: Path) -> None:
         torch.save(results, out / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+# Integer and float batches of one metric: (scores, labels) per batch, the values exact in float64.
+# 2^24 + 1 and 2^24 tie in float32, which one process's int64 and fp32 batches were gathered in.
+MIXED_BATCHES = [
+    (torch.tensor([5], dtype=torch.uint64), [1]),  # kept with its top bit flipped: below every float
+    (torch.tensor([1.0, 2.5]), [0, 1]),
+    (torch.tensor([-1, 2**24 + 1, 2**24], dtype=torch.int64), [0, 1, 0]),
+    (torch.tensor([-3], dtype=torch.int8), [0]),
+    (torch.tensor([200], dtype=torch.uint8), [1]),  # int8 beside uint8: int16, which gloo cannot gather
+]
+
+
+def mixed_reference(batches: list) -> float:
+    return ref_auc(np.concatenate([s.double().numpy() for s, _ in batches]), np.concatenate([y for _, y in batches]))
+
+
+def test_streaming_metrics_compare_integer_and_float_batches_by_value() -> None:
+    """uint64 scores were kept with their top bit flipped (as the functions take them), so a positive
+    at uint64 5 ranked below a negative at 1.0 of another batch; int64 scores beside float ones meet in
+    float64, exact up to 2^53: beyond, they are refused rather than rounded into ties."""
+    metric = AUC()
+    for scores, labels in MIXED_BATCHES:
+        metric.update(scores, torch.tensor(labels))
+    assert_close(metric.compute(), mixed_reference(MIXED_BATCHES))
+    with pytest.raises(ValueError, match=r"uint64 scores of a streaming metric must be below 2\^63 .*scores\[1\] = 9223372036854775808"):
+        metric.update(torch.tensor([1, 2**63], dtype=torch.uint64), torch.tensor([0, 1]))
+    assert_close(binary_auc(torch.tensor([1, 2**63], dtype=torch.uint64), torch.tensor([0, 1])), 1.0)  # one tensor: all of uint64
+    metric = AUC()
+    metric.update(torch.tensor([2**53 + 1, 2**53]), torch.tensor([1, 0]))
+    assert_close(metric.compute(), 1.0)  # int64 alone: exact
+    metric.update(torch.tensor([0.5]), torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"int64 scores beyond 2\^53 in magnitude cannot be compared exactly with the floating-point scores"):
+        metric.compute()
+
+
+def _sync_integer_scores_of_a_rank(rank: int, out: Path) -> None:
+    """One rank of a 2-process gloo job: rank 0 holds the integer and float batches of MIXED_BATCHES
+    but the last, rank 1 the int8/uint8 ones; then int64 scores beyond 2^53 on rank 0 beside floats."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    try:
+        results = {}
+        metric = AUC()
+        for scores, labels in MIXED_BATCHES[:3] if rank == 0 else MIXED_BATCHES[3:]:
+            metric.update(scores, torch.tensor(labels))
+        results["auc"] = metric.compute()
+        metric = AUC()
+        metric.update(torch.tensor([2**60, 0]) if rank == 0 else torch.tensor([0.5, 0.25]), torch.tensor([1, 0]))
+        try:
+            metric.compute()
+        except ValueError as error:
+            results["wide"] = str(error)
+        torch.save(results, out / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@IGNORE_UNDEFINED
+@pytest.mark.distributed
+def test_streaming_metrics_sync_integer_scores_across_processes(tmp_path) -> None:
+    """int16 scores (int8 beside uint8) made gloo fail ('Invalid scalar type'), one process's int64
+    and fp32 batches were gathered in float32 (2^24 + 1 and 2^24 tied), and int64 scores beyond 2^53
+    beside another process's floats were rounded: now the values of all items, and the same refusal
+    on every process."""
+    ForkedRanks(_sync_integer_scores_of_a_rank, (tmp_path,), log=tmp_path / "ranks.log").join(timeout=120)
+    for rank in range(2):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        assert_close(results["auc"], mixed_reference(MIXED_BATCHES))
+        assert results["wide"].startswith("int64 scores beyond 2^53 in magnitude cannot be compared exactly")
 
 
 @IGNORE_UNDEFINED

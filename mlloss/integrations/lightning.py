@@ -36,13 +36,21 @@ from typing import Any, Optional, cast
 import torch
 from torch import Tensor
 from torch.utils.data import BatchSampler, DistributedSampler
-from torchmetrics.utilities.data import dim_zero_cat
 
 from .._extras import needs_extra
-from .._validation import check_bool, check_choice, check_str, check_weights, require_integer_ids, require_label_names
+from .._validation import (
+    check_bool,
+    check_choice,
+    check_str,
+    check_weights,
+    first_entry,
+    require_integer_ids,
+    require_label_names,
+    signed_scores,
+)
 from ..diagnostics import DictatorshipReport, label_dictatorship
 from ..evaluation import ranking_metrics
-from ..metrics.classes import _PairMetric
+from ..metrics.classes import _concatenated, _own, _PairMetric
 from ..metrics.functional import WEIGHTINGS, Weighting
 
 with needs_extra("lightning", "mlloss.integrations.lightning"):
@@ -77,9 +85,11 @@ class _Predictions(_PairMetric):
             self.groups.append(groups)
 
     def compute(self) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-        scores, labels = dim_zero_cat(self.scores), dim_zero_cat(self.labels)
+        # torchmetrics' compute wrapper makes an output of one element a 0-dim tensor: the caller
+        # reshapes them (RankingMetrics.compute).
+        scores, labels = _concatenated(self.scores), _concatenated(self.labels, "labels")
         # Without groups the state is [] in one process, or one empty tensor after a sync.
-        groups = dim_zero_cat(self.groups) if len(self.groups) > 0 else None
+        groups = _concatenated(self.groups, "groups") if len(self.groups) > 0 else None
         if groups is None or groups.numel() == 0:
             return scores, labels, None
         if groups.numel() != scores.shape[0]:
@@ -166,8 +176,9 @@ class RankingMetrics(pl.Callback):
             has ``parts["valid_pairs"]`` (every mlloss loss), the callback adds them up over each
             training epoch (on the device: no host synchronisation per step) and logs
             ``train/valid_pairs_per_item`` and ``train/valid_pairs_per_batch`` at the epoch's end,
-            warning once when a loss over all valid pairs saw fewer of them than items: its
-            batches split the users (``mlloss.data.GroupBatchSampler`` keeps them together). A
+            warning once when a loss over all valid pairs saw fewer of them than items, which may
+            mean that the batches split the users (``mlloss.data.GroupBatchSampler`` keeps them
+            together) or only that a label has few positives per batch or per user. A
             max-violation loss (``pairs="hardest"``: PDAOM, ``"bce+pdaom"``) counts one pair per
             group and level pair, fewer than its items however it is batched: it gets no warning.
 
@@ -258,8 +269,10 @@ class RankingMetrics(pl.Callback):
         if items_value and per_item_value < 1.0:
             self._warned_starved = True
             rank_zero_warn(
-                f"the training loss saw {per_item_value:.2f} valid pairs per item this epoch: per-user pairs "
-                f"need each user's items in one batch; mlloss.data.GroupBatchSampler keeps users together"
+                f"the training loss saw {per_item_value:.2f} valid pairs per item this epoch: a grouped loss "
+                f"has pairs only inside a group, so check that each user's items come in one batch "
+                f"(mlloss.data.GroupBatchSampler keeps users together); a label with few positives per "
+                f"batch (or per user) also gives few pairs"
             )
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -332,12 +345,16 @@ class RankingMetrics(pl.Callback):
         call it on every rank), as float64 scalars named as logged (with ``prefix``, default the
         validation prefix)."""
         scores, labels, groups = self._predictions.compute()
-        labels = labels.reshape(scores.shape[0], len(self.label_names))
+        num_labels = len(self.label_names)
+        labels = labels.reshape(-1, num_labels)  # an evaluation of one item comes back 0-dim (torchmetrics)
+        scores = scores.reshape(labels.shape[0], -1).squeeze(1) if scores.numel() else scores
+        groups = None if groups is None else groups.reshape(-1)
         values: dict[str, Any] = {"num_items": scores.shape[0]}
         values |= ranking_metrics(scores, labels, groups, label_names=self.label_names,
                                   group_weighting=self.group_weighting, label_weights=self.label_weights)
-        self.report = label_dictatorship(labels, self.loa_weights, label_names=self.label_names)
-        for key, value in self.report.as_dict().items():
+        # No item, no priors: the report is left out (the metrics above are NaN, with their warnings).
+        self.report = label_dictatorship(labels, self.loa_weights, label_names=self.label_names) if len(labels) else None
+        for key, value in ({} if self.report is None else self.report.as_dict()).items():
             if key == "dominant":
                 key, value = "dominant_index", self.label_names.index(str(value))
             values[f"dictatorship/{key}"] = value
@@ -348,7 +365,8 @@ class RankingMetrics(pl.Callback):
         }
 
     def _batch(self, outputs: Any) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-        """Detached (scores (N,) or (N, K) float64, labels (N, K) uint8, groups (N,) int64 or None) of one batch."""
+        """Detached copies (scores (N,) or (N, K) float64 or integer, labels (N, K) uint8, groups (N,) int64 or
+        None) of one batch."""
         score_key, labels_key, groups_key = self.keys
         if not isinstance(outputs, Mapping) or score_key not in outputs or labels_key not in outputs:
             raise TypeError(
@@ -356,15 +374,20 @@ class RankingMetrics(pl.Callback):
                 f"{labels_key!r} (and optionally {groups_key!r}); got {type(outputs).__name__}"
                 + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
             )
-        scores = torch.as_tensor(outputs[score_key]).detach()
+        given_scores = torch.as_tensor(outputs[score_key])
+        scores = given_scores.detach()
         num_labels = len(self.label_names)
         if scores.ndim == 2 and scores.shape[1] == 1:
             scores = scores[:, 0]
         if not (scores.ndim == 1 or (scores.ndim == 2 and scores.shape[1] == num_labels)):
             raise ValueError(f"outputs[{score_key!r}] must have shape (N,), (N, 1) or (N, K) with K = {num_labels} "
                              f"(one column per label); got {tuple(scores.shape)}")
+        if scores.ndim == 2 and num_labels > 1 and self.label_weights is not None:
+            raise ValueError(f"label_weights weigh the labels of one ranking score (the multipartite AUC); got "
+                             f"outputs[{score_key!r}] of shape {tuple(scores.shape)}, a score per label")
         num_items = scores.shape[0]
-        labels = torch.as_tensor(outputs[labels_key]).detach()
+        given_labels = torch.as_tensor(outputs[labels_key])
+        labels = given_labels.detach()
         if labels.ndim == 1 and num_labels == 1:
             labels = labels[:, None]
         if labels.shape != (num_items, num_labels):
@@ -372,18 +395,23 @@ class RankingMetrics(pl.Callback):
                 f"outputs[{labels_key!r}] must have shape (N, K) = ({num_items}, {num_labels}) for "
                 f"label_names={self.label_names}; got {tuple(labels.shape)}"
             )
-        if bool(((labels != 0) & (labels != 1)).any()):
-            raise ValueError(f"outputs[{labels_key!r}] must be binary (0 or 1)")
-        groups = outputs.get(groups_key)
+        bad = (labels != 0) & (labels != 1)
+        if bool(bad.any()):
+            raise ValueError(f"outputs[{labels_key!r}] must be binary (0 or 1); {first_entry(f'outputs[{labels_key!r}]', labels, bad)}")
+        groups = given_groups = outputs.get(groups_key)
         if groups is not None:
-            groups = torch.as_tensor(groups).detach().reshape(-1)
+            given_groups = torch.as_tensor(groups)
+            groups = given_groups.detach().reshape(-1)
             require_integer_ids(groups, f"outputs[{groups_key!r}]")
             if groups.shape[0] != num_items:
                 raise ValueError(f"outputs[{groups_key!r}] must hold one id per item ({num_items}); "
                                  f"got {groups.shape[0]}")
-            groups = groups.long()
-        # float64 holds bf16/fp16/fp32 scores exactly, so the metrics see the model's own order.
-        return scores.to(torch.float64), labels.to(torch.uint8), groups
+            groups = _own(groups.long(), given_groups)
+        # float64 holds bf16/fp16/fp32 scores exactly, so the metrics see the model's own order;
+        # integer scores stay integers. Each batch is kept as a tensor of its own (``_own``): a step
+        # may return one buffer refilled in place (a CUDA graph's static output).
+        scores = scores.to(torch.float64) if scores.is_floating_point() else signed_scores(scores, f"outputs[{score_key!r}]", same_values=True)
+        return _own(scores, given_scores), _own(labels.to(torch.uint8), given_labels), groups
 
 
 def _sums_all_pairs(loss: Any) -> bool:

@@ -14,7 +14,8 @@ tensor (a float score vector, int64 group ids), it is copied. A caller may there
 place between batches (fixed-size batches, a CUDA graph's static output) without changing the items kept.
 Likewise ``load_state_dict`` gives each state a list of its own: later batches never reach the state dict
 it was loaded from. At :meth:`compute` the batches are concatenated in the dtype the processes gather them
-in (float64 where integer scores meet float ones), so that batches of different dtypes keep their values.
+in (float64 where integer scores meet float ones), so that batches of different dtypes keep their values;
+int64 scores beyond 2^53 in magnitude beside floating ones, which float64 would round, are refused.
 """
 
 from __future__ import annotations
@@ -57,17 +58,40 @@ def _layout(batches: list[Tensor]) -> Optional[Layout]:
     """The layout of a list state's batches (the dtype they concatenate to); ``None`` without batches."""
     if not batches:
         return None
-    return functools.reduce(torch.promote_types, [batch.dtype for batch in batches]), tuple(batches[0].shape[1:])
+    return _common_dtype([batch.dtype for batch in batches]), tuple(batches[0].shape[1:])
 
 
 def _common_dtype(dtypes: list[torch.dtype]) -> torch.dtype:
     """The dtype every process casts a state to before the all-gather: torch's promotion (fp16 and fp32
     scores give fp32, which holds both exactly), but float64 where integers meet floats (int64 scores beside
-    fp32 ones would promote to fp32 and round the integers above 2^24)."""
+    fp32 ones would promote to fp32 and round the integers above 2^24; float64 holds them up to 2^53:
+    :func:`_exactly`), and int32 for int16 (int8 beside uint8 promote to it), which neither gloo nor NCCL
+    gathers."""
     common = functools.reduce(torch.promote_types, dtypes)
     if common.is_floating_point and not all(dtype.is_floating_point for dtype in dtypes):
         return torch.promote_types(common, torch.float64)
-    return common
+    return torch.int32 if common == torch.int16 else common
+
+
+_EXACT_IN_FLOAT64 = 2**53  # every integer of at most this magnitude is a float64
+
+
+def _fits_float64(batches: list[Tensor]) -> bool:
+    """Whether every value of the int64 batches is a float64 (a host read per such batch)."""
+    return not any(bool(((batch > _EXACT_IN_FLOAT64) | (batch < -_EXACT_IN_FLOAT64)).any())
+                   for batch in batches if batch.dtype == torch.int64)
+
+
+def _too_wide(name: str) -> ValueError:
+    return ValueError(f"int64 {name} beyond 2^53 in magnitude cannot be compared exactly with the floating-point "
+                      f"{name} of other batches (float64 would round them into ties); pass every batch in one dtype")
+
+
+def _exactly(batches: list[Tensor], dtype: torch.dtype, name: str) -> list[Tensor]:
+    """``batches`` cast to ``dtype``, refusing int64 values that a floating ``dtype`` would round."""
+    if dtype.is_floating_point and not _fits_float64(batches):
+        raise _too_wide(name)
+    return [batch.to(dtype) for batch in batches]
 
 
 def _batches(state: Union[list[Tensor], Tensor]) -> list[Tensor]:
@@ -75,7 +99,7 @@ def _batches(state: Union[list[Tensor], Tensor]) -> list[Tensor]:
     return state if isinstance(state, list) else [state]
 
 
-def _concatenated(state: Union[list[Tensor], Tensor]) -> Tensor:
+def _concatenated(state: Union[list[Tensor], Tensor], name: str = "scores") -> Tensor:
     """A list state's batches as one tensor, in the dtype the processes gather them in (:func:`_common_dtype`).
 
     ``torch.cat`` alone promotes int64 scores beside fp16 ones to fp16 (rounding them above 2048, and
@@ -83,8 +107,7 @@ def _concatenated(state: Union[list[Tensor], Tensor]) -> Tensor:
     not have.
     """
     batches = _batches(state)
-    dtype = _common_dtype([batch.dtype for batch in batches])
-    return torch.cat([batch.to(dtype) for batch in batches])
+    return torch.cat(_exactly(batches, _common_dtype([batch.dtype for batch in batches]), name))
 
 
 def _rows(trailing: tuple[int, ...]) -> str:
@@ -122,17 +145,25 @@ class _PairMetric(Metric):
         # state comes first; each process then casts its batches to the common dtype (a copy only
         # where its dtype differs) or, without batches, takes an empty tensor of it. Trailing shapes
         # that differ (2 label columns here, 3 there) are refused on every process alike.
+        # int64 batches that meet floating ones are checked as at compute (_exactly), on every process
+        # alike: each says whether it holds int64 batches, and only then are their values read.
         group = process_group or self.process_group
-        layouts = {name: _layout(batches) for name in self._cat_states
-                   if isinstance(batches := getattr(self, name), list)}
-        gathered: list[Any] = [None] * torch.distributed.get_world_size(group)
+        world = torch.distributed.get_world_size(group)
+        layouts = {name: (_layout(batches), any(batch.dtype == torch.int64 for batch in batches))
+                   for name in self._cat_states if isinstance(batches := getattr(self, name), list)}
+        gathered: list[Any] = [None] * world
         torch.distributed.all_gather_object(gathered, layouts, group=group)
-        for name, layout in layouts.items():
-            common = self._common_layout(name, [other[name] for other in gathered])
+        for name, (layout, _) in layouts.items():
+            common = self._common_layout(name, [other[name][0] for other in gathered])
             if common is None:  # no process saw a batch
                 continue
             dtype, trailing = common
             batches = getattr(self, name)
+            if dtype.is_floating_point and any(other[name][1] for other in gathered):
+                fits: list[Any] = [None] * world
+                torch.distributed.all_gather_object(fits, _fits_float64(batches), group=group)
+                if not all(fits):
+                    raise _too_wide(name)
             if layout is None:
                 setattr(self, name, [torch.empty((0, *trailing), dtype=dtype, device=self.device)])
             elif any(batch.dtype != dtype for batch in batches):
@@ -261,7 +292,7 @@ class AUC(_PairMetric):
 
     def update(self, scores: Tensor, labels: Tensor) -> None:
         """Validate a batch and keep it."""
-        valid_scores = check.metric_scores(scores)
+        valid_scores = check.metric_scores(scores, same_values=True)
         check.require_scores_device(valid_scores, labels=labels)
         valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=False)
         self.scores.append(_own(valid_scores, scores))
@@ -302,7 +333,7 @@ class GroupAUC(_PairMetric):
 
     def update(self, scores: Tensor, labels: Tensor, groups: Tensor) -> None:
         """Validate a batch and keep it."""
-        valid_scores = check.metric_scores(scores)
+        valid_scores = check.metric_scores(scores, same_values=True)
         check.require_scores_device(valid_scores, labels=labels, groups=groups)
         valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=False)
         valid_groups = check.metric_groups(groups, valid_scores.numel())
@@ -350,7 +381,7 @@ class MultiLabelAUC(_PairMetric):
 
     def update(self, scores: Tensor, labels: Tensor) -> None:
         """Validate a batch and keep it."""
-        valid_scores = check.metric_scores(scores)
+        valid_scores = check.metric_scores(scores, same_values=True)
         check.require_scores_device(valid_scores, labels=labels)
         valid_labels = check.metric_binary(labels, "labels", valid_scores.numel(), matrix=True)
         if valid_labels.shape[1] != self.num_labels:
@@ -459,7 +490,7 @@ class MultipartiteAUC(_PairMetric):
         if self.grouped != (groups is not None):
             raise ValueError(f"groups must be given if and only if grouped=True; got grouped={self.grouped} and "
                              f"groups={'None' if groups is None else 'a tensor'}")
-        valid_scores = check.metric_scores(scores)
+        valid_scores = check.metric_scores(scores, same_values=True)
         check.require_scores_device(valid_scores, levels=levels, groups=groups)
         aggregated = aggregate_levels(levels, self.label_weights)  # validates the levels and the weights
         check.metric_length(aggregated, "levels", valid_scores.numel())
