@@ -414,7 +414,8 @@ def test_a_cross_device_ranking_loss_steps_sharded_tables_like_one_process_on_th
 def strategy_runs(tmp_path_factory) -> Path:
     """The folder of both TorchRecStrategy cases' results, from one 2-process job."""
     out_dir = tmp_path_factory.mktemp("torchrec-strategy")
-    ForkedRanks(torchrec_worker.run_strategy_cases, (free_port(), str(out_dir)), log=out_dir / "ranks.log").join()
+    ports = (free_port(), free_port())
+    ForkedRanks(torchrec_worker.run_strategy_cases, (ports, str(out_dir)), log=out_dir / "ranks.log").join()
     return out_dir
 
 
@@ -449,6 +450,24 @@ def test_a_checkpoint_that_fails_on_rank_zero_raises_on_every_rank(strategy_runs
         assert not (strategy_runs / f"{step}.ckpt").exists()
     assert ranks[0][None] is None and ranks[1][None] is None
     assert incomplete_reason(strategy_runs / "None.ckpt") is None
+
+
+@pytest.mark.distributed
+def test_a_resumed_run_equals_the_uninterrupted_one_with_state_outside_the_sharded_model(strategy_runs):
+    """TorchRecStrategy resumed from a checkpoint of step 2 ends where 4 uninterrupted steps end,
+    for a module whose parameter and balanced LoALoss (unsized) come before the sharded model, with
+    fused SGD. It did not load: DMP's state_dict had renamed them under its prefix ('missing
+    [scale]'), the unsized counts met a size of 0 in DCP's in-place load, and SGD's empty state
+    left no key DCP would load."""
+    for rank, result in enumerate(_ranks(strategy_runs, "resume")):
+        whole, first, resumed = result["whole"], result["first"], result["resumed"]
+        assert whole["step"] == resumed["step"] == 4 and first["step"] == 2
+        for name in ("head", "scale", "seen", "items"):
+            assert torch.equal(resumed[name], whole[name]), (rank, name)
+            assert not torch.equal(first[name], whole[name]), (rank, name)  # the steps after the checkpoint count
+        for name, table in whole["tables"].items():
+            assert torch.equal(resumed["tables"][name], table), (rank, name)
+        assert whole["seen"].shape == (2,)
 
 
 def test_an_empty_batch_embeds_to_zero_rows_that_reach_the_tables():

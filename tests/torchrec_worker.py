@@ -259,14 +259,63 @@ def _sharded_lightning_module() -> type:
     return ShardedModule
 
 
-def run_strategy_cases(rank: int, second_port: int, out_dir: str) -> None:
-    """Both TorchRecStrategy cases in one job, each on a process group of its own that Lightning
-    sets up (from the environment ranks.ForkedRanks gives) and this worker destroys; the second
-    group on a port of its own."""
+def run_strategy_cases(rank: int, ports: tuple[int, ...], out_dir: str) -> None:
+    """The TorchRecStrategy cases in one job, each on a process group of its own that Lightning
+    sets up (from the environment ranks.ForkedRanks gives) and this worker destroys; the groups
+    after the first on ports of their own."""
     world_size = int(os.environ["WORLD_SIZE"])
     run_strategy_with_a_parameter_outside(rank, world_size, out_dir)
-    os.environ["MASTER_PORT"] = str(second_port)
+    os.environ["MASTER_PORT"] = str(ports[0])
     run_strategy_checkpoint_failures(rank, world_size, out_dir)
+    os.environ["MASTER_PORT"] = str(ports[1])
+    run_strategy_resume(rank, world_size, out_dir)
+
+
+def run_strategy_resume(rank: int, world_size: int, out_dir: str) -> None:
+    """Four Lightning steps under TorchRecStrategy (fused SGD, which keeps no optimizer state) of a
+    module whose learnable ``scale`` and unsized balanced ``LoALoss`` are registered before the
+    sharded model: uninterrupted, and as two steps, a checkpoint and two more steps resumed from it.
+    Records each run's final state (the tables gathered from this rank's shards)."""
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from mlloss import LoALoss
+    from mlloss.integrations.torchrec_strategy import TorchRecStrategy
+
+    class Resumable(_sharded_lightning_module()):
+        def __init__(self) -> None:
+            pl.LightningModule.__init__(self)  # these before the model: DMP's state_dict renamed them
+            self.scale = nn.Parameter(torch.ones(()))
+            self.loa = LoALoss("balanced", cross_device=True)  # its counts take their size from the checkpoint
+            self.model = make_model()
+
+        def training_step(self, batch, batch_index):
+            ids, target = batch
+            scores = self.model(ids) * self.scale
+            labels = torch.stack([target > 0, target > 1], 1).long()
+            return self.loa(scores, labels) + nn.functional.mse_loss(scores, target)
+
+    ids, target = global_batch()
+    checkpoint = os.path.join(out_dir, "resume.ckpt")
+    results = {}
+    for run, steps, resume in (("whole", 4, None), ("first", 2, None), ("resumed", 4, checkpoint)):
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=world_size, max_steps=steps, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            strategy=TorchRecStrategy("table_wise", sparse_optimizer="sgd", sparse_lr=SPARSE_LR),
+        )
+        module = Resumable()
+        try:
+            trainer.fit(module, DataLoader(TensorDataset(ids, target), batch_size=BATCH), ckpt_path=resume)
+            if run == "first":
+                trainer.save_checkpoint(checkpoint)
+            results[run] = {"tables": full_tables(module.model), "head": module.model.state_dict()["head.weight"].detach().clone(),
+                            "scale": module.scale.detach().clone(), "seen": module.loa.seen_positives.clone(),
+                            "items": module.loa.seen_items.clone(), "step": trainer.global_step}
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    torch.save(results, os.path.join(out_dir, f"resume-rank{rank}.pt"))
 
 
 def run_strategy_with_a_parameter_outside(rank: int, world_size: int, out_dir: str) -> None:

@@ -11,14 +11,17 @@ The strategy does not wrap the module a second time, expects the module to shard
 ``configure_model`` (``self.model = self.trainer.strategy.shard(self.model)``), and saves and
 restores checkpoints with ``torch.distributed.checkpoint``: a checkpoint is a directory with
 every rank's shards of the model and of the fused sparse optimizer's state, plus ``meta.pt``,
-written by rank 0, with the rest of Lightning's checkpoint (loops, epoch, callbacks, and the
-dense optimizer's state, which is replicated), and the completion marker ``COMPLETE``. It is
+written by rank 0, with the rest of Lightning's checkpoint (loops, epoch, callbacks, the dense
+optimizer's state and the module's state outside the sharded model, all replicated), and the
+completion marker ``COMPLETE``. It is
 written under a temporary name and made visible when complete (docs/checkpoints.md). Resuming
 needs the same world size and sharding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -167,10 +170,9 @@ class TorchRecStrategy(DDPStrategy):
             super().model_to_device()
             return
         # DMP already placed its shards and dense part on the device; move the module's other
-        # parts (losses with buffers, metric states) there too.
-        for child in self.lightning_module.children():
-            if child is not self.sharded_model:
-                child.to(self.root_device)
+        # parts (its own parameters, losses with buffers, metric states) there too.
+        with self._without_dmp() as module:
+            module.to(self.root_device)
 
     def setup(self, trainer) -> None:
         from lightning_fabric.utilities.optimizer import _optimizers_to_device
@@ -193,7 +195,40 @@ class TorchRecStrategy(DDPStrategy):
     # ---------------------------------------------------------------- checkpoints
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        return self._module().state_dict()  # ShardedTensors for the sharded tables
+        dmp_state, rest = self._module_state()
+        return {**rest, **dmp_state}
+
+    def _dmp_prefix(self) -> str:
+        """DMP's prefix in the LightningModule's state dict (``"model."``)."""
+        module, dmp = self._module(), self._sharded()
+        return next(name for name, child in module.named_modules() if child is dmp) + "."
+
+    def _module_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The LightningModule's state dict in two parts: DMP's (ShardedTensors for the sharded
+        tables, its keys prefixed) and the rest (the module's own parameters and buffers, the
+        losses' running counts: the same on every rank).
+
+        DMP's ``state_dict`` prefixes every key of the dict it is handed, so within the module's
+        ``state_dict`` the keys gathered before it (the module's own parameters, children
+        registered before the sharded model) came out under its prefix and did not load back.
+        Its part is taken on its own, and the rest with DMP left out for the while."""
+        dmp_state = self._sharded().state_dict(prefix=self._dmp_prefix())
+        with self._without_dmp() as module:
+            rest = module.state_dict()
+        return dmp_state, rest
+
+    @contextmanager
+    def _without_dmp(self) -> Iterator[LightningModule]:
+        """The LightningModule with its DMP child set to ``None`` for the while (``state_dict``,
+        ``to`` and the like skip a ``None`` child)."""
+        module, dmp = self._module(), self._sharded()
+        parent_name, _, name = self._dmp_prefix()[:-1].rpartition(".")
+        parent = module.get_submodule(parent_name)
+        parent._modules[name] = None
+        try:
+            yield module
+        finally:
+            parent._modules[name] = dmp
 
     def load_model_state_dict(self, checkpoint, strict: bool = True) -> None:
         pass  # load_checkpoint loaded it into the shards
@@ -207,7 +242,11 @@ class TorchRecStrategy(DDPStrategy):
         staging = staging_path(path)
         self._on_rank_zero_together(lambda: begin_directory(path), f"start the checkpoint {path}")  # an empty .partial/<name>
         checkpoint = dict(checkpoint)
-        state = {"model": checkpoint.pop("state_dict"), "sparse_optimizer": self._fused_optimizer().state_dict()}
+        # DMP's shards go to DCP; the rest of the module's state to meta.pt (rank 0's), which loads it
+        # through the module's load_state_dict (a balanced LoALoss built without num_labels takes its size).
+        prefix, module_state = self._dmp_prefix(), checkpoint.pop("state_dict")
+        checkpoint[_REST_KEY] = {k: v for k, v in module_state.items() if not k.startswith(prefix)}
+        state = self._dcp_state({k: v for k, v in module_state.items() if k.startswith(prefix)})
         dcp.save(state, checkpoint_id=staging)  # returns on rank 0 (the coordinator) once every shard is written
 
         def finish() -> None:
@@ -245,12 +284,16 @@ class TorchRecStrategy(DDPStrategy):
         reason = incomplete_reason(path)
         if self.is_global_zero and reason is not None:
             print(f"note: {path} is not marked complete ({reason}); loading it as named", flush=True)
-        state = {"model": self._module().state_dict(), "sparse_optimizer": self._fused_optimizer().state_dict()}
         try:
-            dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
-            self._load_module_state(state["model"])
-            self._fused_optimizer().load_state_dict(state["sparse_optimizer"])
             checkpoint = torch.load(path / METADATA_FILENAME, weights_only=False)
+            dmp_state, rest = self._module_state()
+            if _REST_KEY not in checkpoint:  # written before 2026-11-29: the whole module's state in DCP
+                dmp_state |= rest
+            state = self._dcp_state(dmp_state)
+            dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
+            self._load_module_state({**checkpoint.pop(_REST_KEY, {}), **state["model"]})
+            if "sparse_optimizer" in state:
+                self._fused_optimizer().load_state_dict(state["sparse_optimizer"])
         except Exception as error:
             if hasattr(error, "add_note"):
                 error.add_note(f"while loading the TorchRecStrategy checkpoint {path}")
@@ -262,11 +305,17 @@ class TorchRecStrategy(DDPStrategy):
         self.barrier("TorchRecStrategy.load_checkpoint: published")
         return checkpoint
 
+    def _dcp_state(self, dmp_state: dict[str, Any]) -> dict[str, Any]:
+        """What DCP saves and loads: DMP's state and the fused sparse optimizer's, if it keeps any
+        tensor (SGD keeps none: DCP then writes nothing under its key, and would refuse to load it)."""
+        optimizer_state = self._fused_optimizer().state_dict()
+        has_tensors = any(isinstance(leaf, Tensor) for leaf in _leaves(optimizer_state))
+        return {"model": dmp_state, **({"sparse_optimizer": optimizer_state} if has_tensors else {})}
+
     def _load_module_state(self, state: dict[str, Any]) -> None:
         """Load the LightningModule's state: DMP's part through DMP (its keys carry no wrapper
         prefix), the rest through the module."""
-        module, dmp = self._module(), self._sharded()
-        prefix = next(name for name, child in module.named_modules() if child is dmp) + "."
+        module, dmp, prefix = self._module(), self._sharded(), self._dmp_prefix()
         dmp.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
         rest = {k: v for k, v in state.items() if not k.startswith(prefix)}
         missing, unexpected = module.load_state_dict(rest, strict=False)
@@ -277,3 +326,18 @@ class TorchRecStrategy(DDPStrategy):
     def remove_checkpoint(self, filepath) -> None:
         if self.is_global_zero:
             remove_checkpoint(filepath)  # and its temporary and retired copies
+
+
+_REST_KEY = "module_state_outside_dmp"  # meta.pt's entry: the module's state but DMP's
+
+
+def _leaves(tree: Any) -> Any:
+    """The leaves of nested dicts and lists."""
+    if isinstance(tree, dict):
+        for value in tree.values():
+            yield from _leaves(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _leaves(value)
+    else:
+        yield tree
