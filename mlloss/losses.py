@@ -354,7 +354,8 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
             a_k = pi_k (1 - pi_k), which makes every effective weight 1, so that the Bayes-optimal
             scorer is :math:`\sum_k \eta_k` like LaA's. The priors are ``priors`` if given, else a
             running estimate: the label means over every batch seen in training mode (the current
-            one included), kept in the module's state dict.
+            one included), kept in the module's state dict (as buffers, which DDP broadcasts
+            from rank 0 before each forward unless ``cross_device``: see docs/lightning.md).
         priors: label priors pi_k in (0, 1) for ``weights="balanced"``.
         num_labels: K, the number of label columns every batch must have. For
             ``weights="balanced"`` without ``priors`` it sizes the running estimate at
