@@ -46,7 +46,7 @@ from mlloss.models import MultiTaskModel
 
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
                              check_batches, load_data, parse_args)
-from ctr_cvr_resume import (OptimizerOptions, check_output_folder, check_resume, checkpoint_record,  # noqa: E402
+from ctr_cvr_resume import (ObjectiveRankStates, OptimizerOptions, check_output_folder, check_resume, checkpoint_record,  # noqa: E402
                             recorded_options, replace_other_kind_of_checkpoint, restore_rng_states, resume_path, rng_states)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
                             lightning_notices_muted, scorer_results, write_report)
@@ -212,7 +212,7 @@ class CtrCvrModule(pl.LightningModule):
         self.eval_results = scorer_results(self.metrics)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["ctr_cvr"] = {"history": self.history, **rng_states(), **checkpoint_record(self.trainer, self.run_options)}
+        checkpoint["ctr_cvr"] = {"history": self.history, **rng_states(self.objective), **checkpoint_record(self.trainer, self.run_options)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("ctr_cvr")
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> dict:
         accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
         max_epochs=args.epochs, use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,  # see GroupDataModule
         num_sanity_val_steps=0, logger=False,
-        callbacks=[*callbacks, OptimizerOptions(args.lr, args.weight_decay), *fault_test_callbacks()],
+        callbacks=[*callbacks, OptimizerOptions(args.lr, args.weight_decay), ObjectiveRankStates(), *fault_test_callbacks()],
         plugins=[AtomicCheckpointIO()],  # write to a temporary file, fsync, rename (docs/checkpoints.md)
         enable_checkpointing=not args.no_checkpoint, enable_progress_bar=args.progress_bar, enable_model_summary=False,
     )

@@ -174,13 +174,16 @@ def checkpoint_record(trainer: pl.Trainer, options: dict[str, dict[str, Any]]) -
             "trained_with": options.get("training", {})}
 
 
-def rng_states() -> dict[str, Any]:
-    """The random states a resumed run restores (:func:`restore_rng_states`): torch's CPU generator
-    and, once CUDA is initialised, every CUDA device's (dropout on a GPU draws from those), of
-    every process: each rank draws its own dropout masks, and the checkpoint, written by rank 0,
-    keeps them all (``rank_states``, gathered; a collective, as Lightning calls the checkpoint
-    hooks on every rank)."""
-    states = {"torch_rng_state": torch.get_rng_state()}
+def rng_states(objective: torch.nn.Module) -> dict[str, Any]:
+    """The per-process states a resumed run restores: torch's CPU generator and, once CUDA is
+    initialised, every CUDA device's (dropout on a GPU draws from those), restored by
+    :func:`restore_rng_states`, and the ``objective``'s state (a balanced LoALoss's running label
+    counts, which count each rank's own batches without ``--cross-device``), restored by
+    :class:`ObjectiveRankStates`; of every process: each rank draws its own dropout masks, and the
+    checkpoint, written by rank 0, keeps them all (``rank_states``, gathered; a collective, as
+    Lightning calls the checkpoint hooks on every rank)."""
+    states = {"torch_rng_state": torch.get_rng_state(),
+              "objective": {name: value.cpu() for name, value in objective.state_dict().items()}}
     if torch.cuda.is_initialized():
         states["cuda_rng_states"] = torch.cuda.get_rng_state_all()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -357,6 +360,30 @@ def replace_other_kind_of_checkpoint(args: argparse.Namespace, trainer: pl.Train
         shutil.rmtree(last)
         print(f"removed {last}, the sharded checkpoint of an earlier run: this run (--sharding none) writes its own "
               "there")
+
+
+class ObjectiveRankStates(pl.Callback):
+    """Each rank's own objective state from the checkpoint (:func:`rng_states`) once training
+    starts: a balanced LoALoss without ``--cross-device`` counts each rank's own labels, but the
+    module state of a checkpoint, which every rank loads, is rank 0's (rank 1 went on from rank
+    0's counts, and the resumed run left the uninterrupted one). DDP leaves these buffers alone
+    (it broadcast rank 0's at its first forward, over the restored ones)."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, Any] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        names = [f"objective.{name}" for name, _ in pl_module.objective.named_buffers()]  # before DDP wraps the module
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(pl_module, names)
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        ranks = checkpoint.get("ctr_cvr", {}).get("rank_states")
+        self.saved = ranks[trainer.global_rank].get("objective") if ranks else None  # none before 2026-11-29
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.saved is not None:
+            pl_module.objective.load_state_dict(self.saved)
+            self.saved = None
 
 
 class OptimizerOptions(pl.Callback):

@@ -61,8 +61,8 @@ resume = load_recipe("ctr_cvr_resume")  # the recipe's --resume (recipes/ctr_cvr
 
 RECIPE = RECIPES / "ctr_cvr.py"
 SMALL = ("--num-users", "300", "--num-items", "200", "--mean-impressions", "30", "--epochs", "3", "--no-progress-bar")
-SHARDED = ("--batch-size", "512", "--loss", "laa", "--accelerator", "cpu", "--devices", "2",
-           "--sharding", "table_wise", "--dropout", "0.2")  # dropout: each rank's own random state must come back
+SHARDED = ("--batch-size", "512", "--loss", "balanced-loa", "--accelerator", "cpu", "--devices", "2",
+           "--sharding", "table_wise", "--dropout", "0.2")  # dropout and the LoA counts: each rank's own must come back
 
 
 # --------------------------------------------------------------------------- the building blocks
@@ -473,7 +473,7 @@ def test_checkpoints_keep_the_cuda_generators_and_load_without_them(recipe, monk
     """The CUDA generators (dropout on a GPU) are saved once CUDA is initialised (mocked here) and
     restored; a checkpoint without them (the CPU's, or an older one) loads as before."""
     module = SimpleNamespace(history=[{"epoch": 1}], trainer=SimpleNamespace(strategy=None, world_size=1),
-                             run_options={})
+                             run_options={}, objective=torch.nn.Module())
     cuda_states, restored = [torch.arange(16, dtype=torch.uint8)], []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: cuda_states)
@@ -790,3 +790,20 @@ def test_sharded_recipe_on_2_ranks_killed_mid_epoch_and_mid_write_resumes_to_the
     assert f"--resume last: resuming from {staging}, the newest complete checkpoint" in output
     assert f"finished the interrupted write of {staging.parent.parent / 'last.ckpt'}" in output
     _check_equal_to_the_uninterrupted_run(tmp_path / "run", straight)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ddp_recipe_with_a_balanced_loa_resumes_each_ranks_own_label_counts(tmp_path, uninterrupted):
+    """--loss balanced-loa under DDP without --cross-device: each rank counts its own labels, but
+    every rank loaded rank 0's counts from the checkpoint (and DDP broadcast rank 0's buffers at its
+    first forward), so the resumed epoch 2 left the uninterrupted one."""
+    options = ("--loss", "balanced-loa", "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
+               "--batch-size", "256")
+    straight = uninterrupted("ddp balanced-loa", (*options, "--epochs", "2"))
+    _run_command(tmp_path / "run", (*options, "--epochs", "1"))
+    _run_command(tmp_path / "run", (*options, "--epochs", "2", "--resume", "last"))
+    _check_equal_to_the_uninterrupted_run(tmp_path / "run", straight)
+    ranks = _meta(straight / "checkpoints" / "last.ckpt")["ctr_cvr"]["rank_states"]
+    counts = [rank["objective"]["ranking_loss.seen_items"] for rank in ranks]
+    assert counts[0] != counts[1]  # the counts this test is about differ by rank
