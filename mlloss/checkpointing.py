@@ -143,9 +143,13 @@ def _final_of(path: Path) -> Path | None:
 
 
 def _check_folder_name(final: Path) -> None:
-    """Raise ValueError when the checkpoint ``final`` is in a folder named ``.partial`` or ``.old``:
-    it would be taken for a staging or retired copy of ``<folder>/../<name>`` (skipped as an
-    unfinished write, or moved out of its folder by :func:`finish_interrupted_publish`)."""
+    """Raise ValueError when the checkpoint ``final`` is named ``.partial`` or ``.old`` (the folder
+    of its own copies), or is in a folder of either name: it would be taken for a staging or
+    retired copy of ``<folder>/../<name>`` (skipped as an unfinished write, or moved out of its
+    folder by :func:`finish_interrupted_publish`)."""
+    if final.name in (STAGING_DIRNAME, RETIRED_DIRNAME):  # its copies would go into itself
+        raise ValueError(f"the checkpoint name {final.name} is the name mlloss.checkpointing keeps for the folder of "
+                         f"the temporary and retired copies of the checkpoints in {final.parent}; name it otherwise")
     folder = final.parent
     if folder.name in (STAGING_DIRNAME, RETIRED_DIRNAME):
         kind = "temporary" if folder.name == STAGING_DIRNAME else "retired"

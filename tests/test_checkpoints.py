@@ -344,6 +344,12 @@ def test_a_checkpoint_folder_named_like_a_temporary_or_retired_folder_is_refused
             torch.save({"version": 1}, tmp / "meta.pt")
         with pytest.raises(ValueError, match=refused):
             latest_complete_checkpoint(final.parent, report=pytest.fail)
+        named = re.escape(f"the checkpoint name {name} is the name mlloss.checkpointing keeps for the folder of the "
+                          f"temporary and retired copies of the checkpoints in {tmp_path}")  # was an IsADirectoryError
+        with pytest.raises(ValueError, match=named):
+            save_atomically({"version": 1}, tmp_path / name)
+        with pytest.raises(ValueError, match=named), atomic_directory(tmp_path / name) as tmp:
+            torch.save({"version": 1}, tmp / "meta.pt")
     assert list(tmp_path.iterdir()) == [], "nothing written"
 
 
