@@ -412,10 +412,12 @@ def test_a_cross_device_ranking_loss_steps_sharded_tables_like_one_process_on_th
 
 @pytest.fixture(scope="module")
 def strategy_runs(tmp_path_factory) -> Path:
-    """The folder of both TorchRecStrategy cases' results, from one 2-process job."""
+    """The folder of the TorchRecStrategy cases' results, from one 2-process job."""
     out_dir = tmp_path_factory.mktemp("torchrec-strategy")
-    ports = (free_port(), free_port())
-    ForkedRanks(torchrec_worker.run_strategy_cases, (ports, str(out_dir)), log=out_dir / "ranks.log").join()
+    ports: set[int] = set()
+    while len(ports) < 4:  # a process group of its own per Lightning run
+        ports.add(free_port())
+    ForkedRanks(torchrec_worker.run_strategy_cases, (tuple(ports), str(out_dir)), log=out_dir / "ranks.log").join()
     return out_dir
 
 

@@ -267,11 +267,10 @@ def run_strategy_cases(rank: int, ports: tuple[int, ...], out_dir: str) -> None:
     run_strategy_with_a_parameter_outside(rank, world_size, out_dir)
     os.environ["MASTER_PORT"] = str(ports[0])
     run_strategy_checkpoint_failures(rank, world_size, out_dir)
-    os.environ["MASTER_PORT"] = str(ports[1])
-    run_strategy_resume(rank, world_size, out_dir)
+    run_strategy_resume(rank, world_size, out_dir, ports[1:])
 
 
-def run_strategy_resume(rank: int, world_size: int, out_dir: str) -> None:
+def run_strategy_resume(rank: int, world_size: int, out_dir: str, ports: tuple[int, ...]) -> None:
     """Four Lightning steps under TorchRecStrategy (fused SGD, which keeps no optimizer state) of a
     module whose learnable ``scale`` and unsized balanced ``LoALoss`` are registered before the
     sharded model: uninterrupted, and as two steps, a checkpoint and two more steps resumed from it.
@@ -298,7 +297,8 @@ def run_strategy_resume(rank: int, world_size: int, out_dir: str) -> None:
     ids, target = global_batch()
     checkpoint = os.path.join(out_dir, "resume.ckpt")
     results = {}
-    for run, steps, resume in (("whole", 4, None), ("first", 2, None), ("resumed", 4, checkpoint)):
+    for port, (run, steps, resume) in zip(ports, (("whole", 4, None), ("first", 2, None), ("resumed", 4, checkpoint))):
+        os.environ["MASTER_PORT"] = str(port)  # a process group of its own per run (ranks could meet the last one's store)
         trainer = pl.Trainer(
             accelerator="cpu", devices=world_size, max_steps=steps, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
