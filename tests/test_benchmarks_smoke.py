@@ -690,3 +690,17 @@ def test_gpu_report_judges_the_replayed_calls_beside_the_eager_ones(bench_gpu, c
     assert "naive torch.compile / Triton with graph replay at N=16,384: 6.4x (1.6 ms vs 0.25 ms); target >= 5x: PASS" in lines
     # a run without replayed rows says nothing of them
     assert "graph replay" not in "\n".join(gpu_report.acceptance_lines(rows[:1] + rows[2:], gpu=True))
+
+
+def test_gpu_report_survives_a_failed_float64_reference_row(bench_gpu, cases):
+    """Section 6 with its float64 row failed (out of memory, say): the float32 row became the
+    case's reference, without a ``value_rel_diff``, and the report raised a KeyError after every
+    row, which stopped the run (rows made up here, not measured)."""
+    import gpu_report
+
+    case, n = cases.accuracy_cases()[0]["case"], gpu_report.HEADLINE_MEMORY_N
+    rows = [{"section": 6, "case": case, "n": n, "impl": "mlloss-triton-f64", "error": "OutOfMemoryError: (made up)"},
+            {"section": 6, "case": case, "n": n, "impl": "mlloss-triton", "time_s": 0.1, "pairs_per_s": 1e12,
+             "peak_extra_mb": 28.0, "reference": True}]
+    lines = "\n".join(gpu_report.acceptance_lines(rows, gpu=True))
+    assert f"{case}: not measured (the float64 reference row failed: OutOfMemoryError: (made up))" in lines
