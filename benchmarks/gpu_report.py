@@ -262,6 +262,7 @@ def describe_device(device: str) -> dict[str, Any]:
     except ImportError:
         described["triton"] = None
     described["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    described["triton_launch"] = os.environ.get("MLLOSS_TRITON_LAUNCH")  # "triton": through Triton's path (kernels/_launch.py)
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         described.update(

@@ -12,7 +12,7 @@
 #        e.g. step --compile reduce-overhead --fixed-batches
 #   bash benchmarks/gpu_session.sh profile [OPTION...]  # python benchmarks/profile_call.py (host or kernel bound?)
 #   bash benchmarks/gpu_session.sh launch-check  # python benchmarks/check_launcher.py: the direct launches give
-#                                                # Triton's results bit for bit (status 1 if not)
+#                                                # Triton's results bit for bit (status 3 if not)
 #   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench, accuracy, profile: issue 10's GPU lines in one device command
 #   bash benchmarks/gpu_session.sh training  # step (plain), the recipe, the step with graph replay: issue 12's
 #
@@ -145,9 +145,10 @@ kernels|training)
         # --sections 9` reruns it after a kernel change. Section 10 (the dense kernels against the
         # layout kernels at 2,048-16,384 items, 32 rows) comes last in the bench stage: the budget
         # cuts it first.
-        # The launch check comes first: if the direct launches differ from Triton's path (status 1), the
-        # later stages launch through Triton's path (MLLOSS_TRITON_LAUNCH=triton), so that their
-        # figures stand, and the tests show the failure.
+        # The launch check comes first: if the direct launches differ from Triton's path (status 3),
+        # or the check itself fails (another status), the later stages launch through Triton's path
+        # (MLLOSS_TRITON_LAUNCH=triton, which the bench results record), so that their figures
+        # stand, and the tests show the failure.
         plan=("40 launch-check" "130 tests" "150 bench --budget-s 130 --sections 2,5,3,1,4,10" \
               "40 bench --budget-s 25 --sections 6 --output $out/accuracy.json" \
               "40 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
@@ -175,9 +176,13 @@ kernels|training)
         timeout --signal=INT --kill-after=15 "$limit" bash "$0" $stage || status=$?
         if [ "$status" != 0 ]; then
             echo "== $stage stopped with status $status"
-            if [ "$stage" = launch-check ] && [ "$status" = 1 ]; then
+            if [ "$stage" = launch-check ]; then
                 export MLLOSS_TRITON_LAUNCH=triton
-                echo "== the direct launches differ from Triton's path: the later stages launch through Triton's"
+                if [ "$status" = 3 ]; then
+                    echo "== the direct launches differ from Triton's path: the later stages launch through Triton's"
+                else
+                    echo "== the launch check failed: the later stages launch through Triton's path"
+                fi
             fi
         fi
     done

@@ -415,9 +415,11 @@ elif argv[0].endswith("bench_recipe.py"):
     for suffix in (".json", ".md"):
         open(os.path.splitext(output)[0] + suffix, "w").write("{{}}")
 elif argv[0].endswith("check_launcher.py"):
+    if behaviour == "launch-crashes":
+        sys.exit("Traceback (most recent call last): ... (made up)")  # status 1, as a Python error
     differs = behaviour == "launch-differs"
     print("direct launches: " + ("differ from" if differs else "bit-identical to") + " Triton's path")
-    sys.exit(1 if differs else 0)
+    sys.exit(3 if differs else 0)  # check_launcher.DIFFER_STATUS
 elif argv[0].endswith("profile_call.py"):
     open(value("--output"), "w").write("profile")
 elif argv[0].endswith("ctr_cvr.py"):
@@ -504,14 +506,25 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
 
 
 def test_gpu_session_times_through_tritons_path_when_the_direct_launches_differ(gpu_session):
-    """kernels: when check_launcher.py finds the direct launches differ from Triton's path (status 1),
+    """kernels: when check_launcher.py finds the direct launches differ from Triton's path (status 3),
     the later stages run with MLLOSS_TRITON_LAUNCH=triton (their figures then stand) and the log says so."""
     calls, _, _, done = gpu_session("kernels", behaviour="launch-differs")
     later = [call for call in calls if call[0].endswith(".py") and call[0] != "benchmarks/check_launcher.py"]
     later += [call for call in calls if call[:2] == ["-m", "pytest"]]
     assert len(later) == 4 and all(call[-1] == "MLLOSS_TRITON_LAUNCH=triton" for call in later), later  # bench x2, profile, tests
-    assert "launch-check stopped with status 1" in done.stdout
+    assert "launch-check stopped with status 3" in done.stdout
     assert "the later stages launch through Triton's" in done.stdout
+
+
+def test_gpu_session_says_so_when_the_launch_check_itself_fails(gpu_session):
+    """kernels: a crash of check_launcher.py (status 1) was reported as launches that differ; the
+    later stages still launch through Triton's path (the bench results record it)."""
+    calls, _, _, done = gpu_session("kernels", behaviour="launch-crashes")
+    later = [call for call in calls if call[0].endswith(".py") and call[0] != "benchmarks/check_launcher.py"]
+    assert later and all(call[-1] == "MLLOSS_TRITON_LAUNCH=triton" for call in later), later
+    assert "launch-check stopped with status 1" in done.stdout
+    assert "the launch check failed: the later stages launch through Triton's path" in done.stdout
+    assert "differ from Triton's path" not in done.stdout
 
 
 def test_gpu_session_recipe_stage_stops_at_its_time_limit(gpu_session):
