@@ -93,14 +93,18 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     header = f"# profile_call.py: {device_name(device)}, torch {torch.__version__}"
-    with contextlib.redirect_stderr(io.StringIO()):  # the profiler's warnings
-        sections = [profile_case(name, args.num_items or SIZES[name], device, args.steps, args.profiled, args.seed, impl)
-                    for impl in args.impls for name in args.cases]
-    report = "\n\n".join([header] + sections) + "\n"
-    print(report)
+    sections = [header]
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(report)
+    for impl in args.impls:
+        for name in args.cases:
+            with contextlib.redirect_stderr(io.StringIO()):  # the profiler's warnings
+                sections.append(profile_case(name, args.num_items or SIZES[name], device, args.steps, args.profiled,
+                                             args.seed, impl))
+            if args.output:  # after each case: a stage stopped at its time limit keeps the cases done
+                args.output.write_text("\n\n".join(sections) + "\n")
+    report = "\n\n".join(sections) + "\n"
+    print(report)
     return report
 
 

@@ -643,6 +643,20 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
                                 "--impls", "mlloss-replay", "--cases", "AUC"])  # on a GPU: the replayed call
     assert report.count("## AUC logistic, prior 0.1, N = 64, cpu with graph replay on:") == 1
     assert report.count("Self CPU time total") == 1
+    # Stopped in its second case (the GPU stage's time limit): the file keeps the first (it was
+    # written only at the end).
+    profile_case = profile_call.profile_case
+
+    def stopped_in_the_second(name, *args):
+        if name != "AUC":
+            raise KeyboardInterrupt
+        return profile_case(name, *args)
+
+    profile_call.profile_case = stopped_in_the_second
+    with pytest.raises(KeyboardInterrupt):
+        profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1",
+                           "--cases", "AUC", "LaA", "--output", str(tmp_path / "stopped.txt")])
+    assert (tmp_path / "stopped.txt").read_text().count("Self CPU time total") == 1
 
 
 def test_host_time_compiles_the_kernels_and_times_each_call_with_and_without_triton_launches(tmp_path):
