@@ -46,8 +46,9 @@ from mlloss.models import MultiTaskModel
 
 from ctr_cvr_options import (PER_TASK_LOSSES, RANKING_SCORE_LOSSES, TASKS, build_model, build_strategy,  # noqa: E402
                              check_batches, load_data, parse_args)
-from ctr_cvr_resume import (ObjectiveRankStates, OptimizerOptions, check_output_folder, check_resume, checkpoint_record,  # noqa: E402
-                            recorded_options, replace_other_kind_of_checkpoint, restore_rng_states, resume_path, rng_states)
+from ctr_cvr_resume import (ObjectiveRankStates, OptimizerOptions, check_output_folder, check_resume,  # noqa: E402
+                            checkpoint_record, process_states, recorded_options, replace_other_kind_of_checkpoint,
+                            restore_rng_states, resume_path)
 from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, format_epoch,  # noqa: E402
                             lightning_notices_muted, scorer_results, write_report)
 
@@ -212,7 +213,8 @@ class CtrCvrModule(pl.LightningModule):
         self.eval_results = scorer_results(self.metrics)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["ctr_cvr"] = {"history": self.history, **rng_states(self.objective), **checkpoint_record(self.trainer, self.run_options)}
+        checkpoint["ctr_cvr"] = {"history": self.history, **process_states(self.objective),
+                                 **checkpoint_record(self.trainer, self.run_options)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("ctr_cvr")

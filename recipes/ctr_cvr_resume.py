@@ -174,7 +174,7 @@ def checkpoint_record(trainer: pl.Trainer, options: dict[str, dict[str, Any]]) -
             "trained_with": options.get("training", {})}
 
 
-def rng_states(objective: torch.nn.Module) -> dict[str, Any]:
+def process_states(objective: torch.nn.Module) -> dict[str, Any]:
     """The per-process states a resumed run restores: torch's CPU generator and, once CUDA is
     initialised, every CUDA device's (dropout on a GPU draws from those), restored by
     :func:`restore_rng_states`, and the ``objective``'s state (a balanced LoALoss's running label
@@ -194,7 +194,7 @@ def rng_states(objective: torch.nn.Module) -> dict[str, Any]:
 
 
 def restore_rng_states(saved: dict[str, Any]) -> None:
-    """Restore this process's :func:`rng_states` from ``saved`` (rank 0's in a checkpoint written
+    """Restore this process's :func:`process_states` from ``saved`` (rank 0's in a checkpoint written
     before each rank's were kept). A checkpoint without CUDA states (written on the CPU, or before
     they were saved), or a run without CUDA, leaves the CUDA generators as seeded."""
     ranks = saved.get("rank_states")
@@ -363,7 +363,7 @@ def replace_other_kind_of_checkpoint(args: argparse.Namespace, trainer: pl.Train
 
 
 class ObjectiveRankStates(pl.Callback):
-    """Each rank's own objective state from the checkpoint (:func:`rng_states`) once training
+    """Each rank's own objective state from the checkpoint (:func:`process_states`) once training
     starts: a balanced LoALoss without ``--cross-device`` counts each rank's own labels, but the
     module state of a checkpoint, which every rank loads, is rank 0's (rank 1 went on from rank
     0's counts, and the resumed run left the uninterrupted one). DDP leaves these buffers alone

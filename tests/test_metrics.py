@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import random
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -820,14 +821,24 @@ def test_streaming_metrics_keep_batches_of_a_buffer_refilled_in_place(
         assert torch.equal(*pair), (key, pair)
 
 
-def _sync_metrics_of_a_rank(rank: int, out: Path) -> None:
-    """One rank of a 2-process gloo job (``ranks.ForkedRanks``: the environment gives the group)."""
+@contextlib.contextmanager
+def _gloo_rank(rank: int, out: Path) -> Iterator[dict]:
+    """One rank of a 2-process gloo job (``ranks.ForkedRanks``: the environment gives the group):
+    the results dict the body fills, saved as ``out/rank<rank>.pt``."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     try:
+        results: dict = {}
+        yield results
+        torch.save(results, out / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _sync_metrics_of_a_rank(rank: int, out: Path) -> None:
+    with _gloo_rank(rank, out) as results:
         scores, labels, groups = torch.load(out / f"batch{rank}.pt")
-        results = {}
         for name, metric, batch in [
             ("auc", AUC(), (scores, labels[:, 0])),
             ("gauc", GroupAUC(weighting="size"), (scores, labels[:, 0], groups)),
@@ -842,9 +853,6 @@ def _sync_metrics_of_a_rank(rank: int, out: Path) -> None:
             metric.compute()
         except ValueError as error:
             results["layout"] = str(error)
-        torch.save(results, out / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 # Integer and float batches of one metric: (scores, labels) per batch, the values exact in float64.
@@ -884,11 +892,7 @@ def test_streaming_metrics_compare_integer_and_float_batches_by_value() -> None:
 def _sync_integer_scores_of_a_rank(rank: int, out: Path) -> None:
     """One rank of a 2-process gloo job: rank 0 holds the integer and float batches of MIXED_BATCHES
     but the last, rank 1 the int8/uint8 ones; then int64 scores beyond 2^53 on rank 0 beside floats."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    try:
-        results = {}
+    with _gloo_rank(rank, out) as results:
         metric = AUC()
         for scores, labels in MIXED_BATCHES[:3] if rank == 0 else MIXED_BATCHES[3:]:
             metric.update(scores, torch.tensor(labels))
@@ -899,9 +903,6 @@ def _sync_integer_scores_of_a_rank(rank: int, out: Path) -> None:
             metric.compute()
         except ValueError as error:
             results["wide"] = str(error)
-        torch.save(results, out / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @IGNORE_UNDEFINED

@@ -397,7 +397,8 @@ class RankingMetrics(pl.Callback):
             )
         bad = (labels != 0) & (labels != 1)
         if bool(bad.any()):
-            raise ValueError(f"outputs[{labels_key!r}] must be binary (0 or 1); {first_entry(f'outputs[{labels_key!r}]', labels, bad)}")
+            name = f"outputs[{labels_key!r}]"
+            raise ValueError(f"{name} must be binary (0 or 1); {first_entry(name, labels, bad)}")
         groups = given_groups = outputs.get(groups_key)
         if groups is not None:
             given_groups = torch.as_tensor(groups)
@@ -410,7 +411,10 @@ class RankingMetrics(pl.Callback):
         # float64 holds bf16/fp16/fp32 scores exactly, so the metrics see the model's own order;
         # integer scores stay integers. Each batch is kept as a tensor of its own (``_own``): a step
         # may return one buffer refilled in place (a CUDA graph's static output).
-        scores = scores.to(torch.float64) if scores.is_floating_point() else signed_scores(scores, f"outputs[{score_key!r}]", same_values=True)
+        if scores.is_floating_point():
+            scores = scores.to(torch.float64)
+        else:
+            scores = signed_scores(scores, f"outputs[{score_key!r}]", same_values=True)
         return _own(scores, given_scores), _own(labels.to(torch.uint8), given_labels), groups
 
 
