@@ -6,7 +6,10 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
 1. Logistic bipartite AUC, no groups, label priors 0.5 and 0.1: mlloss ``backend="triton"`` and
    ``backend="torch"``, a naive N x N broadcast eager and under ``torch.compile``, and LibAUC
    ``PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)`` (the same mean of log(1 + exp(-(s_i - s_j)))
-   over positive x negative pairs; see cases.py).
+   over positive x negative pairs; see cases.py). LibAUC's call begins with ``assert sum(pos_mask) > 0``:
+   Python's ``sum`` over the mask's N elements, one CUDA add per item and a host sync, which is most
+   of its time (18 ms at N = 1,024 on an H100 at eb07a70, growing with N): the row times LibAUC as
+   its users call it.
 2. Logistic LaA (linear cost), two binary labels with priors 0.5 and 0.1, no groups: the headline
    case. Triton, torch backend, naive eager, naive compiled.
 3. Closed forms at N = 1,048,576 in users of ~50 items: exponential / squared / hinge ``AUCLoss``
@@ -70,9 +73,13 @@ second), so that Triton's JIT, Inductor and cuBLAS set-up stay outside the timin
 ``first_call_s`` records the first call's wall time (the compile time for compiled rows). Then
 forward + backward steps, each between two ``torch.cuda.Event``s: at least ``--min-repeats``
 (5; quick 3), more for fast steps, up to about ``--target-s`` seconds of timing or
-``--max-repeats`` steps, and at most three for steps over a second (one for section 6's float64
-reference rows, whose time is no target); ``time_s`` is the median,
-``time_min_s`` the minimum, ``wall_s`` the median host wall time. Memory: before the
+``--max-repeats`` steps, and at most three for steps over a second (section 6's float64 reference
+rows, whose time is no target: one step, the first call, no warm-up); ``time_s`` is the median,
+``time_min_s`` the minimum, ``wall_s`` the median host wall time. Each of these steps starts on an
+idle device (a sync before it): for a host-bound call that is its latency. Steps under 5 ms are
+also timed back to back, 20 of them with one sync at the end (``back_to_back_s``, per step), as a
+training loop issues them: a call without a host sync of its own then overlaps its host path with
+the kernels of the one before. Memory: before the
 first timed step the gradient is cleared, ``torch.cuda.reset_peak_memory_stats()`` is called and
 the baseline is ``torch.cuda.memory_allocated()`` (the inputs and whatever the warm-up keeps);
 "peak extra MB" is ``max_memory_allocated()`` minus that baseline over the step: everything the
@@ -89,7 +96,13 @@ its pos x neg matrix, extrapolated from the largest size measured so far at the 
 element (24 B before any measurement); any row but the reference whose projected step time (the
 last measured time times the ratio of work: N^2 for naive rows, valid pairs otherwise; for a
 tile variant ``impl@tiles``, the reference's time at this size times their ratio at the last)
-exceeds ``--max-step-s`` (10 s; quick 2 s); LibAUC
+exceeds ``--max-step-s`` (10 s; quick 2 s) -- but where that work ratio projects a row past the
+limit, the step at the last size is rebuilt (same inputs) and its kernels' time taken with the
+profiler (CUDA only; not for compiled rows), the kernels are scaled by the work and the rest of
+the step (host path, launch latency, a Python loop over the items) by N, and the row is skipped
+only if that projection exceeds the limit too (the work ratio alone skipped LibAUC and the torch
+backend's LaA at N = 16,384 at eb07a70, projecting 4.4 and 2.1 s from host-bound steps of 18 and
+8 ms at 1,024); LibAUC
 when it is not importable; every row once ``--budget-s`` of the run is spent. The JSON (and its
 ``.md``) is rewritten after every row, so a run cut short keeps what it measured.
 
@@ -148,9 +161,13 @@ SLOW_STEP_S = 1.0  # a first call slower than this is the only warm-up; slower s
 
 # Per mode: (min repeats, max repeats, seconds of timing aimed at, max projected step s, run budget s).
 REPEATS = {"full": (5, 20, 1.0, 10.0, 500.0), "quick": (3, 10, 0.5, 2.0, 400.0), "smoke": (2, 3, 0.05, 30.0, 600.0)}
-# Section 6's float64 reference rows ("-f64"): one timed step. Their value and gradient are what the
-# section needs, and at N = 1,048,576 a float64 step takes seconds that section 7 can use.
+# Section 6's float64 reference rows ("-f64"): one step, no warm-up. Their value and gradient are
+# what the section needs, and at N = 1,048,576 a float64 step takes seconds that section 7 can use.
 REFERENCE_ONLY_REPEATS = (1, 1, 0.0)
+# Steps faster than this are also timed back to back (BACK_TO_BACK_STEPS of them, one sync at the
+# end): what a training loop sees of a host-bound call, whose host path then overlaps the kernels.
+BACK_TO_BACK_BELOW_S = 5e-3
+BACK_TO_BACK_STEPS = 20
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,6 +213,30 @@ class DeviceClock:
             return self.torch.cuda.max_memory_allocated() / _measure.MB
         return _measure.peak_mb()
 
+    def back_to_back(self, step: Callable[[], Any], steps: int) -> float:
+        """Wall seconds per step of ``steps`` steps issued without a sync between them."""
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        self.sync()
+        return (time.perf_counter() - start) / steps
+
+    @property
+    def times_kernels(self) -> bool:
+        """Whether ``kernel_seconds`` can tell a step's kernels from its host path (CUDA only)."""
+        return self.cuda
+
+    def kernel_seconds(self, step: Callable[[], Any]) -> float:
+        """The device time of one step's kernels and copies, summed (the profiler's CUDA activity)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        self.sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            self.sync()
+        return sum(event.self_device_time_total for event in prof.key_averages()) / 1e6
+
     def timed(self, step: Callable[[], Any]) -> tuple[Any, float, float]:
         """(step result, device seconds, host wall seconds) of one step."""
         if not self.cuda:
@@ -222,16 +263,20 @@ class DeviceClock:
             self.torch.cuda.empty_cache()
 
 
-def measure_row(step, scores, clock: DeviceClock, *, compiled: bool, repeats: tuple[int, int, float]) -> dict[str, Any]:
-    """Warm up, then time ``repeats`` steps; the first timed step also gives the peak extra memory."""
+def measure_row(step, scores, clock: DeviceClock, *, compiled: bool, repeats: tuple[int, int, float],
+                warm_up: bool = True) -> dict[str, Any]:
+    """Warm up, then time ``repeats`` steps; the first timed step also gives the peak extra memory.
+    ``warm_up=False`` (a reference row whose time is no target): one step, the first call, timed."""
     min_repeats, max_repeats, target_s = repeats
-    first_call = clock.wall(step)
-    last_warm = first_call
-    warmup_steps = 1
-    if compiled or first_call < SLOW_STEP_S:
-        last_warm = clock.wall(step)
-        warmup_steps = 2
-    count = int(min(max(target_s / max(last_warm, 1e-6), min_repeats), max_repeats))
+    first_call = last_warm = 0.0
+    warmup_steps = 0
+    if warm_up:
+        first_call = last_warm = clock.wall(step)
+        warmup_steps = 1
+        if compiled or first_call < SLOW_STEP_S:
+            last_warm = clock.wall(step)
+            warmup_steps = 2
+    count = int(min(max(target_s / max(last_warm, 1e-6), min_repeats), max_repeats)) if warm_up else 1
     if last_warm > SLOW_STEP_S:  # multi-second steps: a median of three is enough
         count = min(count, 3)
     scores.grad = None
@@ -244,13 +289,18 @@ def measure_row(step, scores, clock: DeviceClock, *, compiled: bool, repeats: tu
         walls.append(wall_s)
         if index == 0:
             peak = clock.peak_memory() - baseline
+    value = float(loss)
+    back_to_back = None
+    if warm_up and statistics.median(times) < BACK_TO_BACK_BELOW_S:
+        back_to_back = clock.back_to_back(step, BACK_TO_BACK_STEPS)
     return {
-        "value": float(loss),
+        "value": value,
         "times_s": times,
         "time_s": statistics.median(times),
         "time_min_s": min(times),
         "wall_s": statistics.median(walls),
-        "first_call_s": first_call,
+        "back_to_back_s": back_to_back,
+        "first_call_s": first_call if warm_up else walls[0],
         "warmup_steps": warmup_steps,
         "peak_extra_mb": peak,
         "baseline_mb": baseline,
@@ -285,7 +335,9 @@ class Projector:
             if projected_mb > self.mem_limit_gb * 1024:
                 return f"projected peak {projected_mb / 1024:.3g} GB > {self.mem_limit_gb:.3g} GB"
         if seen:
-            projected_s = seen["time_s"] * self.work(impl, n, pairs) / seen["work"]
+            work_ratio = self.work(impl, n, pairs) / seen["work"]
+            projected_s = seen["time_s"] * work_ratio
+            basis = ""
             base, _, variant = impl.partition("@")
             earlier = (base, seen["n"])
             if variant and (base, n) in self.times and earlier in self.times:
@@ -293,10 +345,28 @@ class Projector:
                 # reference's times their ratio at the last size (the work ratio from a
                 # host-bound small size overestimates it tenfold and more)
                 projected_s = self.times[(base, n)] * seen["time_s"] / self.times[earlier]
+            elif seen.get("kernel_s") is not None:
+                # The step's kernels scale with the work, the rest of it (host path, launch
+                # latency, a Python loop over the items) with N at most
+                kernel_s = min(seen["kernel_s"], seen["time_s"])
+                projected_s = kernel_s * work_ratio + (seen["time_s"] - kernel_s) * n / seen["n"]
+                basis = (f" (its kernels' {kernel_s * 1e3:.3g} ms of the {seen['time_s'] * 1e3:.3g} ms step "
+                         f"at N={seen['n']:,} scaled by the work, the rest by N)")
+                row["projected_from_kernel_s"] = kernel_s
             row["projected_time_s"] = projected_s
             if time_limited and projected_s > self.max_step_s:
-                return f"projected step {projected_s:.3g} s > {self.max_step_s:g} s"
+                return f"projected step {projected_s:.3g} s > {self.max_step_s:g} s{basis}"
         return None
+
+    def refinable(self, impl: str) -> bool:
+        """Whether the projection of ``impl`` can still use its kernels' time at its last size: a
+        measured row, not yet profiled, not a tile variant, not compiled (a rebuild recompiles)."""
+        seen = self.seen.get(impl)
+        return (seen is not None and seen.get("kernel_s") is None and "@" not in impl
+                and not impl.endswith("-compile"))
+
+    def record_kernel_time(self, impl: str, kernel_s: float) -> None:
+        self.seen[impl]["kernel_s"] = kernel_s
 
     def record(self, row: dict[str, Any]) -> None:
         impl, n, pairs = row["impl"], row["n"], row["pairs"]
@@ -306,8 +376,22 @@ class Projector:
             "time_s": row["time_s"],
             "work": self.work(impl, n, pairs),
             "n": n,
+            "kernel_s": None,
         }
         self.times[(impl, n)] = row["time_s"]
+
+
+def kernel_time_at(spec: dict[str, Any], args, clock: DeviceClock) -> float:
+    """The kernels' time of one step of ``spec`` (its implementation at its N), rebuilt from the
+    same seeded inputs and warmed up once."""
+    inputs = tuple(None if t is None else t.to(args.device) for t in cases.make_inputs(spec))
+    try:
+        step = cases.build_step(spec, inputs, args.compile_backend)
+        step()
+        return clock.kernel_seconds(step)
+    finally:
+        del inputs
+        clock.release()
 
 
 def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str | None,
@@ -343,6 +427,15 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
                 # The reference row always runs: a small-N step is mostly launch overhead, so the
                 # work-ratio projection overestimates it, and every other row is checked against it.
                 reason = projector.skip_reason(row, time_limited=impl != case["impls"][0])
+                if reason and reason.startswith("projected step") and clock.times_kernels and projector.refinable(impl):
+                    # A small N's step is mostly host path and launch latency, which the work
+                    # ratio (N^2, pairs) overstates: profile that step's kernels, project again.
+                    earlier = dict(spec_base, n=projector.seen[impl]["n"], impl=impl)
+                    try:
+                        projector.record_kernel_time(impl, kernel_time_at(earlier, args, clock))
+                        reason = projector.skip_reason(row)
+                    except Exception as exc:  # noqa: BLE001 -- keep the first projection
+                        row["kernel_time_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             if reason:
                 row["skipped"] = reason
                 on_row(row)
@@ -354,8 +447,10 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
                 f64, f64_done = cases.float64_reference(spec_base, inputs), True
             try:
                 step = cases.build_step(dict(spec_base, impl=impl), inputs, args.compile_backend)
+                reference_only = impl.endswith("-f64")
                 result = measure_row(step, inputs[0], clock, compiled=impl == "naive-compile",
-                                     repeats=REFERENCE_ONLY_REPEATS if impl.endswith("-f64") else args.repeats)
+                                     repeats=REFERENCE_ONLY_REPEATS if reference_only else args.repeats,
+                                     warm_up=not reference_only)
                 grad = inputs[0].grad.detach().clone()
                 if impl == "naive-compile":
                     result.update(cases.compile_counters())
@@ -488,7 +583,9 @@ def run(args: argparse.Namespace) -> None:
             "compile_backend": args.compile_backend, "compile_dynamic": False,
             "memory_method": DeviceClock(args.device).memory_method,
             "time_method": "forward+backward, median over the timed steps after 1-2 full-size warm-up "
-                           "steps; CUDA events around each step (perf_counter on the CPU)",
+                           "steps; CUDA events around each step, a sync before it (perf_counter on the CPU); "
+                           f"back_to_back_s: {BACK_TO_BACK_STEPS} steps without a sync between them, per step, "
+                           f"for steps under {BACK_TO_BACK_BELOW_S * 1e3:g} ms",
         },
         "results": [],
     }

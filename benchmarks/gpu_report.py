@@ -47,18 +47,19 @@ ACCURACY_TARGET = 1e-5  # float32 loss vs float64, relative, at N = 1,048,576 (s
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """One section's rows as a markdown table (skipped and failed rows say why)."""
-    headers = ["case", "N", "implementation", "median ms", "min ms", "peak extra MB", "pairs/s",
+    headers = ["case", "N", "implementation", "median ms", "min ms", "back-to-back ms", "peak extra MB", "pairs/s",
                "value rel. diff", "grad rel. diff", "first call s"]
     table = []
     for row in rows:
         head = [row["case"], f"{row['n']:,}", row["impl"]]
         if "skipped" in row or "error" in row:
             note = f"skipped: {row['skipped']}" if "skipped" in row else f"error: {row['error'][:100]}"
-            table.append(head + [note] + ["-"] * 6)
+            table.append(head + [note] + ["-"] * 7)
             continue
         diff, grad = cases.cross_check_cells(row)
         table.append(head + [
             f"{row['time_s'] * 1e3:.3g}", f"{row['time_min_s'] * 1e3:.3g}",
+            _measure.fmt_num(None if row.get("back_to_back_s") is None else row["back_to_back_s"] * 1e3, ".3g"),
             _measure.fmt_num(row["peak_extra_mb"], ".1f"), _measure.fmt_num(row.get("pairs_per_s"), ".3g"),
             diff, grad, f"{row['first_call_s']:.2f}",
         ])
@@ -122,6 +123,12 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
             beside += f" ({unchecked[0]['time_s'] * 1e3:.3g} ms with validate_args=False)"
         if replayed:
             beside += f", eager with graph replay {replayed[0]['time_s'] * 1e3:.3g} ms"
+        back_to_back = [f"{name} {found[0]['back_to_back_s'] * 1e3:.3g} ms"
+                        for name, found in (("graph", [graph]), ("eager", eager), ("validate_args=False", unchecked),
+                                            ("graph replay", replayed))
+                        if found and found[0].get("back_to_back_s") is not None]
+        if back_to_back:
+            beside += "; per call back to back: " + ", ".join(back_to_back)
         lines.append(f"- {graph['case']} at N={graph['n']:,} in a CUDA graph (no target, no host path): "
                      f"{graph['time_s'] * 1e3:.3g} ms{beside}")
     return lines

@@ -87,6 +87,9 @@ def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_p
             continue
         assert "error" not in row and "skipped" not in row, row
         assert row["time_s"] > 0 and row["pairs_per_s"] > 0
+        # steps under 5 ms are also timed back to back (a training loop's view of a host-bound call)
+        assert (row["back_to_back_s"] is not None) == (row["time_s"] < bench_gpu.BACK_TO_BACK_BELOW_S), row
+        assert row["back_to_back_s"] is None or row["back_to_back_s"] > 0
         if row["impl"] == "mlloss-triton":
             assert row["reference"] and row["f64_rel_diff"] < 1e-5
         else:
@@ -114,8 +117,9 @@ def test_accuracy_section_compares_the_float32_path_with_float64_scores(bench_gp
         reference, row = rows[name, "mlloss-triton-f64"], rows[name, "mlloss-triton"]
         assert reference["reference"] and reference["f64_rel_diff"] < 1e-12  # float64 sums: not float32's
         assert 0 < row["value_rel_diff"] < 1e-6 and row["grad_rel_diff"] < 1e-6
-        # the float64 reference is timed once (at N = 1,048,576 on a GPU its steps take seconds)
-        assert len(reference["times_s"]) == 1 and len(row["times_s"]) == 2
+        # the float64 reference is one step, without a warm-up (at N = 1,048,576 on a GPU its steps take seconds)
+        assert len(reference["times_s"]) == 1 and reference["warmup_steps"] == 0
+        assert len(row["times_s"]) == 2 and row["warmup_steps"] >= 1
     lines = [line for line in report["acceptance"] if "float32 Triton loss vs float64" in line]
     assert len(lines) == 3 and all("no verdict: not on a GPU" in line for line in lines)
 
@@ -215,6 +219,58 @@ def test_a_tile_variant_is_projected_from_the_reference_at_the_same_size(bench_g
     other = dict(impl="mlloss-torch", n=large, pairs=pairs_large)  # no variant: the work ratio
     projector.record(dict(impl="mlloss-torch", n=small, pairs=pairs_small, time_s=7e-3, peak_extra_mb=33.0))
     assert projector.skip_reason(other).startswith("projected step")
+
+
+def test_a_host_bound_step_is_projected_from_its_kernels_time(bench_gpu):
+    """With its kernels' time at the last size, a row's projection scales those by the work and the
+    rest of the step by N: LibAUC's 18 ms at 1,024 (its Python sum over the mask) is no 4.7 s step
+    at 16,384, as the work ratio alone projected (eb07a70); a step that is all kernels is still
+    projected by the work."""
+    projector = bench_gpu.Projector(mem_limit_gb=80.0, max_step_s=2.0)
+    small, large = 1024, 16_384
+    pairs_small, pairs_large = 0.09 * small * small, 0.09 * large * large
+    projector.record(dict(impl="libauc", n=small, pairs=pairs_small, time_s=18e-3, peak_extra_mb=1.0))
+    row = dict(impl="libauc", n=large, pairs=pairs_large)
+    assert projector.skip_reason(row).startswith("projected step 4.61 s")
+    assert projector.refinable("libauc")
+    projector.record_kernel_time("libauc", 2e-3)
+    assert not projector.refinable("libauc")
+    assert projector.skip_reason(row) is None
+    assert row["projected_time_s"] == pytest.approx(2e-3 * 256 + 16e-3 * 16)
+    assert row["projected_from_kernel_s"] == 2e-3
+    projector.record(dict(impl="mlloss-torch", n=small, pairs=pairs_small, time_s=10e-3, peak_extra_mb=1.0))
+    projector.record_kernel_time("mlloss-torch", 12e-3)  # the profiled step ran longer: all kernels
+    reason = projector.skip_reason(dict(impl="mlloss-torch", n=large, pairs=pairs_large))
+    assert reason.startswith("projected step 2.56 s > 2 s (its kernels' 10 ms of the 10 ms step at N=1,024")
+    # compiled rows and tile variants are not rebuilt to profile them
+    projector.record(dict(impl="naive-compile", n=small, pairs=pairs_small, time_s=1e-3, peak_extra_mb=1.0))
+    assert not projector.refinable("naive-compile") and not projector.refinable("naive")
+
+
+def test_a_row_projected_past_the_limit_is_profiled_at_the_last_size_first(bench_gpu, tmp_path, monkeypatch):
+    """The runner rebuilds the step of the last size (its seeded inputs) and profiles its kernels
+    before it skips a row on its projection; the skip says what it projected from."""
+    profiled = []
+
+    def kernel_seconds(clock, step):
+        profiled.append(step)
+        return 0.0  # all host path: the projection scales the step by N alone
+
+    monkeypatch.setattr(bench_gpu.DeviceClock, "times_kernels", property(lambda clock: True))
+    monkeypatch.setattr(bench_gpu.DeviceClock, "kernel_seconds", kernel_seconds)
+    built = []
+    build_step = bench_gpu.cases.build_step
+    monkeypatch.setattr(bench_gpu.cases, "build_step",
+                        lambda spec, inputs, backend: built.append((spec["impl"], spec["n"])) or build_step(spec, inputs, backend))
+    output = tmp_path / "projected.json"
+    bench_gpu.main(["--device", "cpu", "--sections", "2", "--sizes", "64,128", "--impls", "mlloss-torch,naive",
+                    "--min-repeats", "1", "--max-repeats", "1", "--max-step-s", "1e-9", "--output", str(output)])
+    rows = {(r["impl"], r["n"]): r for r in json.loads(output.read_text())["results"]}
+    assert "skipped" not in rows["mlloss-torch", 128]  # the reference row always runs
+    skipped = rows["naive", 128]
+    assert skipped["skipped"].startswith("projected step") and "the rest by N)" in skipped["skipped"]
+    assert skipped["projected_time_s"] == pytest.approx(rows["naive", 64]["time_s"] * 2)
+    assert len(profiled) == 1 and built.count(("naive", 64)) == 2  # measured, then rebuilt to profile
 
 
 def test_tile_candidates_are_the_shapes_that_compile_without_spills(cases):
@@ -717,6 +773,21 @@ def test_gpu_report_judges_the_replayed_calls_beside_the_eager_ones(bench_gpu, c
     assert "naive torch.compile / Triton with graph replay at N=16,384: 6.4x (1.6 ms vs 0.25 ms); target >= 5x: PASS" in lines
     # a run without replayed rows says nothing of them
     assert "graph replay" not in "\n".join(gpu_report.acceptance_lines(rows[:1] + rows[2:], gpu=True))
+
+
+def test_gpu_report_puts_the_back_to_back_calls_beside_the_graph(bench_gpu, cases):
+    """The graph line of a case and N lists each row's time per call back to back where measured
+    (rows made up here, not measured)."""
+    import gpu_report
+
+    def row(impl, ms, back_to_back_ms):
+        return {"section": 2, "case": cases.LAA_CASE, "impl": impl, "n": 1024, "time_s": ms / 1e3, "pairs_per_s": 1.0,
+                "peak_extra_mb": 1.0, "back_to_back_s": None if back_to_back_ms is None else back_to_back_ms / 1e3}
+
+    rows = [row("mlloss-triton", 0.9, 0.4), row("mlloss-graph", 0.03, 0.02), row("mlloss-unchecked", 0.7, 0.1),
+            row("mlloss-replay", 0.6, None)]
+    line, = (line for line in gpu_report.acceptance_lines(rows, gpu=True) if "in a CUDA graph" in line)
+    assert line.endswith("; per call back to back: graph 0.02 ms, eager 0.4 ms, validate_args=False 0.1 ms")
 
 
 def test_gpu_report_survives_a_failed_float64_reference_row(bench_gpu, cases):
