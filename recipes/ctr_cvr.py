@@ -53,7 +53,6 @@ from ctr_cvr_report import (GAUC_WEIGHTING, baseline_results, describe_data, for
                             lightning_notices_muted, scorer_results, write_report)
 
 
-
 class MultiTaskObjective(nn.Module):
     """The training loss of the (B, 2) or (B, 3) logits for ``--loss`` (docs/recipe.md): per-task
     objectives on each head with the users as groups, summed; a single-ranking-score objective on
@@ -228,7 +227,6 @@ class CtrCvrModule(pl.LightningModule):
         dense = [parameter for _, parameter in dense_parameters(self)]
         fused = all(p.device.type in ("cpu", "cuda") for p in dense)  # one kernel for all parameters
         return torch.optim.Adam(dense, lr=self.lr, weight_decay=self.weight_decay, fused=fused)
-
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
