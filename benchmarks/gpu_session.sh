@@ -86,9 +86,11 @@ recipe|recipe-compiled)
         for loss in $losses; do
             [ -z "$stopped" ] || break 2
             run="runs/$tag-$loss-$batch"
+            started=$(date +%s.%N)
             python recipes/ctr_cvr.py --accelerator gpu --devices 1 --strategy ddp --loss "$loss" --batch-size "$batch" \
                 --no-progress-bar --no-checkpoint "${extra[@]}" --output-dir "$run" > "$run.log" 2>&1 \
                 || echo "$run failed (status $?); the end of its log goes to $summary"
+            echo "$started $(date +%s.%N)" > "$run.wall"  # the process's wall time: imports, set-up, data, compiles
             # Rewritten after every run, so that a stage stopped by its time limit keeps what it measured.
             CURRENT="$loss batch $batch" python - "$summary" "$tag" $losses <<'EOF'
 import json, os, statistics, sys
@@ -103,9 +105,15 @@ for batch in (1024, 8192):
             test = report["results"]["test"]
             rows[f"{loss} batch {batch}"] = {
                 "impressions_per_s_median": statistics.median(speeds) if speeds else None,
-                **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
+                **{k: test[f"model/{k}"] for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")},
+                # where a run's time goes: the process, main() (data, fit, test, report), each epoch
+                "runtime_s": report["runtime_s"],
+                "epoch_s": [[row["train_seconds"], row["seconds"]] for row in report["history"]]}
         elif os.path.exists(f"{run}.log"):  # failed
             rows[f"{loss} batch {batch}"] = {"log_tail": open(f"{run}.log").read()[-2000:]}
+        if f"{loss} batch {batch}" in rows and os.path.exists(f"{run}.wall"):
+            start, end = map(float, open(f"{run}.wall").read().split())
+            rows[f"{loss} batch {batch}"]["process_wall_s"] = end - start
 with open(output + ".partial", "w") as handle:  # replaced whole: a stop while writing keeps the last version
     json.dump(rows, handle, indent=2)
 os.replace(output + ".partial", output)

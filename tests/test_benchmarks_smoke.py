@@ -484,9 +484,9 @@ elif argv[0].endswith("ctr_cvr.py"):
     run = value("--output-dir")
     os.makedirs(run, exist_ok=True)
     epochs = int(value("--epochs", "5"))
-    history = [dict(train_samples_per_s=1000.0 * (epoch + 1)) for epoch in range(epochs)]
+    history = [dict(train_samples_per_s=1000.0 * (epoch + 1), train_seconds=1.0, seconds=1.5) for epoch in range(epochs)]
     test = {{f"model/{{k}}": 0.75 for k in ("auc/click", "gauc/click", "auc/purchase", "gauc/purchase")}}
-    json.dump(dict(history=history, results=dict(test=test)), open(os.path.join(run, "results.json"), "w"))
+    json.dump(dict(history=history, results=dict(test=test), runtime_s=4.5), open(os.path.join(run, "results.json"), "w"))
 else:
     sys.exit(f"fake python: unexpected call {{argv}}")
 '''
@@ -557,6 +557,9 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
     assert len([call for call in training_calls if call[0] == "recipes/ctr_cvr.py"]) == 8
     summary = json.loads((training_out / "gpu-recipe-throughput.json").read_text())
     assert summary["bce batch 1024"]["impressions_per_s_median"] == 2500.0  # epochs 2-3: the first warms up
+    # where each run's time went: the process (imports, set-up), main(), each epoch's training and whole
+    assert summary["bce batch 1024"]["runtime_s"] == 4.5 and summary["bce batch 1024"]["epoch_s"] == [[1.0, 1.5]] * 3
+    assert 0 < summary["bce batch 1024"]["process_wall_s"] < 60
     replayed_step = [call for call in training_calls if call[0] == "benchmarks/bench_recipe.py" and "--graph-replay" in call]
     assert len(replayed_step) == 1 and "--rounds" in replayed_step[0] and "--fixed-batches" in replayed_step[0]
 
