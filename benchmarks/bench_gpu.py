@@ -72,8 +72,9 @@ Method (one process, one GPU). Each (case, N, implementation) row: one full-size
 second), so that Triton's JIT, Inductor and cuBLAS set-up stay outside the timing;
 ``first_call_s`` records the first call's wall time (the compile time for compiled rows). Then
 forward + backward steps, each between two ``torch.cuda.Event``s: at least ``--min-repeats``
-(5; quick 3), more for fast steps, up to about ``--target-s`` seconds of timing or
-``--max-repeats`` steps, and at most three for steps over a second (section 6's float64 reference
+(5; quick 3), more for fast steps, up to about ``--target-s`` seconds of timing (1 s; quick
+0.3 s) or ``--max-repeats`` steps (20; quick 30: a host-bound step of a millisecond gets 30 samples,
+one of 100 ms the minimum), and at most three for steps over a second (section 6's float64 reference
 rows, whose time is no target: one step, the first call, no warm-up); ``time_s`` is the median,
 ``time_min_s`` the minimum, ``wall_s`` the median host wall time. Each of these steps starts on an
 idle device (a sync before it): for a host-bound call that is its latency. Steps under 5 ms are
@@ -160,7 +161,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(SCRIPT))
 SLOW_STEP_S = 1.0  # a first call slower than this is the only warm-up; slower steps are timed at most 3 times
 
 # Per mode: (min repeats, max repeats, seconds of timing aimed at, max projected step s, run budget s).
-REPEATS = {"full": (5, 20, 1.0, 10.0, 500.0), "quick": (3, 10, 0.5, 2.0, 400.0), "smoke": (2, 3, 0.05, 30.0, 600.0)}
+REPEATS = {"full": (5, 20, 1.0, 10.0, 500.0), "quick": (3, 30, 0.3, 2.0, 400.0), "smoke": (2, 3, 0.05, 30.0, 600.0)}
 # Section 6's float64 reference rows ("-f64"): one step, no warm-up. Their value and gradient are
 # what the section needs, and at N = 1,048,576 a float64 step takes seconds that section 7 can use.
 REFERENCE_ONLY_REPEATS = (1, 1, 0.0)
