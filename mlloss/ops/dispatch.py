@@ -182,7 +182,9 @@ def pair_loss(
                                temperature=temperature, reduction=reduction, backend=backend, validate=validate,
                                real_levels=real_levels, partition=partition, contiguous_groups=contiguous_groups)
     loss, stats, _ = _pair_loss_fused(scores, labels, groups, mask, mixing, label_weights, flags, values)
-    _, tier, _, _, _, world_size, _ = _decoded(tuple(flags), tuple(values))
+    # Traced by torch.compile, the function itself: Dynamo skips an lru_cache (and warns that it does).
+    decode = _decoded.__wrapped__ if torch.compiler.is_compiling() else _decoded
+    _, tier, _, _, _, world_size, _ = decode(tuple(flags), tuple(values))
     partial = splits_pair_work(tier, pairs, groups, world_size)
     return PairLossResult(stats=stats, loss=loss, partial=partial)
 
