@@ -166,15 +166,19 @@ def test_dynamic_shapes_compile_with_the_loss_options_as_symbols(loss_name: str)
     assert compiles[0] >= 1 and compiles[1:] == compiles[:1] * 2, f"compilations after each batch {compiles}"
 
 
-def cpu_tensors_of_compiled_step(step, inputs: tuple, dynamic: bool) -> list[str]:
-    """The graph nodes holding a CPU tensor in the forward and backward graphs of ``step``
-    compiled (fullgraph) and run forward + backward on ``inputs``, meta tensors: the meta device
-    stands in for CUDA (on the CPU every tensor is a CPU tensor). A CPU tensor in a compiled CUDA
-    step makes Inductor skip its CUDA graphs (torch < 2.9) or split the step into several around
-    it (graph partitions): ``mode="reduce-overhead"`` loses part or all of what it is for."""
+def cuda_graph_splitters_of_compiled_step(step, inputs: tuple, dynamic: bool) -> list[str]:
+    """The graph nodes that would keep Inductor's CUDA graphs from holding the whole step: nodes
+    holding a CPU tensor and ops Inductor calls cudagraph-unsafe (``is_cudagraph_unsafe_fx_node``:
+    host reads, data-dependent allocations, ops so tagged), in the forward and backward graphs of
+    ``step`` compiled (fullgraph) and run forward + backward on ``inputs``, meta tensors: the meta
+    device stands in for CUDA (on the CPU every tensor is a CPU tensor). Either makes Inductor
+    skip the step's CUDA graphs (torch < 2.9) or split the step into several around it (graph
+    partitions): ``mode="reduce-overhead"`` loses part or all of what it is for."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor import utils as inductor_utils
 
-    on_cpu: list[str] = []
+    unsafe = getattr(inductor_utils, "is_cudagraph_unsafe_fx_node", lambda node: False)  # torch >= 2.9
+    found: list[str] = []
 
     def record(kind: str):
         def compiler(graph: torch.fx.GraphModule, example_inputs):
@@ -182,7 +186,9 @@ def cpu_tensors_of_compiled_step(step, inputs: tuple, dynamic: bool) -> list[str
                 value = node.meta.get("val")
                 for tensor in value if isinstance(value, (tuple, list)) else (value,):
                     if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
-                        on_cpu.append(f"{kind} {node.op} {node.name}: {node.target}")
+                        found.append(f"{kind} {node.op} {node.name}: {node.target} holds a CPU tensor")
+                if node.op == "call_function" and unsafe(node):
+                    found.append(f"{kind} {node.name}: {node.target} is cudagraph-unsafe")
             return graph.forward
         return compiler
 
@@ -191,7 +197,7 @@ def cpu_tensors_of_compiled_step(step, inputs: tuple, dynamic: bool) -> list[str
     value = torch.compile(step, fullgraph=True, dynamic=dynamic, backend=backend)(*inputs)
     value.backward()
     assert value.is_meta
-    return on_cpu
+    return found
 
 
 # And a lam other than 1. (One lam per task column is left out: its weights are a constant the
@@ -202,8 +208,9 @@ CPU_FREE_LOSSES = {**LOSSES, "bce+auc(lam=0.5)": lambda: mlloss.build_loss("bce+
 
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("loss_name", list(CPU_FREE_LOSSES))
-def test_compiled_step_on_a_device_holds_no_cpu_tensor(loss_name: str, dynamic: bool) -> None:
-    """No CPU tensor in a compiled step with any loss (``cpu_tensors_of_compiled_step``).
+def test_compiled_step_on_a_device_holds_no_cuda_graph_splitter(loss_name: str, dynamic: bool) -> None:
+    """No CPU tensor and no cudagraph-unsafe op in a compiled step with any loss
+    (``cuda_graph_splitters_of_compiled_step``).
     ``dynamic=True`` is where one came from: Dynamo passes a module's float attributes as float64
     CPU scalars, and ``lam * term`` kept bce+pdaom's lam in the forward and backward graphs."""
     if "triton" in loss_name:
@@ -217,16 +224,18 @@ def test_compiled_step_on_a_device_holds_no_cpu_tensor(loss_name: str, dynamic: 
 
     inputs = (torch.empty(NUM_ITEMS, 4, device="meta"), torch.empty(NUM_ITEMS, 2, device="meta"),
               torch.empty(NUM_ITEMS, dtype=torch.int64, device="meta"))
-    on_cpu = cpu_tensors_of_compiled_step(step, inputs, dynamic)
+    on_cpu = cuda_graph_splitters_of_compiled_step(step, inputs, dynamic)
     assert model.weight.grad.is_meta
-    assert not on_cpu, f"{loss_name}, dynamic={dynamic}: CPU tensors in the compiled graphs: {on_cpu}"
+    assert not on_cpu, f"{loss_name}, dynamic={dynamic}: CUDA graph splitters in the compiled graphs: {on_cpu}"
 
 
-@pytest.mark.parametrize("loss", ["laa", "bce+pdaom"])
-def test_the_recipes_compiled_step_holds_no_cpu_tensor(loss: str) -> None:
-    """recipes/ctr_cvr.py's training step as ``--compile`` compiles it without ``--fixed-batches``
-    (the batch size dynamic): its model and objective, the ranking head's ``lam`` (laa) and
-    BCEPlusRanking's (bce+pdaom) included."""
+@pytest.mark.parametrize("loss, fixed", [("laa", False), ("bce+pdaom", True)])
+def test_the_recipes_compiled_step_is_one_cuda_graph(loss: str, fixed: bool) -> None:
+    """recipes/ctr_cvr.py's training step as ``--compile`` compiles it holds nothing that would
+    split its CUDA graphs (``cuda_graph_splitters_of_compiled_step``): its model and objective, the
+    ranking head's ``lam`` (laa) and BCEPlusRanking's (bce+pdaom) included; without
+    ``--fixed-batches`` (the batch size dynamic), and with it (padded batches and their mask,
+    static: ``--compile reduce-overhead --fixed-batches``, the one-graph step of docs/recipe.md)."""
     from mlloss.data import SyntheticConfig, TensorBatches, generate_impressions, split_by_time
     from recipe_util import load_recipe
 
@@ -236,9 +245,11 @@ def test_the_recipes_compiled_step_holds_no_cpu_tensor(loss: str) -> None:
     objective = recipe.MultiTaskObjective(loss, None, validate_args=False)
     model = recipe.build_model(args, train, len(recipe.TASKS) + objective.uses_ranking_head)
     module = recipe.CtrCvrModule(model, objective, args.lr, args.weight_decay).to("meta")
-    batch = next(iter(TensorBatches(train.columns(), 128, group_key="user", seed=0)))
-    on_cpu = cpu_tensors_of_compiled_step(module.batch_loss, ({k: v.to("meta") for k, v in batch.items()},), True)
-    assert not on_cpu, f"--loss {loss}: CPU tensors in the compiled graphs: {on_cpu}"
+    batch = next(iter(TensorBatches(train.columns(), 128, group_key="user", seed=0, fixed_size=fixed)))
+    assert ("mask" in batch) == fixed
+    splitters = cuda_graph_splitters_of_compiled_step(module.batch_loss, ({k: v.to("meta") for k, v in batch.items()},),
+                                                      dynamic=not fixed)
+    assert not splitters, f"--loss {loss}: CUDA graph splitters in the compiled graphs: {splitters}"
 
 
 def test_dynamic_shapes_compile_balanced_loa_with_its_running_priors() -> None:
