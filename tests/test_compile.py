@@ -77,29 +77,23 @@ def run_steps(loss_name: str, compile_with=None):
 
 
 @pytest.mark.parametrize("loss_name", list(LOSSES))
-def test_compiling_a_loss_warns_of_nothing_in_the_library(loss_name: str, monkeypatch) -> None:
-    """torch.compile of a step with any loss prints no Dynamo warning about mlloss's code: every
-    pairwise loss's first compile warned (torch 2.13) of the lru_cache it traced through at
-    dispatch.py's pair_loss, "silent incorrectness is a potential risk", in users' logs."""
+def test_compiled_step_is_one_graph_equal_to_eager_without_recompiles(loss_name: str, monkeypatch) -> None:
+    """And compiling it prints no Dynamo warning about the library's code: every pairwise loss's
+    first compile warned (torch 2.13) of the lru_cache it traced through in dispatch.py's pair_loss,
+    "silent incorrectness is a potential risk", in users' logs."""
     import warnings
 
     import torch._dynamo.utils as dynamo_utils
 
-    torch._dynamo.reset()  # run_steps' step is one code object: compiled afresh for each loss
-    monkeypatch.setattr(dynamo_utils, "warn_once_cache", set())  # warned once per process: as if first
-    package = os.path.dirname(mlloss.__file__)
+    torch._dynamo.reset()
+    monkeypatch.setattr(dynamo_utils, "warn_once_cache", set())  # Dynamo warns once per process: as if first
+    counter = CompileCounterWithBackend("aot_eager")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_steps(loss_name, compile_with="aot_eager")
+        values, grads, compiles = run_steps(loss_name, compile_with=counter)
+    package = os.path.dirname(mlloss.__file__)
     about_us = [str(w.message) for w in caught if package in str(w.message) or w.filename.startswith(package)]
     assert not about_us, about_us
-
-
-@pytest.mark.parametrize("loss_name", list(LOSSES))
-def test_compiled_step_is_one_graph_equal_to_eager_without_recompiles(loss_name: str) -> None:
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    values, grads, compiles = run_steps(loss_name, compile_with=counter)
     eager_values, eager_grads, _ = run_steps(loss_name)
     # Compiled on the first batch (fullgraph: one graph or an error), never again for the others.
     assert compiles[0] >= 1 and compiles[1:] == compiles[:1] * 2, f"{loss_name}: compilations after each batch {compiles}"
