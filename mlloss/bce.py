@@ -18,7 +18,7 @@ from .distributed import refusing_together
 from .losses import AUCLoss
 from .ops.dispatch import PairStats, cached_on_device
 from .ops.pointwise import binary_cross_entropy
-from .parts import LossParts, keep_call_state
+from .parts import LossParts, keep_call_state, made
 
 __all__ = ["BCELoss", "BCEPlusRanking", "INPUTS"]
 
@@ -188,8 +188,7 @@ class BCEPlusRanking(nn.Module):
         bce_parts = self.bce.parts
 
         def makers() -> dict:
-            made_terms = terms() if callable(terms) else terms
-            parts = task_parts() if callable(task_parts) else task_parts
+            made_terms, parts = made(terms), made(task_parts)
             totals: dict[str, Callable[[], Tensor]] = {"bce": lambda: bce_parts["bce"],
                                                        "ranking": lambda: _total(made_terms)}
             per_task: dict[str, object] = {"bce": bce_parts, "ranking": made_terms}
@@ -324,7 +323,7 @@ def _task_columns(scores: object, labels: object) -> tuple[Tensor, Tensor]:
 
 def _bce_parts(task_losses: Tensor) -> LossParts:
     """``BCELoss``'s ``parts`` from its per-task cross-entropies (K,), detached."""
-    return LossParts(lambda: _task_entries({"bce": task_losses.sum}, {"bce": task_losses}))
+    return LossParts(lambda: _task_entries({"bce": lambda: task_losses.sum()}, {"bce": task_losses}))
 
 
 def _column_parts(facts: PairStats, num_columns: int) -> list[LossParts]:
@@ -359,9 +358,5 @@ def _maker(value, key=None):
     """A function making a parts entry from a tensor or a function making one (or item ``key``
     of a sequence of either, or of a tensor)."""
     if key is not None:
-        return lambda: _made(value[key])
-    return lambda: _made(value)
-
-
-def _made(value):
-    return value() if callable(value) else value
+        return lambda: made(value[key])
+    return lambda: made(value)

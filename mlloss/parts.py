@@ -31,6 +31,15 @@ from .ops.dispatch import PairStats
 Makers = Mapping[str, Callable[[], Tensor]]
 
 
+def made(value):
+    """``value``, or what it makes if it is a function: a tensor, a sequence, a mapping or None is
+    kept as it is. (Not ``callable(value)``: torch.compile cannot trace ``callable`` of a dict or a
+    list, and parts are read inside compiled steps.)"""
+    if value is None or isinstance(value, (Tensor, Sequence, Mapping)):
+        return value
+    return value()
+
+
 class LossParts(Mapping[str, Tensor]):
     """A read-only mapping name -> detached scalar tensor, each made on first access.
 
@@ -46,8 +55,7 @@ class LossParts(Mapping[str, Tensor]):
     @property
     def _makers(self) -> dict[str, Callable[[], Tensor]]:
         if self._table is None:
-            source = self._source() if callable(self._source) else self._source
-            self._table, self._source = dict(source or {}), None
+            self._table, self._source = dict(made(self._source) or {}), None
         return self._table
 
     def __getitem__(self, name: str) -> Tensor:

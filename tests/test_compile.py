@@ -101,6 +101,40 @@ def test_compiled_step_is_one_graph_equal_to_eager_without_recompiles(loss_name:
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
 
 
+PARTS_LOSSES = {
+    "bce": lambda: mlloss.build_loss("bce"),
+    "bce+pdaom": lambda: mlloss.build_loss("bce+pdaom"),
+    "bce+auc(lam per task)": lambda: mlloss.build_loss("bce+auc", lam=[1.0, 3.0]),
+    "LaALoss": lambda: mlloss.LaALoss(),
+}
+
+
+@pytest.mark.parametrize("loss_name", list(PARTS_LOSSES))
+def test_parts_read_inside_a_compiled_step_equal_eager_parts(loss_name: str) -> None:
+    """``loss.parts`` read in the step (a LightningModule logging them from a compiled
+    training_step) compiles into the one graph and holds the eager parts: the cross-entropy
+    objectives' parts raised Dynamo's "Failed to trace builtin operator callable with argument
+    types ['dict']" under fullgraph (a graph break without it)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1 if loss_name == "LaALoss" else 2).to(DEVICE)
+    loss = PARTS_LOSSES[loss_name]().to(DEVICE)
+
+    def step(features, labels, groups):
+        scores = model(features)
+        value = loss(scores[:, 0] if loss_name == "LaALoss" else scores, labels, groups)
+        return value, dict(loss.parts.items())
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False, backend="aot_eager")
+    for features, labels, groups in batches(2):
+        value, parts = compiled(features, labels, groups)
+        eager_value, eager_parts = step(features, labels, groups)
+        assert sorted(parts) == sorted(eager_parts) and len(parts) >= 2
+        torch.testing.assert_close(value, eager_value, rtol=1e-6, atol=1e-7)
+        for name in parts:
+            torch.testing.assert_close(parts[name], eager_parts[name], rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.slow
 def test_inductor_compiles_a_step_with_a_grouped_loss() -> None:
     torch._dynamo.reset()
