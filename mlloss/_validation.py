@@ -616,21 +616,36 @@ def _finish_cross_entropy_check(values: Sequence[float], *, scores: Tensor, labe
             "a sigmoid these are probabilities, and the cross-entropy would treat them as logits; declare them "
             "with inputs='probabilities' (e.g. build_loss('bce+pdaom', inputs='probabilities'))",
             UserWarning,
-            stacklevel=_callers_level(),
+            stacklevel=callers_level(),
         )
 
 
-# The frames of this package and of torch (a module's __call__, autograd's apply): a warning about
-# the batch names the line outside them that passed it.
-_LIBRARY_FILES = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, torch.__file__ or ""))
+# The frames of this package, of torch (a module's __call__, autograd's apply) and of the frameworks
+# that call the metrics (torchmetrics' wrapped compute, Lightning's loops): a warning about the
+# user's data names the line outside them that passed it (a metric's, the trainer.fit call).
+_FRAMEWORKS = ("torchmetrics", "pytorch_lightning", "lightning", "lightning_fabric")
 
 
-def _callers_level() -> int:
+@functools.lru_cache(maxsize=1)
+def _library_files() -> tuple[str, ...]:
+    import importlib.util
+
+    folders = [os.path.dirname(os.path.abspath(path)) for path in (__file__, torch.__file__ or "")]
+    for name in _FRAMEWORKS:  # located, not imported
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            folders += [os.path.abspath(folder) for folder in spec.submodule_search_locations]
+    return tuple(folder + os.sep for folder in folders)
+
+
+def callers_level() -> int:
     """The ``stacklevel`` that makes a warning issued by the calling function name the first frame
-    outside mlloss and torch: the caller's line whatever path the call took inside them."""
+    outside mlloss, torch and the frameworks that call it: the caller's line whatever path the
+    call took inside them."""
+    library = _library_files()
     frame: types.FrameType | None = sys._getframe(2)
     level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_FILES):
+    while frame is not None and frame.f_code.co_filename.startswith(library):
         frame, level = frame.f_back, level + 1
     return level
 

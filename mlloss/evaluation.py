@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mlloss._validation import check_choice, require_label_names, require_tensor
+from mlloss._validation import callers_level, check_choice, require_label_names, require_tensor
 from mlloss.metrics import UndefinedMetricWarning, binary_auc, group_auc, multilabel_auc, multipartite_auc
 from mlloss.metrics.functional import WEIGHTINGS, Weighting
 
@@ -45,8 +45,8 @@ def ranking_metrics(
         group_weighting: GAUC's mean over groups, ``"uniform"`` or ``"size"`` (by items):
             :func:`mlloss.metrics.group_auc`.
         label_weights: the LaA label weights of the multipartite AUC (one score only).
-        quiet: silence the :class:`~mlloss.metrics.UndefinedMetricWarning` of a label with one class
-            (its metrics are NaN either way).
+        quiet: silence the :class:`~mlloss.metrics.UndefinedMetricWarning` that names the metrics left
+            undefined (NaN either way: a label with one class, no group with both).
 
     Returns:
         ``{"auc/<label>", "gauc/<label>", "diff_auc", "min_auc"[, "multipartite_auc"]: float64 scalar}``;
@@ -73,8 +73,7 @@ def ranking_metrics(
                          f"{list(label_weights)} with one score per label (scores {tuple(scores.shape)})")
     out: dict[str, Tensor] = {}
     with warnings.catch_warnings():
-        if quiet:
-            warnings.simplefilter("ignore", UndefinedMetricWarning)
+        warnings.simplefilter("ignore", UndefinedMetricWarning)  # one warning below, naming the metrics
         if per_task:
             per_label = torch.stack([binary_auc(scores[:, k], labels[:, k]) for k in range(len(names))])
         else:
@@ -88,4 +87,8 @@ def ranking_metrics(
         out["min_auc"] = per_label.min()
         if not per_task:
             out["multipartite_auc"] = multipartite_auc(scores, labels, label_weights=label_weights)
+    undefined = [key for key, value in out.items() if key not in ("diff_auc", "min_auc") and torch.isnan(value)]
+    if undefined and not quiet:
+        warnings.warn(f"{', '.join(undefined)} undefined: a label's AUC needs both 0 and 1 among the items, its GAUC "
+                      "a group with both; returning NaN.", UndefinedMetricWarning, stacklevel=callers_level())
     return out

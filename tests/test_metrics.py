@@ -467,6 +467,40 @@ def test_one_class_gives_nan_and_warns() -> None:
         assert torch.isnan(metric.compute())
 
 
+def test_undefined_metric_warnings_name_the_callers_line_and_the_metrics() -> None:
+    """A metric class's warning named torchmetrics' compute wrapper (metric.py), or mlloss's own
+    classes.py for a forward call, as its location; it names the line that called the metric.
+    ``ranking_metrics`` (RankingMetrics, the recipes) names which of its metrics are undefined."""
+    import inspect
+    import warnings
+
+    from mlloss.evaluation import ranking_metrics
+
+    def located(call) -> list[tuple[str, int, str]]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        return [(w.filename, w.lineno, str(w.message)) for w in caught if w.category is UndefinedMetricWarning]
+
+    here = __file__
+    line = inspect.currentframe().f_lineno
+    calls = [
+        lambda: AUC().compute(),  # no samples
+        lambda: AUC()(torch.randn(5), torch.ones(5)),  # forward: one class
+        lambda: GroupAUC()(torch.randn(4), torch.ones(4), torch.tensor([0, 0, 1, 1])),
+        lambda: binary_auc(torch.randn(5), torch.ones(5)),
+    ]
+    for offset, call in enumerate(calls, start=2):
+        [(filename, lineno, _)] = located(call)
+        assert (filename, lineno) == (here, line + offset)
+    labels = torch.stack([torch.tensor([0, 1] * 10), torch.zeros(20, dtype=torch.long)], 1)
+    [(filename, _, message)] = located(lambda: ranking_metrics(torch.randn(20, 2), labels, torch.arange(20) // 5,
+                                                               label_names=["click", "purchase"]))
+    assert filename == here and message.startswith("auc/purchase, gauc/purchase undefined:")
+    assert not located(lambda: ranking_metrics(torch.randn(20, 2), labels, torch.arange(20) // 5,
+                                               label_names=["click", "purchase"], quiet=True))
+
+
 def test_defined_metrics_do_not_warn() -> None:
     s = torch.tensor([0.3, 0.1, 0.2, 0.2])
     with warnings_as_errors():

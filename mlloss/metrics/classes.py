@@ -259,7 +259,7 @@ class _PairMetric(Metric):
             f"{self._display_name} has seen no samples (compute before any update, after reset() or after "
             "empty batches only); returning NaN.",
             UndefinedMetricWarning,
-            stacklevel=3,
+            stacklevel=check.callers_level(),
         )
         return self._no_samples_value()
 

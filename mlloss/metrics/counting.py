@@ -17,6 +17,7 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
+from .._validation import callers_level
 from ..ops.layout import run_bounds, sortable, value_ranks
 
 Weighting = Literal["uniform", "size"]
@@ -153,7 +154,7 @@ def group_mean(values: Tensor, counts: Tensor, weighting: Weighting) -> Tensor:
 
 def warn_if_undefined(value: Tensor, message: str) -> Tensor:
     if torch.isnan(value).any():
-        warnings.warn(f"{message}; returning NaN.", UndefinedMetricWarning, stacklevel=3)
+        warnings.warn(f"{message}; returning NaN.", UndefinedMetricWarning, stacklevel=callers_level())
     return value
 
 
