@@ -33,9 +33,11 @@ METRICS = tuple(f"{metric}/{task}" for task in TASKS for metric in ("auc", "gauc
 # Lightning's notices that say nothing about this run: the training step takes the experimental
 # `dataloader_iter` flavour on purpose (several batches a call, each one optimizer step, no gradient
 # accumulation: docs/recipe.md, "The training step"), which Lightning warns about at every epoch;
-# Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; and a tip that advertises a cloud logger.
+# Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; the checkpoint folder is not empty
+# when a run resumes or repeats another (it holds last.ckpt by design; resume_path prints a note when
+# a run replaces another's checkpoint); and a tip that advertises a cloud logger.
 MUTED_WARNINGS = (r"You are using the `dataloader_iter` step flavor", r"Found `dataloader_iter` argument",
-                  r".*isinstance\(treespec, LeafSpec\)")
+                  r".*isinstance\(treespec, LeafSpec\)", r"Checkpoint directory .* exists and is not empty")
 MUTED_INFO = "litlogger"
 
 

@@ -68,12 +68,17 @@ def check_output_folder(option: str, folder: Path, contents: str, writes: bool =
 
 
 def resume_path(args: argparse.Namespace) -> Path | None:
-    """The checkpoint ``--resume`` names: ``last`` is the newest complete checkpoint
+    """The checkpoint ``--resume`` names (without it, a note if the run replaces an earlier run's
+    checkpoint): ``last`` is the newest complete checkpoint
     (:func:`latest_complete_checkpoint` of ``<checkpoint-dir>/last.ckpt``; what it skips is printed;
     a folder that cannot be read is an OSError naming ``--checkpoint-dir``), a path must exist.
     First, on every run, :func:`check_checkpoint_dir` (the recipe calls this before training)."""
     check_checkpoint_dir(args)
     if args.resume is None:
+        earlier = Path(args.checkpoint_dir) / "last.ckpt"
+        if not args.no_checkpoint and earlier.exists():
+            _print_rank_zero(f"note: this run replaces {earlier}, an earlier run's checkpoint (--resume last would "
+                             "continue that run)")
         return None
     if args.resume != "last":
         path = Path(args.resume)

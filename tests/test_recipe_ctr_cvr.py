@@ -283,7 +283,11 @@ def test_resume_from_a_checkpoint_continues_identically(recipe, tmp_path):
     straight = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "a")])
     recipe.main([*args, "--epochs", "1", "--output-dir", str(tmp_path / "b")])
     first_epoch = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    resumed = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume", "last"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = recipe.main([*args, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume", "last"])
+    # Lightning's "Checkpoint directory ... exists and is not empty": the folder holds last.ckpt by design
+    assert not [str(w.message) for w in caught if "exists and is not empty" in str(w.message)]
     assert len(resumed["history"]) == 2
     assert without_timing(resumed["history"]) == without_timing(straight["history"])
     assert resumed["results"]["test"] == straight["results"]["test"]
@@ -292,6 +296,23 @@ def test_resume_from_a_checkpoint_continues_identically(recipe, tmp_path):
     assert final_a.keys() == final_b.keys()
     assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
     assert not all(torch.equal(final_a[k], first_epoch[k]) for k in final_a), "the second epoch must train"
+
+
+def test_a_run_that_replaces_an_earlier_runs_checkpoint_says_so(recipe, tmp_path, capsys):
+    """Without --resume, a run into a --checkpoint-dir that holds last.ckpt replaces it: a note
+    says so (Lightning's own warning, that the folder is not empty, is muted: a resumed run writes
+    there too); with --resume, or without a checkpoint there, no note."""
+    import ctr_cvr_resume
+
+    folder = tmp_path / "checkpoints"
+    options = recipe.parse_args(["--checkpoint-dir", str(folder)])
+    assert ctr_cvr_resume.resume_path(options) is None and "note:" not in capsys.readouterr().out
+    folder.mkdir()
+    torch.save({}, folder / "last.ckpt")
+    assert ctr_cvr_resume.resume_path(options) is None
+    assert f"note: this run replaces {folder / 'last.ckpt'}, an earlier run's checkpoint" in capsys.readouterr().out
+    ctr_cvr_resume.resume_path(recipe.parse_args(["--checkpoint-dir", str(folder), "--no-checkpoint"]))
+    assert "note:" not in capsys.readouterr().out
 
 
 def test_a_resumed_run_takes_the_command_lines_learning_rate(recipe, tmp_path):
