@@ -17,7 +17,8 @@ dtype and 16-byte alignment; each int's equality to 1, divisibility by 16 and wi
 each other argument. So a launch reuses a compiled kernel only where Triton would have.
 
 Triton's own path is taken whenever this one cannot stand in for it: under the interpreter
-(``TRITON_INTERPRET=1``: ``launcher`` returns the kernel itself), when a launch hook is set (a
+(``TRITON_INTERPRET=1``: ``launcher`` returns the kernel, run without NumPy's floating-point
+warnings, ``Interpreted``), when a launch hook is set (a
 profiler such as Proton), when the kernel has pre-run hooks, and when the arguments are not the
 runtime ones by position and every constexpr by name. Knob settings that change
 code generation (``TRITON_DEBUG``, ...) are read by the first launch of each key.
@@ -97,11 +98,40 @@ def _hooked(hook) -> bool:
 _LAUNCHERS: dict[int, Launcher] = {}  # by the kernel's id (a JITFunction's hash is its source's: 1 us)
 
 
+class Interpreted:
+    """A kernel run by Triton's interpreter as a GPU runs it: without NumPy's floating-point
+    warnings. The interpreter computes every lane of a ``tl.where`` with NumPy, which warns of
+    inf - inf, 0 / 0 and overflow in lanes the select then discards (the soft extremes' empty
+    parts, ``kernels/scan.py``'s merge); a GPU computes them silently."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        run = self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            import numpy
+
+            with numpy.errstate(all="ignore"):
+                return run(*args, **kwargs)
+
+        return launch
+
+
+_INTERPRETED: dict[int, Interpreted] = {}
+
+
 def launcher(kernel):
     """The one ``Launcher`` of ``kernel`` (a module's ``@triton.jit`` function, which lives as long
-    as the process); under the interpreter or with ``MLLOSS_TRITON_LAUNCH=triton``, the kernel
-    itself."""
-    if INTERPRET or not DIRECT:
+    as the process); with ``MLLOSS_TRITON_LAUNCH=triton``, the kernel itself; under the
+    interpreter, the kernel run without NumPy's warnings (``Interpreted``)."""
+    if INTERPRET:
+        found_interpreted = _INTERPRETED.get(id(kernel))
+        if found_interpreted is None:
+            found_interpreted = _INTERPRETED[id(kernel)] = Interpreted(kernel)
+        return found_interpreted
+    if not DIRECT:
         return kernel
     found = _LAUNCHERS.get(id(kernel))
     if found is None:
