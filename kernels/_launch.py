@@ -2,8 +2,8 @@
 
 ``kernel[grid](*args, **constexprs)`` on a ``@triton.jit`` function binds and specializes every
 argument, hashes a cache key, merges the launch options and reads Triton's knobs, on every launch:
-15-29 us of host time a launch on this repository's CPU (``benchmarks/host_time.py``), where the
-compiled kernel's C launcher takes under 3 us. A loss call launches two to seven kernels, and at
+12-24 us of host time a launch on this repository's CPU (``benchmarks/host_time.py``; benchmarks/README.md,
+"Host time"), where the compiled kernel's C launcher takes about 0.4 us. A loss call launches two to seven kernels, and at
 the batch sizes recommenders train with the call is bound by its host path. PyTorch's Inductor
 calls its compiled Triton kernels' launchers directly for the same reason.
 

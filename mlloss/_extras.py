@@ -8,7 +8,7 @@ device, with the PyTorch tiers. The rest is optional (pyproject.toml), and only 
   :mod:`mlloss.integrations.lightning` (``RankingMetrics``),
   :mod:`mlloss.integrations.lightning_checkpoints` (``AtomicCheckpointIO``), and
   :mod:`mlloss.data.datamodule` (``GroupDataModule``);
-* TorchRec (installed by hand, README "TorchRec"; ``mlloss[torchrec]`` brings its pure-Python
+* TorchRec (installed by hand, docs/install.md; ``mlloss[torchrec]`` brings its pure-Python
   needs): :mod:`mlloss.integrations.torchrec`, imported on first use of its functions;
   :mod:`mlloss.integrations.torchrec_strategy` needs it and Lightning;
 * ``mlloss[triton]`` (``triton``): the fused kernels, ``backend="triton"``. ``backend="auto"``

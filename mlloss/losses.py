@@ -196,7 +196,7 @@ class AUCLoss(_PairwiseLoss):
             On the Triton kernels the check is fused into their launches and read once per call:
             the call's only host synchronisation. ``False`` removes it (e.g. to capture a step in
             a ``torch.cuda.CUDAGraph``). The closed forms (``"exact"``, which ``"auto"`` picks
-            for the exponential, squared and hinge surrogates above 2,048 items) read sizes on
+            for the exponential, squared and hinge surrogates above the sizes ``backend`` names) read sizes on
             the host whatever this says: for a captured step, give a closed-form surrogate
             ``backend="triton"``. Shapes, dtypes and arguments are always checked.
         contiguous_groups: ``True`` when each group's items are consecutive rows of the batch
@@ -355,7 +355,8 @@ class LoALoss(_PairwiseLoss, ConstantBuffers):
             scorer is :math:`\sum_k \eta_k` like LaA's. The priors are ``priors`` if given, else a
             running estimate: the label means over every batch seen in training mode (the current
             one included), kept in the module's state dict (as buffers, which DDP broadcasts
-            from rank 0 before each forward unless ``cross_device``: see docs/lightning.md).
+            from rank 0 before each forward: each rank's own counts are lost unless
+            ``cross_device``, where every rank counts the gathered batch: see docs/lightning.md).
         priors: label priors pi_k in (0, 1) for ``weights="balanced"``.
         num_labels: K, the number of label columns every batch must have. For
             ``weights="balanced"`` without ``priors`` it sizes the running estimate at

@@ -5,7 +5,7 @@ LightningModule's tables and writes their checkpoints is the sibling ``torchrec_
 Needs TorchRec, imported on first use (importing this module imports neither torchrec nor
 fbgemm-gpu). On a CPU-only machine plain ``pip install torchrec`` pulls the CUDA build of
 fbgemm-gpu, which does not load; install the CPU build first and torchrec without its
-dependencies (README, "TorchRec")::
+dependencies (docs/install.md, docs/torchrec.md)::
 
     pip install fbgemm-gpu-cpu==1.8.0 tensordict pyre-extensions tqdm
     pip install --no-deps torchrec==1.8.0

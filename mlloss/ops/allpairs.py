@@ -368,7 +368,7 @@ def _rectangle(
     long; a short run is taken whole and the other cut to keep the tile's size).
 
     Two tile buffers are allocated once and reused: allocating fresh 16 MB temporaries per tile
-    made glibc keep gigabytes of freed memory in long runs (benchmarks/README.md).
+    made glibc keep gigabytes of freed memory in long runs.
     """
     if scores.device.type == "cpu":
         tile = CPU_TILE_SIDE * CPU_TILE_SIDE
