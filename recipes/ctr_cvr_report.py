@@ -35,9 +35,12 @@ METRICS = tuple(f"{metric}/{task}" for task in TASKS for metric in ("auc", "gauc
 # accumulation: docs/recipe.md, "The training step"), which Lightning warns about at every epoch;
 # Lightning 2.6 calls a pytree API that torch >= 2.10 deprecates; the checkpoint folder is not empty
 # when a run resumes or repeats another (it holds last.ckpt by design; resume_path prints a note when
-# a run replaces another's checkpoint); and a tip that advertises a cloud logger.
+# a run replaces another's checkpoint); a checkpoint resumed from another folder (--resume PATH, a
+# moved run) "won't reload best_k_models": the recipe keeps last.ckpt only, there are none; and a
+# tip that advertises a cloud logger.
 MUTED_WARNINGS = (r"You are using the `dataloader_iter` step flavor", r"Found `dataloader_iter` argument",
-                  r".*isinstance\(treespec, LeafSpec\)", r"Checkpoint directory .* exists and is not empty")
+                  r".*isinstance\(treespec, LeafSpec\)", r"Checkpoint directory .* exists and is not empty",
+                  r"The dirpath has changed from")
 MUTED_INFO = "litlogger"
 
 
