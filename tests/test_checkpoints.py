@@ -30,8 +30,8 @@ import re
 import shutil
 import subprocess
 import sys
-import warnings
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
