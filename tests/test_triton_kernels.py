@@ -22,6 +22,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from mlloss.kernels import scan  # noqa: E402
+from mlloss.kernels._launch import launcher  # noqa: E402
 from mlloss.kernels.hardest import hardest_loss_and_grad  # noqa: E402
 from mlloss.kernels.pairwise import STATUS_OVERFLOW, pair_loss_and_grad  # noqa: E402
 from mlloss.kernels.reduce import normaliser_source  # noqa: E402
@@ -515,8 +516,8 @@ def test_both_scans_of_a_block_equal_the_sequential_scan(monoid):
         empty = torch.rand(lanes, generator=gen) < 0.15
         x[empty], y[empty] = float("inf"), 0.0
     out = torch.empty(6, lanes, dtype=torch.float64, device=DEVICE)
-    _both_scans_kernel[(1,)](restart.to(torch.int32).to(DEVICE), x.to(DEVICE), y.to(DEVICE), out, inverse_temperature,
-                             MONOID=monoid, LANES=lanes)
+    launcher(_both_scans_kernel)[(1,)](restart.to(torch.int32).to(DEVICE), x.to(DEVICE), y.to(DEVICE), out,
+                                       inverse_temperature, MONOID=monoid, LANES=lanes)  # as the library launches
     expected = torch.stack(_sequential_scan(restart, x, y, inverse_temperature, monoid))
     for got in out.cpu().view(2, 3, lanes):  # associative, doubling
         torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
