@@ -95,9 +95,6 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-_LAUNCHERS: dict[int, Launcher] = {}  # by the kernel's id (a JITFunction's hash is its source's: 1 us)
-
-
 class Interpreted:
     """A kernel run by Triton's interpreter as a GPU runs it: without NumPy's floating-point
     warnings. The interpreter computes every lane of a ``tl.where`` with NumPy, which warns of
@@ -119,21 +116,17 @@ class Interpreted:
         return launch
 
 
-_INTERPRETED: dict[int, Interpreted] = {}
+# by the kernel's id (a JITFunction's hash is its source's: 1 us)
+_LAUNCHERS: dict[int, Launcher | Interpreted] = {}
 
 
 def launcher(kernel):
     """The one ``Launcher`` of ``kernel`` (a module's ``@triton.jit`` function, which lives as long
     as the process); with ``MLLOSS_TRITON_LAUNCH=triton``, the kernel itself; under the
     interpreter, the kernel run without NumPy's warnings (``Interpreted``)."""
-    if INTERPRET:
-        found_interpreted = _INTERPRETED.get(id(kernel))
-        if found_interpreted is None:
-            found_interpreted = _INTERPRETED[id(kernel)] = Interpreted(kernel)
-        return found_interpreted
-    if not DIRECT:
+    if not INTERPRET and not DIRECT:
         return kernel
     found = _LAUNCHERS.get(id(kernel))
     if found is None:
-        found = _LAUNCHERS[id(kernel)] = Launcher(kernel)
+        found = _LAUNCHERS[id(kernel)] = (Interpreted if INTERPRET else Launcher)(kernel)
     return found
