@@ -385,7 +385,7 @@ class Projector:
 def kernel_time_at(spec: dict[str, Any], args, clock: DeviceClock) -> float:
     """The kernels' time of one step of ``spec`` (its implementation at its N), rebuilt from the
     same seeded inputs and warmed up once."""
-    inputs = tuple(None if t is None else t.to(args.device) for t in cases.make_inputs(spec))
+    inputs = cases.on_device(cases.make_inputs(spec), args.device)
     try:
         step = cases.build_step(spec, inputs, args.compile_backend)
         step()
@@ -443,7 +443,7 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
                 print(f"  skip {case['case']} N={n} {impl}: {reason}", flush=True)
                 continue
             # Fresh device copies per row: no implementation sees another's autograd state.
-            inputs = tuple(None if t is None else t.to(args.device) for t in cpu_inputs)
+            inputs = cases.on_device(cpu_inputs, args.device)
             if not f64_done:
                 f64, f64_done = cases.float64_reference(spec_base, inputs), True
             try:

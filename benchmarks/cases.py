@@ -7,7 +7,7 @@
   ``CPU_SECTION_TITLES``, ``gpu_cases`` and ``GPU_SECTION_TITLES``). A spec is a case's dict with
   ``n``, ``seed`` and ``impl`` added.
 - Inputs: ``make_inputs`` (seeded by the spec's seed and N, so the CPU and GPU runs of a case see
-  the same scores, labels and user ids; built on the CPU) and the pair counts: ``count_pairs``
+  the same scores, labels and user ids; built on the CPU; ``on_device`` copies them) and the pair counts: ``count_pairs``
   (valid pairs, the pairs/s numerator) and ``group_pair_elements`` (sum of squared group sizes).
 - Implementations (``build_forward``, ``build_step``): mlloss with each backend, and the baselines:
   a naive N x N broadcast with autograd, eager (``"naive"``) or under ``torch.compile``
@@ -344,6 +344,11 @@ def make_inputs(spec: dict[str, Any], n: int | None = None):
     if spec.get("separation"):
         scores = scores + spec["separation"] * levels_of(spec, labels)
     return scores, labels, groups
+
+
+def on_device(inputs, device):
+    """``inputs`` (``make_inputs``' tuple) copied to ``device``; None stays None."""
+    return tuple(None if t is None else t.to(device) for t in inputs)
 
 
 def levels_of(spec: dict[str, Any], labels):

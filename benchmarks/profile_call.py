@@ -48,7 +48,7 @@ SIZES = {"AUC": 16_384, "LaA": 16_384, "grouped-AUC": 1 << 20, "grouped-AUC-16K"
 def profile_case(name: str, num_items: int, device: torch.device, steps: int, profiled: int, seed: int,
                  impl: str = "mlloss-triton") -> str:
     spec = dict(CASES[name], impl=impl, n=num_items, seed=seed)
-    inputs = tuple(None if t is None else t.to(device) for t in cases.make_inputs(spec))
+    inputs = cases.on_device(cases.make_inputs(spec), device)
     step = cases.build_step(spec, inputs)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):  # compiles the kernels
