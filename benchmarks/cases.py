@@ -220,6 +220,9 @@ GPU_SIZES = {
     "smoke": ([256], [256], 256),
 }
 HEADLINE_SPEEDUP_N = 16384  # the GPU runner's naive / Triton ratios and small-call targets
+# The recipe's batch, as many recommenders train: the GPU runner's calls beside their naive peers
+# there too (no target; LaA's naive torch.compile row runs there in --quick as well).
+RECIPE_BATCH_N = 1024
 HEADLINE_MEMORY_N = 1048576  # its pairs/s, memory, large-call and accuracy targets
 
 
@@ -232,15 +235,17 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
         sweep = grouped_sweep = sizes_override
     quick = mode == "quick"
     # torch.compile costs ~5-30 s per (case, N): compiled rows at every size only where they feed the
-    # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise.
+    # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise; LaA's in --quick
+    # at the recipe's batch too (what compiling the obvious code gives a user there).
     compile_at_speedup_n = {} if mode == "smoke" or sizes_override else {"naive-compile": [HEADLINE_SPEEDUP_N]}
+    compile_at_both = {} if mode == "smoke" or sizes_override else {"naive-compile": [RECIPE_BATCH_N, HEADLINE_SPEEDUP_N]}
     # The dense kernels' threshold (kernels/dense.py MAX_ITEMS) is measured against the layout
     # kernels at the recipe's batch size.
-    layout_at = {"mlloss-layout": [1024]}
+    layout_at = {"mlloss-layout": [RECIPE_BATCH_N]}
     # The host-bound calls (the small-call targets) again in a CUDA graph: their kernels' own time.
     # and eager without the data check (validate_args=False: no host sync, the host path and the
     # kernels overlap), as a training step that has checked its data elsewhere runs it.
-    graph_at = {impl: [1024, HEADLINE_SPEEDUP_N] for impl in ("mlloss-graph", "mlloss-unchecked", "mlloss-replay")}
+    graph_at = {impl: [RECIPE_BATCH_N, HEADLINE_SPEEDUP_N] for impl in ("mlloss-graph", "mlloss-unchecked", "mlloss-replay")}
     if section == 1:
         # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
         priors = [0.1] if quick else [0.5, 0.1]
@@ -254,7 +259,7 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
         return [dict(laa_logistic(), section=2, sizes=sweep,
                      impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-torch", "naive",
                             "naive-compile"],
-                     only_at=(compile_at_speedup_n if quick else {}) | graph_at)]
+                     only_at=(compile_at_both if quick else {}) | graph_at)]
     if section == 3:
         if sizes_override:
             big = max(sizes_override)

@@ -15,8 +15,8 @@ naive eager and naive ``torch.compile`` time over Triton at N = 16,384 (>= 20x, 
 loss within 1e-5 relative of the float64 one at N = 1,048,576 (section 6, each case run). Lines
 without a target: the ``mlloss-graph`` rows (the call in a CUDA graph) beside the eager call (and
 the eager call with ``validate_args=False``, ``mlloss-unchecked``: no host sync, and with graph
-replay on, ``mlloss-replay``), and
-section 7's tiles. A line gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
+replay on, ``mlloss-replay``), LaA at the recipe's batch (N = 1,024: each of these ways beside
+naive eager and naive ``torch.compile``), and section 7's tiles. A line gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
 "no verdict" and why.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import _measure
 import cases
-from cases import HEADLINE_MEMORY_N, HEADLINE_SPEEDUP_N, LAA_CASE
+from cases import HEADLINE_MEMORY_N, HEADLINE_SPEEDUP_N, LAA_CASE, RECIPE_BATCH_N
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 GB = 1024**3
@@ -104,8 +104,8 @@ def acceptance_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
         lines += _replayed_line(rows, case, HEADLINE_MEMORY_N, GROUPED_CALL_TARGET_S, gpu)
     lines += _time_line(rows, cases.PDAOM_CASE, "mlloss", HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
     lines += _replayed_line(rows, cases.PDAOM_CASE, HEADLINE_MEMORY_N, PDAOM_CALL_TARGET_S, gpu)
-    return (lines + _naive_lines(rows, gpu) + _accuracy_lines(rows, gpu) + _graph_lines(rows) + _tile_lines(rows)
-            + _dense_or_layout_lines(rows))
+    return (lines + _naive_lines(rows, gpu) + _recipe_batch_lines(rows) + _accuracy_lines(rows, gpu)
+            + _graph_lines(rows) + _tile_lines(rows) + _dense_or_layout_lines(rows))
 
 
 def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -249,6 +249,29 @@ def _naive_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
                          f"{row['time_s'] * 1e3:.3g} ms); target >= {target:g}x: "
                          f"{_verdict(speedup >= target, at_target, gpu)}")
     return lines
+
+
+# The library's ways to run a call beside its naive peers at the recipe's batch (``_recipe_batch_lines``).
+_LIBRARY_WAYS = (("mlloss-triton", "eager"), ("mlloss-unchecked", "eager with validate_args=False"),
+                 ("mlloss-replay", "eager with graph replay"), ("mlloss-graph", "in a CUDA graph"))
+
+
+def _recipe_batch_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """No target: LaA at the recipe's batch (N = 1,024, as many recommenders train), each way the
+    library runs the call beside naive eager and naive ``torch.compile``, with how many times
+    faster than the compiled naive code each is (below 1: slower)."""
+    times = {r["impl"]: r["time_s"] for r in rows if r["case"] == LAA_CASE and r["n"] == RECIPE_BATCH_N and "time_s" in r}
+    ours = [(way, times[impl]) for impl, way in _LIBRARY_WAYS if impl in times]
+    if not ours:
+        return []
+    compiled = times.get("naive-compile")
+    parts = [f"{way} {seconds * 1e3:.3g} ms" + (f" ({compiled / seconds:.2g}x)" if compiled else "")
+             for way, seconds in ours]
+    naive = [f"{name} {times[impl] * 1e3:.3g} ms" for impl, name in (("naive", "naive eager"),
+                                                                     ("naive-compile", "naive torch.compile"))
+             if impl in times]
+    return [f"- {LAA_CASE} at the recipe's batch, N={RECIPE_BATCH_N:,} (no target): " + ", ".join(naive or ["no naive row"])
+            + "; mlloss " + ", ".join(parts) + (" (x: naive torch.compile's time over the row's)" if compiled else "")]
 
 
 def device_slug(name: str) -> str:

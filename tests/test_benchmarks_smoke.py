@@ -778,6 +778,27 @@ def test_gpu_report_judges_the_replayed_calls_beside_the_eager_ones(bench_gpu, c
     assert "graph replay" not in "\n".join(gpu_report.acceptance_lines(rows[:1] + rows[2:], gpu=True))
 
 
+def test_gpu_report_sets_the_recipe_batch_calls_beside_compiled_naive_code(bench_gpu, cases):
+    """At the recipe's batch (no target), each way the library ran LaA beside the naive rows, with
+    the compiled naive code's time over each; nothing without a library row (rows made up here)."""
+    import gpu_report
+
+    def row(impl, ms, n=cases.RECIPE_BATCH_N):
+        return {"section": 2, "case": cases.LAA_CASE, "impl": impl, "n": n, "time_s": ms / 1e3, "pairs_per_s": 1.0,
+                "peak_extra_mb": 1.0}
+
+    rows = [row("mlloss-triton", 0.9), row("mlloss-graph", 0.03), row("naive", 0.8), row("naive-compile", 0.45),
+            row("mlloss-triton", 0.1, n=16384)]
+    line, = (line for line in gpu_report.acceptance_lines(rows, gpu=True) if "recipe's batch" in line)
+    assert line == (f"- {cases.LAA_CASE} at the recipe's batch, N=1,024 (no target): naive eager 0.8 ms, naive "
+                    "torch.compile 0.45 ms; mlloss eager 0.9 ms (0.5x), in a CUDA graph 0.03 ms (15x) "
+                    "(x: naive torch.compile's time over the row's)")
+    assert not any("recipe's batch" in line for line in gpu_report.acceptance_lines(rows[2:], gpu=True))
+    # the LaA case of --quick runs naive torch.compile there
+    laa, = (case for case in cases.gpu_cases(2, "quick") if case["case"] == cases.LAA_CASE)
+    assert laa["only_at"]["naive-compile"] == [cases.RECIPE_BATCH_N, cases.HEADLINE_SPEEDUP_N]
+
+
 def test_gpu_report_puts_the_back_to_back_calls_beside_the_graph(bench_gpu, cases):
     """The graph line of a case and N lists each row's time per call back to back where measured
     (rows made up here, not measured)."""
@@ -789,7 +810,7 @@ def test_gpu_report_puts_the_back_to_back_calls_beside_the_graph(bench_gpu, case
 
     rows = [row("mlloss-triton", 0.9, 0.4), row("mlloss-graph", 0.03, 0.02), row("mlloss-unchecked", 0.7, 0.1),
             row("mlloss-replay", 0.6, None)]
-    line, = (line for line in gpu_report.acceptance_lines(rows, gpu=True) if "in a CUDA graph" in line)
+    line, = (line for line in gpu_report.acceptance_lines(rows, gpu=True) if "in a CUDA graph (no target" in line)
     assert line.endswith("; per call back to back: graph 0.02 ms, eager 0.4 ms, validate_args=False 0.1 ms")
 
 
