@@ -11,7 +11,8 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
    of its time (18 ms at N = 1,024 on an H100 at eb07a70, growing with N): the row times LibAUC as
    its users call it.
 2. Logistic LaA (linear cost), two binary labels with priors 0.5 and 0.1, no groups: the headline
-   case. Triton, torch backend, naive eager, naive compiled.
+   case. Triton, torch backend, naive eager, naive compiled; and the Triton call compiled as a
+   user's step compiles it (``mlloss-compile``, at N = 1,024 and 16,384).
 3. Closed forms at N = 1,048,576 in users of ~50 items: exponential / squared / hinge ``AUCLoss``
    and ``LaALoss`` with ``backend="exact"`` (what ``"auto"`` picks for them; the reference row)
    against the Triton kernel and the torch backend on the same input; ``PDAOMLoss()`` (hardest
@@ -449,11 +450,11 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
             try:
                 step = cases.build_step(dict(spec_base, impl=impl), inputs, args.compile_backend)
                 reference_only = impl.endswith("-f64")
-                result = measure_row(step, inputs[0], clock, compiled=impl == "naive-compile",
+                result = measure_row(step, inputs[0], clock, compiled=impl in cases.COMPILED_IMPLS,
                                      repeats=REFERENCE_ONLY_REPEATS if reference_only else args.repeats,
                                      warm_up=not reference_only)
                 grad = inputs[0].grad.detach().clone()
-                if impl == "naive-compile":
+                if impl in cases.COMPILED_IMPLS:
                     result.update(cases.compile_counters())
                 del step
             except Exception as exc:  # noqa: BLE001 -- record the failure (e.g. out of memory) and go on
@@ -506,7 +507,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-repeats", type=int, default=None)
     parser.add_argument("--target-s", type=float, default=None, help="seconds of timed steps aimed at per row")
     parser.add_argument("--compile-backend", default=None,
-                        help="torch.compile backend of the naive-compile rows (default inductor; aot_eager on cpu)")
+                        help="torch.compile backend of the compiled rows, naive-compile and mlloss-compile "
+                             "(default inductor; aot_eager on cpu)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.command = " ".join(["python", *(sys.argv if argv is None else ["benchmarks/bench_gpu.py", *argv])])

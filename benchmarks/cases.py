@@ -238,6 +238,8 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
     # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise; LaA's in --quick
     # at the recipe's batch too (what compiling the obvious code gives a user there).
     compile_at_speedup_n = {} if mode == "smoke" or sizes_override else {"naive-compile": [HEADLINE_SPEEDUP_N]}
+    # The Triton tier's loss compiled as a user's step compiles it: at both of those N.
+    compiled_loss_at = {} if mode == "smoke" or sizes_override else {"mlloss-compile": [RECIPE_BATCH_N, HEADLINE_SPEEDUP_N]}
     compile_at_both = {} if mode == "smoke" or sizes_override else {"naive-compile": [RECIPE_BATCH_N, HEADLINE_SPEEDUP_N]}
     # The dense kernels' threshold (kernels/dense.py MAX_ITEMS) is measured against the layout
     # kernels at the recipe's batch size.
@@ -257,9 +259,9 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
                      only_at=compile_at_speedup_n | layout_at | graph_at) for p in priors]
     if section == 2:
         return [dict(laa_logistic(), section=2, sizes=sweep,
-                     impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-torch", "naive",
-                            "naive-compile"],
-                     only_at=(compile_at_both if quick else {}) | graph_at)]
+                     impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-compile",
+                            "mlloss-torch", "naive", "naive-compile"],
+                     only_at=(compile_at_both if quick else {}) | compiled_loss_at | graph_at)]
     if section == 3:
         if sizes_override:
             big = max(sizes_override)
@@ -455,7 +457,9 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
     ``"naive-compile"`` is
     ``naive_broadcast_loss`` under ``torch.compile(backend=compile_backend, dynamic=False)``,
     compiled afresh (``torch._dynamo.reset()``: no recompile limit, no reuse across rows; its
-    counters are cleared for ``compile_counters``). The LibAUC rows use
+    counters are cleared for ``compile_counters``), and ``"mlloss-compile"`` the Triton tier's loss
+    (its defaults: the data check on) compiled the same way, as a user's compiled step calls it
+    (the loss an opaque operator that runs its Python at every call). The LibAUC rows use
     ``PairwiseAUCLoss(surr_loss="logistic", hparam=1.0)``: log(1 + exp(-hparam * t)) on the raw
     predictions (no sigmoid, no margin), the same mean over positive x negative pairs as the
     logistic AUC cases. The inputs may live on any device.
@@ -475,11 +479,14 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
         layout_only = backend == "layout"  # the Triton tier without its dense small-batch kernels
         unchecked = backend == "unchecked"  # the Triton tier with validate_args=False
         replayed = backend == "replay"  # the Triton tier replayed from CUDA graphs
-        backend = "triton" if layout_only or unchecked or replayed else backend
+        compiled = backend == "compile"  # the Triton tier inside torch.compile
+        backend = "triton" if layout_only or unchecked or replayed or compiled else backend
         loss_fn = mlloss_loss(spec, backend=backend, validate_args=not unchecked)
         import mlloss
 
         mlloss.set_graph_replay(replayed)  # (off: also releases the graphs of an earlier row)
+        if compiled:
+            loss_fn = fresh_compile(loss_fn, compile_backend)
 
         def forward():
             s = scores.double() if float64 else scores
@@ -516,15 +523,11 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
             return naive_broadcast_loss(spec, scores, labels, groups)
 
     elif impl == "naive-compile":
-        from torch._dynamo.utils import counters
-
-        torch._dynamo.reset()  # a fresh, static-shape compile per row: no recompile limit, no reuse
-        counters.clear()
 
         def naive(s, y, g):
             return naive_broadcast_loss(spec, s, y, g)
 
-        compiled = torch.compile(naive, backend=compile_backend, dynamic=False)
+        compiled = fresh_compile(naive, compile_backend)
 
         def forward():
             return compiled(scores, labels, groups)
@@ -537,6 +540,21 @@ def build_forward(spec: dict[str, Any], inputs, compile_backend: str = "inductor
     else:
         raise ValueError(f"unknown implementation {impl!r}")
     return forward
+
+
+def fresh_compile(function, compile_backend: str):
+    """``torch.compile(function)`` with static shapes, compiled afresh: Dynamo's caches and counters
+    reset (no recompile limit or reuse across rows; ``compile_counters`` counts this build's)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    return torch.compile(function, backend=compile_backend, dynamic=False)
+
+
+#: The rows that run under torch.compile (``fresh_compile``).
+COMPILED_IMPLS = ("naive-compile", "mlloss-compile")
 
 
 @contextlib.contextmanager
@@ -649,7 +667,7 @@ def build_step(spec: dict[str, Any], inputs, compile_backend: str = "inductor"):
 
 
 def compile_counters() -> dict[str, int]:
-    """Graph breaks and compiled graphs of the last ``"naive-compile"`` build (counters since its reset)."""
+    """Graph breaks and compiled graphs of the last compiled row's build (``fresh_compile``: counters since its reset)."""
     from torch._dynamo.utils import counters
 
     return {"graph_breaks": sum(counters["graph_break"].values()),

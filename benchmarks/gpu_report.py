@@ -15,8 +15,8 @@ naive eager and naive ``torch.compile`` time over Triton at N = 16,384 (>= 20x, 
 loss within 1e-5 relative of the float64 one at N = 1,048,576 (section 6, each case run). Lines
 without a target: the ``mlloss-graph`` rows (the call in a CUDA graph) beside the eager call (and
 the eager call with ``validate_args=False``, ``mlloss-unchecked``: no host sync, and with graph
-replay on, ``mlloss-replay``), LaA at the recipe's batch (N = 1,024: each of these ways beside
-naive eager and naive ``torch.compile``), and section 7's tiles. A line gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
+replay on, ``mlloss-replay``), LaA at the recipe's batch (N = 1,024: each of these ways, and the
+call under ``torch.compile``, beside naive eager and naive ``torch.compile``), and section 7's tiles. A line gives a verdict (PASS / FAIL) only for a CUDA run that measured the target N; otherwise it says
 "no verdict" and why.
 """
 
@@ -253,7 +253,8 @@ def _naive_lines(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
 
 # The library's ways to run a call beside its naive peers at the recipe's batch (``_recipe_batch_lines``).
 _LIBRARY_WAYS = (("mlloss-triton", "eager"), ("mlloss-unchecked", "eager with validate_args=False"),
-                 ("mlloss-replay", "eager with graph replay"), ("mlloss-graph", "in a CUDA graph"))
+                 ("mlloss-replay", "eager with graph replay"), ("mlloss-compile", "under torch.compile"),
+                 ("mlloss-graph", "in a CUDA graph"))
 
 
 def _recipe_batch_lines(rows: list[dict[str, Any]]) -> list[str]:

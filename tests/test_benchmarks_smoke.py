@@ -100,6 +100,18 @@ def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_p
     assert "## Acceptance" in output.with_suffix(".md").read_text()
 
 
+def test_the_loss_compiled_as_a_users_step_compiles_it_has_its_own_row(bench_gpu, tmp_path):
+    """``mlloss-compile``: the Triton tier's loss under torch.compile (aot_eager on the CPU), one
+    graph without breaks, the eager call's bits; its compile counters in the row."""
+    output = tmp_path / "compiled.json"
+    bench_gpu.main(["--device", "cpu", "--sections", "2", "--sizes", "64", "--min-repeats", "1", "--max-repeats", "1",
+                    "--impls", "mlloss-triton,mlloss-compile", "--output", str(output)])
+    row, = (r for r in json.loads(output.read_text())["results"] if r["impl"] == "mlloss-compile")
+    assert "error" not in row and "skipped" not in row, row
+    assert row["value_rel_diff"] == 0 and row["grad_rel_diff"] == 0
+    assert row["graph_breaks"] == 0 and row["compiled_graphs"] >= 1
+
+
 def test_accuracy_section_compares_the_float32_path_with_float64_scores(bench_gpu, cases, tmp_path):
     """Section 6: each case's reference row is the loss of float64 scores (the float64 brute force
     agrees with it), the float32 row is compared with it, and the acceptance line reports it without
