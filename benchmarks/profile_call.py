@@ -6,7 +6,8 @@ what to speed up. It runs ``bench_gpu.py``'s logistic AUC and LaA cases at N = 1
 grouped AUC and PDAOM cases at N = 2^20, and the grouped AUC at 16,384 too (``cases.py``: the same seeded inputs and losses as its
 ``mlloss-triton`` rows) and times ``--steps`` calls (wall clock, one synchronisation at the end, so that
 host work and kernels overlap as in training), then profiles ``--profiled`` more and prints the ops
-by device time and by host time, with the device time per call.
+by device time and by host time, with the device time per call, and where the host's time goes by
+Python function (cProfile: the library's Python, PyTorch's and Triton's, and calls into C).
 
 Usage::
 
@@ -73,6 +74,51 @@ def profile_case(name: str, num_items: int, device: torch.device, steps: int, pr
         lines.append(f"device time per call: {device_us / 1e3:.3f} ms (kernels and copies, from the profile)")
         lines.append(averages.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
     lines.append(averages.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+    lines.append(python_profile(step, profiled, sync))
+    return "\n".join(lines)
+
+
+# Whose code a cProfile entry is: the library's (mlloss/, kernels/), PyTorch's or Triton's Python,
+# or a call into C (cProfile files builtins and C methods under "~": aten ops, the kernels' launchers).
+REPO = Path(__file__).resolve().parents[1]
+OWNERS = ("mlloss Python", "torch Python", "triton Python", "C calls", "other Python")
+
+
+def _owner(filename: str) -> str:
+    if filename == "~":
+        return "C calls"
+    path = Path(filename).resolve()
+    if path.is_relative_to(REPO / "mlloss") or path.is_relative_to(REPO / "kernels"):
+        return "mlloss Python"
+    parts = path.parts
+    return "torch Python" if "torch" in parts else "triton Python" if "triton" in parts else "other Python"
+
+
+def python_profile(step, calls: int, sync) -> str:
+    """Where the host's time of ``calls`` calls goes by the Python functions' own time (cProfile,
+    which slows Python calls more than C ones: compare shares across machines, not times): per
+    owner (``OWNERS``) and the 12 functions with the most."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        step()
+    sync()
+    profiler.disable()
+    entries = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
+    own = {owner: 0.0 for owner in OWNERS}
+    for (filename, _, _), (_, _, tottime, _, _) in entries.items():
+        own[_owner(filename)] += tottime
+    total = sum(own.values()) or 1.0
+    lines = [f"Python profile (cProfile, {calls} calls): {1e6 * total / calls:.0f} us a call under the profiler; "
+             + ", ".join(f"{owner} {100 * seconds / total:.0f}%" for owner, seconds in own.items()),
+             "own us/call  calls/call  function"]
+    top = sorted(entries.items(), key=lambda entry: -entry[1][2])[:12]
+    for (filename, line, name), (_, count, tottime, _, _) in top:
+        where = name if filename == "~" else f"{Path(filename).name}:{line}({name})"
+        lines.append(f"{1e6 * tottime / calls:11.1f}  {count / calls:10.1f}  {where}")
     return "\n".join(lines)
 
 

@@ -696,8 +696,12 @@ def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(t
 
 
 def test_profile_call_reports_each_loss_per_call(tmp_path):
-    """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line and a host-time table per case."""
+    """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line, a host-time table
+    and a Python profile per case."""
     import importlib.util
+    import re
+
+    import torch
 
     spec = importlib.util.spec_from_file_location("profile_call", BENCHMARKS / "profile_call.py")
     profile_call = importlib.util.module_from_spec(spec)
@@ -710,6 +714,13 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
         assert f"## {name}, N = 64, cpu:" in report
     assert report.count("## grouped AUC logistic, ~50 items/user, prior 0.1, N = 64, cpu:") == 2  # at both sizes
     assert report.count("Self CPU time total") == 5
+    # and by Python function: the library's share of the host's time, named
+    assert report.count("Python profile (cProfile, 1 calls):") == 5
+    assert re.search(r"mlloss Python \d+%, torch Python \d+%, triton Python \d+%, C calls \d+%", report)
+    owner = profile_call._owner
+    assert owner(str(BENCHMARKS.parent / "mlloss" / "ops" / "dispatch.py")) == "mlloss Python"
+    assert owner(str(BENCHMARKS.parent / "kernels" / "dense.py")) == "mlloss Python"
+    assert owner(torch.__file__) == "torch Python" and owner("~") == "C calls"
     report = profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1",
                                 "--impls", "mlloss-replay", "--cases", "AUC"])  # on a GPU: the replayed call
     assert report.count("## AUC logistic, prior 0.1, N = 64, cpu with graph replay on:") == 1
