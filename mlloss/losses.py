@@ -179,6 +179,8 @@ class AUCLoss(_PairwiseLoss):
         pairs: ``"all"`` valid pairs (default) or ``"hardest"``: per group the single
             max-violation pair phi(min positive score - max negative score) (DAOM; PDAOM with groups).
         temperature: with ``pairs="hardest"``, replaces min/max by log-mean-exp at this temperature.
+            Large temperatures tend to the cell's mean; past about 1e8 the log-mean-exp loses
+            precision (relative error about tau x 1e-16, computed in float64 on every path).
         reduction: over groups with a valid pair, ``"mean"`` (default) or ``"sum"``.
         backend: ``"auto"`` (closed form when one exists, else the Triton kernel on CUDA and the
             blocked all-pairs path on the CPU; on CUDA batches of at most 2,048 items, 16,384
