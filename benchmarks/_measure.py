@@ -167,6 +167,54 @@ def device_description() -> dict[str, Any]:
     }
 
 
+def host_speed(device: str = "cpu", rounds: int = 5) -> dict[str, float]:
+    """The host's speed at what a host-bound loss call is made of, in microseconds an operation
+    (each the smallest of ``rounds`` rounds): a Python function call (``python_call_us``), an eager
+    op on 16-element CPU tensors (``cpu_op_us``: PyTorch's dispatch), and with ``device="cuda"`` the
+    same op on CUDA tensors (``cuda_op_us``: the host's side of a kernel launch, fewer launches a
+    round than the launch queue holds). Eager rows of two machines compare through these: at
+    N = 1,024 a call's time is its host's."""
+    import torch
+
+    def smallest(run, count: int) -> float:
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            run(count)
+            times.append(time.perf_counter() - start)
+        return round(1e6 * min(times) / count, 3)
+
+    def increment(x):
+        return x + 1
+
+    def python_calls(count: int) -> None:
+        for i in range(count):
+            increment(i)
+
+    def ops_on(target: str):
+        a, b, out = (torch.ones(16, device=target) for _ in range(3))
+
+        def ops(count: int) -> None:
+            for _ in range(count):
+                torch.add(a, b, out=out)
+            if target == "cuda":
+                torch.cuda.synchronize()
+        ops(10)  # first-call costs out of the rounds
+        return ops
+
+    speed = {"python_call_us": smallest(python_calls, 100_000), "cpu_op_us": smallest(ops_on("cpu"), 2_000)}
+    if device == "cuda":
+        speed["cuda_op_us"] = smallest(ops_on("cuda"), 500)
+    return speed
+
+
+def host_speed_words(speed: dict[str, float]) -> str:
+    """``host_speed`` in words."""
+    words = {"python_call_us": "a Python call", "cpu_op_us": "an eager op on the CPU",
+             "cuda_op_us": "an eager op's CUDA launch"}
+    return ", ".join(f"{words[key]} {value:.3g} us" for key, value in speed.items())
+
+
 def device_name(device: Any) -> str:
     """A benchmark's device in words: the GPU's name, or the CPU and its torch threads."""
     import torch

@@ -572,7 +572,8 @@ def run(args: argparse.Namespace) -> None:
     provenance["measured"] = "snapshot of the working tree taken at start"
     started = time.perf_counter()
     print(f"device: {device.get('gpu_name') or device['cpu_model'] + ' (CPU smoke run, Triton interpreted)'}, "
-          f"torch {device['torch']}, triton {device['triton']}, libauc {device['libauc']}", flush=True)
+          f"torch {device['torch']}, triton {device['triton']}, libauc {device['libauc']}; host: "
+          f"{_measure.host_speed_words(device['host_speed'])}", flush=True)
     _measure.print_provenance(provenance, f"; writing {output}")
     report: dict[str, Any] = {
         "device": device,

@@ -69,7 +69,7 @@ import ctr_cvr  # noqa: E402
 from ctr_cvr_options import COMPILE_MODES  # noqa: E402
 import mlloss  # noqa: E402
 from mlloss.data import GroupBatchSampler, GroupDataModule, TensorBatches  # noqa: E402
-from _measure import device_name, source_provenance  # noqa: E402
+from _measure import device_name, host_speed, host_speed_words, source_provenance  # noqa: E402
 from op_count import OpCounter  # noqa: E402
 
 LOSSES = ("bce", "bce+pdaom", "bce+auc", "laa")
@@ -359,8 +359,10 @@ def markdown(result: dict) -> str:
              + (", `--fixed-batches` (padded to the batch size; impressions count the real rows)"
                 if result.get("fixed_batches") else "")
              + (f", `--compile {result['compile']}` (the forward column holds the loss: one graph)."
-                if result.get("compile") else "."), "",
-             "| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS)
+                if result.get("compile") else "."), ""]
+    if result.get("host_speed"):  # what a host-bound step's time is made of, on this machine
+        lines += [f"Host: {host_speed_words(result['host_speed'])}.", ""]
+    lines += ["| loss | batch | impressions/s | step ms | " + " | ".join(f"{p} ms" for p in PARTS)
              + " | vs bce | kernel ops | syncing ops |",
              "|---|---:|---:|---:|" + "---:|" * (len(PARTS) + 3)]
     for row in result["training"]:
@@ -432,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
     data_argv = [] if args.num_users is None else ["--num-users", str(args.num_users)]
     data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(data_argv))
     provenance = source_provenance(str(ROOT))
-    result = {"device": device_name(device), "torch": torch.__version__,
+    result = {"device": device_name(device), "torch": torch.__version__, "host_speed": host_speed(device.type),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "mlloss_commit": provenance["git_commit"], "library_dirty_files": provenance["library_dirty_files"],
               "train_impressions": len(data[0]),

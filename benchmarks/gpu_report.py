@@ -305,6 +305,7 @@ def describe_device(device: str) -> dict[str, Any]:
         )
     else:
         described["gpu_name"] = None
+    described["host_speed"] = _measure.host_speed(device)  # what the eager rows' host time is made of
     try:
         described["libauc"] = importlib.metadata.version("libauc")
     except importlib.metadata.PackageNotFoundError:
@@ -323,7 +324,8 @@ def write_report(path: str, report: dict[str, Any]) -> None:
     name = device.get("gpu_name") or f"{device['cpu_model']} (CPU, Triton interpreter smoke run)"
     parts = [f"# mlloss pairwise benchmark: GPU\n\ndevice: {name}, torch {device['torch']}, triton "
              f"{device.get('triton')}, libauc {device.get('libauc')}, {device['date_utc']}\n\n"
-             f"command: `{report['command']}`\n"]
+             + (f"host: {_measure.host_speed_words(device['host_speed'])}\n\n" if device.get("host_speed") else "")
+             + f"command: `{report['command']}`\n"]
     for section in sorted({r["section"] for r in rows}):
         parts.append(f"\n## {cases.GPU_SECTION_TITLES[section]}\n\n"
                      f"{format_rows([r for r in rows if r['section'] == section])}\n")

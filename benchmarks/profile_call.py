@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases  # noqa: E402
-from _measure import device_name  # noqa: E402
+from _measure import device_name, host_speed, host_speed_words  # noqa: E402
 
 # bench_gpu.py's cases (``cases.py``: the same seeded inputs as its rows), on the Triton backend, each
 # at the size of its GPU target: the calls at N = 16,384 and the grouped ones at N = 2^20 (users of ~50);
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    header = f"# profile_call.py: {device_name(device)}, torch {torch.__version__}"
+    header = (f"# profile_call.py: {device_name(device)}, torch {torch.__version__}\n"
+              f"host: {host_speed_words(host_speed(device.type))}")
     sections = [header]
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

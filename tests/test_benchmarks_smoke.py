@@ -98,6 +98,10 @@ def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_p
     assert "valid pairs/s" in acceptance and "~50 items/user" in acceptance
     assert "no verdict: not on a GPU" in acceptance and "PASS" not in acceptance and "FAIL" not in acceptance
     assert "## Acceptance" in output.with_suffix(".md").read_text()
+    # the host's speed at a Python call and an eager op, in the JSON and the report's head
+    speed = report["device"]["host_speed"]
+    assert set(speed) == {"python_call_us", "cpu_op_us"} and all(value > 0 for value in speed.values())
+    assert "\nhost: a Python call " in output.with_suffix(".md").read_text()
 
 
 def test_the_loss_compiled_as_a_users_step_compiles_it_has_its_own_row(bench_gpu, tmp_path):
@@ -354,6 +358,8 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     assert "| laa | 256 |" in markdown
     # the run says when and what it measured: its date and the library's version
     assert f"{result['date']}, mlloss {(result['mlloss_commit'] or 'unknown')[:7]}" in markdown
+    # and the host's speed, which a host-bound step's time follows
+    assert result["host_speed"]["cpu_op_us"] > 0 and "\nHost: a Python call " in markdown
 
 
 def test_level_tiles_benchmark_forces_each_path_and_restores_the_library_choice():
@@ -716,6 +722,7 @@ def test_profile_call_reports_each_loss_per_call(tmp_path):
     assert report.count("Self CPU time total") == 5
     # and by Python function: the library's share of the host's time, named
     assert report.count("Python profile (cProfile, 1 calls):") == 5
+    assert report.splitlines()[1].startswith("host: a Python call ")
     assert re.search(r"mlloss Python \d+%, torch Python \d+%, triton Python \d+%, C calls \d+%", report)
     owner = profile_call._owner
     assert owner(str(BENCHMARKS.parent / "mlloss" / "ops" / "dispatch.py")) == "mlloss Python"
