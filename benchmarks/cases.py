@@ -234,20 +234,24 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
     if sizes_override:
         sweep = grouped_sweep = sizes_override
     quick = mode == "quick"
+
+    def at(impl: str, *sizes: int) -> dict[str, list[int]]:
+        """``impl`` run only at ``sizes`` (a smoke run, or --sizes, runs it at every size)."""
+        return {} if mode == "smoke" or sizes_override else {impl: list(sizes)}
+
     # torch.compile costs ~5-30 s per (case, N): compiled rows at every size only where they feed the
     # headline (LaA, grouped LaA) in the full run, at the acceptance N otherwise; LaA's in --quick
-    # at the recipe's batch too (what compiling the obvious code gives a user there).
-    compile_at_speedup_n = {} if mode == "smoke" or sizes_override else {"naive-compile": [HEADLINE_SPEEDUP_N]}
-    # The Triton tier's loss compiled as a user's step compiles it: at both of those N.
-    compiled_loss_at = {} if mode == "smoke" or sizes_override else {"mlloss-compile": [RECIPE_BATCH_N, HEADLINE_SPEEDUP_N]}
-    compile_at_both = {} if mode == "smoke" or sizes_override else {"naive-compile": [RECIPE_BATCH_N, HEADLINE_SPEEDUP_N]}
+    # at the recipe's batch too (what compiling the obvious code gives a user there), and the
+    # Triton tier's loss compiled as a user's step compiles it at both.
+    compile_at_speedup_n = at("naive-compile", HEADLINE_SPEEDUP_N)
+    both = (RECIPE_BATCH_N, HEADLINE_SPEEDUP_N)
     # The dense kernels' threshold (kernels/dense.py MAX_ITEMS) is measured against the layout
     # kernels at the recipe's batch size.
     layout_at = {"mlloss-layout": [RECIPE_BATCH_N]}
     # The host-bound calls (the small-call targets) again in a CUDA graph: their kernels' own time.
     # and eager without the data check (validate_args=False: no host sync, the host path and the
     # kernels overlap), as a training step that has checked its data elsewhere runs it.
-    graph_at = {impl: [RECIPE_BATCH_N, HEADLINE_SPEEDUP_N] for impl in ("mlloss-graph", "mlloss-unchecked", "mlloss-replay")}
+    graph_at = {impl: list(both) for impl in ("mlloss-graph", "mlloss-unchecked", "mlloss-replay")}
     if section == 1:
         # quick keeps prior 0.1: the dense partner of the grouped AUC case in the acceptance ratio
         priors = [0.1] if quick else [0.5, 0.1]
@@ -261,7 +265,7 @@ def gpu_cases(section: int, mode: str, sizes_override: list[int] | None = None) 
         return [dict(laa_logistic(), section=2, sizes=sweep,
                      impls=["mlloss-triton", "mlloss-graph", "mlloss-unchecked", "mlloss-replay", "mlloss-compile",
                             "mlloss-torch", "naive", "naive-compile"],
-                     only_at=(compile_at_both if quick else {}) | compiled_loss_at | graph_at)]
+                     only_at=(at("naive-compile", *both) if quick else {}) | at("mlloss-compile", *both) | graph_at)]
     if section == 3:
         if sizes_override:
             big = max(sizes_override)
