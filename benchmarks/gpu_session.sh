@@ -14,7 +14,7 @@
 #   bash benchmarks/gpu_session.sh launch-check  # python benchmarks/check_launcher.py: the direct launches give
 #                                                # Triton's results bit for bit (status 3 if not)
 #   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench, accuracy, profile: issue 10's GPU lines in one device command
-#   bash benchmarks/gpu_session.sh training  # step (plain), the recipe, the step with graph replay: issue 12's
+#   bash benchmarks/gpu_session.sh training  # step (plain), the step in CUDA graphs, the recipe: issue 12's
 #
 # A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
 # included): kernels and training, run back to back, are sized to fit it together, 400 + 310 s of
@@ -166,19 +166,20 @@ kernels|training)
               "40 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
-        # training rows fit); then the plain recipe, three epochs a run (the first warms up), as far as
-        # its limit goes; then the step at the launch-bound batch of 1,024 with the losses' calls
-        # replayed from CUDA graphs (fixed batches: one shape; its framework overhead left out: the
-        # plain run has it), last, so that a command stopped early by what is left of the loan loses
-        # it first. The step under torch.compile's CUDA graphs (step --compile reduce-overhead
-        # --fixed-batches --rounds 0 --batch-sizes 1024: measured at a20b70f) and recipe-compiled
-        # run in commands of their own. (On an H100 in an earlier session the
-        # compiled step did 3 losses in about 100 s; its 4th, laa, failed then; the recipe did 4 runs
-        # in 120 s. On 2026-11-27 the three stages took about 210 s in all, the recipe its whole 110 s
-        # for 3 runs: its `laa` run at 1,024 was cut. So the recipe stage has 130 s since, for the four
-        # losses at 1,024, and the step stages 90 s each.)
-        plan=("90 step --rounds 3" "130 recipe --epochs 3" \
-              "90 step --graph-replay --fixed-batches --rounds 0 --batch-sizes 1024")
+        # training rows fit: bce >= 2M impressions/s at 8,192); then the step at the launch-bound batch
+        # of 1,024 under torch.compile's CUDA graphs (fixed batches: one shape; its framework overhead
+        # left out: the plain run has it), the configuration of issue 12's 500k and 10% lines (a20b70f:
+        # bce 545k, the pairwise losses 0.80-0.98 of it, before the fixes of stop 65: its cudagraph
+        # counters and Inductor's cudagraph log say what was captured); then the plain recipe, three
+        # epochs a run (the first warms up), last, so that a command stopped early by what is left of
+        # the loan loses it first (its NCCL figures stand from da5adbf and eb07a70). The step with the
+        # losses' calls replayed from CUDA graphs (step --graph-replay --fixed-batches --rounds 0
+        # --batch-sizes 1024: measured at eb07a70) and recipe-compiled run in commands of their own.
+        # (On an H100 the compiled step did 3 losses in about 100 s, later all 4 at a20b70f; the recipe
+        # did 4 runs in 120 s. On 2026-11-27 the three stages took about 210 s in all, the recipe its
+        # whole 110 s for 3 runs.)
+        plan=("90 step --rounds 3" "130 step --compile reduce-overhead --fixed-batches --rounds 0 --batch-sizes 1024" \
+              "90 recipe --epochs 3")
     fi
     for entry in "${plan[@]}"; do
         read -r limit stage <<< "$entry"
