@@ -14,7 +14,7 @@
 #   bash benchmarks/gpu_session.sh launch-check  # python benchmarks/check_launcher.py: the direct launches give
 #                                                # Triton's results bit for bit (status 3 if not)
 #   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench, accuracy, profile: issue 10's GPU lines in one device command
-#   bash benchmarks/gpu_session.sh training  # step (plain), the step in CUDA graphs, the recipe: issue 12's
+#   bash benchmarks/gpu_session.sh training  # step (plain), the step in CUDA graphs, the recipe: issue 12's GPU lines
 #
 # A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
 # included): kernels and training, run back to back, are sized to fit it together, 400 + 310 s of
