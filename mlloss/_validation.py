@@ -430,11 +430,6 @@ def require_single_column(labels: Tensor, loss_name: str) -> None:
         )
 
 
-def check_single_column(labels: Tensor, loss_name: str) -> Tensor:
-    require_single_column(labels, loss_name)
-    return labels[:, 0]
-
-
 # Group ids that fit 32 bits stay 32-bit (``group_vector``): the layout sorts the ids, and a radix
 # sort passes over every bit of its keys (CUDA's sort takes 4 passes over int32 keys, 8 over int64).
 _NARROW_IDS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32)
