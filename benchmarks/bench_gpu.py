@@ -365,7 +365,7 @@ class Projector:
         measured row, not yet profiled, not a tile variant, not compiled (a rebuild recompiles)."""
         seen = self.seen.get(impl)
         return (seen is not None and seen.get("kernel_s") is None and "@" not in impl
-                and not impl.endswith("-compile"))
+                and impl not in cases.COMPILED_IMPLS)
 
     def record_kernel_time(self, impl: str, kernel_s: float) -> None:
         self.seen[impl]["kernel_s"] = kernel_s

@@ -87,8 +87,9 @@ def ranking_metrics(
         out["min_auc"] = per_label.min()
         if not per_task:
             out["multipartite_auc"] = multipartite_auc(scores, labels, label_weights=label_weights)
-    undefined = [key for key, value in out.items() if key not in ("diff_auc", "min_auc") and torch.isnan(value)]
-    if undefined and not quiet:
+    undefined = [] if quiet else [key for key, value in out.items()
+                                  if key not in ("diff_auc", "min_auc") and torch.isnan(value)]
+    if undefined:
         warnings.warn(f"{', '.join(undefined)} undefined: a label's AUC needs both 0 and 1 among the items, its GAUC "
                       "a group with both; returning NaN.", UndefinedMetricWarning, stacklevel=callers_level())
     return out
