@@ -24,6 +24,9 @@ from ._launch import launcher
 __all__ = ["combine", "finalize", "normaliser_source"]
 
 _OVERFLOW: tl.constexpr = tl.constexpr(STATUS_OVERFLOW)
+#: Block sums that ``combine``'s kernel adds per step of its loop over a problem's blocks: one
+#: step up to 256 blocks (262,144 items in finalize's blocks of 1,024), more above.
+SUM_BLOCK = 256
 
 
 # --------------------------------------------------------------------------- #
@@ -293,6 +296,6 @@ def combine(
         grad_parts, grad_parts_offset, grad_parts_stride, block_sums, mixing if mixing is not None else block_sums, grad, loss, stats,
         status if status is not None else stats, n, num_problems, block_sums.shape[2],
         MEAN=mean, HAS_MIXING=mixing is not None, CHECK=status is not None,
-        ACC=tl_dtype(grad_parts.dtype), BLOCK=block, SUM_BLOCK=256, SEPARATE=separate,
+        ACC=tl_dtype(grad_parts.dtype), BLOCK=block, SUM_BLOCK=SUM_BLOCK, SEPARATE=separate,
     )
     return loss, stats, grad

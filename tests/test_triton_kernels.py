@@ -359,6 +359,42 @@ def test_hardest_pairs_of_cells_across_many_scan_blocks(monkeypatch, several, gr
     assert_close(loss, grad, expected.detach(), x.grad, rtol=1e-12)
 
 
+@pytest.mark.parametrize("case", ["auc", "hardest", "laa", "dense"])
+def test_the_block_sums_are_added_over_several_steps(monkeypatch, case) -> None:
+    """``combine`` adds a problem's per-block sums ``SUM_BLOCK`` (256) blocks a step: one step
+    up to 262,144 items in finalize's blocks of 1,024, more above (and on the dense kernels'
+    runs past 8,192 items, in blocks of 32 rows). Blocks of 16 positions and steps of 4 blocks
+    make a batch of 300 items take five steps (the dense kernels' five blocks of 64 rows, two);
+    every step's blocks must count, in the loss and in the gradient's scale."""
+    import mlloss
+    from mlloss.kernels import dense, pairwise, reduce
+    from reference import laa_loss
+
+    monkeypatch.setattr(reduce, "SUM_BLOCK", 4)
+    for target in ("cuda", "interpreter"):  # the dict that the dense and hardest kernels share
+        monkeypatch.setitem(pairwise.FINALIZE_BLOCK, target, 16)
+    if case != "dense":
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    gen = torch.Generator().manual_seed(3)
+    n = 300
+    scores = torch.randn(n, generator=gen, dtype=torch.float64)
+    labels = (torch.rand(n, 2, generator=gen) < torch.tensor([0.3, 0.1])).to(torch.float64)
+    groups = torch.randint(0, 25, (n,), generator=gen)
+    loss, reference, y = {
+        "auc": (mlloss.AUCLoss(backend="triton"), brute_force, labels[:, 0]),
+        "hardest": (mlloss.AUCLoss(pairs="hardest", backend="triton"), hardest_loss, labels[:, 0]),
+        "laa": (mlloss.LaALoss(backend="triton"), laa_loss, labels),
+        "dense": (mlloss.AUCLoss(backend="triton"), brute_force, labels[:, 0]),
+    }[case]
+    x = scores.clone().to(DEVICE).requires_grad_(True)
+    value = loss(x, y.to(DEVICE), groups.to(DEVICE))
+    value.backward()
+    z = scores.clone().requires_grad_(True)
+    expected = reference(z, y, groups)
+    expected.backward()
+    assert_close(value.detach(), x.grad, expected.detach(), z.grad, rtol=1e-12)
+
+
 def test_several_level_hardest_pairs_refuse_several_problems() -> None:
     scores, _, groups = ordinal_case([30], 2, seed=9)
     labels = torch.randint(0, 2, (30, 2), generator=torch.Generator().manual_seed(9)).to(torch.float64).to(DEVICE)
