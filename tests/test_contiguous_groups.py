@@ -167,6 +167,27 @@ def test_dense_kernels_over_many_tiles_of_runs(name):
 
 
 @pytest.mark.triton
+@pytest.mark.parametrize("n", [63, 64, 65, 127, 128, 129])
+@pytest.mark.parametrize("first_run", [0, 10], ids=["one-run", "two-runs"])
+def test_dense_kernels_runs_that_end_at_a_tile_edge(n, first_run):
+    """A block of rows visits the tiles up to its runs' last end: a run that ends one item past a
+    tile (64 items under the interpreter, 32 on CUDA) still meets its last item, a positive."""
+    gen = torch.Generator().manual_seed(n + first_run)
+    scores = torch.randn(n, generator=gen, dtype=torch.float64)
+    labels = (torch.rand(n, generator=gen) < 0.4).to(torch.float64)
+    labels[-1] = 1.0
+    ids = (torch.arange(n) >= first_run).long()
+    x = leaf(scores)
+    value = mlloss.AUCLoss(backend="triton", contiguous_groups=True)(x, *on_device(labels, ids))
+    value.backward()
+    y = scores.detach().clone().requires_grad_(True)
+    expected = pair_loss(y, labels, runs_of(ids))
+    expected.backward()
+    torch.testing.assert_close(value.detach().cpu(), expected.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.triton
 def test_contiguous_groups_take_the_dense_kernels_up_to_their_own_limit(monkeypatch):
     """Runs bound each row's pairs: batches past ``MAX_ITEMS`` up to ``MAX_RUN_ITEMS`` take the
     dense kernels (no layout) with contiguous groups, the layout kernels without (limits scaled down)."""

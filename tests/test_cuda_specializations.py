@@ -58,7 +58,8 @@ def test_recorded_launches_carry_the_cuda_choices(tool, masked_dense):
 
 @pytest.mark.parametrize("name", ["LaA linear dense groups mask", "LaA linear layout groups",
                                   "AUC exponential dense groups", "AUC exponential layout groups",
-                                  "AUC logistic layout groups float64", "LoA balanced layout groups mask"])
+                                  "AUC logistic layout groups float64", "LoA balanced layout groups mask",
+                                  "AUC logistic dense groups mask"])
 def test_recording_leaves_the_results_unchanged(tool, name):
     """A recorded call runs the CUDA launches: the fast branch (base-2 scores, the special-function
     ops computed exactly by the interpreter), the CUDA tiles and chunks (at N = 300 the layout

@@ -17,7 +17,7 @@ import torch
 
 import mlloss
 from mlloss.metrics import aggregate_levels
-from reference import pair_loss
+from reference import hardest_loss, pair_loss
 
 try:
     import triton  # noqa: F401
@@ -82,6 +82,30 @@ def test_float64_logistic_is_exact_on_every_path(backend, group_size):
     value = mlloss.AUCLoss(backend=backend)(scores, labels, groups)
     expected = torch.stack([logistic_brute_force(scores[groups == g], labels[groups == g]) for g in range(2)]).mean()
     torch.testing.assert_close(value, expected, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("pairs", ["all", "hardest"])
+@pytest.mark.parametrize("path", [b for b in BACKENDS if b != "exact"] + (["triton-layout"] if "triton" in BACKENDS else []))
+def test_float64_logistic_keeps_pair_terms_near_the_unit_roundoff(path, pairs, monkeypatch):
+    """Every positive 35-45 logits above every negative: each pair's term log(1 + e^-t) is about
+    e^-t, 3e-20 to 6e-16, which log(1 + x) computed as written rounds to a few bits or to 0;
+    log1p keeps it, on every path (the Triton tier's dense kernels and its layout kernels)."""
+    if path == "triton-layout":
+        from mlloss.kernels import dense
+
+        monkeypatch.setattr(dense, "MAX_ITEMS", 0)
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.tensor([1.0, 0.0] * 20, dtype=torch.float64)
+    scores = labels * 40 + torch.rand(40, generator=gen, dtype=torch.float64) * 5
+    x = scores.clone().requires_grad_(True)
+    value = mlloss.AUCLoss(pairs=pairs, backend=path.split("-")[0])(x, labels)
+    value.backward()
+    y = scores.clone().requires_grad_(True)
+    expected = (pair_loss if pairs == "all" else hardest_loss)(y, labels)
+    expected.backward()
+    assert 0 < expected.item() < 1e-15
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "exact"])

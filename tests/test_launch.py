@@ -53,6 +53,25 @@ with host_time.compiled_cuda_launches():
     assert distinct_triton > 1, "the configurations should make Triton compile several specializations"
     assert len(fast.compiled) >= distinct_triton
 
+    # The pattern kernel's ints are all do_not_specialize; the combine kernel's num_problems is
+    # specialized (equal to 1, divisible by 16, neither): each class its own compiled kernel.
+    import triton.language as tl
+    from mlloss.kernels.reduce import _combine_kernel
+    combine = _launch.launcher(_combine_kernel)
+    grad = torch.zeros(17 * 64, dtype=torch.float64)
+    sums = torch.zeros(17 * 3 * 64, dtype=torch.float64)
+    by_key = {}
+    for problems in (1, 16, 17, 32, 1, 17):
+        args = (grad, 0, 64, sums, sums, grad, sums, sums, sums, 64, problems, 1)
+        kwargs = dict(MEAN=True, HAS_MIXING=False, CHECK=False, ACC=tl.float64, BLOCK=64, SUM_BLOCK=4, SEPARATE=False)
+        combine[(1,)](*args, **kwargs)
+        triton_kernel = _combine_kernel[(1,)](*args, **kwargs)
+        keys = [key for key, (kernel, _) in combine.compiled.items() if kernel is triton_kernel]
+        assert keys, f"num_problems={problems}: the launch's compiled kernel is not Triton's"
+        for key in keys:
+            assert by_key.setdefault(key, triton_kernel) is triton_kernel, (problems, key)
+    assert len({id(kernel) for kernel in by_key.values()}) == 3, "1, multiples of 16 and the others"
+
     # After the first launch of a key, a launch does not enter Triton's launch path ...
     from triton.runtime.jit import JITFunction
     entered = [0]
