@@ -139,7 +139,7 @@ def _share(own, low, acc, inverse_temperature, has_pair, SOFT: tl.constexpr):
     """An item's share of the gradient of its cell's min of v (``own`` its v): its softmin
     weight (SOFT), or 1 / ties if it attains the min."""
     if SOFT:
-        return tl.where(has_pair, tl.exp((low - own) * inverse_temperature) / acc, 0.0)
+        return tl.where(has_pair, scan.exp_below(low, own, inverse_temperature) / acc, 0.0)
     else:
         return tl.where(own == low, 1.0 / tl.maximum(acc, 1.0), 0.0)
 

@@ -61,15 +61,28 @@ def _empty_x(MONOID: tl.constexpr):
 
 
 @triton.jit
+def exp_below(low, x, inverse_temperature):
+    """exp((low - x) / tau) for x >= low: 1 where x is low, also at an infinite low (a score at
+    +inf, scores unchecked), where inf - inf would make it NaN; a NaN x stays NaN."""
+    return tl.exp(tl.where(x == low, 0.0, low - x) * inverse_temperature)
+
+
+@triton.jit
+def _rescaled(x, y, low, inverse_temperature):
+    """A softmin part's sum y of exp((x - v) / tau), rescaled to the merged min ``low``: 0 for an
+    empty part (y = 0, x = +inf)."""
+    return tl.where(y != 0, y * exp_below(low, x, inverse_temperature), 0.0)
+
+
+@triton.jit
 def merge(x_a, y_a, x_b, y_b, inverse_temperature, MONOID: tl.constexpr):
     """Two parts of a segment merged (see the module docstring)."""
     if MONOID == "sum":
         return x_a + x_b, y_a + y_b
     else:
         low = tl.minimum(x_a, x_b, propagate_nan=tl.PropagateNan.ALL)  # a NaN score's cell: NaN, no item attains it
-        if MONOID == "softmin":  # a part of sum 0 adds 0 (inf - inf would make NaN)
-            y = (tl.where(y_a != 0, y_a * tl.exp((low - x_a) * inverse_temperature), 0.0)
-                 + tl.where(y_b != 0, y_b * tl.exp((low - x_b) * inverse_temperature), 0.0))
+        if MONOID == "softmin":  # a part of sum 0 adds 0; a part at the min keeps its sum (inf - inf is NaN)
+            y = _rescaled(x_a, y_a, low, inverse_temperature) + _rescaled(x_b, y_b, low, inverse_temperature)
         else:
             y = tl.where(x_a == low, y_a, 0.0) + tl.where(x_b == low, y_b, 0.0)
         return low, y

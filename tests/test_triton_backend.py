@@ -258,6 +258,42 @@ def test_without_the_data_checks_a_score_at_infinity_beyond_the_soft_extremes_le
     torch.testing.assert_close(results[0], results[1], rtol=1e-9, atol=1e-12)
 
 
+SOFT_EXTREME_LOSSES = {
+    "pdaom": (lambda backend: mlloss.PDAOMLoss(temperature=0.5, backend=backend, validate_args=False), 2),
+    "laa graded": (lambda backend: mlloss.LaALoss(pairs="hardest", temperature=0.5, backend=backend,
+                                                  validate_args=False), 3),
+}
+
+
+@pytest.mark.parametrize("name", list(SOFT_EXTREME_LOSSES))
+def test_without_the_data_checks_a_cell_of_one_infinite_score_leaves_the_step_finite(name, kernels):
+    """A user whose only positive is at +inf, and one whose only negative is at -inf
+    (``validate_args=False``): the cell's soft extreme is that score, the margin infinite the
+    right way, the pair's term 0 and every gradient finite, the same on both tiers (the Triton
+    tier's rescaling of the cell's sum to its own infinite min, exp(inf - inf), made them NaN)."""
+    make, num_levels = SOFT_EXTREME_LOSSES[name]
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(36, generator=gen, dtype=torch.float64)
+    labels = (torch.arange(36) % num_levels).to(torch.float64)
+    groups = torch.arange(36) // 12
+    top, bottom = float(num_levels - 1), 0.0
+    labels[0:12] = torch.where(labels[0:12] == top, bottom, labels[0:12])  # user 0: item 1 its only top item
+    labels[1], scores[1] = top, float("inf")
+    labels[12:24] = torch.where(labels[12:24] == bottom, top, labels[12:24])  # user 1: item 12 its only bottom one
+    labels[12], scores[12] = bottom, float("-inf")
+    results = []
+    for backend, device in (("triton", DEVICE), ("torch", "cpu")):
+        leaf = scores.clone().to(device).requires_grad_(True)
+        value = make(backend)(leaf, labels.to(device), groups.to(device))
+        value.backward()
+        results.append((value.detach().cpu(), leaf.grad.cpu()))
+    (value, grad), (torch_value, torch_grad) = results
+    assert torch_value.isfinite() and torch_grad.isfinite().all() and grad[1] == grad[12] == 0
+    assert torch_grad[24:].abs().sum() > 0  # user 2's pairs, untouched
+    torch.testing.assert_close(value, torch_value, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grad, torch_grad, rtol=1e-9, atol=1e-12)
+
+
 # The max-violation kernels' three gradients: one level pair (dense, and the layout's scan), several.
 HARD_EXTREME_LOSSES = {
     "pdaom": lambda surrogate, backend: mlloss.PDAOMLoss(surrogate=surrogate, backend=backend, validate_args=False),
