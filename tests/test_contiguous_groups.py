@@ -125,6 +125,24 @@ def test_contiguous_groups_are_the_runs(backend, kind, name, masked, monkeypatch
     assert torch.equal(value.detach(), plain.detach()) and torch.equal(x.grad, z.grad)
 
 
+@pytest.mark.parametrize("backend,kind,name", sorted({case.values[:3] for case in CASES}),
+                         ids=lambda value: str(value))
+def test_masked_rows_join_no_run_when_every_row_is_a_run(backend, kind, name, monkeypatch):
+    """Ids 1, 2, 1, 2, ...: every row its own run, numbered up to N (from 1: the last id differs
+    from the first), so the left-out rows' group must lie past N; no run has a pair, and the loss
+    and every gradient are exactly 0, as the brute force over the kept rows gives."""
+    use_kernels(kind, monkeypatch)
+    make, take_labels, _ = LOSSES[name]
+    scores = torch.randn(8, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    labels = take_labels(torch.tensor([[1.0, 0.0], [0.0, 1.0]]).repeat(4, 1))  # both classes, in the last row too
+    ids = torch.tensor([1, 2] * 4)
+    mask = torch.tensor([True, True, True, False, True, False, True, True])
+    x = leaf(scores)
+    value = make(backend=backend, contiguous_groups=True)(x, *on_device(labels, ids, mask))
+    value.backward()
+    assert value.item() == 0 and torch.equal(x.grad.cpu(), torch.zeros(8, dtype=torch.float64))
+
+
 @pytest.mark.triton
 @pytest.mark.parametrize("kind", ["dense", "layout"])
 def test_contiguous_groups_in_ascending_runs_give_the_default_loss_bit_for_bit(kind, monkeypatch):

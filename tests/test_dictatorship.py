@@ -293,6 +293,21 @@ def test_the_verdict_is_graded_and_the_threshold_is_the_users():
     assert str(level).splitlines()[-1].startswith("no label dominates (largest/next: ratio 1.04 ± ")
 
 
+def test_the_verdicts_boundaries_belong_to_the_documented_side():
+    """Balanced labels (pi = 1/2, every pattern's weight exact): the grades start at their ratios
+    ("tilts" from 1.25, "dictates" from the threshold), and a share of exactly 1/2 does not
+    outweigh the others together (a dictator's share is above 1/2)."""
+    labels = torch.tensor([[1, 1, 1], [0, 0, 0], [1, 0, 1], [0, 1, 0]])
+    even = mlloss.label_dictatorship(labels, weights=[2.0, 1.0, 1.0])  # effective weights 8, 4, 4
+    assert even.dominance_ratio == 2.0 == even.threshold and even.shares[0] == 0.5
+    assert not even.is_dictatorship and "it does not outweigh the others together" in str(even)
+    tilt = mlloss.label_dictatorship(labels[:, :2], weights=[mlloss.diagnostics.TILT_RATIO, 1.0])
+    assert tilt.dominance_ratio == mlloss.diagnostics.TILT_RATIO == 1.25
+    assert str(tilt).splitlines()[-1].startswith("'label_0' tilts the LoA ranking (ratio 1.25 ")
+    dictates = mlloss.label_dictatorship(labels[:, :2], weights=[2.0, 1.0])  # two labels: the ratio decides
+    assert dictates.is_dictatorship and "'label_0' dictates the LoA ranking" in str(dictates)
+
+
 def test_with_more_labels_a_dictator_must_outweigh_the_others_together():
     """Four balanced labels (pi = 1/2) and a = (2, 1, 1, 1): effective weights (8, 4, 4, 4), ratio 2 but a share of
     40%. With deterministic labels the LoA Bayes score ranks (0, 1, 1, 1) (12) above (1, 0, 0, 0) (8): label_0

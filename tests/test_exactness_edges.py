@@ -17,7 +17,7 @@ import torch
 
 import mlloss
 from mlloss.metrics import aggregate_levels
-from reference import hardest_loss, pair_loss
+from reference import hardest_loss, laa_loss, pair_loss
 
 try:
     import triton  # noqa: F401
@@ -211,6 +211,28 @@ def test_real_levels_far_from_zero_keep_their_differences(backend, dtype, masked
     kept = torch.ones(120, dtype=torch.bool) if mask is None else mask
     expected = laa_loss(scores.double()[kept], levels[kept, None], surrogate=surrogate)
     torch.testing.assert_close(value.double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+
+
+@pytest.mark.parametrize("name", ["auc", "laa"])
+@pytest.mark.parametrize("surrogate", ["squared", "hinge"])
+def test_the_closed_forms_keep_scores_far_from_zero(surrogate, name):
+    """Scores near 1e6 (a model's raw outputs before any normalisation): the closed forms' sums of
+    scores and of their squares are taken from each group's mean, or a pair's (s_i - s_j)^2 would
+    be the difference of sums near 1e12 * N and lose most of its digits."""
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(300, generator=gen, dtype=torch.float64) + 1e6
+    labels = torch.randint(0, 2, (300, 2), generator=gen).to(torch.float64)
+    groups = torch.randint(0, 4, (300,), generator=gen)
+    loss, reference, y = {"auc": (mlloss.AUCLoss, pair_loss, labels[:, 0]),
+                          "laa": (mlloss.LaALoss, laa_loss, labels)}[name]
+    x = scores.clone().requires_grad_(True)
+    value = loss(surrogate=surrogate, backend="exact")(x, y, groups)
+    value.backward()
+    z = scores.clone().requires_grad_(True)
+    expected = reference(z, y, groups, surrogate=surrogate)
+    expected.backward()
+    torch.testing.assert_close(value, expected, rtol=1e-10, atol=0)
+    torch.testing.assert_close(x.grad, z.grad, rtol=1e-8, atol=1e-15)
 
 
 @pytest.mark.parametrize("pairs,temperature", [("all", None), ("hardest", None), ("hardest", 1.0)])

@@ -265,3 +265,19 @@ def test_calls_under_inference_mode_keep_graphs_of_their_own():
         assert torch.equal(value, want)
     for (value, grad), (want_value, want_grad) in zip(got_train, expected_train):
         assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
+
+
+def test_inputs_of_another_dtype_keep_graphs_of_their_own():
+    """The same shapes in float32 and float64 scores (an evaluation in double precision), and
+    bool and float labels: each dtype its own graph, and every call the bits of the call without
+    replay (a graph captured for float32 scores would copy float64 ones into float32 inputs)."""
+    scores, labels, groups, _ = make_batch("AUCLoss", 0)
+    batches = [(scores, labels, groups, None)] * 3 + [(scores.double(), labels, groups, None)] * 3
+    batches += [(scores, labels.bool(), groups, None)] * 3
+    expected = calls(LOSSES["AUCLoss"](), batches)
+    with replay_on():
+        got = calls(LOSSES["AUCLoss"](), batches)
+        assert replay.captured_signatures() == 3
+    for (value, grad), (want_value, want_grad) in zip(got, expected):
+        assert value.dtype == want_value.dtype and torch.equal(value, want_value) and torch.equal(grad, want_grad)
+    assert expected[3][0].dtype == torch.float64 and expected[3][0].float().double() != expected[3][0]  # not a float32's

@@ -68,6 +68,26 @@ def test_probability_outputs_equal_the_logit_model_they_come_from():
     torch.testing.assert_close(as_probabilities[1], as_logits[1], rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["bce", "bce+auc"])
+def test_probabilities_of_exactly_0_and_1_follow_torchs_cross_entropy(name):
+    """A saturated sigmoid head gives probabilities of exactly 0 and 1: torch's cross-entropy
+    clamps the log at -100 and the slope's denominator p (1 - p) at 1e-12, so the loss and the
+    gradient stay finite (0 where p equals the label, about 1e12 / N where it is the other one)."""
+    probabilities = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.3], [1.0, 0.8], [0.6, 0.0], [0.2, 1.0]],
+                                 dtype=torch.float64)
+    labels = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 1.0]],
+                          dtype=torch.float64)
+    loss = mlloss.build_loss(name, inputs="probabilities", lam=0.0) if name != "bce" else mlloss.BCELoss(
+        inputs="probabilities")
+    value, grad = value_and_grad(lambda p: loss(p, labels), probabilities)
+    expected, expected_grad = value_and_grad(
+        lambda p: sum(F.binary_cross_entropy(p[:, k], labels[:, k]) for k in range(2)), probabilities)
+    assert grad.isfinite().all() and grad[0, 0] == 0 and grad[1, 0] > 1e11
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=0)
+    # 1e-8: torch's CPU kernel takes its 1e-12 as a float32 (9.9999999600e-13), the loss as a float64
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-8, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("inputs", ["logits", "probabilities"])
 def test_half_precision_scores_change_form_for_the_ranking_term_in_float32(inputs, dtype):
