@@ -359,3 +359,47 @@ def test_ranking_metrics_refuse_a_non_tensor_by_name(argument: str) -> None:
     inputs[argument] = inputs[argument].numpy()
     with pytest.raises(TypeError, match=f"{argument} must be a torch.Tensor; got ndarray"):
         ranking_metrics(inputs["scores"], inputs["labels"], label_names=["click"])
+
+
+def test_pair_counts_past_2_to_the_31_stay_exact():
+    """100,000 balanced items with tied integer scores: about 2.5e9 (positive, negative) pairs,
+    twice the wins past int32, the counts kept in int64: AUC, a one-group GAUC and a one-label
+    MultiLabelAUC equal sklearn's."""
+    gen = torch.Generator().manual_seed(0)
+    n = 100_000
+    labels = torch.randint(0, 2, (n,), generator=gen)
+    scores = (torch.randint(0, 1000, (n,), generator=gen) + 600 * labels).float()
+    expected = roc_auc_score(labels.numpy(), scores.numpy())
+    assert binary_auc(scores, labels).item() == pytest.approx(expected, rel=1e-12, abs=0)
+    assert group_auc(scores, labels, torch.zeros(n, dtype=torch.long)).item() == pytest.approx(expected, rel=1e-12, abs=0)
+    assert multilabel_auc(scores, labels[:, None])[0].item() == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_streaming_auc_takes_integer_scores_of_exactly_2_to_the_53_beside_float_batches():
+    """Integer scores of magnitude 2^53 are floats exactly: kept beside a float batch (the bound
+    refuses only the integers past it, which float64 would merge)."""
+    metric = AUC()
+    metric.update(torch.tensor([2**53, -(2**53), 7]), torch.tensor([1, 0, 1]))
+    metric.update(torch.tensor([0.5, 3.0], dtype=torch.float32), torch.tensor([0, 1]))
+    assert metric.compute().item() == roc_auc_score([1, 0, 1, 0, 1], [2.0**53, -(2.0**53), 7.0, 0.5, 3.0])
+
+
+@pytest.mark.parametrize("cost", ["uniform", "linear"])
+def test_streaming_multipartite_auc_keeps_float64_levels_apart(cost):
+    """Ordinal levels that differ below float32's resolution (1 and 1 + 2^-30, 1e8 and 1e8 + 1) are
+    distinct levels, over two batches as in one call, as the brute force over all pairs counts them."""
+    levels = torch.tensor([0.0, 1.0, 1.0 + 2**-30, 1e8, 1e8 + 1], dtype=torch.float64)
+    scores = torch.tensor([0.0, 2.0, 1.0, 5.0, 4.0])
+    numerator = denominator = Fraction(0)
+    for i in range(5):
+        for j in range(5):
+            if levels[i] > levels[j]:
+                weight = Fraction(1) if cost == "uniform" else Fraction(levels[i].item()) - Fraction(levels[j].item())
+                win = Fraction(1) if scores[i] > scores[j] else Fraction(1, 2) if scores[i] == scores[j] else Fraction(0)
+                numerator, denominator = numerator + weight * win, denominator + weight
+    metric = MultipartiteAUC(cost=cost)
+    metric.update(scores[:3], levels[:3])
+    metric.update(scores[3:], levels[3:])
+    value = metric.compute().item()
+    assert value == pytest.approx(float(numerator / denominator), rel=1e-12, abs=0)
+    assert value == multipartite_auc(scores, levels, cost=cost).item()
