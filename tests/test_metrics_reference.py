@@ -264,6 +264,39 @@ def test_merge_state_takes_a_gathered_state(empty_first: bool) -> None:
     assert metric.compute().item() == pytest.approx(pair_auc(*more), abs=1e-15)
 
 
+def test_merge_state_into_a_metric_synced_across_processes() -> None:
+    """After ``sync()`` (a one-process gloo group here) a metric's own states are gathered tensors;
+    merging another metric's batches into it joins both, as one call over the union gives."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        scores, labels = tied_case(13, n=80)
+        groups = torch.randint(0, 6, (80,), generator=torch.Generator().manual_seed(13))
+        mine, other = AUC(sync_on_compute=False), AUC()
+        mine.update(scores[:50], labels[:50])
+        other.update(scores[50:], labels[50:])
+        mine.sync()
+        assert isinstance(mine.scores, torch.Tensor)  # gathered
+        mine.merge_state(other)
+        assert mine.compute().item() == pytest.approx(pair_auc(scores, labels), abs=1e-15)
+        grouped, more = GroupAUC(weighting="size", sync_on_compute=False), GroupAUC(weighting="size")
+        grouped.update(scores[:50], labels[:50], groups[:50])
+        more.update(scores[50:], labels[50:], groups[50:])
+        grouped.sync()
+        grouped.merge_state(more.metric_state)
+        assert grouped.compute().item() == group_auc(scores, labels, groups, "size").item()
+    finally:
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Multipartite AUC and the ranking report
 # ----------------------------------------------------------------------------------------------------------------
