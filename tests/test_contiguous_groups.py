@@ -174,8 +174,14 @@ def test_dense_kernels_over_many_tiles_of_runs(name):
     ids[:5], ids[5] = 11, 12  # a run at the start
     ids[200:520] = 99  # one user across several blocks of rows and tiles
     ids[990:] = 11  # and one at the end, with the first run's id
+    assert_the_runs_brute_force(make(backend="triton", contiguous_groups=True), reference, scores, labels, ids)
+
+
+def assert_the_runs_brute_force(loss, reference, scores, labels, ids):
+    """The loss with ``contiguous_groups=True`` and its gradient equal the float64 brute force
+    with the runs of ``ids`` as groups."""
     x = leaf(scores)
-    value = make(backend="triton", contiguous_groups=True)(x, *on_device(labels, ids))
+    value = loss(x, *on_device(labels, ids))
     value.backward()
     y = scores.detach().clone().requires_grad_(True)
     expected = reference(y, labels, runs_of(ids))
@@ -195,14 +201,7 @@ def test_dense_kernels_runs_that_end_at_a_tile_edge(n, first_run):
     labels = (torch.rand(n, generator=gen) < 0.4).to(torch.float64)
     labels[-1] = 1.0
     ids = (torch.arange(n) >= first_run).long()
-    x = leaf(scores)
-    value = mlloss.AUCLoss(backend="triton", contiguous_groups=True)(x, *on_device(labels, ids))
-    value.backward()
-    y = scores.detach().clone().requires_grad_(True)
-    expected = pair_loss(y, labels, runs_of(ids))
-    expected.backward()
-    torch.testing.assert_close(value.detach().cpu(), expected.detach(), rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=1e-9, atol=1e-12)
+    assert_the_runs_brute_force(mlloss.AUCLoss(backend="triton", contiguous_groups=True), pair_loss, scores, labels, ids)
 
 
 @pytest.mark.triton
