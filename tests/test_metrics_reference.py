@@ -154,12 +154,15 @@ def test_non_contiguous_columns_match_all_pairs() -> None:
 @IGNORE_UNDEFINED
 def test_a_million_items_are_counted_exactly() -> None:
     # 10^6 items over 1000 score values: ~10^11 pairs, far above float32's 2^24 and int32's 2^31. The
-    # value must be the float64 rounding of the exact fraction, counted here in Python integers.
+    # value must be the float64 rounding of the exact fraction, counted here in Python integers; the
+    # same for a one-group GAUC and a one-label MultiLabelAUC, which count through the group segments.
     generator = torch.Generator().manual_seed(7)
     scores = torch.randint(0, 1000, (1_000_000,), generator=generator)
     labels = (torch.rand(1_000_000, generator=generator) < 0.3).long()
     expected = float(exact_auc_of_small_integers(scores.numpy(), labels.numpy(), 1000))
     assert binary_auc(scores.float(), labels).item() == expected
+    assert group_auc(scores.float(), labels, torch.zeros_like(labels)).item() == expected
+    assert multilabel_auc(scores.float(), labels[:, None]).tolist() == [expected]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -212,6 +215,15 @@ def test_streaming_metrics_keep_the_values_of_batches_of_different_dtypes() -> N
     assert metrics[1].compute().item() == expected
     assert metrics[2].compute()["per_label_auc"].item() == expected
     assert metrics[3].compute().item() == expected
+
+
+def test_streaming_auc_takes_integer_scores_of_exactly_2_to_the_53_beside_float_batches():
+    """Integer scores of magnitude 2^53 are floats exactly: kept beside a float batch (the bound
+    refuses only the integers past it, which float64 would merge)."""
+    metric = AUC()
+    metric.update(torch.tensor([2**53, -(2**53), 7]), torch.tensor([1, 0, 1]))
+    metric.update(torch.tensor([0.5, 3.0], dtype=torch.float32), torch.tensor([0, 1]))
+    assert metric.compute().item() == roc_auc_score([1, 0, 1, 0, 1], [2.0**53, -(2.0**53), 7.0, 0.5, 3.0])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -267,16 +279,13 @@ def test_merge_state_takes_a_gathered_state(empty_first: bool) -> None:
 def test_merge_state_into_a_metric_synced_across_processes() -> None:
     """After ``sync()`` (a one-process gloo group here) a metric's own states are gathered tensors;
     merging another metric's batches into it joins both, as one call over the union gives."""
-    import socket
-
     import torch.distributed as dist
+
+    from ranks import free_port
 
     if dist.is_initialized():
         pytest.skip("a process group is already set up in this process")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         scores, labels = tied_case(13, n=80)
         groups = torch.randint(0, 6, (80,), generator=torch.Generator().manual_seed(13))
@@ -309,6 +318,20 @@ def test_multipartite_auc_of_distinct_real_levels_matches_all_pairs(cost: str) -
     levels = torch.rand(300, generator=generator, dtype=torch.float64) * 10  # every level distinct
     assert multipartite_auc(scores, levels, cost=cost).item() == pytest.approx(
         pair_multipartite(scores, levels, cost), rel=1e-12)
+
+
+@pytest.mark.parametrize("cost", ["uniform", "linear"])
+def test_streaming_multipartite_auc_keeps_float64_levels_apart(cost: str) -> None:
+    """Ordinal levels that differ below float32's resolution (1 and 1 + 2^-30, 1e8 and 1e8 + 1) are
+    distinct levels, over two batches as in one call, as the brute force over all pairs counts them."""
+    levels = torch.tensor([0.0, 1.0, 1.0 + 2**-30, 1e8, 1e8 + 1], dtype=torch.float64)
+    scores = torch.tensor([0.0, 2.0, 1.0, 5.0, 4.0])
+    metric = MultipartiteAUC(cost=cost)
+    metric.update(scores[:3], levels[:3])
+    metric.update(scores[3:], levels[3:])
+    value = metric.compute().item()
+    assert value == pytest.approx(pair_multipartite(scores, levels, cost), rel=1e-12, abs=0)
+    assert value == multipartite_auc(scores, levels, cost=cost).item()
 
 
 def fraction_multipartite_linear(scores: list[float], levels: list[float]) -> Fraction:
@@ -392,47 +415,3 @@ def test_ranking_metrics_refuse_a_non_tensor_by_name(argument: str) -> None:
     inputs[argument] = inputs[argument].numpy()
     with pytest.raises(TypeError, match=f"{argument} must be a torch.Tensor; got ndarray"):
         ranking_metrics(inputs["scores"], inputs["labels"], label_names=["click"])
-
-
-def test_pair_counts_past_2_to_the_31_stay_exact():
-    """100,000 balanced items with tied integer scores: about 2.5e9 (positive, negative) pairs,
-    twice the wins past int32, the counts kept in int64: AUC, a one-group GAUC and a one-label
-    MultiLabelAUC equal sklearn's."""
-    gen = torch.Generator().manual_seed(0)
-    n = 100_000
-    labels = torch.randint(0, 2, (n,), generator=gen)
-    scores = (torch.randint(0, 1000, (n,), generator=gen) + 600 * labels).float()
-    expected = roc_auc_score(labels.numpy(), scores.numpy())
-    assert binary_auc(scores, labels).item() == pytest.approx(expected, rel=1e-12, abs=0)
-    assert group_auc(scores, labels, torch.zeros(n, dtype=torch.long)).item() == pytest.approx(expected, rel=1e-12, abs=0)
-    assert multilabel_auc(scores, labels[:, None])[0].item() == pytest.approx(expected, rel=1e-12, abs=0)
-
-
-def test_streaming_auc_takes_integer_scores_of_exactly_2_to_the_53_beside_float_batches():
-    """Integer scores of magnitude 2^53 are floats exactly: kept beside a float batch (the bound
-    refuses only the integers past it, which float64 would merge)."""
-    metric = AUC()
-    metric.update(torch.tensor([2**53, -(2**53), 7]), torch.tensor([1, 0, 1]))
-    metric.update(torch.tensor([0.5, 3.0], dtype=torch.float32), torch.tensor([0, 1]))
-    assert metric.compute().item() == roc_auc_score([1, 0, 1, 0, 1], [2.0**53, -(2.0**53), 7.0, 0.5, 3.0])
-
-
-@pytest.mark.parametrize("cost", ["uniform", "linear"])
-def test_streaming_multipartite_auc_keeps_float64_levels_apart(cost):
-    """Ordinal levels that differ below float32's resolution (1 and 1 + 2^-30, 1e8 and 1e8 + 1) are
-    distinct levels, over two batches as in one call, as the brute force over all pairs counts them."""
-    levels = torch.tensor([0.0, 1.0, 1.0 + 2**-30, 1e8, 1e8 + 1], dtype=torch.float64)
-    scores = torch.tensor([0.0, 2.0, 1.0, 5.0, 4.0])
-    numerator = denominator = Fraction(0)
-    for i in range(5):
-        for j in range(5):
-            if levels[i] > levels[j]:
-                weight = Fraction(1) if cost == "uniform" else Fraction(levels[i].item()) - Fraction(levels[j].item())
-                win = Fraction(1) if scores[i] > scores[j] else Fraction(1, 2) if scores[i] == scores[j] else Fraction(0)
-                numerator, denominator = numerator + weight * win, denominator + weight
-    metric = MultipartiteAUC(cost=cost)
-    metric.update(scores[:3], levels[:3])
-    metric.update(scores[3:], levels[3:])
-    value = metric.compute().item()
-    assert value == pytest.approx(float(numerator / denominator), rel=1e-12, abs=0)
-    assert value == multipartite_auc(scores, levels, cost=cost).item()
