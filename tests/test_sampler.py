@@ -64,6 +64,15 @@ def test_a_group_larger_than_a_batch_is_split_into_consecutive_batch_size_pieces
     assert big == list(range(25)), "pieces are consecutive and keep the items' order"
 
 
+def test_packing_that_would_not_advance_is_an_error_not_a_hang():
+    """_next_fit's doubling loop is bounded: a piece larger than a batch (which _pieces never makes)
+    would leave next-fit at piece 0 for ever; the bound reports it (a bug that did so once grew the
+    loop's list until the machine ran out of memory)."""
+    assert sampler_module._next_fit(torch.tensor([3, 2, 3, 1]), 4).tolist() == [3, 2, 4]
+    with pytest.raises(RuntimeError, match="did not reach the last of 2 pieces"):
+        sampler_module._next_fit(torch.tensor([5, 1]), 4)
+
+
 def test_within_a_group_the_input_order_is_kept():
     groups = random_groups(2000, 100, seed=1)
     for batch in GroupBatchSampler(groups, 128, seed=0):

@@ -256,8 +256,16 @@ def _next_fit(sizes: Tensor, capacity: int) -> Tensor:
     starts = ends - sizes
     num_pieces = len(sizes)
     jumps = [torch.cat([torch.searchsorted(ends, starts + capacity, right=True), torch.tensor([num_pieces])])]
-    while jumps[-1][0] < num_pieces:  # 2^k batches from piece 0 do not reach the end yet
+    # Each batch takes at least one piece, so 2^k batches from piece 0 reach the end once 2^k >= P:
+    # at most bit_length(P) doublings. The bound turns a next_start that does not advance into an
+    # error instead of a loop that grows the list until memory runs out.
+    for _ in range(num_pieces.bit_length()):
+        if jumps[-1][0] >= num_pieces:
+            break
         jumps.append(jumps[-1].index_select(0, jumps[-1]))
+    if jumps[-1][0] < num_pieces:
+        raise RuntimeError(f"next-fit packing did not reach the last of {num_pieces} pieces (capacity {capacity}): "
+                           "a batch that takes no piece; please report this with the group sizes")
     steps = torch.arange(2 ** (len(jumps) - 1))  # at least the number of batches
     batch_start = torch.zeros_like(steps)
     for k, jump in enumerate(jumps[:-1]):
