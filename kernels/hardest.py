@@ -15,8 +15,10 @@ Each cell's extreme comes from a segmented scan over the positions (``scan``: in
 ``_cell_scan_kernel``, then across blocks, as ``reduce.group_sums`` does for sums): of
 v = s in a positive cell (its min) and v = -s in a negative one (minus its max; with several
 levels every cell is both, in two rows), keeping with the min the items attaining it, or with a
-temperature the sum of exp((min - v) / tau) over the cell, rescaled as parts merge (every term
-in (0, 1], the cell's own items only, in a fixed order). No sort of the scores: on an H100 the
+temperature the sums of exp((min - v) / tau) and of exp((min - v) / tau) - 1 over the cell,
+rescaled as parts merge (every term in (0, 1] and (-1, 0], the cell's own items only, in a fixed
+order; the second keeps the digits of log(mean) when tau is far above the cell's spread:
+``scan.log_mean``). No sort of the scores: on an H100 the
 sort and the gathers around it took about a third of PDAOM's device time at N = 2^20
 (``benchmarks/results/nvidia-h100-80gb-hbm3-profile-a20b70f.txt``), and most of its host time.
 The gradient goes to the items attaining the min and max, split equally among ties, or with a
@@ -50,6 +52,7 @@ from . import scan
 from ._launch import launcher
 from .pairwise import FINALIZE_BLOCK
 from .reduce import combine
+from .scan import CARRY_ROWS
 
 __all__ = ["hardest_loss_and_grad"]
 
@@ -86,7 +89,8 @@ def _cell_scan_kernel(
     BLOCK: tl.constexpr, SCORE_COLUMNS: tl.constexpr,
 ):
     """Grid (position blocks, R). Level one of the cells' scans (``scan.scan_block``): each
-    position's (min, acc) of its cell's values v up to it, to extremes[r, 0, p] and [r, 1, p].
+    position's (min, acc, deficit) of its cell's values v up to it, to extremes[r, 0..2, p] (the
+    deficit, the sum of exp((min - v) / tau) - 1, SOFT only: 3 rows a problem, else 2).
     Binary problems (not BOTH, r the problem): v = s for a positive, -s for a negative (a
     positive's cell starts after its group's start); one problem of several levels (BOTH): v = s
     (row 0, the cells' min) and v = -s (row 1, their max). SCORE_COLUMNS (binary problems): each
@@ -108,28 +112,40 @@ def _cell_scan_kernel(
         else:
             group_start = tl.zeros_like(cell_start)
         value = tl.where(cell_start > group_start, score, -score)
-    # each item a part of its own (acc 1: one item attains its min, its term is exp(0)); the lanes
-    # past N empty parts
+    # each item a part of its own (acc 1: one item attains its min, its term is exp(0); deficit
+    # exp(0) - 1 = 0); the lanes past N empty parts
     value = tl.where(mask, value, float("inf"))
-    scan.scan_block(extremes_ptr + r * 2 * N, carries_ptr + r * 5 * num_blocks, block, num_blocks, N, positions, mask,
-                    mask & (cell_start == positions), value, tl.where(mask, 1.0, 0.0).to(tl.float64),
+    acc = tl.where(mask, 1.0, 0.0).to(tl.float64)
+    scan.scan_block(extremes_ptr + r * _extreme_rows(SOFT) * N, carries_ptr + r * CARRY_ROWS * num_blocks, block,
+                    num_blocks, N, positions, mask, mask & (cell_start == positions), value, acc, tl.zeros_like(acc),
                     inverse_temperature, "softmin" if SOFT else "min", BLOCK)
+
+
+@triton.jit
+def _extreme_rows(SOFT: tl.constexpr):
+    """Rows of ``extremes`` per scan: (min, acc), and a softmin's deficit."""
+    if SOFT:
+        return 3
+    else:
+        return 2
 
 
 @triton.jit
 def _cell_extreme(extremes_row, carries_row, start, end, N, num_blocks, mask, inverse_temperature,
                   SOFT: tl.constexpr, BLOCK: tl.constexpr):
     """(min of v over the cell [start, end), acc: the items attaining it, or the sum of
-    exp((min - v) / tau)) from ``_cell_scan_kernel``'s scan (``scan.segment_total``)."""
+    exp((min - v) / tau), deficit: the sum of exp((min - v) / tau) - 1, SOFT) from
+    ``_cell_scan_kernel``'s scan (``scan.segment_total``)."""
     return scan.segment_total(extremes_row, carries_row, start, end, N, num_blocks, mask, inverse_temperature,
                               "softmin" if SOFT else "min", BLOCK)
 
 
 @triton.jit
-def _soft_min(low, acc, size, temperature, SOFT: tl.constexpr):
-    """A cell's min of v (hard), or its log-mean-exp min - tau log(mean exp((min - v) / tau)) (SOFT)."""
+def _soft_min(low, acc, deficit, size, temperature, SOFT: tl.constexpr):
+    """A cell's min of v (hard), or its log-mean-exp min - tau log(mean exp((min - v) / tau)) (SOFT;
+    ``scan.log_mean``)."""
     if SOFT:
-        return low - temperature * tl.log(acc / size.to(tl.float64))
+        return low - temperature * scan.log_mean(acc, deficit, size)
     else:
         return low
 
@@ -168,15 +184,15 @@ def _hardest_kernel(
     positive = cell_start > group_start  # (in a group of one level, no pair: either way)
     boundary = tl.where(positive, cell_start, cell_end)  # the group's negatives [start, c), positives [c, end)
     has_pair = mask & (group_start < boundary) & (boundary < group_end)
-    extremes = extremes_ptr + problem * 2 * N
-    carries = carries_ptr + problem * 5 * num_blocks
-    lowest_positive, positives_acc = _cell_extreme(extremes, carries, boundary, group_end, N, num_blocks, has_pair,
-                                                   inverse_temperature, SOFT, BLOCK)
-    lowest_negated, negatives_acc = _cell_extreme(extremes, carries, group_start, boundary, N, num_blocks, has_pair,
-                                                  inverse_temperature, SOFT, BLOCK)
+    extremes = extremes_ptr + problem * _extreme_rows(SOFT) * N
+    carries = carries_ptr + problem * CARRY_ROWS * num_blocks
+    lowest_positive, positives_acc, positives_deficit = _cell_extreme(
+        extremes, carries, boundary, group_end, N, num_blocks, has_pair, inverse_temperature, SOFT, BLOCK)
+    lowest_negated, negatives_acc, negatives_deficit = _cell_extreme(
+        extremes, carries, group_start, boundary, N, num_blocks, has_pair, inverse_temperature, SOFT, BLOCK)
     # min of the positives minus max of the negatives (their log-mean-exp with a temperature)
-    margin = (_soft_min(lowest_positive, positives_acc, group_end - boundary, temperature, SOFT)
-              + _soft_min(lowest_negated, negatives_acc, boundary - group_start, temperature, SOFT))
+    margin = (_soft_min(lowest_positive, positives_acc, positives_deficit, group_end - boundary, temperature, SOFT)
+              + _soft_min(lowest_negated, negatives_acc, negatives_deficit, boundary - group_start, temperature, SOFT))
     # phi(t) and -phi'(t) of the reverse margin x = -t (kernels._common).
     value, pull = reverse_margin_terms(tl.where(has_pair, -margin, 0.0), MARGIN, SURROGATE, True, False)
 
@@ -229,14 +245,14 @@ def _hardest_levels_kernel(
     cell_start, cell_end, group_start, group_end = _spans(
         cell_start_ptr, cell_end_ptr, group_start_ptr, group_end_ptr, 0, positions, mask, N, HAS_GROUPS
     )
-    lowest_row, highest_row = extremes_ptr, extremes_ptr + 2 * N  # min of s, min of -s
-    lowest_carries, highest_carries = carries_ptr, carries_ptr + 5 * scan_blocks
-    hard_min, own_min_acc = _cell_extreme(lowest_row, lowest_carries, cell_start, cell_end, N, scan_blocks, mask,
-                                          inverse_temperature, SOFT, SCAN_BLOCK)
-    hard_max_negated, own_max_acc = _cell_extreme(highest_row, highest_carries, cell_start, cell_end, N, scan_blocks,
-                                                  mask, inverse_temperature, SOFT, SCAN_BLOCK)
-    own_min = _soft_min(hard_min, own_min_acc, cell_end - cell_start, temperature, SOFT)
-    own_max = -_soft_min(hard_max_negated, own_max_acc, cell_end - cell_start, temperature, SOFT)
+    lowest_row, highest_row = extremes_ptr, extremes_ptr + _extreme_rows(SOFT) * N  # min of s, min of -s
+    lowest_carries, highest_carries = carries_ptr, carries_ptr + CARRY_ROWS * scan_blocks
+    hard_min, own_min_acc, own_min_deficit = _cell_extreme(lowest_row, lowest_carries, cell_start, cell_end, N,
+                                                           scan_blocks, mask, inverse_temperature, SOFT, SCAN_BLOCK)
+    hard_max_negated, own_max_acc, own_max_deficit = _cell_extreme(
+        highest_row, highest_carries, cell_start, cell_end, N, scan_blocks, mask, inverse_temperature, SOFT, SCAN_BLOCK)
+    own_min = _soft_min(hard_min, own_min_acc, own_min_deficit, cell_end - cell_start, temperature, SOFT)
+    own_max = -_soft_min(hard_max_negated, own_max_acc, own_max_deficit, cell_end - cell_start, temperature, SOFT)
     # Z_u from values measured from the group's lowest level: a sum of terms with both signs,
     # which values far from 0 (1e8 + 0.01 k) would cancel (the costs are differences either way)
     lowest = tl.load(values_ptr + rank_at(order_ptr, rank_ptr, group_start, mask))
@@ -259,12 +275,12 @@ def _hardest_levels_kernel(
         below = here & (other_level < level)
         above = here & (other_level > level)
         # reverse margins x = s_lower - s_upper of the pair (own cell, this cell)
-        lower_negated, lower_acc = _cell_extreme(highest_row, highest_carries, start, end, N, scan_blocks, below,
-                                                 inverse_temperature, SOFT, SCAN_BLOCK)
-        upper_min, upper_acc = _cell_extreme(lowest_row, lowest_carries, start, end, N, scan_blocks, above,
-                                             inverse_temperature, SOFT, SCAN_BLOCK)
-        lower_max = -_soft_min(lower_negated, lower_acc, end - start, temperature, SOFT)
-        upper_min = _soft_min(upper_min, upper_acc, end - start, temperature, SOFT)
+        lower_negated, lower_acc, lower_deficit = _cell_extreme(highest_row, highest_carries, start, end, N,
+                                                                scan_blocks, below, inverse_temperature, SOFT, SCAN_BLOCK)
+        upper_min, upper_acc, upper_deficit = _cell_extreme(lowest_row, lowest_carries, start, end, N, scan_blocks,
+                                                            above, inverse_temperature, SOFT, SCAN_BLOCK)
+        lower_max = -_soft_min(lower_negated, lower_acc, lower_deficit, end - start, temperature, SOFT)
+        upper_min = _soft_min(upper_min, upper_acc, upper_deficit, end - start, temperature, SOFT)
         x = tl.where(below, lower_max - own_min, tl.where(above, own_max - upper_min, 0.0))
         value, pull = reverse_margin_terms(x, MARGIN, SURROGATE, True, False)
         min_pull += tl.where(below, cost * pull, 0.0)
@@ -346,7 +362,7 @@ def hardest_loss_and_grad(
     # Each cell's min of s and max of s (rows of v = s and v = -s), or their soft sums: a binary
     # problem's positive cells need only the min and its negative cells only the max (one row).
     rows = 2 if several else num_problems
-    extremes = torch.empty((rows, 2, n), dtype=torch.float64, device=scores.device)
+    extremes = torch.empty((rows, 3 if soft else 2, n), dtype=torch.float64, device=scores.device)
     carries = scan.new_carries(rows, num_blocks, scores.device)
     launcher(_cell_scan_kernel)[(num_blocks, rows)](
         scores, layout.order, layout.cell_start, spans[2], extremes, carries, n, num_blocks, inverse_tau,
@@ -370,8 +386,9 @@ def hardest_loss_and_grad(
             MARGIN=float(margin), SURROGATE=surrogate_id(surrogate), HAS_GROUPS=has_groups, SOFT=soft, BLOCK=block,
             SCORE_COLUMNS=score_columns,
             # float64 extremes of two cells per position (sm_90, Triton 3.9): hard 212 registers a
-            # thread at 4 warps, 112 at 8; soft 246 at 4, and at 8 128 with a few bytes of spills
-            num_warps=4 if soft else 8,
+            # thread at 4 warps, 112 at 8; soft (three sums a cell: ``scan.log_mean``) 255 and 712
+            # bytes of spills at 4, 242 at 8
+            num_warps=8,
         )
     return combine(
         grad, 0, n, block_sums, mixing, mean=reduction == "mean", loss_dtype=loss_dtype, status=status, block=block,

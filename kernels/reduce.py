@@ -20,6 +20,7 @@ from ..ops.layout import MAX_WALK_LEVELS
 from ._common import cdiv, group_spans, next_cell, rank_at, tl_dtype
 from . import scan
 from ._launch import launcher
+from .scan import CARRY_ROWS
 
 __all__ = ["combine", "finalize", "normaliser_source"]
 
@@ -70,8 +71,8 @@ def _group_normaliser(
             count_below += count
             start = tl.where(here, end, start)
     else:
-        normaliser, _ = scan.segment_total(group_sums_row, carries_row, group_start, group_end, N, num_blocks, mask,
-                                           1.0, "sum", BLOCK)
+        normaliser, _, _ = scan.segment_total(group_sums_row, carries_row, group_start, group_end, N, num_blocks, mask,
+                                              1.0, "sum", BLOCK)
     return normaliser
 
 
@@ -105,7 +106,7 @@ def _finalize_kernel(
     cell_start = tl.load(cell_start_ptr + row + positions, mask=mask, other=0)
     cost = _group_normaliser(
         order_ptr + row, rank_ptr + row, values_ptr + problem * num_ranks, cell_end_ptr + row,
-        group_sums_ptr + row, carries_ptr + problem * 5 * num_blocks, positions, mask, cell_start,
+        group_sums_ptr + row, carries_ptr + problem * CARRY_ROWS * num_blocks, positions, mask, cell_start,
         group_start, group_end, num_ranks, N, num_blocks, NORMALISER, COST_LINEAR, BLOCK,
     )
     has_pairs = cost > 0
@@ -176,13 +177,13 @@ def _group_scan_kernel(values_ptr, group_start_ptr, carries_ptr, N, num_blocks,
         starts = mask & (tl.load(group_start_ptr + positions, mask=mask, other=0) == positions)
     else:
         starts = positions == 0
-    scan.scan_block(row, carries_ptr + problem * 5 * num_blocks, block, num_blocks, N, positions, mask, starts,
-                    value, tl.zeros_like(value), 1.0, "sum", BLOCK)
+    scan.scan_block(row, carries_ptr + problem * CARRY_ROWS * num_blocks, block, num_blocks, N, positions, mask, starts,
+                    value, tl.zeros_like(value), tl.zeros_like(value), 1.0, "sum", BLOCK)
 
 
 def group_sums(values: torch.Tensor, group_start: torch.Tensor | None, block: int) -> torch.Tensor:
     """Sum (B, N) float64 ``values`` over each group in blocks of ``block`` positions, in place,
-    and return the scan's carries (B, 5, blocks), as the finalize step reads them
+    and return the scan's carries (B, CARRY_ROWS, blocks), as the finalize step reads them
     (``_group_normaliser``'s "shares" source, ``scan.segment_total``). Each group adds only its
     own values, in a fixed order (see ``scan``): deterministic, and as exact as the values."""
     num_problems, n = values.shape

@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -115,6 +116,59 @@ def test_float64_logistic_hardest_pair_is_exact(backend):
     value = mlloss.AUCLoss(pairs="hardest", backend=backend)(scores, labels)
     torch.testing.assert_close(value, torch.logaddexp(torch.tensor(0.0, dtype=torch.float64), torch.tensor(25.0)),
                                rtol=1e-15, atol=0)
+
+
+def _soft_hardest_reference(scores, levels, groups, temperature, surrogate):
+    """Per group, sum_{a > b} (l_a - l_b) phi(softmin_a - softmax_b) / sum (l_a - l_b), the soft
+    extremes of each (group, level) cell as tau log mean exp(+-s / tau) in mpmath, with 40 digits
+    past those that exp(s / tau) = 1 + s / tau + ... spends on its leading 1 (float64 arithmetic
+    keeps none of their digits when tau is far above the cell's spread); summed over the groups
+    (PDAOM's reduction)."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(40 + max(0, math.ceil(math.log10(temperature)))):
+        tau = mpmath.mpf(temperature)
+
+        def soft(values, sign):  # sign -1: the soft min, +1: the soft max
+            return sign * tau * mpmath.log(mpmath.fsum(mpmath.exp(sign * mpmath.mpf(v) / tau) for v in values) / len(values))
+
+        def phi(t):
+            return mpmath.exp(-t) if surrogate == "exponential" else mpmath.log1p(mpmath.exp(-t))
+
+        total = mpmath.mpf(0)
+        for u in sorted(set(groups)):
+            cells = {}
+            for s, level, g in zip(scores, levels, groups):
+                if g == u:
+                    cells.setdefault(level, []).append(s)
+            pairs = [(a, b) for a in cells for b in cells if a > b]
+            if pairs:
+                total += (mpmath.fsum((a - b) * phi(soft(cells[a], -1) - soft(cells[b], 1)) for a, b in pairs)
+                          / sum(a - b for a, b in pairs))
+        return float(total)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("torch", "triton")])
+@pytest.mark.parametrize("temperature", [0.5, 1e4, 1e9, 1e14, 1e40])
+@pytest.mark.parametrize("graded", [False, True])
+def test_soft_max_violation_pairs_keep_their_digits_at_any_temperature(backend, temperature, graded):
+    """With tau far above a cell's spread every exp((s - max) / tau) is 1 to within its rounding,
+    and log(mean) came from the roundings: off by 4e-5 of the loss at tau = 1e12, and from about
+    1e16 on the soft extremes were the hard ones, where tau -> inf gives the cell's mean. Binary
+    PDAOM and LaA of an ordinal column (linear costs), float64 scores, against mpmath."""
+    gen = torch.Generator().manual_seed(3)
+    n = 60
+    scores = torch.randn(n, generator=gen, dtype=torch.float64) * 3
+    groups = torch.randint(0, 5, (n,), generator=gen)
+    if graded:
+        labels = torch.randint(0, 4, (n,), generator=gen)
+        loss = mlloss.LaALoss(pairs="hardest", temperature=temperature, reduction="sum", backend=backend)
+        surrogate = "logistic"
+    else:
+        labels = (torch.rand(n, generator=gen) < 0.4).long()
+        loss = mlloss.PDAOMLoss(temperature=temperature, backend=backend)
+        surrogate = "exponential"
+    expected = _soft_hardest_reference(scores.tolist(), labels.tolist(), groups.tolist(), temperature, surrogate)
+    assert loss(scores, labels, groups=groups).item() == pytest.approx(expected, rel=1e-12, abs=0)
 
 
 @pytest.mark.parametrize(

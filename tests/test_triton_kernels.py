@@ -495,41 +495,48 @@ def test_group_sums_add_only_each_groups_own_values(monkeypatch, block, chunk, g
             assert abs(float(got - expected)) <= 1e-13 * float(values[b, start:end].abs().sum()), (b, start, end)
 
 
-def _sequential_scan(restart, x, y, inverse_temperature, monoid):
-    """The segmented inclusive scan lane by lane, in float64 (the reference of ``kernels.scan``)."""
+def _sequential_scan(restart, x, y, z, inverse_temperature, monoid):
+    """The segmented inclusive scan lane by lane, in float64 (the reference of ``kernels.scan``).
+    A softmin part (x, y, z) of n terms has z = y - n (each term minus 1): the reference keeps n
+    and gives z = y - n of the rescaled sum y."""
     out = []
-    for i, (r, xi, yi) in enumerate(zip(restart.tolist(), x.tolist(), y.tolist())):
+    for i, (r, xi, yi, zi) in enumerate(zip(restart.tolist(), x.tolist(), y.tolist(), z.tolist())):
         if r or i == 0:
-            part = (xi, yi)
+            part, count = (xi, yi, zi), yi - zi
         elif monoid == "sum":
-            part = (part[0] + xi, part[1] + yi)
+            part = (part[0] + xi, part[1] + yi, zi)
         else:
             low = min(part[0], xi)
             if monoid == "min":
-                part = (low, (part[1] if part[0] == low else 0.0) + (yi if xi == low else 0.0))
+                part = (low, (part[1] if part[0] == low else 0.0) + (yi if xi == low else 0.0), zi)
             else:
-                part = (low, sum(v * math.exp((low - m) * inverse_temperature) for m, v in (part, (xi, yi)) if v != 0))
+                total = sum(v * math.exp((low - m) * inverse_temperature) for m, v, _ in (part, (xi, yi, zi)) if v != 0)
+                count += yi - zi
+                part = (low, total, total - count)
         out.append(part)
     started = torch.cummax(restart.to(torch.int64), 0).values.to(torch.float64)
-    x, y = torch.tensor(out, dtype=torch.float64).unbind(1)
-    return started, x, y
+    x, y, z = torch.tensor(out, dtype=torch.float64).unbind(1)
+    return started, x, y, z
 
 
 @triton.jit
-def _both_scans_kernel(restart_ptr, x_ptr, y_ptr, out_ptr, inverse_temperature: tl.float64,  # not fp32 on CUDA
+def _both_scans_kernel(restart_ptr, x_ptr, y_ptr, z_ptr, out_ptr, inverse_temperature: tl.float64,  # not fp32 on CUDA
                        MONOID: tl.constexpr, LANES: tl.constexpr):
     lanes = tl.arange(0, LANES)
     restart = tl.load(restart_ptr + lanes) != 0
     x = tl.load(x_ptr + lanes)
     y = tl.load(y_ptr + lanes)
-    started, x_a, y_a = scan.scan_associative(restart, x, y, inverse_temperature, MONOID)
+    z = tl.load(z_ptr + lanes)
+    started, x_a, y_a, z_a = scan.scan_associative(restart, x, y, z, inverse_temperature, MONOID)
     tl.store(out_ptr + lanes, started.to(tl.float64))
     tl.store(out_ptr + LANES + lanes, x_a)
     tl.store(out_ptr + 2 * LANES + lanes, y_a)
-    started, x_d, y_d = scan.scan_by_doubling(restart, x, y, inverse_temperature, MONOID)
-    tl.store(out_ptr + 3 * LANES + lanes, started.to(tl.float64))
-    tl.store(out_ptr + 4 * LANES + lanes, x_d)
-    tl.store(out_ptr + 5 * LANES + lanes, y_d)
+    tl.store(out_ptr + 3 * LANES + lanes, z_a)
+    started, x_d, y_d, z_d = scan.scan_by_doubling(restart, x, y, z, inverse_temperature, MONOID)
+    tl.store(out_ptr + 4 * LANES + lanes, started.to(tl.float64))
+    tl.store(out_ptr + 5 * LANES + lanes, x_d)
+    tl.store(out_ptr + 6 * LANES + lanes, y_d)
+    tl.store(out_ptr + 7 * LANES + lanes, z_d)
 
 
 @pytest.mark.parametrize("monoid", ["sum", "min", "softmin"])
@@ -547,15 +554,19 @@ def test_both_scans_of_a_block_equal_the_sequential_scan(monoid):
     else:
         x = torch.randint(0, 4, (lanes,), generator=gen).to(torch.float64)  # ties
         y = torch.randint(1, 4, (lanes,), generator=gen).to(torch.float64)
-        if monoid == "softmin":
-            y = torch.rand(lanes, generator=gen, dtype=torch.float64) + 0.5
+    z = torch.rand(lanes, generator=gen, dtype=torch.float64)  # passed through unchanged but by a softmin
+    if monoid == "softmin":  # a part of n terms in (1/2, 1]: y their sum, z = y - n
+        count = y
+        y = count * (0.5 + 0.5 * torch.rand(lanes, generator=gen, dtype=torch.float64))
+        z = y - count
+    if monoid != "sum":
         empty = torch.rand(lanes, generator=gen) < 0.15
-        x[empty], y[empty] = float("inf"), 0.0
-    out = torch.empty(6, lanes, dtype=torch.float64, device=DEVICE)
-    launcher(_both_scans_kernel)[(1,)](restart.to(torch.int32).to(DEVICE), x.to(DEVICE), y.to(DEVICE), out,
-                                       inverse_temperature, MONOID=monoid, LANES=lanes)  # as the library launches
-    expected = torch.stack(_sequential_scan(restart, x, y, inverse_temperature, monoid))
-    for got in out.cpu().view(2, 3, lanes):  # associative, doubling
+        x[empty], y[empty], z[empty] = float("inf"), 0.0, 0.0
+    out = torch.empty(8, lanes, dtype=torch.float64, device=DEVICE)
+    launcher(_both_scans_kernel)[(1,)](restart.to(torch.int32).to(DEVICE), x.to(DEVICE), y.to(DEVICE), z.to(DEVICE),
+                                       out, inverse_temperature, MONOID=monoid, LANES=lanes)  # as the library launches
+    expected = torch.stack(_sequential_scan(restart, x, y, z, inverse_temperature, monoid))
+    for got in out.cpu().view(2, 4, lanes):  # associative, doubling
         torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
 
 

@@ -209,7 +209,14 @@ def _cell_log_mean_exp(scores: Tensor, layout: OrdinalLayout, signed_temperature
     at_item = layout.per_item(extreme)
     # An infinite extreme (scores unchecked: validate_args=False) takes the whole slope, where
     # inf - inf made every slope of its cell NaN (a NaN score stays NaN).
-    exps = torch.exp(torch.where(scores == at_item, 0.0, scores - at_item) / signed_temperature)
+    exponents = torch.where(scores == at_item, 0.0, scores - at_item) / signed_temperature
+    exps = torch.exp(exponents)
     total = torch.segment_reduce(exps, "sum", lengths=lengths)
-    value = extreme + signed_temperature * torch.log(total / lengths.to(scores.dtype))
+    # With t far above the cell's spread every term is 1 to within its rounding and total / n
+    # keeps none of log(mean)'s digits: from a mean of 1/2 up, log1p of the mean of the terms
+    # minus 1 (as the Triton tier's ``scan.log_mean``; at t = 1e16 the soft extremes were the hard ones).
+    size = lengths.to(scores.dtype)
+    deficit = torch.segment_reduce(torch.expm1(exponents), "sum", lengths=lengths)
+    log_mean = torch.where(total < 0.5 * size, torch.log(total / size), torch.log1p(deficit / size))
+    value = extreme + signed_temperature * log_mean
     return CellExtreme(value, None, layout.cell, exps / layout.per_item(total))
