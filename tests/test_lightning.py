@@ -117,6 +117,43 @@ def test_callback_without_groups_and_with_one_label():
         assert math.isclose(computed[key], value, abs_tol=1e-12), key
 
 
+def test_callback_weighs_the_multipartite_auc_by_label_weights():
+    """label_weights w_k: the multipartite AUC of the level sum_k w_k y_k with the linear cost, by brute
+    force over the item pairs (the default, all ones, gives another value on these labels)."""
+    gen = torch.Generator().manual_seed(11)
+    scores, labels = torch.randn(50, generator=gen, dtype=torch.float64), torch.randint(0, 2, (50, 2), generator=gen)
+    weights = torch.tensor([1.0, 3.0], dtype=torch.float64)
+
+    def brute(levels):
+        cost = levels[:, None] - levels[None, :]
+        diff = scores[:, None] - scores[None, :]
+        hits = (diff > 0).double() + 0.5 * (diff == 0).double()
+        return float((cost * hits)[cost > 0].sum() / cost[cost > 0].sum())
+
+    callback = RankingMetrics(["click", "purchase"], label_weights=weights.tolist(), print_report=False)
+    feed(callback, {"scores": scores[:20], "labels": labels[:20]}, {"scores": scores[20:], "labels": labels[20:]})
+    logged = float(callback.compute()["val/multipartite_auc"])
+    assert math.isclose(logged, brute(labels.double() @ weights), rel_tol=0, abs_tol=1e-12)
+    assert abs(brute(labels.double() @ weights) - brute(labels.double().sum(1))) > 1e-3  # the weights matter here
+
+
+def test_callback_reports_the_dictatorship_under_loa_weights():
+    """loa_weights a_k: the logged effective weights are a_k / (pi_k (1 - pi_k)) of the validation priors
+    pi_k, and the shares their normalised values."""
+    gen = torch.Generator().manual_seed(12)
+    scores, labels = torch.randn(60, generator=gen), (torch.rand(60, 2, generator=gen) < torch.tensor([0.5, 0.2])).long()
+    callback = RankingMetrics(["click", "purchase"], loa_weights=[1.0, 4.0], print_report=False)
+    feed(callback, {"scores": scores, "labels": labels})
+    computed = {key: float(value) for key, value in callback.compute().items()}
+    priors = labels.double().mean(0)
+    effective = torch.tensor([1.0, 4.0], dtype=torch.float64) / (priors * (1 - priors))
+    for k, name in enumerate(("click", "purchase")):
+        assert math.isclose(computed[f"val/dictatorship/effective_weight/{name}"], float(effective[k]), rel_tol=1e-12)
+        assert math.isclose(computed[f"val/dictatorship/share/{name}"], float(effective[k] / effective.sum()),
+                            rel_tol=1e-12)
+    assert callback.report.mixing_weights == (1.0, 4.0)
+
+
 def test_callback_names_a_bad_group_weighting_as_ranking_metrics_does():
     with pytest.raises(ValueError, match="group_weighting must be one of 'uniform', 'size'; got 'items'"):
         RankingMetrics(["click"], group_weighting="items")
@@ -340,3 +377,57 @@ def test_callback_reads_no_device_value_per_training_step():
             callback.on_train_batch_end(None, module, None, None, step)
     assert counter.ops and not counter.syncs, counter.syncs
     assert callback._items_seen.item() == 8 + 9 + 10
+
+
+class _LoggingModule(torch.nn.Module):
+    """The part of a LightningModule the callback's training hooks use: its loss and ``log``."""
+
+    def __init__(self, loss):
+        super().__init__()
+        self.loss, self.logged = loss, {}
+
+    def log(self, name, value, **options):
+        self.logged[name] = float(value)
+
+
+def _brute_pairs(labels, users):
+    """Pairs (positive, negative) inside each user: what AUCLoss averages over."""
+    same_user = users[:, None] == users[None, :]
+    return int((same_user & (labels[:, None] == 1) & (labels[None, :] == 0)).sum())
+
+
+@pytest.mark.filterwarnings("ignore:the training loss saw")  # few pairs per item here: not what is tested
+def test_callback_counts_valid_pairs_per_item_and_per_batch_of_each_training_epoch():
+    """Each epoch's train/valid_pairs_per_item and train/valid_pairs_per_batch are its own (the
+    counts start again every epoch), by brute force over the users' pairs."""
+    gen = torch.Generator().manual_seed(4)
+    callback, module = RankingMetrics(label_names=("click",)), _LoggingModule(AUCLoss())
+    for batches in (3, 2):  # epoch 1, then epoch 2 with fewer batches
+        callback.on_train_epoch_start(None, module)
+        pairs = items = 0
+        for step in range(batches):
+            users = torch.arange(12) // 4
+            labels, scores = torch.randint(0, 2, (12,), generator=gen), torch.randn(12, generator=gen)
+            module.loss(scores, labels, users)
+            callback.on_train_batch_end(None, module, None, None, step)
+            pairs, items = pairs + _brute_pairs(labels, users), items + 12
+        callback.on_train_epoch_end(None, module)
+        assert module.logged["train/valid_pairs_per_item"] == pytest.approx(pairs / items, rel=1e-12)
+        assert module.logged["train/valid_pairs_per_batch"] == pytest.approx(pairs / batches, rel=1e-12)
+
+
+@pytest.mark.parametrize("positives,warned", [(1, True), (2, False)])
+def test_callback_warns_when_the_training_loss_saw_fewer_valid_pairs_than_items(positives, warned):
+    """One user: 1 positive among 3 items gives 2 pairs, fewer than the items (a warning); 2 positives
+    among 4 items give 4 pairs, as many as the items (none)."""
+    size = 3 if positives == 1 else 4
+    labels, users = (torch.arange(size) < positives).long(), torch.zeros(size, dtype=torch.long)
+    assert _brute_pairs(labels, users) / size == (2 / 3 if positives == 1 else 1.0)
+    callback, module = RankingMetrics(label_names=("click",)), _LoggingModule(AUCLoss())
+    callback.on_train_epoch_start(None, module)
+    module.loss(torch.randn(size), labels, users)
+    callback.on_train_batch_end(None, module, None, None, 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callback.on_train_epoch_end(None, module)
+    assert any("valid pairs per item" in str(w.message) for w in caught) == warned

@@ -147,6 +147,23 @@ def test_a_padding_sampler_behind_another_batch_sampler_is_reported():
     assert callback._padding == [None]  # counted as they come
 
 
+def test_a_distributed_sampler_that_repeats_nothing_is_neither_trimmed_nor_reported():
+    """300 items on 2 ranks: 150 each, no repeat. Behind a batch sampler of its own there is nothing
+    to warn about, and behind a BatchSampler nothing to drop: every row the steps return counts."""
+    data = Subset(script.make_data(), range(300))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+    assert sampler.total_size == len(data)
+    callback = RankingMetrics(script.LABEL_NAMES, print_report=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callback._start_epoch(script.Scorer(), DataLoader(data, batch_sampler=Chunks(sampler, 64, False)))
+        assert callback._padding == [None]
+        callback._start_epoch(script.Scorer(), DataLoader(data, batch_size=64, sampler=sampler))
+    assert not [str(w.message) for w in caught if "RankingMetrics" in str(w.message)]
+    assert callback._padding == [None]
+    assert callback._not_repeated(0, 1000) == 1000  # no repeat, no limit: every row is kept
+
+
 # --------------------------------------------------------------------------- two processes
 
 

@@ -243,6 +243,17 @@ def test_parts_report_valid_pairs_and_label_terms():
     assert laa.parts["valid_pairs"].item() == 5 and laa.parts["groups_with_pairs"].item() == 1
 
 
+def test_parts_entries_are_detached_and_made_once():
+    """``LossParts`` holds detached scalars whatever its makers return (a user's loss whose parts
+    close over a differentiable term), each maker called on first read only."""
+    from mlloss.parts import LossParts
+
+    weight = torch.tensor(2.0, requires_grad=True)
+    calls = []
+    parts = LossParts({"term": lambda: calls.append(1) or weight * 3.0})
+    assert "term" in parts and not calls  # a membership test makes nothing
+    assert not parts["term"].requires_grad and parts["term"].grad_fn is None
+    assert parts["term"].item() == 6.0 and len(calls) == 1
 
 
 def _every_built_loss():

@@ -177,6 +177,30 @@ def test_field_embedding_loads_a_state_dict_with_one_table_per_field():
         assert torch.equal(table, saved)
 
 
+def test_field_embedding_skips_a_partial_state_dict_of_per_field_tables():
+    """Only some ``tables.<f>.weight``: not joined (there is no table to join them into), left to
+    load_state_dict to report, not a KeyError from the hook."""
+    embedding = FieldEmbedding([4, 7, 2], dim=3)
+    before = embedding.weight.detach().clone()
+    result = embedding.load_state_dict({"tables.0.weight": torch.randn(4, 3)}, strict=False)
+    assert result.missing_keys == ["weight"] and result.unexpected_keys == ["tables.0.weight"]
+    assert torch.equal(embedding.weight, before)
+
+
+def test_a_compiled_field_embedding_rejects_an_id_equal_to_its_fields_size():
+    """Compiled, the id check is a device assert: id 4 of a field of 4 ids is outside the table (it
+    would read the next field's first row), as the eager check says."""
+    embedding = FieldEmbedding([4, 7, 2], dim=3)
+    ids = torch.tensor([[3, 6, 1], [4, 0, 0]])
+    with pytest.raises(ValueError, match=r"ids\[:, 0\] must be in \[0, 4\); got 4"):
+        embedding(ids)
+    torch._dynamo.reset()
+    compiled = torch.compile(embedding, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(ids[:1]), embedding(ids[:1]))
+    with pytest.raises(RuntimeError):  # the device assert, on the CPU at once
+        compiled(ids)
+
+
 def test_field_embedding_rejects_an_id_outside_its_fields_table():
     embedding = FieldEmbedding([4, 7, 2], dim=3)
     ids = torch.tensor([[0, 0, 0], [3, 6, 1], [1, 2, 2]])  # field 2 has ids 0 and 1 only

@@ -184,6 +184,44 @@ def test_a_read_only_checkpoint_dir_is_fine_without_checkpoints(recipe, tmp_path
         tmp_path.chmod(0o700)
 
 
+@pytest.mark.parametrize("model,argv", [
+    ("mmoe", ["--num-experts", "3"]),
+    ("cgc", ["--num-task-experts", "1", "--num-shared-experts", "3"]),
+    ("ple", ["--num-levels", "3", "--num-task-experts", "1", "--num-shared-experts", "3"]),
+    ("shared-bottom", []),
+])
+def test_the_architecture_options_reach_the_model(options, model, argv):
+    """build_model gives the tower the options name (not the defaults): the same layers, of the same
+    shapes, and the same dropout, as the model built by hand from them."""
+    import torch
+
+    from mlloss.models import CGC, PLE, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom
+
+    args = options.parse_args(["--model", model, "--num-users", "40", "--embedding-dim", "4", "--interaction", "none",
+                               "--expert-hidden", "12", "6", "--tower-hidden", "5", "--dropout", "0.25", "--esmm",
+                               *argv])
+    (train, _, _), _ = options.load_data(args)
+    built = options.build_model(args, train, 2)
+    input_dim = 4 * len(train.cardinalities) + train.dense.shape[1]
+    backbone = {
+        "mmoe": lambda: MMoE(input_dim, 2, num_experts=3, expert_hidden=(12, 6), tower_hidden=(5,), dropout=0.25),
+        "cgc": lambda: CGC(input_dim, 2, num_task_experts=1, num_shared_experts=3, expert_hidden=(12, 6),
+                           tower_hidden=(5,), dropout=0.25),
+        "ple": lambda: PLE(input_dim, 2, num_levels=3, num_task_experts=1, num_shared_experts=3,
+                           expert_hidden=(12, 6), tower_hidden=(5,), dropout=0.25),
+        "shared-bottom": lambda: SharedBottom(input_dim, 2, bottom_hidden=(12, 6), tower_hidden=(5,), dropout=0.25),
+    }[model]()
+    expected = MultiTaskModel(FieldEmbedding(train.cardinalities, 4), backbone, esmm=True)
+
+    def layout(module):
+        shapes = {name: tuple(value.shape) for name, value in module.state_dict().items()}
+        dropouts = [(name, layer.p) for name, layer in module.named_modules() if isinstance(layer, torch.nn.Dropout)]
+        return shapes, dropouts
+
+    assert layout(built) == layout(expected)
+    assert built.interaction is None and built.esmm is True
+
+
 def test_an_id_too_large_for_the_tables_names_its_field(options, tmp_path):
     """Ids are rows of the embedding tables (max id + 1 rows per field): one raw, unencoded id of
     10^15 in an Ali-CCP file stopped the run with the allocator's error, which names no field."""
@@ -203,6 +241,27 @@ def test_an_id_too_large_for_the_tables_names_its_field(options, tmp_path):
         options.build_model(args, train, 2)
     assert f"the largest is field '205' with ids up to {10**15:,}" in str(error.value)
     assert "label-encode them 0, 1, 2, ... (--data ali-ccp), or lower --embedding-dim" in str(error.value)
+
+
+def test_cross_device_is_taken_by_every_loss_with_pairs(options, capsys):
+    """--cross-device applies to every loss with a ranking term (bce+<name> included); plain bce has no
+    pairs to take across the ranks, and a config's cross-device goes with a loss replaced by it."""
+    for loss in (*options.PER_TASK_LOSSES, *options.RANKING_SCORE_LOSSES):
+        if loss == "bce":
+            with pytest.raises(SystemExit):
+                options.parse_args(["--loss", loss, "--cross-device"])
+            assert "--cross-device applies to a ranking loss" in capsys.readouterr().err
+            assert options.parse_args(["--config", "multi-gpu", "--loss", loss]).cross_device is False
+        else:
+            assert options.parse_args(["--loss", loss, "--cross-device"]).cross_device is True, loss
+            assert options.parse_args(["--config", "multi-gpu", "--loss", loss]).cross_device is True, loss
+
+
+def test_sharding_selects_the_torchrec_tables(options):
+    """--sharding shards TorchRec tables (shard_model finds no other): it implies --embedding torchrec."""
+    for sharding in options.SHARDINGS:
+        args = options.parse_args(["--sharding", sharding])
+        assert args.embedding == ("plain" if sharding == "none" else "torchrec"), sharding
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])

@@ -217,6 +217,21 @@ def test_shard_model_checks_its_arguments_and_dims_before_attaching_anything():
         TorchRecStrategy("table_wise", sparse_lr=-1)
 
 
+def test_column_wise_shards_are_the_widest_multiple_of_4_that_gives_every_rank_a_shard():
+    """The width cuts the table into at least world_size shards, each a multiple of 4 columns
+    wide, and is the widest such: dim / world_size when that is a multiple of 4 (one shard per
+    rank, not more, smaller ones)."""
+    from mlloss.integrations.torchrec import _column_shard_width
+
+    for dim in range(4, 65, 4):
+        for world_size in (1, 2, 3, 4, 8):
+            width = _column_shard_width(dim, world_size)
+            fitting = [w for w in range(4, dim + 1, 4) if dim % w == 0 and dim // w >= world_size]
+            assert width == (max(fitting) if fitting else 4), (dim, world_size, width)
+            if dim % (4 * world_size) == 0:
+                assert width == dim // world_size, (dim, world_size, width)
+
+
 # --------------------------------------------------------------------------- 2 processes
 
 
@@ -436,6 +451,39 @@ def test_strategy_averages_the_gradients_of_parameters_outside_the_sharded_model
         torch.testing.assert_close(result["scale_grads"], ranks[0]["scale_grads"], rtol=0, atol=0)
         torch.testing.assert_close(result["scale"], ranks[0]["scale"], rtol=0, atol=0)
     assert ranks[0]["scale"] != 1  # it trained
+
+
+def _average_gradients_outside_rank(rank: int, out_dir: str) -> None:
+    """TorchRecStrategy's average of the gradients outside DMP on 2 gloo ranks: ``both`` has a
+    gradient on both ranks, ``one`` on rank 0 only, ``none`` on neither."""
+    import os
+    import types
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        both, one, none = (torch.nn.Parameter(torch.zeros(3, dtype=torch.float64)) for _ in range(3))
+        both.grad = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64) * (1 + rank)
+        if rank == 0:
+            one.grad = torch.tensor([4.0, -2.0, 6.0], dtype=torch.float64)
+        strategy = types.SimpleNamespace(_outside_parameters=[both, one, none], world_size=dist.get_world_size())
+        TorchRecStrategy._average_outside_gradients(strategy)
+        torch.save({"both": both.grad, "one": one.grad, "none": none.grad}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_strategy_counts_a_missing_gradient_outside_the_sharded_model_as_zero(tmp_path):
+    """As DDP does: a parameter without a gradient on a rank adds zero to the average over all the
+    ranks (not an average over the ranks that have one), and keeps none where no rank has one."""
+    ForkedRanks(_average_gradients_outside_rank, (str(tmp_path),), log=tmp_path / "ranks.log").join()
+    for rank in range(2):
+        grads = torch.load(tmp_path / f"rank{rank}.pt")
+        torch.testing.assert_close(grads["both"], torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64) * (1 + 2) / 2)
+        torch.testing.assert_close(grads["one"], torch.tensor([4.0, -2.0, 6.0], dtype=torch.float64) / 2)
+        assert grads["none"] is None
 
 
 @pytest.mark.distributed
