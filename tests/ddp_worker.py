@@ -146,6 +146,21 @@ def dtype_cases(rank: int, world: int) -> dict:
         results["nan"] = None
     except ValueError as error:
         results["nan"] = str(error)
+    # ranks that disagree on the batch's form, each refused by name before the gather
+    everything = torch.ones(len(scores), dtype=torch.bool)
+    disagreements = {
+        "mask": lambda: mlloss.AUCLoss(cross_device=True)(scores, labels[local, 0], groups[local],
+                                                          mask=everything if rank == 0 else None),
+        "groups": lambda: mlloss.AUCLoss(cross_device=True)(scores, labels[local, 0], groups[local] if rank == 0 else None),
+        "columns": lambda: mlloss.LaALoss(cross_device=True)(scores, labels[local] if rank == 0 else labels[local, :1],
+                                                             groups[local]),
+    }
+    for name, call in disagreements.items():
+        try:
+            call()
+            results[name] = None
+        except ValueError as error:
+            results[name] = str(error)
     return results
 
 

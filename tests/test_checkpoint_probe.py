@@ -139,6 +139,18 @@ def test_a_directory_whose_marker_cannot_be_written_leaves_nothing_and_names_the
     assert torch.load(final / "meta.pt", weights_only=False) == {"version": 1}
 
 
+def test_a_marker_that_cannot_be_written_leaves_a_directory_the_caller_made(tmp_path, monkeypatch):
+    """Only begin_directory's staging copy is the library's to remove; a folder of the caller's is not."""
+    own = tmp_path / "mine"
+    own.mkdir()
+    torch.save({"version": 2}, own / "meta.pt")
+    _marker_on_a_full_disk(monkeypatch)
+    with pytest.raises(OSError):
+        finish_directory(own, tmp_path / "last.ckpt")
+    monkeypatch.undo()
+    assert _tree(tmp_path) == ["mine", "mine/meta.pt"]
+
+
 def _exit_midway(path: str) -> None:
     def write(stream):
         stream.write(b"\0" * 4096)
@@ -202,6 +214,35 @@ def test_a_checkpoint_and_the_folders_created_for_it_are_fsynced(tmp_path, monke
     assert not missing, f"not fsynced: {sorted(map(str, missing))}"
 
 
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_every_rename_is_followed_by_an_fsync_of_the_folder_it_renames_into(tmp_path, monkeypatch, kind):
+    """A rename is durable once its folder is fsynced after it (before, the new name is not there yet):
+    replacing a checkpoint file, and the swap of a directory (the previous one into .old/, the new one
+    into its name, and the marker into the directory)."""
+    final = tmp_path / "last.ckpt"
+
+    def write(version: int) -> None:
+        if kind == "file":
+            save_atomically({"version": version}, final)
+        else:
+            with atomic_directory(final) as tmp:
+                torch.save({"version": version}, tmp / "meta.pt")
+
+    write(1)
+    events = []
+    real_replace, real_fsync_directory = os.replace, checkpointing._fsync_directory
+    monkeypatch.setattr(checkpointing.os, "replace", lambda source, target: events.append(
+        ("rename", Path(target).parent)) or real_replace(source, target))
+    monkeypatch.setattr(checkpointing, "_fsync_directory", lambda folder: events.append(
+        ("fsync", Path(folder))) or real_fsync_directory(folder))
+    write(2)
+    monkeypatch.undo()
+    renamed_into = [(i, folder) for i, (what, folder) in enumerate(events) if what == "rename"]
+    assert len(renamed_into) == (1 if kind == "file" else 3)
+    for i, folder in renamed_into:
+        assert ("fsync", folder) in events[i + 1:], f"no fsync of {folder} after the rename into it"
+
+
 # --------------------------------------------------------------------------- which checkpoint is the newest
 
 
@@ -216,6 +257,15 @@ def test_the_newest_complete_checkpoint_goes_by_name_not_by_modification_time(tm
     (tmp_path / "last.ckpt.d").mkdir()
     assert latest_complete_checkpoint(tmp_path, report=pytest.fail) == final
     assert latest_complete_checkpoint(tmp_path, name="step=9.ckpt", report=pytest.fail) == tmp_path / "step=9.ckpt"
+
+
+def test_a_directory_checkpoint_replaces_a_dangling_save_last_link(tmp_path):
+    final = tmp_path / "last.ckpt"
+    final.symlink_to("epoch=1.ckpt")  # ModelCheckpoint(save_last="link") whose target was removed
+    with atomic_directory(final) as tmp:
+        torch.save({"version": 2}, tmp / "meta.pt")
+    assert not final.is_symlink() and torch.load(final / "meta.pt", weights_only=False) == {"version": 2}
+    assert _tree(tmp_path) == ["last.ckpt", f"last.ckpt/{MARKER_FILENAME}", "last.ckpt/meta.pt"]
 
 
 def test_a_dangling_save_last_link_is_skipped_naming_its_target(tmp_path):
@@ -248,6 +298,18 @@ def test_atomic_checkpoint_io_writes_the_file_lightning_reads_for_a_local_url(tm
     with pytest.raises(ValueError, match=re.escape("AtomicCheckpointIO.save_checkpoint: path 'memory://last.ckpt' is "
                                                    "a URL of a remote file system")):
         AtomicCheckpointIO().save_checkpoint({}, "memory://last.ckpt")
+
+
+def test_atomic_checkpoint_io_raises_as_lightnings_checkpoint_io(tmp_path):
+    """A missing file is TorchCheckpointIO's FileNotFoundError (Lightning's resume tells it from a
+    broken file); storage_options, which a local atomic write cannot take, are refused, not ignored."""
+    missing = tmp_path / "missing.ckpt"
+    for io_plugin in (TorchCheckpointIO(), AtomicCheckpointIO()):
+        with pytest.raises(FileNotFoundError):
+            io_plugin.load_checkpoint(missing)
+    with pytest.raises(TypeError, match="AtomicCheckpointIO.save_checkpoint does not take storage_options"):
+        AtomicCheckpointIO().save_checkpoint({"epoch": 1}, missing, storage_options={"compression": "zip"})
+    assert _tree(tmp_path) == []
 
 
 class _Tiny(pl.LightningModule):

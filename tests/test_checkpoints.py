@@ -54,7 +54,8 @@ from mlloss.checkpointing import (
     staging_path,
     write_atomically,
 )
-from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO
+from mlloss.integrations import lightning_checkpoints
+from mlloss.integrations.lightning_checkpoints import AtomicCheckpointIO, fault_test_callbacks
 from ranks import ForkedRanks
 from recipe_util import RECIPES, load_recipe, without_timing
 
@@ -167,6 +168,69 @@ def test_concurrent_writers_of_one_checkpoint_each_publish_only_their_own_whole_
     assert torch.load(final, weights_only=False) == {"by": "next"} and not staging_path(final).parent.exists()
 
 
+def test_a_temporary_file_removed_before_its_writer_locked_it_is_not_the_one_written(tmp_path, monkeypatch):
+    """Another writer's clearing removes the temporary files no writer holds locked: a new one
+    taken between its creation and its lock is written, then cannot be renamed (it is gone)."""
+    final = tmp_path / "last.ckpt"
+    real_lock, removed = checkpointing._lock, []
+
+    def lock(stream, *, blocking):
+        if blocking and not removed:  # the first new file: another writer's clearing takes it first
+            [temporary] = _temporary_files(final)
+            temporary.unlink()
+            removed.append(temporary)
+        real_lock(stream, blocking=blocking)
+
+    monkeypatch.setattr(checkpointing, "_lock", lock)
+    save_atomically({"version": 1}, final)
+    assert removed and torch.load(final, weights_only=False) == {"version": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_temporary_files_of_earlier_versions_are_skipped_and_cleared(tmp_path):
+    """Before the hex names, tempfile.mkstemp named the temporary file (letters, digits, underscores)."""
+    final = tmp_path / "last.ckpt"
+    save_atomically({"version": 1}, final)
+    legacy = staging_path(final).parent / "last.ckpt.k3_zqw8x.tmp"
+    legacy.parent.mkdir()
+    legacy.write_bytes(b"\0" * 10)
+    skipped = []
+    assert latest_complete_checkpoint(tmp_path, report=skipped.append) == final
+    assert skipped == [(f"skipped {legacy}: a checkpoint file whose write did not finish (it is renamed to {final} "
+                        "when it is complete)")]
+    save_atomically({"version": 2}, final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_the_checkpoint_pause_counts_every_write_of_the_process_and_pauses_at_the_nth(tmp_path, monkeypatch, capsys):
+    """MLLOSS_TEST_CHECKPOINT_PAUSE=<seconds>@<n>: files and directories count alike, from 1."""
+    monkeypatch.setattr(checkpointing, "_writes_in_this_process", 0)
+    monkeypatch.setenv(CHECKPOINT_PAUSE_ENV, "0@2")
+    save_atomically({"version": 1}, tmp_path / "a.ckpt")
+    with atomic_directory(tmp_path / "b.ckpt") as tmp:
+        torch.save({"version": 2}, tmp / "meta.pt")
+    save_atomically({"version": 3}, tmp_path / "a.ckpt")
+    paused = [line for line in capsys.readouterr().err.splitlines() if line.startswith(CHECKPOINT_PAUSE_ENV)]
+    assert paused == [(f"{CHECKPOINT_PAUSE_ENV}: {staging_path(tmp_path / 'b.ckpt')} is written; pausing 0 s before "
+                       "making it visible (write 2 of this process)")]
+
+
+def test_the_batch_pause_pauses_once_after_the_first_step_that_reaches_its_batch(monkeypatch, capsys):
+    """MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>; a step over batches 2 and 3 reports 3."""
+    monkeypatch.setenv(BATCH_PAUSE_ENV, "0@1:2")
+    [pause] = fault_test_callbacks()
+    slept = []
+    monkeypatch.setattr(lightning_checkpoints.time, "sleep", slept.append)
+    trainer = SimpleNamespace(current_epoch=0, global_step=0, global_rank=0)
+    for epoch, batches in ((0, (0, 1, 2, 3)), (1, (0, 1, 3, 4)), (2, (0, 1, 2))):
+        trainer.current_epoch = epoch
+        for batch_idx in batches:
+            pause.on_train_batch_end(trainer, None, None, None, batch_idx)
+            trainer.global_step += 1
+    assert slept == [0.0]
+    assert capsys.readouterr().err == f"{BATCH_PAUSE_ENV}: pausing 0 s after batch 3 of epoch 1 (global step 6, rank 0)\n"
+
+
 def test_a_checkpoint_never_replaces_a_directory_that_is_not_one(tmp_path):
     """save_atomically(obj, folder) moved the folder aside and removed it with all its files."""
     runs = tmp_path / "runs"
@@ -239,6 +303,19 @@ def test_failed_writes_leave_nothing_behind_and_name_the_argument(tmp_path):
     with pytest.raises(TypeError, match=re.escape(f"info epoch={{1}} for the completion marker of {tmp_path / 'd'}")):
         mark_complete(tmp_path / "d", epoch={1})
     assert list((tmp_path / "d").iterdir()) == [], f"no {MARKER_FILENAME}.tmp left"
+
+
+def test_a_checkpoint_directory_with_files_in_subfolders_is_complete(tmp_path):
+    final = tmp_path / "last.ckpt"
+    with atomic_directory(final) as tmp:
+        torch.save({"version": 1}, tmp / "meta.pt")
+        (tmp / "shards").mkdir()
+        (tmp / "shards" / "rank0").write_bytes(b"\1" * 10)
+    files = json.loads((final / MARKER_FILENAME).read_text())["files"]
+    assert files == {"meta.pt": (final / "meta.pt").stat().st_size, "shards/rank0": 10}
+    assert latest_complete_checkpoint(tmp_path, report=pytest.fail) == final
+    (final / "shards" / "rank0").unlink()
+    assert incomplete_reason(final) == "its completion marker lists shards/rank0, which is missing"
 
 
 def test_a_directory_killed_before_its_marker_is_skipped_with_a_message(tmp_path, fork, capsys):
@@ -331,6 +408,18 @@ def test_a_complete_staging_copy_stays_the_newest_checkpoint_until_the_next_writ
     assert f"finished the interrupted write of {final} (moved {staging_path(final)} there)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("next_write", "versions"), [(_write_directory_killed_midway, [1, 3]), (_write_file_failing, [1])],
+                         ids=["directory", "file"])
+def test_an_incomplete_staging_copy_is_cleared_by_the_next_write_never_made_visible(tmp_path, next_write, versions):
+    final = tmp_path / "last.ckpt"
+    _directory(final, 1)
+    _directory(staging_path(final), 2, complete=False)  # killed before its marker
+    next_write(final)
+    assert latest_complete_checkpoint(tmp_path, report=lambda message: None) == final
+    assert torch.load(final / "meta.pt", weights_only=False) == {"version": 1}
+    assert sorted(torch.load(meta, weights_only=False)["version"] for meta in tmp_path.rglob("meta.pt")) == versions
+
+
 def test_a_checkpoint_folder_named_like_a_temporary_or_retired_folder_is_refused(tmp_path):
     """A checkpoint file in a folder named .partial was skipped as an unfinished write, and one in a
     folder named .old was moved out of its folder by finish_interrupted_publish, as a retired copy."""
@@ -373,6 +462,71 @@ def test_every_state_a_crash_leaves_resolves_to_the_newest_complete_checkpoint(t
     finish_interrupted_publish(found, report=lambda message: None)
     assert torch.load(final / "meta.pt", weights_only=False) == {"version": abs(state[newest])}
     assert latest_complete_checkpoint(tmp_path, report=lambda message: None) == final
+    if newest != "final":  # a copy moved to its name leaves no folder of copies behind
+        assert not retired_path(final).parent.exists()
+    with atomic_directory(final) as tmp:  # and the next write goes on from every state
+        torch.save({"version": 3}, tmp / "meta.pt")
+    assert torch.load(final / "meta.pt", weights_only=False) == {"version": 3}
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "last.ckpt", f"last.ckpt/{MARKER_FILENAME}", "last.ckpt/meta.pt"]
+
+
+def test_a_retired_copy_never_replaces_what_is_at_the_checkpoints_name(tmp_path):
+    final = tmp_path / "last.ckpt"
+    _directory(final, 2)
+    (final / "meta.pt").write_bytes(b"changed")  # no longer the file its marker lists
+    _directory(retired_path(final), 1)
+    found = latest_complete_checkpoint(tmp_path, report=lambda message: None)
+    assert found == retired_path(final)
+    assert finish_interrupted_publish(found, report=pytest.fail) == found
+    assert (final / "meta.pt").read_bytes() == b"changed"
+    assert torch.load(found / "meta.pt", weights_only=False) == {"version": 1}
+
+
+def test_a_file_at_the_staging_name_is_an_unfinished_write_never_the_newest(tmp_path):
+    """mlloss before the temporary names of its own per write wrote a file at .partial/<name>."""
+    final = tmp_path / "last.ckpt"
+    save_atomically({"version": 1}, final)
+    staging_path(final).parent.mkdir()
+    torch.save({"version": 2}, staging_path(final))
+    skipped = []
+    assert latest_complete_checkpoint(tmp_path, report=skipped.append) == final
+    assert skipped == [(f"skipped {staging_path(final)}: a checkpoint file whose write did not finish (it is renamed "
+                        f"to {final} when it is complete)")]
+    save_atomically({"version": 3}, final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_removing_a_checkpoint_removes_its_temporary_and_retired_copies(tmp_path):
+    final = tmp_path / "last.ckpt"
+    _directory(final, 3)
+    _directory(staging_path(final), 4, complete=False)
+    _directory(retired_path(final), 2)
+    (staging_path(final).parent / "last.ckpt.0123456789ab.tmp").write_bytes(b"\0")  # a dead file write's
+    checkpointing.remove_checkpoint(final)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_what_the_resolver_skips_is_printed_on_global_rank_zero_only(tmp_path, monkeypatch, capsys):
+    final = tmp_path / "last.ckpt"
+    _directory(final, 1)
+    _directory(staging_path(final), 2, complete=False)
+
+    def printed() -> str:
+        assert latest_complete_checkpoint(tmp_path) == final
+        return capsys.readouterr().out
+
+    for name in checkpointing.RANK_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert f"skipped {staging_path(final)}" in printed(), "no launcher: rank 0"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")  # the first process of the second node
+    assert printed() == ""
+    monkeypatch.setenv("RANK", "0")
+    assert f"skipped {staging_path(final)}" in printed()
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # the process group's rank comes first
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    assert printed() == ""
 
 
 def test_a_marker_that_does_not_match_the_files_makes_the_directory_incomplete(tmp_path):
@@ -383,6 +537,10 @@ def test_a_marker_that_does_not_match_the_files_makes_the_directory_incomplete(t
     assert "lists meta.pt with" in incomplete_reason(tmp_path / "ckpt")
     (tmp_path / "ckpt" / "meta.pt").unlink()
     assert incomplete_reason(tmp_path / "ckpt") == "its completion marker lists meta.pt, which is missing"
+    marker = tmp_path / "ckpt" / MARKER_FILENAME
+    for text in ('{"format": "mlloss.checkpointing/1"}', "[]", '{"files": 3}', "{"):  # no list of files
+        marker.write_text(text)
+        assert incomplete_reason(tmp_path / "ckpt").startswith(f"its completion marker {marker} is not readable ("), text
 
 
 def test_errors_name_the_path(tmp_path):
@@ -450,6 +608,63 @@ def test_resume_refuses_fewer_epochs_than_the_checkpoint_has(recipe, two_epochs)
                                                    "than --epochs 1 (the run's epochs in all, the checkpoint's "
                                                    "included): resume with --epochs 2 or more")):
         recipe.main([*RUN, "--epochs", "1", "--output-dir", str(two_epochs), "--resume", "last"])
+    resume.check_epochs(argparse.Namespace(epochs=2, resume="last"), last, 2)  # the same number: evaluates it
+
+
+def test_resume_last_names_the_newer_copy_it_resumes_from(tmp_path, capsys):
+    final = tmp_path / "last.ckpt"
+    _directory(final, 1)
+    args = argparse.Namespace(resume="last", checkpoint_dir=tmp_path, no_checkpoint=False)
+    assert resume.resume_path(args) == final and capsys.readouterr().out == ""
+    _directory(staging_path(final), 2)  # killed after its marker, before the swap
+    assert resume.resume_path(args) == staging_path(final)
+    assert capsys.readouterr().out == (f"--resume last: resuming from {staging_path(final)}, the newest complete "
+                                       f"checkpoint (a crash interrupted its move to {final})\n")
+
+
+def test_resume_refuses_a_checkpoint_of_another_kind_of_strategy(tmp_path):
+    path = tmp_path / "last.ckpt"
+    saved = {"sharding": "none", "strategy": "FSDPStrategy", "world_size": 1,
+             "options": {"--sharding": "none", "--strategy": "fsdp", "--devices": 1, "--num-nodes": 1}}
+    here = {**saved, "strategy": "SingleDeviceStrategy", "options": {**saved["options"], "--strategy": "auto"}}
+    args = argparse.Namespace(resume="last")
+    with pytest.raises(ValueError, match=re.escape("and --strategy differs: resume with --sharding none --strategy fsdp")):
+        resume.check_layout(args, path, saved, here)
+    resume.check_layout(args, path, {**saved, "strategy": "DDPStrategy"}, here)  # checkpoints of one kind
+
+
+def test_each_rank_restores_its_own_random_and_objective_states(monkeypatch):
+    """A checkpoint keeps every rank's states (rank_states); rank 1 must take rank 1's, not rank 0's."""
+    generators = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        generators.append(torch.get_rng_state())
+    counts = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
+    saved = {"torch_rng_state": generators[0],
+             "rank_states": [{"torch_rng_state": g, "objective": {"seen": c}} for g, c in zip(generators, counts)]}
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    resume.restore_rng_states(saved)
+    assert torch.equal(torch.get_rng_state(), generators[1])
+
+    objective = torch.nn.Module()
+    objective.register_buffer("seen", torch.zeros(2))
+    module, trainer = SimpleNamespace(objective=objective), SimpleNamespace(global_rank=1)
+    callback = resume.ObjectiveRankStates()
+    callback.on_load_checkpoint(trainer, module, {"ctr_cvr": saved})
+    callback.on_train_start(trainer, module)
+    assert torch.equal(objective.seen, counts[1])
+
+
+def test_a_run_without_sharding_removes_every_copy_of_an_earlier_sharded_checkpoint(tmp_path, capsys):
+    """Its complete staging copy would otherwise be what --resume last takes, over the run's own file."""
+    final = tmp_path / "last.ckpt"
+    for path, version in ((final, 1), (staging_path(final), 2), (retired_path(final), 0)):
+        _directory(path, version)
+    args = argparse.Namespace(checkpoint_dir=tmp_path, no_checkpoint=False, sharding="none")
+    resume.replace_other_kind_of_checkpoint(args, SimpleNamespace(is_global_zero=True))
+    assert latest_complete_checkpoint(tmp_path, report=pytest.fail) is None
+    assert f"removed {final}, the sharded checkpoint of an earlier run" in capsys.readouterr().out
 
 
 def test_a_checkpoint_that_predates_the_record_of_its_options_still_resumes(recipe, two_epochs, tmp_path):

@@ -112,6 +112,10 @@ def test_cross_device_widens_int16_labels_and_group_ids_and_names_ranks_with_oth
         assert "scores[39] = nan" in results["nan"]
         own = "positions 0 to 36" if rank == 0 else "positions 37 to 59"
         assert f"in rank order; this rank's items are {own})" in results["nan"], results["nan"]
+        # ranks that disagree on the batch's form raise by name instead of waiting in a gather of their own
+        assert results["mask"] == "cross_device=True: some ranks pass a mask and others pass mask=None"
+        assert results["groups"] == "cross_device=True: some ranks pass groups and others pass groups=None"
+        assert results["columns"] == "cross_device=True: ranks disagree on the number of label columns: [1, 2]"
 
 
 def test_cross_device_is_a_no_op_in_a_single_process():
@@ -121,6 +125,60 @@ def test_cross_device_is_a_no_op_in_a_single_process():
     torch.testing.assert_close(
         mlloss.LaALoss(cross_device=True)(scores, labels, groups), mlloss.LaALoss()(scores, labels, groups)
     )
+
+
+def test_cross_device_in_a_single_process_raises_the_batchs_own_error():
+    scores, labels, groups = torch.tensor([-1.0, 1.0]), torch.tensor([1.0]), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="labels have 1 rows but scores have 2 items"):
+        mlloss.AUCLoss(cross_device=True)(scores, labels, groups)
+
+
+def _rank_zero_of_three(monkeypatch, failures: dict) -> None:
+    """Rank 0 of 3 (the collectives mocked): ranks 1 and 2 join sum_shares' all-reduce through
+    share_failed with ``failures[rank]`` (a rank not in it computed its share), and rank 0's
+    all-reduce adds what they sent."""
+    from mlloss import distributed
+
+    rank, sent = [0], []
+    monkeypatch.setattr(distributed, "world_size", lambda: 3)
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda group=None: rank[0])
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda packed: sent.append(packed.clone()))
+    for other in (1, 2):
+        rank[0] = other
+        if other in failures:
+            distributed.share_failed(failures[other], 1, torch.device("cpu"))
+        else:
+            distributed.sum_shares(torch.tensor(0.25, dtype=torch.float64), torch.tensor([0.25], dtype=torch.float64))
+    rank[0] = 0
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda packed: packed.add_(sum(sent)))
+
+
+@pytest.mark.parametrize(("failures", "kind", "ranks"), [
+    ({1: OverflowError("not finite"), 2: RuntimeError("out of memory")}, OverflowError, "[1, 2]"),
+    ({1: KeyError("x"), 2: ValueError("bad")}, ValueError, "[1, 2]"),
+    ({2: RuntimeError("out of memory")}, RuntimeError, "[2]"),
+])
+def test_the_ranks_whose_share_succeeded_raise_the_kind_of_the_lowest_failure(monkeypatch, failures, kind, ranks):
+    # On 2 ranks the other rank only ever sees one failure: 3 ranks, the collectives mocked.
+    from mlloss import distributed
+
+    _rank_zero_of_three(monkeypatch, failures)
+    with pytest.raises(kind) as error:
+        distributed.sum_shares(torch.tensor(0.5, dtype=torch.float64), torch.tensor([0.5], dtype=torch.float64))
+    assert type(error.value) is kind
+    assert str(error.value).startswith(f"cross_device=True: rank(s) {ranks} failed to compute their share")
+
+
+def test_sum_shares_adds_the_ranks_shares_and_scales_the_gradient_by_the_world_size(monkeypatch):
+    from mlloss import distributed
+
+    _rank_zero_of_three(monkeypatch, {})
+    share = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    loss, problems = distributed.sum_shares(share * 2, torch.tensor([0.5], dtype=torch.float64))
+    assert float(loss.detach()) == 2 * 0.25 + 1.0 and problems.tolist() == [2 * 0.25 + 0.5]
+    assert not problems.requires_grad, "the problems' losses are reported, never differentiated"
+    loss.backward()
+    assert float(share.grad) == 3 * 2.0
 
 
 def test_bce_plus_pdaom_across_devices_equals_single_process(rank_results):
