@@ -215,11 +215,15 @@ def _pause_before_publishing(staging: Path) -> None:
     spec = os.environ.get(CHECKPOINT_PAUSE_ENV)
     if not spec:
         return
-    seconds, _, nth = spec.partition("@")
+    seconds, at, nth = spec.partition("@")
     try:
-        seconds_value, nth_value = float(seconds), int(nth) if nth else None
+        seconds_value, nth_value = float(seconds), int(nth) if at else None
+        if not seconds_value >= 0 or (nth_value is not None and nth_value < 1):
+            raise ValueError
     except ValueError:
-        raise ValueError(f"{CHECKPOINT_PAUSE_ENV} must be <seconds> or <seconds>@<n>; got {spec!r}") from None
+        # "5@" paused at every write and "5@0" at none, without a word
+        raise ValueError(f"{CHECKPOINT_PAUSE_ENV} must be <seconds> or <seconds>@<n> (seconds >= 0, writes counted "
+                         f"from n = 1); got {spec!r}") from None
     if nth_value is not None and nth_value != _writes_in_this_process:
         return
     print(f"{CHECKPOINT_PAUSE_ENV}: {staging} is written; pausing {seconds_value:g} s before making it visible "

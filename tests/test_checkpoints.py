@@ -215,6 +215,15 @@ def test_the_checkpoint_pause_counts_every_write_of_the_process_and_pauses_at_th
                        "making it visible (write 2 of this process)")]
 
 
+@pytest.mark.parametrize("spec", ["5@", "5@0", "5@-1", "-1", "x@2", "nan"])
+def test_a_checkpoint_pause_that_would_pause_at_every_write_or_at_none_is_refused(tmp_path, monkeypatch, spec):
+    monkeypatch.setenv(CHECKPOINT_PAUSE_ENV, spec)
+    with pytest.raises(ValueError, match=re.escape(f"{CHECKPOINT_PAUSE_ENV} must be <seconds> or <seconds>@<n> "
+                                                   f"(seconds >= 0, writes counted from n = 1); got {spec!r}")):
+        save_atomically({"version": 1}, tmp_path / "a.ckpt")
+    assert not (tmp_path / "a.ckpt").exists()
+
+
 def test_the_batch_pause_pauses_once_after_the_first_step_that_reaches_its_batch(monkeypatch, capsys):
     """MLLOSS_TEST_BATCH_PAUSE=<seconds>@<epoch>:<batch>; a step over batches 2 and 3 reports 3."""
     monkeypatch.setenv(BATCH_PAUSE_ENV, "0@1:2")
