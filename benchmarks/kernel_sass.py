@@ -248,8 +248,12 @@ def compile_sass(variant: Any) -> tuple[str, int, Spills]:
     source = triton.compiler.ASTSource(
         fn=variant.kernel, signature=_checked_signature(variant), constexprs=dict(variant.constexprs)
     )
+    try:  # the compile options every launch of the library pins (FP fusion), if this version has them
+        from mlloss.kernels._launch import COMPILE_OPTIONS
+    except ImportError:
+        COMPILE_OPTIONS = {}
     with _ptxas_log() as log:
-        options = {"num_warps": variant.num_warps}
+        options = {"num_warps": variant.num_warps, **COMPILE_OPTIONS}
         if getattr(variant, "maxnreg", None):  # the register cap the launch passes
             options["maxnreg"] = variant.maxnreg
         compiled = triton.compile(source, target=GPUTarget("cuda", ARCH, WARP_SIZE), options=options)

@@ -25,6 +25,12 @@ code generation (``TRITON_DEBUG``, ...) are read by the first launch of each key
 
 ``MLLOSS_TRITON_LAUNCH=triton`` in the environment (read at import) sends every launch through
 Triton's path: the way to rule this module out when a launch misbehaves.
+
+Every compilation, on either path, takes ``COMPILE_OPTIONS``: floating-point fusion (FMA) on.
+The kernels' instruction budgets count fused multiply-adds (``benchmarks/kernel_sass.py``: the
+ordinal logistic loop 11.1 instructions per pair with them, 14.3 without), and Triton 3.9 warns
+at every first compilation that 3.10 turns fusion off by default (``TRITON_DEFAULT_FP_FUSION``);
+``TRITON_FORCE_DISABLE_FP_FUSION=1`` still turns it off.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ from triton.runtime.driver import driver
 
 from ._common import INTERPRET
 
-__all__ = ["launcher"]
+__all__ = ["COMPILE_OPTIONS", "launcher"]
 
 _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+#: Compile options of every launch (see the module docstring); not in the launch key: constant.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 LAUNCH_ENV = "MLLOSS_TRITON_LAUNCH"
 #: Whether launches after a kernel's first take the compiled launcher ("direct", the default) or
 #: always Triton's path ("triton").
@@ -66,7 +74,7 @@ class Launcher:
     def launch(self, grid, *args, **kwargs) -> None:
         if (callable(grid) or self.kernel.pre_run_hooks or len(args) != self.num_runtime
                 or not kwargs.keys() <= self.keywords):
-            self.kernel[grid](*args, **kwargs)
+            self.kernel[grid](*args, **kwargs, **COMPILE_OPTIONS)
             return
         device = driver.active.get_current_device()
         key = (device, tuple(kwargs.items()), *[
@@ -77,7 +85,7 @@ class Launcher:
             for value in args])
         entry = self.compiled.get(key)
         if entry is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
-            compiled = self.kernel[grid](*args, **kwargs)
+            compiled = self.kernel[grid](*args, **kwargs, **COMPILE_OPTIONS)
             try:  # the constexprs in signature order: the key holds their values
                 self.compiled[key] = compiled, tuple([kwargs[name] for name in self.names[len(args):]])
             except KeyError:  # a constexpr left to its default: Triton's path every time
@@ -93,6 +101,17 @@ class Launcher:
 def _hooked(hook) -> bool:
     """Whether a launch hook is set: None, or an empty ``HookChain`` (Triton 3.5+), is none."""
     return hook is not None and bool(getattr(hook, "calls", True))
+
+
+class TritonPath:
+    """A kernel whose every launch takes Triton's path (``MLLOSS_TRITON_LAUNCH=triton``), with
+    ``COMPILE_OPTIONS``."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return functools.partial(self.kernel[grid], **COMPILE_OPTIONS)
 
 
 class Interpreted:
@@ -122,10 +141,11 @@ _LAUNCHERS: dict[int, Launcher | Interpreted] = {}
 
 def launcher(kernel):
     """The one ``Launcher`` of ``kernel`` (a module's ``@triton.jit`` function, which lives as long
-    as the process); with ``MLLOSS_TRITON_LAUNCH=triton``, the kernel itself; under the
-    interpreter, the kernel run without NumPy's warnings (``Interpreted``)."""
-    if not INTERPRET and not DIRECT:
-        return kernel
+    as the process); with ``MLLOSS_TRITON_LAUNCH=triton``, Triton's path every launch
+    (``TritonPath``); under the interpreter, the kernel run without NumPy's warnings
+    (``Interpreted``)."""
+    if not INTERPRET and not DIRECT:  # read at every call: benchmarks/check_launcher.py switches it
+        return TritonPath(kernel)
     found = _LAUNCHERS.get(id(kernel))
     if found is None:
         found = _LAUNCHERS[id(kernel)] = (Interpreted if INTERPRET else Launcher)(kernel)

@@ -44,7 +44,7 @@ with host_time.compiled_cuda_launches():
     seen = {}
     for args, kwargs in configs * 2:
         fast[(1,)](*args, **kwargs)
-        triton_kernel = _pattern_rank_kernel[(1,)](*args, **kwargs)  # Triton's own path
+        triton_kernel = _pattern_rank_kernel[(1,)](*args, **kwargs, **_launch.COMPILE_OPTIONS)  # Triton's own path
         keys = [key for key, (kernel, _) in fast.compiled.items() if kernel is triton_kernel]
         assert keys, "the launch's compiled kernel is not Triton's"
         for key in keys:
@@ -65,7 +65,7 @@ with host_time.compiled_cuda_launches():
         args = (grad, 0, 64, sums, sums, grad, sums, sums, sums, 64, problems, 1)
         kwargs = dict(MEAN=True, HAS_MIXING=False, CHECK=False, ACC=tl.float64, BLOCK=64, SUM_BLOCK=4, SEPARATE=False)
         combine[(1,)](*args, **kwargs)
-        triton_kernel = _combine_kernel[(1,)](*args, **kwargs)
+        triton_kernel = _combine_kernel[(1,)](*args, **kwargs, **_launch.COMPILE_OPTIONS)
         keys = [key for key, (kernel, _) in combine.compiled.items() if kernel is triton_kernel]
         assert keys, f"num_problems={problems}: the launch's compiled kernel is not Triton's"
         for key in keys:
@@ -109,16 +109,57 @@ def test_a_launch_reuses_a_compiled_kernel_only_where_triton_would():
 
 
 def test_the_environment_switch_sends_every_launch_through_triton():
-    """MLLOSS_TRITON_LAUNCH=triton: launcher() is the kernel itself, also for compiled kernels."""
+    """MLLOSS_TRITON_LAUNCH=triton: launcher() launches through the kernel itself, also for compiled
+    kernels, with the library's compile options."""
     script = ("import sys; sys.path.insert(0, sys.argv[1]); import host_time\n"
               "from mlloss.kernels import _launch\n"
               "from mlloss.kernels.levels import _pattern_rank_kernel\n"
-              "assert not _launch.DIRECT and _launch.launcher(_pattern_rank_kernel) is _pattern_rank_kernel\n"
+              "path = _launch.launcher(_pattern_rank_kernel)\n"
+              "assert not _launch.DIRECT and type(path) is _launch.TritonPath and path.kernel is _pattern_rank_kernel\n"
+              "assert path[(1,)].keywords == _launch.COMPILE_OPTIONS\n"
               "print('ok')")
     env = dict(os.environ, TRITON_INTERPRET="0", MLLOSS_TRITON_LAUNCH="triton")
     done = subprocess.run([sys.executable, "-c", script, str(BENCHMARKS)], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-2000:] + done.stderr[-2000:]
+
+
+FUSION_SCRIPT = r"""
+import sys, warnings
+sys.path.insert(0, sys.argv[1])
+import host_time  # sets TRITON_INTERPRET=0 before triton is imported
+import torch
+from mlloss.kernels import _launch
+from mlloss.kernels.levels import _pattern_rank_kernel
+
+labels = torch.zeros(64, 2, dtype=torch.int32)
+args = (labels, 2, 1, torch.zeros(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int32), 64)
+with host_time.compiled_cuda_launches(), warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for direct in (True, False):
+        _launch.DIRECT = direct
+        _launch.launcher(_pattern_rank_kernel)[(1,)](*args, K=2, BLOCK=1024, num_warps=2 if direct else 1)
+    fast = _launch.launcher.__globals__["_LAUNCHERS"][id(_pattern_rank_kernel)]
+    compiled = [kernel for kernel, _ in fast.compiled.values()]
+    compiled += list(_pattern_rank_kernel.device_caches[0][0].values())
+    assert compiled and all(kernel.metadata.enable_fp_fusion for kernel in compiled), compiled
+    assert not [str(w.message) for w in caught if "FP_FUSION" in str(w.message)], caught
+    unfused = _pattern_rank_kernel[(1,)](*args, K=2, BLOCK=1024, num_warps=4)  # Triton's default here
+    assert not unfused.metadata.enable_fp_fusion
+print("ok")
+"""
+
+
+def test_every_launch_compiles_with_fp_fusion_whatever_tritons_default():
+    """TRITON_DEFAULT_FP_FUSION=0, Triton 3.10's announced default: the library's launches, direct
+    and through Triton's path, still compile with fused multiply-adds (the kernels' instruction
+    budgets count them) and Triton does not warn; a launch of the kernel itself gets Triton's
+    default, no fusion."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
+    env.pop("MLLOSS_TRITON_LAUNCH", None)
+    done = subprocess.run([sys.executable, "-c", FUSION_SCRIPT, str(BENCHMARKS)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def test_under_the_interpreter_a_launch_goes_through_triton():
