@@ -159,7 +159,7 @@ def device_description() -> dict[str, Any]:
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gb": round(total_kb / MB, 1),
         "torch": torch.__version__,
-        "torch_threads": 2,
+        "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "loadavg_start": list(os.getloadavg()),
@@ -232,7 +232,8 @@ def source_provenance(repo_root: str) -> dict[str, Any]:
             out = subprocess.run(["git", "-C", repo_root, *args], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return out.stdout.strip() if out.returncode == 0 else None
+        # only the trailing newline: a porcelain line's first column is its staged state (" M": unstaged)
+        return out.stdout.rstrip("\n") if out.returncode == 0 else None
 
     status = git("status", "--porcelain", "--", "mlloss", "kernels")
     return {

@@ -87,8 +87,11 @@ def main() -> None:
     split, whole = ranks[0][True], ranks[0][False]
     grad_diff = max(float((r[True]["grad"] - r[False]["grad"]).abs().max() / r[False]["grad"].abs().max())
                     for r in ranks)
+    device = _measure.device_description()
+    device["torch_threads"] = 1  # in each rank: the workers set it (the parent's own count ran nothing)
     record = {
-        "device": _measure.device_description(),
+        "device": device,
+        **_measure.source_provenance(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         "load_average": open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else None,
         "config": vars(args) | {"output": None},
         "split_median_s": split["median_s"],

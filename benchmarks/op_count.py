@@ -56,7 +56,8 @@ HOST_DATA_OPS = {"lift_fresh", "lift_fresh_copy"}
 
 # Ops that allocate or mark the profiler and run no kernel (views are told apart by their schema).
 NO_KERNEL_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
-                 "_record_function_enter_new", "_record_function_exit"}
+                 "_record_function_enter_new", "_record_function_exit",
+                 "_unsafe_view"}  # a view by what it does, though its schema has no alias annotation
 
 
 class OpCounter(TorchDispatchMode):

@@ -859,3 +859,306 @@ def test_gpu_report_survives_a_failed_float64_reference_row(bench_gpu, cases):
              "peak_extra_mb": 28.0, "reference": True}]
     lines = "\n".join(gpu_report.acceptance_lines(rows, gpu=True))
     assert f"{case}: not measured (the float64 reference row failed: OutOfMemoryError: (made up))" in lines
+
+
+# --------------------------------------------------------------------------- #
+# Tests from a mutation audit of the measurement tools: made-up rows, runs    #
+# and clocks whose answers are known by construction                          #
+# --------------------------------------------------------------------------- #
+def _gpu_row(case, impl, n, ms, section=2, **extra):
+    return {"section": section, "case": case, "impl": impl, "n": n, "time_s": ms / 1e3, "time_min_s": ms / 2e3,
+            "pairs_per_s": 1e12, "peak_extra_mb": 10.0, "first_call_s": 0.5, "reference": True, **extra}
+
+
+def test_gpu_report_table_cells_are_the_rows_median_and_minimum_in_ms(bench_gpu):
+    import gpu_report
+
+    row = _gpu_row("c", "mlloss-triton", 1024, 0.8, time_min_s=0.6e-3, back_to_back_s=0.25e-3, peak_extra_mb=12.34,
+                   pairs_per_s=2.5e9)
+    header, _, cells = gpu_report.format_rows([row]).splitlines()
+    columns = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in cells.strip("|").split("|")]))
+    assert columns["N"] == "1,024"
+    assert (columns["median ms"], columns["min ms"], columns["back-to-back ms"]) == ("0.8", "0.6", "0.25")
+    assert (columns["peak extra MB"], columns["pairs/s"], columns["first call s"]) == ("12.3", "2.5e+09", "0.50")
+
+
+def test_gpu_report_judges_the_target_n_and_otherwise_the_largest_n_below_without_a_verdict(bench_gpu, cases):
+    import gpu_report
+
+    auc, big, small = cases.AUC_CASE, gpu_report.HEADLINE_MEMORY_N, cases.HEADLINE_SPEEDUP_N
+    below = [_gpu_row(auc, "mlloss-triton", n, 1.0, pairs_per_s=1e12, peak_extra_mb=60.0) for n in (small, big // 4, big // 2)]
+    lines = "\n".join(gpu_report.acceptance_lines(below, gpu=True))
+    # the largest N measured, flagged: no verdict
+    assert f"{auc}, Triton throughput at N={big // 2:,}: 1e+12 valid pairs/s; target >= 6e+11: no verdict: target N not measured" in lines
+    at_target = below + [_gpu_row(auc, "mlloss-triton", big, 1.0, pairs_per_s=1e12, peak_extra_mb=60.0)]
+    lines = "\n".join(gpu_report.acceptance_lines(at_target, gpu=True))
+    assert f"{auc}, Triton throughput at N={big:,}: 1e+12 valid pairs/s; target >= 6e+11: PASS" in lines
+    assert f"{auc}, Triton peak extra memory at N={big:,}: 60.0 MB; target <= 48 MB: FAIL" in lines
+    small_memory = [dict(row, peak_extra_mb=20.0) for row in at_target]
+    assert f"{auc}, Triton peak extra memory at N={big:,}: 20.0 MB; target <= 48 MB: PASS" in "\n".join(
+        gpu_report.acceptance_lines(small_memory, gpu=True))
+
+
+def test_gpu_report_times_the_grouped_cases_at_the_large_n(bench_gpu, cases):
+    import gpu_report
+
+    grouped = next(case for case in cases.gpu_cases(4, "quick") if case.get("dense_case"))
+    big, small = gpu_report.HEADLINE_MEMORY_N, cases.HEADLINE_SPEEDUP_N
+    rows = [_gpu_row(grouped["case"], "mlloss-triton", small, 0.1, dense_case=True),
+            _gpu_row(grouped["case"], "mlloss-triton", big, 2.0, dense_case=True)]
+    lines = "\n".join(gpu_report.acceptance_lines(rows, gpu=True))
+    assert f"{grouped['case']}, mlloss-triton forward + backward at N={big:,}: 2 ms; target <= 1 ms: FAIL" in lines
+
+
+def test_gpu_report_accuracy_verdict_is_the_values_difference(bench_gpu, cases):
+    import gpu_report
+
+    case, n = cases.accuracy_cases()[0]["case"], gpu_report.HEADLINE_MEMORY_N
+    rows = [_gpu_row(case, "mlloss-triton-f64", n, 10.0, section=6),
+            _gpu_row(case, "mlloss-triton", n, 1.0, section=6, reference=None, value_rel_diff=2e-6, grad_rel_diff=3e-4)]
+    lines = "\n".join(gpu_report.acceptance_lines(rows, gpu=True))
+    assert (f"{case}, float32 Triton loss vs float64 at N={n:,}: 2e-06 relative (gradient max 0.0003); "
+            "target <= 1e-05: PASS") in lines
+
+
+def test_gpu_report_sets_pdaoms_graph_beside_its_eager_call(bench_gpu, cases):
+    import gpu_report
+
+    pdaom, n = cases.PDAOM_CASE, 16384
+    rows = [_gpu_row(pdaom, "mlloss", n, 0.7), _gpu_row(pdaom, "mlloss-graph", n, 0.05)]
+    (line,) = [line for line in gpu_report.acceptance_lines(rows, gpu=True) if "in a CUDA graph" in line]
+    assert line == f"- {pdaom} at N={n:,} in a CUDA graph (no target, no host path): 0.05 ms, eager 0.7 ms"
+
+
+def test_gpu_report_names_the_fastest_tiles(bench_gpu, cases):
+    import gpu_report
+
+    case = cases.TILES_PREFIX + " made up"
+    rows = [_gpu_row(case, "mlloss-layout", 4096, 1.0), _gpu_row(case, "mlloss-triton@64x32x4", 4096, 0.5),
+            _gpu_row(case, "mlloss-triton@128x64x8", 4096, 2.0)]
+    (line,) = gpu_report._tile_lines(rows)
+    assert line == f"- {case} at N=4,096 (no target): fastest 64x32x4 0.5 ms; library's 1 ms (3 rows)"
+
+
+def test_merge_keeps_the_later_files_row(bench_gpu, cases, tmp_path):
+    row = _gpu_row(cases.LAA_CASE, "mlloss-triton", 1024, 1.0)
+    base = {"device": {"device": "cuda", "gpu_name": "NVIDIA H100", "torch": "2.11", "date_utc": "today",
+                       "cpu_model": "x"}, "command": "c"}
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(dict(base, results=[row])))
+    second.write_text(json.dumps(dict(base, results=[dict(row, time_s=0.5e-3)])))
+    bench_gpu.main(["--merge", str(first), str(second), "--output", str(tmp_path / "m.json")])
+    (merged,) = json.loads((tmp_path / "m.json").read_text())["results"]
+    assert merged["time_s"] == 0.5e-3
+
+
+def test_gpu_report_records_the_threads_torch_ran_with(bench_gpu, monkeypatch):
+    import gpu_report
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    assert gpu_report.describe_device("cpu")["torch_threads"] == 7
+
+
+def test_host_speed_is_the_fastest_rounds_microseconds_per_operation(bench_gpu, monkeypatch):
+    # a clock that says each round of python calls (100,000) took 0.3, 0.2, 0.4, 0.25, 0.5 s, and each
+    # of eager ops (2,000) 8, 6, 9, 7, 6.5 ms: 2 us a call and 3 us an op, the fastest rounds'
+    import _measure
+
+    ticks = iter(sum(([0.0, s] for s in (0.3, 0.2, 0.4, 0.25, 0.5, 8e-3, 6e-3, 9e-3, 7e-3, 6.5e-3)), []))
+    monkeypatch.setattr(_measure.time, "perf_counter", lambda: next(ticks))
+    assert _measure.host_speed("cpu") == {"python_call_us": 2.0, "cpu_op_us": 3.0}
+
+
+def test_measure_step_times_the_fastest_run_and_runs_the_repeats_after_the_first(bench_gpu, monkeypatch):
+    import _measure
+
+    durations = iter([3.0, 1.0, 2.0, 5.0])  # the first (memory) run, then 3 repeats
+    clock = [0.0]
+    monkeypatch.setattr(_measure.time, "perf_counter", lambda: clock[0])
+
+    def step():
+        clock[0] += next(durations)
+        return "result"
+
+    measured = _measure.measure_step(step, lambda: None, repeats=3, long_run_s=100.0)
+    assert measured["times_s"] == [3.0, 1.0, 2.0, 5.0] and measured["time_s"] == 1.0
+    assert measured["result"] == "result"
+
+
+def test_source_provenance_names_the_commit_the_dirty_files_and_hashes_both_source_folders(bench_gpu, tmp_path):
+    import subprocess
+
+    import _measure
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    for folder in ("mlloss", "kernels"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "two")
+    head = git("rev-parse", "HEAD")
+    clean = _measure.source_provenance(str(tmp_path))
+    assert clean["git_commit"] == head and clean["library_dirty_files"] == []
+    (tmp_path / "kernels" / "a.py").write_text("x = 2\n")
+    edited = _measure.source_provenance(str(tmp_path))
+    assert edited["git_commit"] == head
+    # porcelain's two status columns kept: " M" unstaged (a strip of the whole output made the first
+    # line read "M ", staged), "M " staged
+    assert edited["library_dirty_files"] == [" M kernels/a.py"]
+    git("add", "kernels/a.py")
+    (tmp_path / "mlloss" / "a.py").write_text("x = 3\n")
+    assert _measure.source_provenance(str(tmp_path))["library_dirty_files"] == ["M  kernels/a.py", " M mlloss/a.py"]
+    assert edited["library_sha256"] != clean["library_sha256"]
+
+
+def test_device_description_records_the_threads_torch_runs_with():
+    """It recorded 2 whatever torch ran with (bench_cross_device's ranks ran 1 thread each)."""
+    import torch
+
+    import _measure
+
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            assert _measure.device_description()["torch_threads"] == n
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_group_pair_elements_is_the_brute_force_count_of_same_group_pairs(cases):
+    import torch
+
+    groups = torch.tensor([5, 5, 9, 5, 2, 9, 7])
+    assert cases.group_pair_elements(groups, 7) == float((groups[:, None] == groups[None, :]).sum())
+    assert cases.group_pair_elements(None, 7) == 49.0
+
+
+def _host_time_module(monkeypatch):
+    """benchmarks/host_time.py in this process (it refuses TRITON_INTERPRET=1 at import, and sets 0)."""
+    import importlib.util
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("host_time_under_test", BENCHMARKS / "host_time.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # (its dataclass looks its module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_time_blocks_give_the_smallest_block_median_of_each_kind(monkeypatch):
+    import contextlib
+
+    host_time = _host_time_module(monkeypatch)
+    removed = [False]
+
+    @contextlib.contextmanager
+    def launches_removed():
+        removed[0] = True
+        yield
+        removed[0] = False
+
+    # each block of 3 calls takes 1, 9, 5 ticks (median 5) + the block's index; without launches
+    # half as long: the smallest block medians are 5 us and 2.5 us; the min of a block is 1 or 0.5
+    clock, calls = [0.0], [0]
+
+    def call():
+        block, within = divmod(calls[0], 3)
+        calls[0] += 1
+        ticks = (1, 9, 5)[within] + block // 2
+        clock[0] += 1e-6 * (ticks / 2 if removed[0] else ticks)
+
+    monkeypatch.setattr(host_time, "launches_removed", launches_removed)
+    monkeypatch.setattr(host_time.time, "thread_time", lambda: clock[0])
+    with_launches, without = host_time._alternating_us(call, calls=12, blocks=4)
+    assert with_launches == pytest.approx(5.0) and without == pytest.approx(2.5)
+
+
+def test_host_time_compare_divides_the_later_fastest_by_the_earlier_fastest(monkeypatch, tmp_path):
+    host_time = _host_time_module(monkeypatch)
+
+    def run(path, commit, *times):
+        rows = [{"loss": "AUCLoss", "grouped": False, "layout": False, "num_items": 1024, "replay": False,
+                 "launches": 2, "host_us": t, "without_launches_us": t / 2} for t in times]
+        path.write_text(json.dumps({"git_commit": commit, "mlloss_root": "/x", "library_dirty_files": [], "rows": rows}))
+        return str(path)
+
+    before = [run(tmp_path / "b1.json", "a" * 40, 300.0, 200.0), run(tmp_path / "b2.json", "a" * 40, 250.0)]
+    after = [run(tmp_path / "a1.json", "b" * 40, 120.0), run(tmp_path / "a2.json", "b" * 40, 100.0, 180.0)]
+    host_time.compare(before, after, str(tmp_path / "ab.json"))
+    result = json.loads((tmp_path / "ab.json").read_text())
+    (row,) = result["rows"]
+    assert (row["before_us"], row["after_us"]) == (200.0, 100.0)
+    assert "after / before 0.50-0.50" in result["summary"] and "aaaaaaaaaa (before)" in result["summary"]
+    assert "| AUCLoss | False | dense | 2 | 200 | 100 | 0.50 |" in (tmp_path / "ab.md").read_text()
+
+
+def test_host_time_keeps_each_rows_fastest_round(monkeypatch, tmp_path):
+    host_time = _host_time_module(monkeypatch)
+    rounds = iter([300.0, 100.0, 200.0])
+
+    def made_up(name, *, grouped, layout, calls, replay=False):
+        return host_time.HostTime(name, grouped, layout, 1024, replay, 2, next(rounds), 50.0)
+
+    monkeypatch.setattr(host_time, "host_time", made_up)
+    monkeypatch.setattr(host_time, "cases", lambda match, replay=False: [("AUCLoss", False, False, False)])
+    monkeypatch.setattr(host_time.torch, "set_num_threads", lambda n: None)
+    host_time.main(["--rounds", "3", "--output", str(tmp_path / "t.json")])
+    (row,) = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert row["host_us"] == 100.0
+
+
+def _bench_recipe():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_recipe", BENCHMARKS / "bench_recipe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_recipe_benchmark_split_adds_up_to_the_step_and_impressions_per_s_to_the_window():
+    """One profiled run: its parts (other: the rest) add up to its step time, and impressions per
+    second are the window's impressions over its steps' time (step_ms * steps)."""
+    import argparse
+
+    bench = _bench_recipe()
+    import ctr_cvr
+
+    data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(["--num-users", "300"]))
+    args = argparse.Namespace(device="cpu", compile=None, steps_per_call=2, warmup=2, steps=6, fixed_batches=False)
+    row = bench.train(args, "bce", 256, data, profile=True)
+    assert row["steps"] == 6 and 0 < row["impressions"] <= 6 * 256 * 2
+    assert sum(row["split_ms"].values()) == pytest.approx(row["step_ms"], rel=1e-9)
+    assert row["impressions_per_s"] == pytest.approx(row["impressions"] / (row["step_ms"] * row["steps"] / 1e3), rel=1e-9)
+
+
+def test_recipe_step_ops_count_kernels_not_views():
+    """step_ops' kernel ops: the same step with views added runs the same kernels."""
+    import torch
+
+    bench = _bench_recipe()
+
+    class Step(torch.nn.Module):
+        def __init__(self, views: bool):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4))
+            self.views = views
+            self.register_buffer("train_loss_sum", torch.zeros(()))
+
+        def batch_loss(self, batch):
+            w = self.w.view(2, 2).view(-1).unsqueeze(0).squeeze(0) if self.views else self.w
+            return (w * batch).sum()
+
+    counts = []
+    for views in (False, True):
+        module = Step(views)
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+        counts.append(bench.step_ops(module, optimizer, torch.arange(4.0)))
+    assert counts[0] == counts[1] and counts[0]["kernel_ops"] > 0 and counts[0]["syncing_ops"] == 0

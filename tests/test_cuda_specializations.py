@@ -195,3 +195,23 @@ def test_batches_of_other_sizes_and_offsets_reuse_each_kernels_compiled_speciali
             loss(scores, labels, data_groups[start:start + n], mask=mask).backward()
     assert specializations, "no kernel launched"
     assert {name: len(keys) for name, keys in specializations.items()} == dict.fromkeys(specializations, 1)
+
+
+def test_the_report_counts_compiled_and_failed_specializations(tool, monkeypatch, tmp_path):
+    # made-up recordings (three launches of two specializations in two cases) and compile results
+    # (one fails): the JSON's counts and the exit status follow from them
+    import json
+
+    launch = {"module": "m", "kernel": "k", "signature": {"x": "*fp32"}, "constexprs": {}, "num_warps": 4}
+    recorded = {"a": [launch, launch], "b": [dict(launch, num_warps=8)]}
+    monkeypatch.setattr(tool, "_record_in_child", lambda match: recorded)
+
+    def compile_all(specs, jobs):
+        return [dict(spec, ok=True, registers=40, spill_store_bytes=0, spill_load_bytes=0) if spec["num_warps"] == 4
+                else dict(spec, ok=False, error="made up") for spec in specs]
+
+    monkeypatch.setattr(tool, "compile_all", compile_all)
+    assert tool.main(["--output", str(tmp_path / "s.json")]) == 1
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["cases"] == {"a": 2, "b": 1}
+    assert (report["compiled"], report["failed"], len(report["specializations"])) == (1, 1, 2)

@@ -205,3 +205,84 @@ def test_one_call_allocates_at_most_its_bytes_per_item(loss: str, grouped: bool)
         # and PDAOM's cell extremes from a scan, no sort of the scores (LaA's first call sorts its
         # few pattern levels, tens of bytes, into its cached tables)
         assert in_sorts < 1024
+
+
+# --------------------------------------------------------------------------- #
+# Tests from a mutation audit of the measurement tools                        #
+# --------------------------------------------------------------------------- #
+def test_the_counter_knows_each_kind_of_syncing_op_and_what_runs_no_kernel() -> None:
+    # one op at a time, each answer known from what the op needs on CUDA: data-dependent output
+    # shapes wait for the device; views and bare allocations run no kernel
+    x = torch.arange(6.0)
+    mask = x > 2
+    cases = [
+        (lambda: torch.nonzero(x), "nonzero", True),
+        (lambda: torch.masked_select(x, mask), "masked_select", True),
+        (lambda: x[mask], "index", True),  # boolean-mask indexing
+        (lambda: x[torch.tensor([0, 2])], "index", False),  # integer indices: shape known
+        (lambda: torch.repeat_interleave(x, torch.full((6,), 2)), "repeat_interleave", True),
+        (lambda: torch.repeat_interleave(x, torch.full((6,), 2), output_size=12), "repeat_interleave", False),
+        (lambda: torch.unique(x), "_unique2", True),
+        (lambda: torch.bincount(torch.tensor([0, 1, 1])), "bincount", True),
+        (lambda: x.to(torch.float64), "_to_copy", False),  # CPU to CPU: stands for device to device
+        (lambda: x.sum().item(), "_local_scalar_dense", True),
+    ]
+    for run, name, syncing in cases:
+        counter = host_path.OpCounter()
+        with counter:
+            run()
+        assert name in counter.ops, (name, counter.ops)
+        assert (name in counter.syncs) == syncing, (name, counter.ops, counter.syncs)
+    batched, weight, matrix = torch.ones(2, 3, 4), torch.ones(4, 5), torch.ones(2, 3)
+    counter = host_path.OpCounter()
+    with counter:
+        x.view(2, 3).t()[1:2].unsqueeze(0)
+        torch.empty(3)
+        x + 1
+        batched @ weight  # mm, then _unsafe_view (a view without an alias annotation)
+        matrix.t().reshape(-1)  # one copy: clone, then _unsafe_view
+    assert "_unsafe_view" in counter.ops
+    assert counter.kernels == ["add", "mm", "clone"], (counter.ops, counter.kernels)
+    assert len(counter.ops) > 2 and counter.syncs == []
+
+
+def test_a_calls_count_is_its_forward_and_its_backward() -> None:
+    # count_call counts one forward + backward after a warm-up call: the same ops as a forward and
+    # a backward counted apart (with two counters) after the same warm-up
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("counts the interpreter's calls: needs TRITON_INTERPRET=1 before triton is imported")
+    for name in ("AUCLoss", "LaALoss"):
+        scores, labels, groups = host_path.batch()
+        scores, labels = host_path.loss_scores(name, scores), host_path.loss_labels(name, labels)
+        loss = host_path.BUILDERS[name](False)
+        with host_path.kernels_uncounted():
+            loss(scores.clone().requires_grad_(True), labels, groups).backward()
+            forward, backward = host_path.OpCounter(), host_path.OpCounter()
+            x = scores.clone().requires_grad_(True)
+            with forward:
+                value = loss(x, labels, groups)
+            with backward:
+                value.backward()
+        assert len(backward.ops) > 0
+        counted = host_path.count_call(name, grouped=True, validate=False)
+        assert counted.op_names == dict(collections.Counter(forward.ops + backward.ops)), name
+        assert counted.ops == len(forward.ops) + len(backward.ops)
+
+
+def test_the_peak_in_a_sort_is_what_is_live_before_it_plus_its_outputs(monkeypatch) -> None:
+    # a made-up "loss" whose bytes are known: it keeps a 4 KiB buffer, then sorts 1,024 int64 keys
+    # (allocated before the sort) into 1,024 values and 1,024 int64 indices
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("skips the interpreter's launches: needs TRITON_INTERPRET=1 before triton is imported")
+
+    class Sorting(torch.nn.Module):
+        def forward(self, scores, labels, groups):
+            kept = torch.zeros(1024, dtype=torch.float32)  # 4,096 bytes, live through the sort
+            keys = torch.arange(1024, 0, -1)  # 8,192 bytes, live through the sort
+            values, order = torch.sort(keys)  # 8,192 + 8,192 bytes made by the sort
+            return (scores * (kept[0] + values[0].float() + order[0].float())).sum()
+
+    monkeypatch.setitem(host_path.BUILDERS, "made-up sort", lambda validate: Sorting())
+    peak, in_sorts = host_path.peak_memory("made-up sort", grouped=False, num_items=64)
+    assert in_sorts == 4096 + 8192 + 2 * 8192
+    assert peak >= in_sorts

@@ -10,6 +10,7 @@ ordinal variants. About 30 s on 2 idle cores.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -279,3 +280,77 @@ def test_library_logistic_kernel_budget(library_logistic):
             assert ("MUFU.LG2" in loop["opcodes"]) == loop["label"].startswith("upper"), (name, loop["label"])
             assert (per_pair == 1) if "fallback" in loop["label"] else (per_pair <= 0.125), (name, loop["label"])
         assert variant["spills"]["store_bytes"] == 0 and variant["spills"]["load_bytes"] == 0
+
+
+# --------------------------------------------------------------------------- #
+# Tests from a mutation audit of the measurement tools                        #
+# --------------------------------------------------------------------------- #
+def test_ptxas_log_gives_registers_and_each_spill_field_its_own_number():
+    # ptxas -v's lines for one kernel (the layout Triton prints), every number distinct
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+           "ptxas info    : Function properties for k\n"
+           "    24 bytes stack frame, 16 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers, 24 bytes cumulative stack size\n")
+    registers, spills = kernel_sass._parse_ptxas_log(log, "k")
+    assert registers == 168
+    assert spills == kernel_sass.Spills(store_bytes=16, load_bytes=12, stack_bytes=24)
+    with pytest.raises(RuntimeError, match="no register / spill line"):
+        kernel_sass._parse_ptxas_log("ptxas info    : Used 8 registers\n", "k")
+
+
+def test_a_per_program_loop_is_reported_and_left_out_of_the_totals(monkeypatch):
+    spills = kernel_sass.Spills(store_bytes=0, load_bytes=0, stack_bytes=0)
+    monkeypatch.setattr(kernel_sass, "compile_sass", lambda variant: (LISTING, 42, spills))
+    report = kernel_sass.analyse(_listing_variant(("upper full", "run ends (per program)")))
+    pair_loop, per_program = report.loops
+    assert per_program.label == "run ends (per program)" and per_program.instructions == 4
+    assert report.totals["full"] == report.totals["all"] == pair_loop.per_pair
+    assert report.totals["masked"] is None
+
+
+def test_uniform_branches_close_loops_too():
+    # BRA.U (a uniform branch: every thread of the warp takes it) closes a loop as BRA does
+    listing = _listing([
+        (0x00, "S2R R0, SR_TID.X"),
+        (0x10, "MUFU.EX2 R2, R0"),
+        (0x20, "FADD R1, R1, R2"),
+        (0x30, "@!UP0 BRA.U 0x10"),
+        (0x40, "EXIT"),
+        (0x50, "BRA 0x50"),
+    ])
+    (loop,) = kernel_sass.innermost_loops(listing)
+    assert (loop.start, loop.end) == (0x10, 0x30)
+    assert kernel_sass.loop_report("loop", loop, 1.0).mufu == 1
+
+
+def test_branches_to_the_back_edge_skip_and_branches_above_the_head_leave():
+    # an `if` that jumps to the latch skips code (a forward branch inside the body); a branch to an
+    # address before the loop's head leaves the loop (an exit)
+    listing = _listing([
+        (0x00, "S2R R0, SR_TID.X"),
+        (0x10, "MUFU.EX2 R2, R0"),
+        (0x20, "@P0 BRA 0x50"),  # to the back edge: skips 0x30-0x40
+        (0x30, "FADD R1, R1, R2"),
+        (0x40, "@P1 BRA 0x00"),  # above the head: leaves the loop
+        (0x50, "@P2 BRA 0x10"),  # back edge
+        (0x60, "EXIT"),
+        (0x70, "BRA 0x70"),
+    ])
+    loops = kernel_sass.innermost_loops(listing)
+    loop = next(loop for loop in loops if loop.start == 0x10)
+    assert loop.end == 0x50
+    report = kernel_sass.loop_report("loop", loop, 1.0)
+    assert (report.forward_branches, report.exits) == (1, 1)
+
+
+def test_the_printed_line_gives_each_kind_of_loops_per_pair_numbers(monkeypatch):
+    # LISTING's loops at 2 pairs an iteration: the inner loop 6 instructions (1 MUFU, 1 SHFL), the
+    # second 4 (1 MUFU, no SHFL), so 3.0 / 0.5 / 0.5 and 2.0 / 0.5 / 0.0 per pair
+    spills = kernel_sass.Spills(store_bytes=4, load_bytes=8, stack_bytes=16)
+    monkeypatch.setattr(kernel_sass, "compile_sass", lambda variant: (LISTING, 42, spills))
+    report = kernel_sass.analyse(_listing_variant(("upper full", "lower masked")))
+    head, first, second = kernel_sass.format_report(dataclasses.asdict(report))
+    assert head == ("listing: full: 3.0 instr, 0.5 MUFU, 0.5 SHFL per pair | masked: 2.0 instr, 0.5 MUFU, "
+                    "0.0 SHFL per pair | 42 regs, spills 4 B st / 8 B ld, stack 16 B")
+    assert "6 instr (1 skip, 1 exit branches): 3.0 instr/pair, MUFU 1 (0.50/pair), SHFL 1 (0.50/pair), BAR 0" in first
+    assert "4 instr (0 skip, 0 exit branches): 2.0 instr/pair, MUFU 1 (0.50/pair), SHFL 0 (0.00/pair), BAR 1" in second
