@@ -13,6 +13,8 @@ from types import ModuleType
 import pytest
 import torch
 
+import mlloss
+from mlloss.data import GroupBatchSampler, SyntheticConfig, generate_impressions, split_by_time
 from mlloss.metrics import multilabel_auc
 from recipe_util import load_recipe
 
@@ -173,6 +175,77 @@ def test_a_seeds_model_does_not_depend_on_the_other_seeds(dictatorship, tmp_path
     assert other_rho["trained"][0]["rho"] != alone["trained"][0]["rho"]
 
 
+def test_trained_rows_draw_label_2_at_their_pi2_and_report_its_loa_weight_ratio(dictatorship, dictatorship_results):
+    """A trained row's rho gives label 2 the prior pi_2 on the seeds' training data (it was found on the
+    reference sample for that pi_2), and ``loa_effective_weight_ratio`` is LoA's weight of label 2 over
+    label 1 on that data, alpha_2 / alpha_1 = pi_1 (1 - pi_1) / (pi_2 (1 - pi_2))."""
+    results, _ = dictatorship_results
+    config = results["config"]
+    for row in results["trained"]:
+        _, labels, _, _ = dictatorship.make_datasets(config["seeds"], config["train_tau"], row["rho"],
+                                                     config["train_size"], config["test_size"])
+        rates = labels.reshape(-1, 2).double().mean(0)
+        assert float(rates[1]) == pytest.approx(row["pi2"], abs=0.03)
+        spread = rates * (1 - rates)
+        assert row["loa_effective_weight_ratio"] == pytest.approx(float(spread[0] / spread[1]), rel=1e-5)
+
+
+def test_trained_summaries_are_the_mean_and_sample_std_over_seeds(dictatorship_results):
+    """A trained row's ``mean +/- std`` is the mean and the sample standard deviation (n - 1) of its seeds'."""
+    import statistics
+
+    for row in dictatorship_results[0]["trained"]:
+        for metric in ("auc1", "auc2", "diff", "min"):
+            values = [seed[metric] for seed in row["per_seed"]]
+            assert row[metric]["mean"] == pytest.approx(statistics.fmean(values), abs=1e-12)
+            assert row[metric]["std"] == pytest.approx(statistics.stdev(values), abs=1e-12)
+
+def test_single_label_auc_objectives_favour_their_own_label(dictatorship, tmp_path):
+    """Table 6's first rows: AUC(y1) trains on label 1 and AUC(y2) on label 2, so each ranks its own
+    label far better than the other (w1 and w2 are 45 degrees apart). 300 steps: --quick's 10 train
+    next to nothing."""
+    results = dictatorship.main(["--quick", "--study", "trained", "--train-priors", "0.7", "--objectives", "auc-y1",
+                                 "auc-y2", "--seeds", "0", "--epochs", "30", "--batch-size", "100", "--output-dir", str(tmp_path)])
+    rows = {row["objective"]: row for row in results["trained"]}
+    assert rows["auc-y1"]["auc1"]["mean"] > rows["auc-y1"]["auc2"]["mean"] + 0.1
+    assert rows["auc-y2"]["auc2"]["mean"] > rows["auc-y2"]["auc1"]["mean"] + 0.1
+
+
+def test_batched_mlp_is_one_relu_mlp_per_generator(dictatorship):
+    """Model m of ``BatchedMLP`` is the MLP 2 -> hidden -> hidden -> 1 with ReLU between the layers
+    (App. G.3), here rebuilt from its weights as ``nn.Linear`` layers."""
+    batched = dictatorship.BatchedMLP(8, [torch.Generator().manual_seed(seed) for seed in (4, 9)])
+    x = torch.randn(2, 50, 2, generator=torch.Generator().manual_seed(0))
+    assert [tuple(w.shape[1:]) for w in batched.weights] == [(2, 8), (8, 8), (8, 1)]
+    with torch.no_grad():
+        scores = batched(x)
+        for m in range(2):
+            layers: list[torch.nn.Module] = []
+            for weight, bias in zip(batched.weights, batched.biases):
+                linear = torch.nn.Linear(weight.shape[1], weight.shape[2])
+                linear.weight.copy_(weight[m].T)
+                linear.bias.copy_(bias[m, 0])
+                layers += [linear, torch.nn.ReLU()]
+            torch.testing.assert_close(scores[m], torch.nn.Sequential(*layers[:-1])(x[m]).squeeze(-1))
+
+
+def test_trained_seeds_take_epochs_passes_of_batch_size_batches(dictatorship, monkeypatch):
+    """``--epochs`` passes over the training points, each in batches of ``--batch-size`` (the last one
+    shorter), one loss call per batch."""
+    batch_sizes = []
+
+    class Counting(dictatorship.SideBySideLoss):
+        def __call__(self, scores, labels):
+            batch_sizes.append(scores.shape[1])
+            return super().__call__(scores, labels)
+
+    monkeypatch.setattr(dictatorship, "SideBySideLoss", Counting)
+    args = dictatorship.parse_args(["--quick", "--epochs", "3", "--batch-size", "300", "--hidden", "4"])
+    x, y, _, _ = dictatorship.make_datasets([0, 1], 20.0, 0.0, 700, 10)
+    dictatorship.train_seeds("loa", x, y, [0, 1], args)
+    assert batch_sizes == [300, 300, 100] * 3
+
+
 # --------------------------------------------------------------------------- banking
 
 
@@ -258,6 +331,86 @@ def test_bank_refuses_features_that_are_not_finite(bank, tmp_path, column, value
         bank.load_bank(path)
 
 
+def _bank_like(rows: int = 3000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (rows, 7) on the scales of bank-full.csv's columns and labels (housing, loan) that each
+    follow one feature: housing feature 0 (about half positive), loan feature 1 (about a fifth)."""
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(rows, 7, generator=generator, dtype=torch.float64) * torch.arange(1.0, 8.0) * 10 + 40
+    noise = torch.randn(rows, 2, generator=generator, dtype=torch.float64)
+    housing = (features[:, 0] - 40) / 10 + noise[:, 0] > 0
+    loan = (features[:, 1] - 40) / 20 + noise[:, 1] > 1.2
+    return features, torch.stack([housing, loan], 1).float()
+
+
+def test_bank_trials_standardise_with_their_own_training_rows(bank):
+    """Each trial's features are standardised with the mean and std of its training rows alone (the
+    test rows are not looked at), and each trial keeps round(rows * rate) positive mortgages."""
+    features, labels = _bank_like()
+    args = bank.parse_args(["--quick", "--rows", "500", "--trials", "2"])
+    x, y, x_test, y_test = bank.make_trials(features, labels, 0.3, args)
+    assert x.shape == (2, 400, 7) and x_test.shape == (2, 100, 7)
+    torch.testing.assert_close(x.double().mean(1), torch.zeros(2, 7, dtype=torch.float64), rtol=0, atol=1e-5)
+    torch.testing.assert_close(x.double().std(1), torch.ones(2, 7, dtype=torch.float64), rtol=0, atol=1e-5)
+    assert [int(y[t, :, 0].sum() + y_test[t, :, 0].sum()) for t in range(2)] == [150, 150]
+
+
+def test_bank_cell_reports_the_test_aucs_of_each_trials_weights(bank, monkeypatch):
+    """run_cell's per-trial AUCs are those of trial t's weights on trial t's test rows, against the
+    mortgage and the loan label, and its loan rate is that of the training rows."""
+    features, labels = _bank_like()
+    args = bank.parse_args(["--quick", "--rows", "600", "--trials", "3"])
+    data = bank.make_trials(features, labels, 0.5, args)
+    weights = torch.randn(3, 7, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(bank, "train_linear", lambda name, x, y, args: weights)
+    row = bank.run_cell("laa", data, 0.5, args)
+    _, y, x_test, y_test = data
+    for t, trial in enumerate(row["per_trial"]):
+        scores = x_test[t] @ weights[t]
+        for k, label in enumerate(("mortgage", "loan")):
+            positive, negative = scores[y_test[t, :, k] == 1], scores[y_test[t, :, k] == 0]
+            difference = positive[:, None] - negative[None, :]
+            expected = float((difference > 0).double().mean() + 0.5 * (difference == 0).double().mean())
+            assert trial[label] == pytest.approx(expected, abs=1e-6)
+    loan = torch.cat([y[t, :, 1] for t in range(3)])
+    assert row["train_loan_rate"] == pytest.approx(float(loan.sum() / len(loan)))
+
+
+def test_bank_single_label_objectives_train_on_their_own_label(bank):
+    """AUC(mortgage) trains on housing and AUC(loan) on loan: each ranks its own label the better."""
+    features, labels = _bank_like()
+    args = bank.parse_args(["--quick", "--rows", "1500", "--trials", "2", "--epochs", "3", "--batch-size", "128"])
+    data = bank.make_trials(features, labels, 0.5, args)
+    for name, own, other in (("auc-mortgage", "mortgage", "loan"), ("auc-loan", "loan", "mortgage")):
+        for trial in bank.run_cell(name, data, 0.5, args)["per_trial"]:
+            assert trial[own] > trial[other] + 0.1, (name, trial)
+
+
+def test_bank_trials_start_from_their_own_initialisation(bank):
+    """Trial t's initialisation and batch order come from its own generator: two trials given the
+    same rows still train different weights."""
+    features, labels = _bank_like()
+    args = bank.parse_args(["--quick", "--rows", "500", "--trials", "1", "--epochs", "1"])
+    x, y, _, _ = bank.make_trials(features, labels, 0.5, args)
+    weights = bank.train_linear("loa", x.expand(2, -1, -1), y.expand(2, -1, -1), args)
+    assert not torch.equal(weights[0], weights[1])
+
+
+def test_bank_sweep_runs_sweep_trials_per_rate(bank, tmp_path):
+    """``--sweep-trials`` sets the trials of the sweep's cells, ``--trials`` those of Table 3 (on a
+    bank-full.csv-like file of synthetic rows)."""
+    features, labels = _bank_like(rows=600)
+    path = tmp_path / "bank.csv"
+    header = ";".join(f'"{c}"' for c in (*bank.NUMERIC_FEATURES, *bank.LABELS))
+    lines = [";".join(f"{v:.0f}" for v in row.tolist()) + ";" + ";".join('"yes"' if v else '"no"' for v in label.tolist())
+             for row, label in zip(features, labels)]
+    path.write_text("\n".join([header, *lines]) + "\n")
+    results = bank.main(["--quick", "--data", str(path), "--rows", "200", "--trials", "3", "--sweep-trials", "2",
+                         "--sweep-rates", "0.3", "0.5", "--objectives", "laa", "--sweep-objectives", "loa",
+                         "--epochs", "1", "--output-dir", str(tmp_path / "out")])
+    assert [(row["objective"], row["trials"], len(row["per_trial"])) for row in results["table3"]] == [("laa", 3, 3)]
+    assert [(row["rate"], row["trials"], len(row["per_trial"])) for row in results["sweep"]] == [(0.3, 2, 2), (0.5, 2, 2)]
+
+
 # --------------------------------------------------------------------------- PDAOM
 
 
@@ -324,3 +477,87 @@ def test_paper_recipe_options_are_checked_before_any_work(recipe, argv, message,
 def test_the_sweeps_switch_reads_as_it_works(pdaom, bank):
     assert pdaom.parse_args([]).sweeps and not pdaom.parse_args(["--no-sweeps"]).sweeps
     assert bank.parse_args([]).sweep and not bank.parse_args(["--no-sweep"]).sweep
+
+
+def _pairwise_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """AUC by counting the positive-negative pairs (ties 1/2)."""
+    difference = scores[labels == 1][:, None] - scores[labels == 0][None, :]
+    return float((difference > 0).double().mean() + 0.5 * (difference == 0).double().mean())
+
+
+@pytest.mark.parametrize("name", ["bce+pel", "bce+pdaom"])
+def test_pdaom_training_is_a_plain_loop_over_the_tasks_objectives(pdaom, name):
+    """``train``: the model initialised from the seed, each user's impressions kept together in batches
+    of ``batch_size`` reshuffled every epoch, each task's logit trained on its own label by Eq. 7's
+    objective (PEL's all-pairs mean put on the summed-CE scale: lambda / batch size; PDAOM with the
+    users as groups), the tasks' terms summed, one Adam step per batch; here written out by hand."""
+    args = pdaom.parse_args(["--quick", "--epochs", "2"])
+    data = generate_impressions(SyntheticConfig(num_users=80, num_items=60, mean_impressions=15, seed=5))
+    seed, lam, batch_size = 3, 10.0, 64
+    trained = pdaom.train(name, data, seed, lam, batch_size, args)
+
+    torch.manual_seed(seed)
+    model = pdaom.build_model(data, args)
+    if name == "bce+pel":
+        objective = mlloss.build_loss("bce+auc", surrogate="exponential", lam=lam / batch_size)
+    else:
+        objective = mlloss.build_loss("bce+pdaom", lam=lam)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    sampler = GroupBatchSampler(data.user, batch_size, seed=seed)
+    steps = 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for indices in sampler:
+            index = torch.tensor(indices)
+            logits = model(data.sparse[index], data.dense[index])
+            groups = data.user[index] if name == "bce+pdaom" else None
+            loss = objective(logits[:, 0], data.click[index], groups) + objective(logits[:, 1], data.purchase[index], groups)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+    assert steps > 2 * len(data) / batch_size
+    for (key, got), want in zip(trained.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(got, want), key
+
+
+def test_pdaom_reports_the_test_splits_auc_and_per_user_gauc_in_points(pdaom, monkeypatch):
+    """A run's metrics are those of the model on the test split: AUC of each task's column and GAUC with
+    every user that has both classes weighted 1 (Sun et al., Section III-C), x100."""
+    args = pdaom.parse_args(["--quick"])
+    data = generate_impressions(SyntheticConfig(num_users=200, num_items=100, mean_impressions=20, seed=2))
+    train, _, test = split_by_time(data, val_fraction=0.0, test_fraction=0.3)
+    torch.manual_seed(0)
+    model = pdaom.build_model(train, args)  # untrained: its scores still rank
+    monkeypatch.setattr(pdaom, "train", lambda *arguments: model)
+    row = pdaom.run("bce", (train, test), 0, 1.0, 64, args)
+    model.eval()
+    with torch.no_grad():
+        scores = model(test.sparse, test.dense)
+    for t, task in enumerate(pdaom.TASKS):
+        labels = getattr(test, task)
+        assert row[f"{task}_auc"] == pytest.approx(100 * _pairwise_auc(scores[:, t], labels), abs=1e-6)
+        users = [test.user == user for user in test.user.unique()]
+        per_user = [_pairwise_auc(scores[rows, t], labels[rows]) for rows in users if 0 < labels[rows].sum() < rows.sum()]
+        assert len(per_user) >= 2
+        assert row[f"{task}_gauc"] == pytest.approx(100 * sum(per_user) / len(per_user), abs=1e-6)
+
+
+def test_pdaom_sweeps_pair_each_cell_with_ce_at_its_batch_size(pdaom, tmp_path):
+    """Fig. 4: the lambda sweep's CE+PDAOM runs (at ``--batch-size``) and the batch-size sweep's (at each
+    size, lambda ``--lam``) are compared with CE at the same seed and batch size."""
+    results = pdaom.main(["--quick", "--objectives", "bce+pdaom", "--batch-size", "256", "--sweep-lams", "10", "30",
+                          "--sweep-batch-sizes", "128", "--output-dir", str(tmp_path)])
+    runs = results["runs"]
+
+    def paired_delta(batch_size: int, lam: float) -> dict[str, float]:
+        ours = {r["seed"]: r for r in runs if r["objective"] == "bce+pdaom" and r["batch_size"] == batch_size and r["lam"] == lam}
+        ce = {r["seed"]: r for r in runs if r["objective"] == "bce" and r["batch_size"] == batch_size}
+        assert ours and ours.keys() == ce.keys(), (batch_size, lam)
+        return {m: sum(ours[s][m] - ce[s][m] for s in ours) / len(ours) for m in pdaom.METRICS}
+
+    for sweep, key, batch_size, lam in (("lambda_sweep", "10.0", 256, 10.0), ("lambda_sweep", "30.0", 256, 30.0),
+                                        ("batch_sweep", "128", 128, 10.0)):
+        expected = paired_delta(batch_size, lam)
+        for m in pdaom.METRICS:
+            assert results[sweep][key][m]["delta_mean"] == pytest.approx(expected[m], abs=1e-9), (sweep, key, m)

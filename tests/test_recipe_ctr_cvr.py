@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mlloss
 from mlloss.data import SyntheticConfig, generate_impressions, split_by_time
 from recipe_util import RECIPES, load_recipe, without_timing
 from mlloss.models import CGC, PLE, DotInteraction, FieldEmbedding, MMoE, MultiTaskModel, SharedBottom, esmm_logits
@@ -518,3 +519,79 @@ def test_the_pairwise_losses_are_told_the_users_are_contiguous_unless_gathered_a
         m.contiguous_groups for m in pairwise(recipe.MultiTaskObjective(loss, None)))
     assert not any(m.contiguous_groups for m in pairwise(recipe.MultiTaskObjective(loss, None, cross_device=True)))
     assert not pairwise(recipe.MultiTaskObjective("bce", None))
+
+
+@pytest.mark.parametrize(("loss", "lam", "cross_device"), [
+    ("laa", 0.3, False), ("loa", None, False), ("bce+pdaom", 0.3, False), ("bce+auc", 2.5, False), ("auc", None, True),
+    ("bce+auc", 0.3, True),
+])
+def test_the_objective_is_the_task_losses_plus_lambda_times_the_ranking_heads(recipe, loss, lam, cross_device):
+    """``--loss`` and ``--lambda`` as docs/recipe.md says: a per-task objective on the click and purchase
+    logits (its ``lam`` when it is a ``bce+`` one; one call per task column when the pairs are taken
+    across ranks), or BCE on them plus lambda (default 1) times the ranking loss of the third logit."""
+    generator = torch.Generator().manual_seed(0)
+    users = torch.arange(10).repeat_interleave(6)
+    click = (torch.rand(60, generator=generator) < 0.4).float()
+    labels = torch.stack([click, click * (torch.rand(60, generator=generator) < 0.5).float()], 1)
+    objective = recipe.MultiTaskObjective(loss, lam, cross_device)
+    logits = torch.randn(60, 2 + objective.uses_ranking_head, generator=generator)
+    pairs = {"cross_device": True} if cross_device else {"contiguous_groups": True}
+    if objective.uses_ranking_head:
+        ranking = mlloss.build_loss(loss, **pairs)(logits[:, 2], labels, groups=users)
+        expected = mlloss.build_loss("bce")(logits[:, :2], labels) + (1.0 if lam is None else lam) * ranking
+    else:
+        task_loss = mlloss.build_loss(loss, **({} if lam is None else {"lam": lam}), **pairs)
+        if cross_device:
+            expected = sum(task_loss(logits[:, t], labels[:, t], groups=users) for t in range(2))
+        else:
+            expected = task_loss(logits, labels, groups=users)
+    torch.testing.assert_close(objective(logits, labels, users), expected)
+
+
+def test_val_results_are_the_last_epochs_click_and_purchase_heads_on_the_validation_split(recipe, tmp_path):
+    """results["val"]["model/auc/<task>"] is the AUC of the trained model's <task> logit on the validation
+    split, scored here from the final checkpoint's weights by counting pairs (2 epochs: the last one's)."""
+    argv = [*SMALL, "--epochs", "2", "--output-dir", str(tmp_path)]
+    report = recipe.main(argv)
+    args = recipe.parse_args(argv)
+    (train, val, _), _ = recipe.load_data(args)
+    model = recipe.build_model(args, train, len(recipe.TASKS))
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    model.load_state_dict({key.removeprefix("model."): value for key, value in state.items() if key.startswith("model.")})
+    model.eval()
+    with torch.no_grad():
+        scores = model(val.sparse, val.dense)
+    for t, task in enumerate(recipe.TASKS):
+        labels = val.labels[:, t]
+        difference = scores[labels == 1, t][:, None] - scores[labels == 0, t][None, :]
+        auc = float((difference > 0).double().mean() + 0.5 * (difference == 0).double().mean())
+        assert report["results"]["val"][f"model/auc/{task}"] == pytest.approx(auc, abs=1e-6), task
+
+
+def test_the_epochs_training_loss_is_the_mean_over_its_steps_and_the_ranks(recipe, monkeypatch):
+    """train_loss: each rank sums its steps' losses on the device; the epoch's loss is their mean over
+    the ranks (which run equal numbers of steps) divided by the steps."""
+    import types
+
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=60)))[0]
+    args = recipe.parse_args(SMALL)
+    module = recipe.CtrCvrModule(recipe.build_model(args, train, 2), recipe.MultiTaskObjective("bce", None), 1e-3, 0.0)
+    other_rank = {torch.float64: 10.0, torch.int64: 50}  # rank 1's loss sum and rows
+
+    class TwoRanks:
+        @staticmethod
+        def reduce(value, reduce_op):
+            total = value + other_rank[value.dtype]
+            return total if reduce_op == "sum" else total / 2
+
+    module.trainer = types.SimpleNamespace(strategy=TwoRanks(), world_size=2, current_epoch=0, is_global_zero=True,
+                                           progress_bar_callback=None)
+    monkeypatch.setattr(recipe, "scorer_results", lambda metrics: {})
+    monkeypatch.setattr(recipe, "format_epoch", str)
+    module.on_train_epoch_start()
+    module.train_loss_sum.add_(6.0)  # 4 steps of rank 0
+    module.epoch_counts.update(steps=4, samples=40)
+    module.on_validation_epoch_start()
+    module.on_validation_epoch_end()
+    assert module.history[-1]["train_loss"] == pytest.approx((6.0 + 10.0) / 2 / 4)
+    assert module.history[-1]["train_samples"] == 90
