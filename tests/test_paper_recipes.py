@@ -142,7 +142,9 @@ def test_trained_study_reports_every_objective(dictatorship_results):
     for row in results["trained"]:
         assert len(row["per_seed"]) == 2
         assert all(_finite_unit(row[m]["mean"]) for m in ("auc1", "auc2", "diff", "min"))
-        assert row["auc1"]["mean"] > 0.6 and row["auc2"]["mean"] > 0.6  # the MLP learned something
+        # above chance; --quick takes 10 Adam steps, so this is mostly the initialisation's ranking:
+        # test_single_label_auc_objectives_favour_their_own_label checks that training moves it
+        assert row["auc1"]["mean"] > 0.6 and row["auc2"]["mean"] > 0.6
     assert json.loads((out / "results.json").read_text())["trained"]
     assert "Table 6" in (out / "results.md").read_text()
 
