@@ -595,3 +595,41 @@ def test_the_epochs_training_loss_is_the_mean_over_its_steps_and_the_ranks(recip
     module.on_validation_epoch_end()
     assert module.history[-1]["train_loss"] == pytest.approx((6.0 + 10.0) / 2 / 4)
     assert module.history[-1]["train_samples"] == 90
+
+
+def _pair_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """AUC by counting every (positive, negative) pair, ties one half."""
+    difference = scores[labels == 1][:, None].double() - scores[labels == 0][None, :].double()
+    return float((difference > 0).double().mean() + 0.5 * (difference == 0).double().mean())
+
+
+def test_the_report_describes_the_splits_it_was_given(recipe, tmp_path):
+    """What the report says beside the model's own results, each recomputed from the splits: their
+    sizes, the label dictatorship of the training labels, and on each evaluated split the baselines'
+    AUC: item popularity counted in the training impressions, the true click and purchase
+    probabilities (synthetic data). A mix-up of splits or columns there had no test."""
+    argv = [*SMALL, "--epochs", "1", "--output-dir", str(tmp_path), "--no-checkpoint"]
+    report = recipe.main(argv)
+    (train, val, test), _ = recipe.load_data(recipe.parse_args(argv))
+    assert report["data"]["sizes"] == {"train": len(train), "val": len(val), "test": len(test)}
+    assert len(val) != len(test)  # a swap would show
+    assert report["label_dictatorship"] == mlloss.label_dictatorship(train.labels, label_names=recipe.TASKS).as_dict()
+    item = train.field_names.index(train.item_field)
+    popularity = torch.bincount(train.sparse[:, item], minlength=train.cardinalities[item])
+    for name, split in (("val", val), ("test", test)):
+        results = report["results"][name]
+        for t, (task, truth) in enumerate(zip(recipe.TASKS, (split.p_click, split.p_purchase))):
+            labels = split.labels[:, t]
+            assert results[f"oracle/auc/{task}"] == pytest.approx(_pair_auc(truth, labels), abs=1e-9), (name, task)
+            assert results[f"popularity/auc/{task}"] == pytest.approx(
+                _pair_auc(popularity[split.sparse[:, item]], labels), abs=1e-9), (name, task)
+
+
+def test_the_optimizer_takes_the_learning_rate_and_weight_decay(recipe):
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=60)))[0]
+    args = recipe.parse_args([*SMALL, "--weight-decay", "0.125", "--lr", "0.0625"])
+    module = recipe.CtrCvrModule(recipe.build_model(args, train, 2), recipe.MultiTaskObjective("bce", None), args.lr,
+                                 args.weight_decay)
+    [group] = module.configure_optimizers().param_groups
+    assert (group["lr"], group["weight_decay"]) == (0.0625, 0.125)
+    assert {id(p) for p in group["params"]} == {id(p) for p in module.parameters()}
