@@ -633,3 +633,58 @@ def test_the_optimizer_takes_the_learning_rate_and_weight_decay(recipe):
     [group] = module.configure_optimizers().param_groups
     assert (group["lr"], group["weight_decay"]) == (0.0625, 0.125)
     assert {id(p) for p in group["params"]} == {id(p) for p in module.parameters()}
+
+
+def test_the_results_table_and_epoch_line_put_each_value_in_its_place(recipe):
+    """results.md's columns are METRICS in their order, its ranking-head line DiffAUC, MinAUC and the
+    multipartite AUC, and the epoch line each task's AUC then GAUC: values chosen all different."""
+    import ctr_cvr_report as report
+
+    names = ["auc/click", "gauc/click", "auc/purchase", "gauc/purchase"]
+    assert list(report.METRICS) == names
+    flat = {f"{scorer}/{name}": 0.5 + 0.01 * i + 0.1 * s for s, scorer in enumerate(("model", "popularity", "model:rank"))
+            for i, name in enumerate(names)}
+    flat |= {"model:rank/diff_auc": 0.0123, "model:rank/min_auc": 0.4567, "model:rank/multipartite_auc": 0.789}
+    lines = report.markdown_table({"test": flat}).splitlines()
+    assert lines[0] == "| split | scorer | auc/click | gauc/click | auc/purchase | gauc/purchase |"
+    assert "| test | model | 0.5000 | 0.5100 | 0.5200 | 0.5300 |" in lines
+    assert "| test | popularity | 0.6000 | 0.6100 | 0.6200 | 0.6300 |" in lines
+    assert "| test | model:rank | 0.7000 | 0.7100 | 0.7200 | 0.7300 |" in lines
+    assert "test, ranking head: DiffAUC 0.0123, MinAUC 0.4567, multipartite AUC 0.7890" in lines
+    row = {"epoch": 2, "train_loss": 0.25, "seconds": 1.5, "train_samples_per_s": 1000.0,
+           **{f"model/{name}": 0.6 + 0.01 * i for i, name in enumerate(names)}}
+    assert ("val click AUC 0.6000 GAUC 0.6100 | val purchase AUC 0.6200 GAUC 0.6300"
+            in report.format_epoch(row)), report.format_epoch(row)
+
+
+def test_gauc_weighs_each_users_auc_by_the_users_impressions(recipe):
+    """GAUC as DIN defines it: the users with both labels, each AUC weighted by the user's rows."""
+    import ctr_cvr_report as report
+
+    split = split_by_time(generate_impressions(SyntheticConfig(num_users=40, seed=5)))[1]
+    scores = torch.randn(len(split), 2, generator=torch.Generator().manual_seed(0))
+    got = report.evaluate(scores, split)
+    for t, task in enumerate(recipe.TASKS):
+        labels = split.labels[:, t]
+        weighted = total = 0.0
+        for user in split.user.unique():
+            rows = split.user == user
+            if 0 < labels[rows].sum() < rows.sum():
+                weighted += int(rows.sum()) * _pair_auc(scores[rows, t], labels[rows])
+                total += int(rows.sum())
+        assert got[f"gauc/{task}"] == pytest.approx(weighted / total, abs=1e-9), task
+        assert got[f"auc/{task}"] == pytest.approx(_pair_auc(scores[:, t], labels), abs=1e-9), task
+
+
+def test_the_training_batches_follow_the_seed(recipe, monkeypatch, tmp_path):
+    """--seed reaches the data module (its epochs' user order), not only the model's initialisation."""
+    seeds = []
+    original = recipe.GroupDataModule
+
+    def recorded(*args, **kwargs):
+        seeds.append(kwargs["seed"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(recipe, "GroupDataModule", recorded)
+    recipe.main([*SMALL, "--epochs", "1", "--seed", "7", "--output-dir", str(tmp_path), "--no-checkpoint"])
+    assert seeds == [7]
