@@ -4,7 +4,9 @@ What it is for: comparing kernel variants by what one thread executes per pair, 
 Each variant (a ``@triton.jit`` function, its signature, constexprs and ``num_warps``) is
 compiled on this CPU-only machine for ``GPUTarget("cuda", 90, 32)`` through
 ``triton.compile(ASTSource(...))`` (Triton runs ``ptxas --gpu-name=sm_90a``; no driver needed),
-and the cubin is disassembled with the ``cuobjdump --dump-sass`` that ships with Triton.
+with the compile options every library launch pins (``kernels._launch.COMPILE_OPTIONS``: FP
+fusion on, whatever ``TRITON_DEFAULT_FP_FUSION`` says), and the cubin is disassembled with the
+``cuobjdump --dump-sass`` that ships with Triton.
 
 Method:
 
