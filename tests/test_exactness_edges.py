@@ -147,18 +147,29 @@ def _soft_hardest_reference(scores, levels, groups, temperature, surrogate):
         return float(total)
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("torch", "triton")])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("torch", "triton")] + (
+    ["triton, many scan blocks"] if "triton" in BACKENDS else []))
 @pytest.mark.parametrize("temperature", [0.5, 1e4, 1e9, 1e14, 1e40])
 @pytest.mark.parametrize("graded", [False, True])
-def test_soft_max_violation_pairs_keep_their_digits_at_any_temperature(backend, temperature, graded):
+def test_soft_max_violation_pairs_keep_their_digits_at_any_temperature(backend, temperature, graded, monkeypatch):
     """With tau far above a cell's spread every exp((s - max) / tau) is 1 to within its rounding,
     and log(mean) came from the roundings: off by 4e-5 of the loss at tau = 1e12, and from about
     1e16 on the soft extremes were the hard ones, where tau -> inf gives the cell's mean. Binary
-    PDAOM and LaA of an ordinal column (linear costs), float64 scores, against mpmath."""
+    PDAOM and LaA of an ordinal column (linear costs), float64 scores, against mpmath; on the
+    Triton tier also with scan blocks of 16 positions and carry chunks of 4 blocks, so that the
+    cells' sums cross blocks and chunks."""
     gen = torch.Generator().manual_seed(3)
     n = 60
+    if backend == "triton, many scan blocks":
+        from mlloss.kernels import hardest as hardest_kernels, scan
+
+        monkeypatch.setattr(hardest_kernels, "FINALIZE_BLOCK", {"cuda": 16, "interpreter": 16})
+        monkeypatch.setattr(scan, "CARRY_CHUNK", 4)
+        backend, n, users = "triton", 200, 2  # cells of 40-100 items: some cross a chunk of blocks
+    else:
+        users = 5
     scores = torch.randn(n, generator=gen, dtype=torch.float64) * 3
-    groups = torch.randint(0, 5, (n,), generator=gen)
+    groups = torch.randint(0, users, (n,), generator=gen)
     if graded:
         labels = torch.randint(0, 4, (n,), generator=gen)
         loss = mlloss.LaALoss(pairs="hardest", temperature=temperature, reduction="sum", backend=backend)
