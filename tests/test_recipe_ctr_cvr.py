@@ -421,35 +421,44 @@ def test_a_run_without_a_validation_epoch_says_so(recipe, tmp_path, monkeypatch)
         recipe.main([*SMALL, "--num-users", "60", "--epochs", "1", "--no-checkpoint", "--output-dir", str(tmp_path)])
 
 
-def test_train_samples_are_the_sum_of_the_ranks_rows(recipe, monkeypatch):
-    """Under DDP the ranks run equal numbers of steps, not of rows: the epoch's impressions are the sum
-    of the ranks' (rank 0's count times the world size reported 7,876 impressions of a 7,138-row split)."""
+def _epoch_on_rank_zero_of_two(recipe, monkeypatch, train, *, loss_sum, samples, others):
+    """The history row of an epoch that ends on rank 0 of 2, after training_step summed ``loss_sum``
+    and counted ``samples`` rows in 4 steps here; ``others`` is rank 1's (loss sum, rows). The
+    strategy is a stand-in: a sum adds rank 1's value, a mean is the two ranks' mean."""
     import types
 
-    from mlloss.data import GroupBatchSampler
-
-    train = split_by_time(generate_impressions(SyntheticConfig(num_users=150)))[0]
-    rows = [sum(map(len, GroupBatchSampler(train.user, 1024, drop_last=True, num_replicas=2, rank=rank)))
-            for rank in range(2)]
-    assert rows[0] != rows[1]
     args = recipe.parse_args(SMALL)
-    objective = recipe.MultiTaskObjective("bce", None)
-    module = recipe.CtrCvrModule(recipe.build_model(args, train, 2), objective, 1e-3, 0.0)
+    module = recipe.CtrCvrModule(recipe.build_model(args, train, 2), recipe.MultiTaskObjective("bce", None), 1e-3, 0.0)
+    other_rank = dict(zip((torch.float64, torch.int64), others))
 
-    class TwoRanks:  # rank 0 of 2: a sum adds rank 1's value, a mean is this rank's (equal losses)
+    class TwoRanks:
         @staticmethod
         def reduce(value, reduce_op):
-            return value + rows[1] if reduce_op == "sum" else value
+            total = value + other_rank[value.dtype]
+            return total if reduce_op == "sum" else total / 2
 
     module.trainer = types.SimpleNamespace(strategy=TwoRanks(), world_size=2, current_epoch=0, is_global_zero=True,
                                            progress_bar_callback=None)
     monkeypatch.setattr(recipe, "scorer_results", lambda metrics: {})
     monkeypatch.setattr(recipe, "format_epoch", str)
     module.on_train_epoch_start()
-    module.epoch_counts.update(steps=4, samples=rows[0])  # what training_step counted on rank 0
+    module.train_loss_sum.add_(loss_sum)
+    module.epoch_counts.update(steps=4, samples=samples)
     module.on_validation_epoch_start()
     module.on_validation_epoch_end()
-    row = module.history[-1]
+    return module.history[-1]
+
+
+def test_train_samples_are_the_sum_of_the_ranks_rows(recipe, monkeypatch):
+    """Under DDP the ranks run equal numbers of steps, not of rows: the epoch's impressions are the sum
+    of the ranks' (rank 0's count times the world size reported 7,876 impressions of a 7,138-row split)."""
+    from mlloss.data import GroupBatchSampler
+
+    train = split_by_time(generate_impressions(SyntheticConfig(num_users=150)))[0]
+    rows = [sum(map(len, GroupBatchSampler(train.user, 1024, drop_last=True, num_replicas=2, rank=rank)))
+            for rank in range(2)]
+    assert rows[0] != rows[1]
+    row = _epoch_on_rank_zero_of_two(recipe, monkeypatch, train, loss_sum=0.0, samples=rows[0], others=(0.0, rows[1]))
     assert row["train_samples"] == sum(rows)  # every row of both ranks, each once
     assert row["train_samples_per_s"] == pytest.approx(sum(rows) / row["train_seconds"])
 
@@ -571,30 +580,10 @@ def test_val_results_are_the_last_epochs_click_and_purchase_heads_on_the_validat
 def test_the_epochs_training_loss_is_the_mean_over_its_steps_and_the_ranks(recipe, monkeypatch):
     """train_loss: each rank sums its steps' losses on the device; the epoch's loss is their mean over
     the ranks (which run equal numbers of steps) divided by the steps."""
-    import types
-
     train = split_by_time(generate_impressions(SyntheticConfig(num_users=60)))[0]
-    args = recipe.parse_args(SMALL)
-    module = recipe.CtrCvrModule(recipe.build_model(args, train, 2), recipe.MultiTaskObjective("bce", None), 1e-3, 0.0)
-    other_rank = {torch.float64: 10.0, torch.int64: 50}  # rank 1's loss sum and rows
-
-    class TwoRanks:
-        @staticmethod
-        def reduce(value, reduce_op):
-            total = value + other_rank[value.dtype]
-            return total if reduce_op == "sum" else total / 2
-
-    module.trainer = types.SimpleNamespace(strategy=TwoRanks(), world_size=2, current_epoch=0, is_global_zero=True,
-                                           progress_bar_callback=None)
-    monkeypatch.setattr(recipe, "scorer_results", lambda metrics: {})
-    monkeypatch.setattr(recipe, "format_epoch", str)
-    module.on_train_epoch_start()
-    module.train_loss_sum.add_(6.0)  # 4 steps of rank 0
-    module.epoch_counts.update(steps=4, samples=40)
-    module.on_validation_epoch_start()
-    module.on_validation_epoch_end()
-    assert module.history[-1]["train_loss"] == pytest.approx((6.0 + 10.0) / 2 / 4)
-    assert module.history[-1]["train_samples"] == 90
+    row = _epoch_on_rank_zero_of_two(recipe, monkeypatch, train, loss_sum=6.0, samples=40, others=(10.0, 50))
+    assert row["train_loss"] == pytest.approx((6.0 + 10.0) / 2 / 4)
+    assert row["train_samples"] == 90
 
 
 def _pair_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
