@@ -557,15 +557,21 @@ def test_the_objective_is_the_task_losses_plus_lambda_times_the_ranking_heads(re
     torch.testing.assert_close(objective(logits, labels, users), expected)
 
 
-def test_val_results_are_the_last_epochs_click_and_purchase_heads_on_the_validation_split(recipe, tmp_path):
+@pytest.fixture(scope="module")
+def two_epochs_run(recipe, tmp_path_factory):
+    """One small run of 2 epochs: its report, parsed options and output folder (checkpoints kept)."""
+    out = tmp_path_factory.mktemp("two_epochs_run")
+    argv = [*SMALL, "--epochs", "2", "--output-dir", str(out)]
+    return recipe.main(argv), recipe.parse_args(argv), out
+
+
+def test_val_results_are_the_last_epochs_click_and_purchase_heads_on_the_validation_split(recipe, two_epochs_run):
     """results["val"]["model/auc/<task>"] is the AUC of the trained model's <task> logit on the validation
     split, scored here from the final checkpoint's weights by counting pairs (2 epochs: the last one's)."""
-    argv = [*SMALL, "--epochs", "2", "--output-dir", str(tmp_path)]
-    report = recipe.main(argv)
-    args = recipe.parse_args(argv)
+    report, args, out = two_epochs_run
     (train, val, _), _ = recipe.load_data(args)
     model = recipe.build_model(args, train, len(recipe.TASKS))
-    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    state = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     model.load_state_dict({key.removeprefix("model."): value for key, value in state.items() if key.startswith("model.")})
     model.eval()
     with torch.no_grad():
@@ -592,14 +598,13 @@ def _pair_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float((difference > 0).double().mean() + 0.5 * (difference == 0).double().mean())
 
 
-def test_the_report_describes_the_splits_it_was_given(recipe, tmp_path):
+def test_the_report_describes_the_splits_it_was_given(recipe, two_epochs_run):
     """What the report says beside the model's own results, each recomputed from the splits: their
     sizes, the label dictatorship of the training labels, and on each evaluated split the baselines'
     AUC: item popularity counted in the training impressions, the true click and purchase
     probabilities (synthetic data). A mix-up of splits or columns there had no test."""
-    argv = [*SMALL, "--epochs", "1", "--output-dir", str(tmp_path), "--no-checkpoint"]
-    report = recipe.main(argv)
-    (train, val, test), _ = recipe.load_data(recipe.parse_args(argv))
+    report, args, _ = two_epochs_run
+    (train, val, test), _ = recipe.load_data(args)
     assert report["data"]["sizes"] == {"train": len(train), "val": len(val), "test": len(test)}
     assert len(val) != len(test)  # a swap would show
     assert report["label_dictatorship"] == mlloss.label_dictatorship(train.labels, label_names=recipe.TASKS).as_dict()
