@@ -182,6 +182,26 @@ def test_soft_max_violation_pairs_keep_their_digits_at_any_temperature(backend, 
     assert loss(scores, labels, groups=groups).item() == pytest.approx(expected, rel=1e-12, abs=0)
 
 
+def test_a_soft_extreme_dominated_by_one_item_of_a_large_cell_keeps_its_digits():
+    """The other end of the temperature test above, on the PyTorch tier: a user's 100,000 positives
+    of which one scores 0 and the others 40-80, at tau = 1, so that the soft min's mean of
+    exp(-(s - min) / tau) is 1e-5 (one term 1, the rest below 1e-17). From a mean of 1/2 up the soft
+    extremes take log1p of the mean of the terms minus 1; here that would keep only the digits of
+    1 - 1e-5 rounded: 4.6e-12 of the loss off. The kernels' ``scan.log_mean`` has its own test
+    (tests/test_triton_kernels.py); 100,000 items take the interpreter 16 s."""
+    mpmath = pytest.importorskip("mpmath")
+    n = 100_000
+    gen = torch.Generator().manual_seed(0)
+    positives = torch.cat([torch.zeros(1, dtype=torch.float64), 40 + 40 * torch.rand(n - 1, generator=gen, dtype=torch.float64)])
+    scores = torch.cat([positives, torch.tensor([-1.0], dtype=torch.float64)])
+    labels = torch.cat([torch.ones(n, dtype=torch.long), torch.zeros(1, dtype=torch.long)])
+    with mpmath.workdps(40):
+        soft_min = -mpmath.log(mpmath.fsum(mpmath.exp(-mpmath.mpf(s)) for s in positives.tolist()) / n)
+        expected = float(mpmath.exp(-(soft_min - -1)))  # one negative: its soft max is its score
+    loss = mlloss.PDAOMLoss(temperature=1.0, backend="torch")(scores, labels, groups=torch.zeros(n + 1, dtype=torch.long))
+    assert loss.item() == pytest.approx(expected, rel=2e-13, abs=0)
+
+
 @pytest.mark.parametrize(
     "backend,surrogate,pairs",
     [(b, s, p) for b in BACKENDS for s in ("logistic", "exponential", "hinge", "squared") for p in ("all", "hardest")

@@ -571,6 +571,45 @@ def test_both_scans_of_a_block_equal_the_sequential_scan(monoid):
 
 
 @triton.jit
+def _log_mean_kernel(y_ptr, z_ptr, n_ptr, out_ptr, LANES: tl.constexpr):
+    lanes = tl.arange(0, LANES)
+    tl.store(out_ptr + lanes, scan.log_mean(tl.load(y_ptr + lanes), tl.load(z_ptr + lanes), tl.load(n_ptr + lanes)))
+
+
+def test_log_mean_keeps_the_digits_of_small_means_and_of_means_near_one():
+    """``kernels.scan.log_mean``: log(y / n) below a mean of 1/2, Kahan's log1p(z / n) from 1/2 up
+    (y = sum of a cell's terms exp(...), z = sum of exp(...) - 1). Cells of n items in which one term
+    is 1 and the others are near 0 (the soft extreme is that item's score at a small temperature) have
+    a mean near 1 / n: log1p(z / n) keeps the digits of 1 + z / n, 1 - 1 / n rounded, and is off by
+    4e-13 of log(mean) at n = 1e5 (log(y / n) by 1e-16). Terms all near 1 (a large temperature) need
+    log1p: log(y / n) keeps none of the digits of y / n - 1. Against mpmath, to a few units in the last
+    place; both branches' ends (means of 1/2 and 1), an empty-free one-item cell (mean 1, log 0)."""
+    mpmath = pytest.importorskip("mpmath")
+    rows = []  # (y, z, n) exact in float64, and the mean as an exact rational
+    for n in (3, 1_000, 99_991, 100_000, 7_777_777):
+        rows.append((1.0, 1.0 - n, n))  # one term 1, the others 0: mean 1 / n
+    for n in (2, 10, 1_000_000):
+        rows.append((n / 2, -n / 2, n))  # mean exactly 1/2: log1p's side
+    for n, d in ((2, 2.0**-40), (1_000, 1e-9), (99_991, 3e-3), (100_000, -2.0**-30)):
+        rows.append((n + d, d, n))  # every term near 1: mean 1 + d / n
+    rows.append((1.0, 0.0, 1))
+    y, z, n = (torch.tensor(column, dtype=torch.float64) for column in zip(*rows))
+    lanes = 16  # padded with one-item cells
+    pad = lanes - len(rows)
+    y, z = torch.cat([y, torch.ones(pad, dtype=torch.float64)]), torch.cat([z, torch.zeros(pad, dtype=torch.float64)])
+    n = torch.cat([n.to(torch.int32), torch.ones(pad, dtype=torch.int32)])
+    out = torch.empty(lanes, dtype=torch.float64, device=DEVICE)
+    launcher(_log_mean_kernel)[(1,)](y.to(DEVICE), z.to(DEVICE), n.to(DEVICE), out, LANES=lanes)
+    with mpmath.workdps(50):
+        # the mean from z where the terms are near 1 (y rounds their digits away), else from y
+        expected = [float(mpmath.log(1 + mpmath.mpf(z_) / n_) if y_ >= n_ / 2 else mpmath.log(mpmath.mpf(y_) / n_))
+                    for y_, z_, n_ in rows]
+    got = out.cpu()[: len(rows)].tolist()
+    for row, value, want in zip(rows, got, expected):
+        assert value == pytest.approx(want, rel=4e-16, abs=1e-300), row
+
+
+@triton.jit
 def _both_running_extremes_kernel(x_ptr, out_ptr, MAX: tl.constexpr, REVERSE: tl.constexpr, LANES: tl.constexpr,
                                   WIDTH: tl.constexpr):
     lanes = tl.arange(0, LANES)
