@@ -16,7 +16,8 @@ Sections (``--sections``, run in the order given; the default 2,5,3,1,4,6,7 puts
 3. Closed forms at N = 1,048,576 in users of ~50 items: exponential / squared / hinge ``AUCLoss``
    and ``LaALoss`` with ``backend="exact"`` (what ``"auto"`` picks for them; the reference row)
    against the Triton kernel and the torch backend on the same input; ``PDAOMLoss()`` (hardest
-   pair, O(N)) against a naive scatter min / max.
+   pair, O(N)) against a naive scatter min / max, and its soft pairs (``temperature=0.5``: log-mean-exp
+   extremes, three scanned sums a cell) against the same scatter with sums of exp (no target).
 4. Grouped logistic AUC, users of ~50 items, prior 0.1: Triton, torch backend, naive masked
    broadcast (eager, compiled), LibAUC called once per user in a Python loop; and the Triton call
    on the same users in runs (``contiguous_groups=True``: no sort of the ids) and with int32 ids

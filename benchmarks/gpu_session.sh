@@ -156,7 +156,8 @@ kernels|training)
         # --sections 9` reruns it after a kernel change. Section 10 (the dense kernels against the
         # layout kernels at 2,048-16,384 items, 32 rows) comes last in the bench stage: the budget
         # cuts it first. (Section 2's compiled rows at N = 1,024 and the mlloss-compile rows, added
-        # after the last GPU run, cost it about 15-20 s of compiles.)
+        # after the last GPU run, cost it about 15-20 s of compiles; so do section 3's soft PDAOM rows,
+        # added after it too: 2 timed rows at 2^20 and the soft scan kernels' compiles.)
         # The launch check comes first: if the direct launches differ from Triton's path (status 3),
         # or the check itself fails (another status), the later stages launch through Triton's path
         # (MLLOSS_TRITON_LAUNCH=triton, which the bench results record), so that their figures

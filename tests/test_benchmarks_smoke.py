@@ -50,7 +50,7 @@ def test_both_runners_plan_the_same_loss_for_a_case_name_and_count_its_pairs(cas
     is the brute-force count of same-group pairs with a higher level first."""
     import torch
 
-    loss_keys = ("kind", "prior", "priors", "surrogate")
+    loss_keys = ("kind", "prior", "priors", "surrogate", "temperature")
     planned = {}
     for plan in [cases.cpu_cases(s, quick) for s in cases.CPU_SECTION_TITLES for quick in (False, True)] + [
         cases.gpu_cases(s, mode) for s in cases.GPU_SECTION_TITLES for mode in cases.GPU_SIZES
@@ -928,6 +928,31 @@ def test_gpu_report_sets_pdaoms_graph_beside_its_eager_call(bench_gpu, cases):
     rows = [_gpu_row(pdaom, "mlloss", n, 0.7), _gpu_row(pdaom, "mlloss-graph", n, 0.05)]
     (line,) = [line for line in gpu_report.acceptance_lines(rows, gpu=True) if "in a CUDA graph" in line]
     assert line == f"- {pdaom} at N={n:,} in a CUDA graph (no target, no host path): 0.05 ms, eager 0.7 ms"
+
+
+@pytest.mark.parametrize("temperature", [None, 0.05, 0.5, 5.0])
+def test_naive_scatter_is_pdaoms_loss_hard_and_soft(cases, temperature):
+    """The PDAOM rows' peer (scatter min / max, and log-mean-exp sums for the soft case that section 3
+    times beside the hard one) computes the loss PDAOMLoss computes, on float64 inputs of the case."""
+    import mlloss
+
+    spec = dict(cases.pdaom(temperature, group_size=cases.GROUP_SIZE), n=2000, seed=1)
+    scores, labels, groups = cases.make_inputs(spec)
+    scores = scores.double()
+    expected = mlloss.PDAOMLoss(temperature=temperature, backend="torch")(scores, labels, groups)
+    got = cases.naive_pdaom_loss(scores, labels, groups, spec.get("temperature"))
+    assert got.item() == pytest.approx(expected.item(), rel=1e-13)
+    planned = [case for case in cases.gpu_cases(3, "quick") if case["kind"] == "pdaom"]
+    assert {case.get("temperature") for case in planned} == {None, cases.PDAOM_SOFT_TEMPERATURE}
+
+
+def test_gpu_report_sets_the_soft_pdaoms_graph_beside_its_eager_call(bench_gpu, cases):
+    import gpu_report
+
+    soft, n = cases.pdaom(cases.PDAOM_SOFT_TEMPERATURE)["case"], 1048576
+    rows = [_gpu_row(soft, "mlloss", n, 2.0), _gpu_row(soft, "mlloss-graph", n, 0.5)]
+    (line,) = [line for line in gpu_report.acceptance_lines(rows, gpu=True) if "in a CUDA graph" in line]
+    assert line == f"- {soft} at N={n:,} in a CUDA graph (no target, no host path): 0.5 ms, eager 2 ms"
 
 
 def test_gpu_report_names_the_fastest_tiles(bench_gpu, cases):
