@@ -934,8 +934,6 @@ def test_gpu_report_sets_pdaoms_graph_beside_its_eager_call(bench_gpu, cases):
 def test_naive_scatter_is_pdaoms_loss_hard_and_soft(cases, temperature):
     """The PDAOM rows' peer (scatter min / max, and log-mean-exp sums for the soft case that section 3
     times beside the hard one) computes the loss PDAOMLoss computes, on float64 inputs of the case."""
-    import mlloss
-
     spec = dict(cases.pdaom(temperature, group_size=cases.GROUP_SIZE), n=2000, seed=1)
     scores, labels, groups = cases.make_inputs(spec)
     scores = scores.double()
