@@ -14,7 +14,7 @@
 #   bash benchmarks/gpu_session.sh launch-check  # python benchmarks/check_launcher.py: the direct launches give
 #                                                # Triton's results bit for bit (status 3 if not)
 #   bash benchmarks/gpu_session.sh kernels   # launch-check, tests, bench, accuracy, profile: issue 10's GPU lines in one device command
-#   bash benchmarks/gpu_session.sh training  # step (plain), the step in CUDA graphs, the recipe: issue 12's GPU lines
+#   bash benchmarks/gpu_session.sh training  # step (plain), the step in CUDA graphs at 1,024 and 8,192: issue 12's GPU lines
 #
 # A lent GPU comes with 15 minutes of device time in all (its start, 1-2 minutes, and each idle wait
 # included): kernels and training, run back to back, are sized to fit it together, 400 + 310 s of
@@ -136,7 +136,7 @@ step)
 kernels|training)
     # Several stages in one device command (a cold start costs a minute or two of the session's 15),
     # each under its own time limit so that one that hangs leaves the others their time; at most 8
-    # files. Limits (H100, 16 cores): kernels 40 + 115 + 160 + 40 + 45 = 400 s, training 90 + 130 + 90 = 310 s,
+    # files. Limits (H100, 16 cores): kernels 40 + 115 + 160 + 40 + 45 = 400 s, training 90 + 220 = 310 s,
     # so that both commands, the machine's start and its idle wait fit 15 minutes. A stage that reaches
     # its limit gets SIGINT (its files are rewritten as it goes), then SIGKILL 15 s later.
     if [ "$1" = kernels ]; then
@@ -167,20 +167,19 @@ kernels|training)
               "40 profile --impls mlloss-triton mlloss-replay --cases AUC LaA grouped-AUC")
     else
         # bench_recipe.py's step split (issue 12), plain (3 framework-overhead rounds, so that its 16
-        # training rows fit: bce >= 2M impressions/s at 8,192); then the step at the launch-bound batch
-        # of 1,024 under torch.compile's CUDA graphs (fixed batches: one shape; its framework overhead
-        # left out: the plain run has it), the configuration of issue 12's 500k and 10% lines (a20b70f:
-        # bce 545k, the pairwise losses 0.80-0.98 of it, before the fixes of stop 65: its cudagraph
-        # counters and Inductor's cudagraph log say what was captured); then the plain recipe, three
-        # epochs a run (the first warms up), last, so that a command stopped early by what is left of
-        # the loan loses it first (its NCCL figures stand from da5adbf and eb07a70). The step with the
-        # losses' calls replayed from CUDA graphs (step --graph-replay --fixed-batches --rounds 0
-        # --batch-sizes 1024: measured at eb07a70) and recipe-compiled run in commands of their own.
-        # (On an H100 the compiled step did 3 losses in about 100 s, later all 4 at a20b70f; the recipe
-        # did 4 runs in 120 s. On 2026-11-27 the three stages took about 210 s in all, the recipe its
-        # whole 110 s for 3 runs.)
-        plan=("90 step --rounds 3" "130 step --compile reduce-overhead --fixed-batches --rounds 0 --batch-sizes 1024" \
-              "90 recipe --epochs 3")
+        # training rows fit: eb07a70 bce 1.36M impressions/s at 8,192, 182k at 1,024); then the step
+        # under torch.compile's CUDA graphs (fixed batches: one shape a batch size; its framework
+        # overhead left out: the plain run has it), the configuration of issue 12's throughput lines,
+        # at the launch-bound batch of 1,024 (a20b70f: bce 545k, the pairwise losses 0.80-0.98 of it,
+        # before the fixes of stop 65: its cudagraph counters and Inductor's cudagraph log say what
+        # was captured), then at 8,192 (bce >= 2M: never measured compiled; eager, the step is the
+        # host's, 5.2-5.8 ms at both sizes). Each (loss, batch) compiles afresh, about 20-25 s (the compiled
+        # step did 3-4 losses at 1,024 in about 100 s): the limit may cut 8,192's last loss. The plain
+        # recipe runs (recipe: Lightning end to end, NCCL; 35 s a run, 3 in 110 s on 2026-11-27; their
+        # figures stand from da5adbf, a20b70f and eb07a70), the step with the losses' calls replayed
+        # from CUDA graphs (step --graph-replay --fixed-batches --rounds 0 --batch-sizes 1024: measured
+        # at eb07a70) and recipe-compiled run in commands of their own.
+        plan=("90 step --rounds 3" "220 step --compile reduce-overhead --fixed-batches --rounds 0 --batch-sizes 1024 8192")
     fi
     for entry in "${plan[@]}"; do
         read -r limit stage <<< "$entry"

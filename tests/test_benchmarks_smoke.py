@@ -571,18 +571,15 @@ def test_gpu_session_composite_stages_run_every_stage_and_leave_at_most_eight_fi
     assert {"tests.txt", "bench.log", "accuracy.json", "profile.txt"} <= kernels_files
     assert not any(word.startswith("MLLOSS_TRITON_LAUNCH") for call in kernels_calls for word in call)
     assert "bit-identical to Triton's path" in (runs["kernels"][2] / "device.txt").read_text()
-    training_calls, _, training_out = runs["training"]
-    assert len([call for call in training_calls if call[0] == "recipes/ctr_cvr.py"]) == 8
-    summary = json.loads((training_out / "gpu-recipe-throughput.json").read_text())
-    assert summary["bce batch 1024"]["impressions_per_s_median"] == 2500.0  # epochs 2-3: the first warms up
-    # where each run's time went: the process (imports, set-up), main(), each epoch's training and whole
-    assert summary["bce batch 1024"]["runtime_s"] == 4.5 and summary["bce batch 1024"]["epoch_s"] == [[1.0, 1.5]] * 3
-    assert 0 < summary["bce batch 1024"]["process_wall_s"] < 60
-    # the step in CUDA graphs, as issue 12's throughput lines are measured, before the recipe
-    compiled = [call for call in training_calls if call[0] == "benchmarks/bench_recipe.py" and "--compile" in call]
-    assert len(compiled) == 1 and compiled[0][compiled[0].index("--compile") + 1] == "reduce-overhead"
-    assert "--fixed-batches" in compiled[0] and "--rounds" in compiled[0]
-    assert training_calls.index(compiled[0]) < min(i for i, call in enumerate(training_calls) if call[0] == "recipes/ctr_cvr.py")
+    training_calls, _, _ = runs["training"]
+    # the step plain, then in CUDA graphs (issue 12's throughput lines) at both batch sizes; the
+    # recipe's runs (their figures on record) in a command of their own
+    assert [call[0] for call in training_calls] == ["benchmarks/bench_recipe.py"] * 2
+    plain, compiled = training_calls
+    assert "--compile" not in plain and compiled[compiled.index("--compile") + 1] == "reduce-overhead"
+    assert "--fixed-batches" in compiled and "--rounds" in compiled
+    sizes = compiled[compiled.index("--batch-sizes") + 1:]
+    assert sizes[:2] == ["1024", "8192"], compiled
 
 
 def test_gpu_session_times_through_tritons_path_when_the_direct_launches_differ(gpu_session):
@@ -605,6 +602,19 @@ def test_gpu_session_says_so_when_the_launch_check_itself_fails(gpu_session):
     assert "launch-check stopped with status 1" in done.stdout
     assert "the launch check failed: the later stages launch through Triton's path" in done.stdout
     assert "differ from Triton's path" not in done.stdout
+
+
+def test_gpu_session_recipe_stage_summarises_every_run(gpu_session):
+    """recipe: the 4 losses at 1,024 and 8,192, one JSON with each run's median impressions/s over
+    epochs 2-3 and where its time went (the process: imports, set-up; main(); each epoch)."""
+    calls, out, _, done = gpu_session("recipe", "--epochs", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len([call for call in calls if call[0] == "recipes/ctr_cvr.py"]) == 8
+    summary = json.loads((out / "gpu-recipe-throughput.json").read_text())
+    assert len(summary) == 8
+    assert summary["bce batch 1024"]["impressions_per_s_median"] == 2500.0  # epochs 2-3: the first warms up
+    assert summary["bce batch 1024"]["runtime_s"] == 4.5 and summary["bce batch 1024"]["epoch_s"] == [[1.0, 1.5]] * 3
+    assert 0 < summary["bce batch 1024"]["process_wall_s"] < 60
 
 
 def test_gpu_session_recipe_stage_stops_at_its_time_limit(gpu_session):
