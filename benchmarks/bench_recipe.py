@@ -421,6 +421,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.rounds < 0:
         parser.error(f"--rounds must be >= 0 (0: no framework-overhead runs); got {args.rounds}")
+    if args.steps_per_call < 1 or args.warmup < 0:
+        parser.error(f"--steps-per-call must be >= 1 and --warmup >= 0; got {args.steps_per_call} and {args.warmup}")
+    if args.steps < args.steps_per_call:
+        # the window runs from the end of the call that reaches --warmup steps to the end of the last
+        # call: with fewer steps than a call makes, both can be the same call and nothing is timed
+        parser.error(f"--steps must be at least --steps-per-call ({args.steps_per_call}): the timed window "
+                     f"spans whole calls of the training step; got --steps {args.steps}")
     torch.set_num_threads(args.threads)
     mlloss.set_graph_replay(args.graph_replay)
     device = torch.device(args.device)

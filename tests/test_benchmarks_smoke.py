@@ -410,6 +410,22 @@ def test_recipe_losses_benchmark_reads_the_recipes_runs(tmp_path, monkeypatch):
     assert "| `bce` |" in out.with_suffix(".md").read_text()
 
 
+@pytest.mark.parametrize("options,named", [(["--steps", "4"], "--steps must be at least --steps-per-call (8)"),
+                                           (["--steps-per-call", "0"], "--steps-per-call must be >= 1"),
+                                           (["--warmup", "-1"], "--warmup >= 0")])
+def test_recipe_benchmark_refuses_a_window_with_nothing_to_time(options, named, capsys):
+    """--steps below --steps-per-call timed no call at all: a ZeroDivisionError after a whole training
+    run (--steps 4 --warmup 2, a call of 8 steps)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_recipe_refusing", BENCHMARKS / "bench_recipe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--steps-per-call", "8", *options])
+    assert named in capsys.readouterr().err
+
+
 def test_recipe_benchmark_keeps_its_rows_when_stopped_and_runs_without_bce(tmp_path, monkeypatch):
     """bench_recipe.py rewrites its JSON and .md after every row, so that gpu_session.sh's stage
     stopped at its time limit (SIGINT: KeyboardInterrupt) keeps the rows measured; ``--rounds 0``
