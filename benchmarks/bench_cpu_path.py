@@ -37,42 +37,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _arguments(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", default=os.path.dirname(HERE), help="directory to import mlloss from")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 8192, 65536])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--group-size", type=int, default=20, help="items per group, on average (default 20)")
-    parser.add_argument("--grouping", choices=["both", "grouped", "ungrouped"], default="both",
-                        help="batches with groups, without, or both (default)")
-    parser.add_argument("--group-dtype", choices=["int64", "int32"], default="int64",
-                        help="the group ids' dtype (default int64; int32 ids are sorted in half the radix passes)")
-    parser.add_argument("--cases", nargs="*", default=None, help="only the cases whose name contains one of these")
-    parser.add_argument("--naive", action="store_true", help="also the naive broadcast, eager and compiled")
-    parser.add_argument("--naive-max", type=int, default=8192)
-    parser.add_argument("--no-count", action="store_true", help="skip the op counts")
-    parser.add_argument("--output", default=None)
-    return parser.parse_args(argv)
-
-
-ARGS = _arguments(sys.argv[1:])
-sys.path.insert(0, ARGS.root)
-sys.path.insert(1, HERE)
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import mlloss  # noqa: E402
-from op_count import OpCounter  # noqa: E402
-
-
-GROUPINGS = {"both": (False, True), "grouped": (True,), "ungrouped": (False,)}
-
-
 def losses():
     """name -> (factory, label kind: one 0/1 column, two (LaA's and LoA's labels), or two task
-    columns, each with its own scores)."""
+    columns, each with its own scores). Defined before the arguments are read (``--cases`` is
+    checked against the names): the factories look ``mlloss`` up when called."""
     exp = {"surrogate": "exponential"}
     return {
         "AUCLoss/torch": (lambda: mlloss.AUCLoss(backend="torch"), "binary"),
@@ -91,6 +59,48 @@ def losses():
         "PDAOMLoss/auto": (lambda: mlloss.PDAOMLoss(backend="auto"), "binary"),
         "bce+pdaom/auto": (lambda: mlloss.build_loss("bce+pdaom", backend="auto"), "binary"),
     }
+
+
+def _arguments(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=os.path.dirname(HERE), help="directory to import mlloss from")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 8192, 65536])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=20, help="items per group, on average (default 20)")
+    parser.add_argument("--grouping", choices=["both", "grouped", "ungrouped"], default="both",
+                        help="batches with groups, without, or both (default)")
+    parser.add_argument("--group-dtype", choices=["int64", "int32"], default="int64",
+                        help="the group ids' dtype (default int64; int32 ids are sorted in half the radix passes)")
+    parser.add_argument("--cases", nargs="*", default=None, help="only the cases whose name contains one of these")
+    parser.add_argument("--naive", action="store_true", help="also the naive broadcast, eager and compiled")
+    parser.add_argument("--naive-max", type=int, default=8192)
+    parser.add_argument("--no-count", action="store_true", help="skip the op counts")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:  # no timed call: statistics.median([]) after the first case's warm-up
+        parser.error(f"--repeats must be >= 1; got {args.repeats}")
+    if args.group_size < 1:  # 0: a ZeroDivisionError making the first grouped batch; below: one group of all
+        parser.error(f"--group-size must be >= 1; got {args.group_size}")
+    names = list(losses())
+    unknown = [part for part in args.cases or () if not any(part in name for name in names)]
+    if unknown:  # a filter that selects nothing ran nothing and wrote no row, silently
+        parser.error(f"no case name contains --cases {' '.join(map(repr, unknown))}; the cases: {', '.join(names)}")
+    return args
+
+
+ARGS = _arguments(sys.argv[1:])
+sys.path.insert(0, ARGS.root)
+sys.path.insert(1, HERE)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import mlloss  # noqa: E402
+from op_count import OpCounter  # noqa: E402
+
+
+GROUPINGS = {"both": (False, True), "grouped": (True,), "ungrouped": (False,)}
 
 
 def batch(num_items: int, grouped: bool, kind: str, seed: int = 0):

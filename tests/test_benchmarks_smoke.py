@@ -730,6 +730,21 @@ def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(t
             assert row["ops"] > 0, row
 
 
+@pytest.mark.parametrize("options,named", [(["--repeats", "0"], "--repeats must be >= 1; got 0"),
+                                           (["--group-size", "0"], "--group-size must be >= 1; got 0"),
+                                           (["--group-size", "-5"], "--group-size must be >= 1; got -5"),
+                                           (["--cases", "AUCLoss/torch", "AUCLos/torch"], "contains --cases 'AUCLos/torch'")])
+def test_cpu_path_benchmark_refuses_counts_below_one_and_cases_that_select_nothing(options, named):
+    """--repeats 0 ended in statistics.median([]) after the first case's warm-up, --group-size 0 in a
+    ZeroDivisionError (a negative one put every item in one group), and a --cases name in no case
+    ran nothing (or less) silently; now the arguments are refused before anything is imported."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_cpu_path.py"), "--sizes", "64", *options],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and named in done.stderr, done.stderr[-2000:]
+
+
 def test_profile_call_reports_each_loss_per_call(tmp_path):
     """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line, a host-time table
     and a Python profile per case."""
