@@ -72,7 +72,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--per-rank", type=int, default=8192)
@@ -80,7 +80,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                          "results", "cross-device-cpu.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # Checked here: in the spawned ranks a bad value is a ZeroDivisionError (--group-size 0), an
+    # empty median (--steps 0) or an empty range of users, and --world 0 spawns nothing to read back.
+    for name in ("world", "per_rank", "group_size", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if args.group_size > 2 * args.per_rank:  # users are drawn from 2 * per_rank // group_size ids
+        parser.error(f"--group-size must be at most twice --per-rank ({args.per_rank}), or no user is left; "
+                     f"got {args.group_size}")
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(worker, args=(args.world, free_port(), args, out), nprocs=args.world, join=True)
         ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(args.world)]

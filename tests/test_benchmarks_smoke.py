@@ -426,6 +426,27 @@ def test_recipe_benchmark_refuses_a_window_with_nothing_to_time(options, named, 
     assert named in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("options,named", [(["--steps", "0"], "--steps must be >= 1; got 0"),
+                                           (["--world", "0"], "--world must be >= 1; got 0"),
+                                           (["--group-size", "0"], "--group-size must be >= 1; got 0"),
+                                           (["--per-rank", "0"], "--per-rank must be >= 1; got 0"),
+                                           (["--per-rank", "256", "--group-size", "1000"],
+                                            "--group-size must be at most twice --per-rank (256)")])
+def test_cross_device_benchmark_refuses_values_that_failed_in_its_ranks(options, named, capsys, monkeypatch):
+    """--steps 0 (an empty median), --group-size 0 (ZeroDivisionError), --per-rank 0 or a --group-size
+    above twice it (no user id to draw) failed inside the spawned ranks, --world 0 in an IndexError
+    reading no rank's file; now refused before any process is spawned."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_cross_device_refusing", BENCHMARKS / "bench_cross_device.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench.mp, "spawn", lambda *a, **k: pytest.fail("spawned ranks"))
+    with pytest.raises(SystemExit):
+        bench.main(options)
+    assert named in capsys.readouterr().err
+
+
 def test_recipe_benchmark_keeps_its_rows_when_stopped_and_runs_without_bce(tmp_path, monkeypatch):
     """bench_recipe.py rewrites its JSON and .md after every row, so that gpu_session.sh's stage
     stopped at its time limit (SIGINT: KeyboardInterrupt) keeps the rows measured; ``--rounds 0``
