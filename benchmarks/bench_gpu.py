@@ -417,7 +417,10 @@ def run_case(case: dict[str, Any], args, clock: DeviceClock, libauc_missing: str
             if case.get("dense_case"):
                 row["dense_case"] = case["dense_case"]
             reason = None
-            if time.perf_counter() - started > args.budget_s:
+            if not pairs:  # a small N may hold none (no positive, or no user with both): a loss of 0, by
+                # which the cross-checks' relative differences divide (--sizes 1 ended the run there)
+                reason = f"no pairs at N={n:,} (seed {args.seed}): nothing to time or cross-check"
+            elif time.perf_counter() - started > args.budget_s:
                 reason = f"run budget of {args.budget_s:.0f} s spent"
             elif impl.startswith("libauc") and libauc_missing:
                 reason = libauc_missing
@@ -515,13 +518,44 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.command = " ".join(["python", *(sys.argv if argv is None else ["benchmarks/bench_gpu.py", *argv])])
     args.mode = "smoke" if args.device == "cpu" else ("quick" if args.quick else "full")
     min_repeats, max_repeats, target_s, max_step_s, budget_s = REPEATS[args.mode]
+    if args.max_repeats is not None and args.max_repeats < 1:  # no timed step: every row a TypeError
+        parser.error(f"--max-repeats must be >= 1; got {args.max_repeats}")
     args.repeats = (args.min_repeats or min_repeats, args.max_repeats or max_repeats, args.target_s or target_s)
+    if args.repeats[0] > args.repeats[1]:  # the count is capped at the maximum: the minimum went unheeded
+        parser.error(f"--min-repeats must not exceed --max-repeats; got {args.repeats[0]} and {args.repeats[1]} "
+                     f"(the {args.mode} run's defaults: {min_repeats} and {max_repeats})")
     args.max_step_s = args.max_step_s or max_step_s
     args.budget_s = args.budget_s or budget_s
     args.compile_backend = args.compile_backend or ("aot_eager" if args.device == "cpu" else "inductor")
-    args.section_list = [int(s) for s in args.sections.split(",") if s.strip()]
-    args.size_list = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+
+    def integers(option: str, text: str) -> list[int]:
+        try:
+            return [int(s) for s in text.split(",") if s.strip()]
+        except ValueError:
+            parser.error(f"--{option} takes comma-separated integers; got {text!r}")
+
+    args.section_list = integers("sections", args.sections)
+    if not args.section_list:
+        parser.error(f"--sections names no section; got {args.sections!r}")
+    args.size_list = integers("sizes", args.sizes) if args.sizes else None
+    if args.size_list is not None and min(args.size_list, default=0) < 1:
+        parser.error(f"--sizes must be >= 1 (each value); got {args.sizes}")
     args.impl_list = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else None
+    def implementations(sections) -> set[str]:
+        return {impl for section in sections for case in cases.gpu_cases(section, args.mode, args.size_list)
+                for impl in case["impls"]}
+
+    try:  # an unknown section raises here, before any row
+        planned = implementations(args.section_list)
+    except ValueError as error:
+        parser.error(f"--sections {args.sections}: {error}")
+    if args.impl_list:  # a name in no section (a typo), or none in these sections: rows silently left out
+        known = implementations(cases.GPU_SECTION_TITLES)
+        unknown = [impl for impl in args.impl_list if impl not in known]
+        if unknown:
+            parser.error(f"--impls {','.join(unknown)}: no section runs it; the implementations: {', '.join(sorted(known))}")
+        if not planned & set(args.impl_list):
+            parser.error(f"--impls {args.impls}: none in sections {args.sections}, which run {', '.join(sorted(planned))}")
     return args
 
 

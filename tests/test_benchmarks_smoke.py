@@ -104,6 +104,39 @@ def test_cpu_smoke_run_writes_cross_checked_rows_and_acceptance(bench_gpu, tmp_p
     assert "\nhost: a Python call " in output.with_suffix(".md").read_text()
 
 
+@pytest.mark.parametrize("options,named", [
+    (["--max-repeats", "-1"], "--max-repeats must be >= 1; got -1"),
+    (["--min-repeats", "3", "--max-repeats", "1"], "--min-repeats must not exceed --max-repeats; got 3 and 1"),
+    (["--min-repeats", "4"], "got 4 and 3 (the smoke run's defaults: 2 and 3)"),
+    (["--impls", "mlloss-torch,mlloss-trition"], "--impls mlloss-trition: no section runs it"),
+    (["--impls", "libauc"], "--impls libauc: none in sections 2, which run mlloss-compile, "),
+    (["--sizes", "96,0"], "--sizes must be >= 1 (each value); got 96,0"),
+    (["--sizes", "96;128"], "--sizes takes comma-separated integers; got '96;128'"),
+    (["--sections", "2,11"], "--sections 2,11: unknown section 11"),
+])
+def test_gpu_benchmark_refuses_repeats_sizes_and_implementations_that_time_nothing(bench_gpu, options, named, capsys):
+    """--max-repeats -1 timed no step and every row ended in a TypeError; --min-repeats above the
+    maximum went unheeded; an --impls name no section runs (a typo), or only other sections' names,
+    ran less or nothing, silently;
+    --sizes 0 failed in the first row's inputs (max() of an empty tensor); a non-integer or an
+    unknown section raised a bare ValueError. Now parse_args refuses them, naming the option."""
+    with pytest.raises(SystemExit):
+        bench_gpu.parse_args(["--device", "cpu", "--sections", "2", "--sizes", "96", *options])
+    assert named in capsys.readouterr().err
+
+
+def test_gpu_benchmark_skips_a_size_without_pairs(bench_gpu, tmp_path):
+    """At N = 1 a case has no pair: the loss is 0 and the cross-checks divided by it (a
+    ZeroDivisionError after the first row ended the run); now each of its rows is skipped, saying so."""
+    output = tmp_path / "tiny.json"
+    bench_gpu.main(["--device", "cpu", "--sections", "2", "--sizes", "1,64", "--impls", "mlloss-torch,naive",
+                    "--min-repeats", "1", "--max-repeats", "1", "--output", str(output)])
+    rows = {(r["impl"], r["n"]): r for r in json.loads(output.read_text())["results"]}
+    assert all(rows[impl, 1]["skipped"] == "no pairs at N=1 (seed 0): nothing to time or cross-check"
+               for impl in ("mlloss-torch", "naive"))
+    assert "skipped" not in rows["naive", 64] and rows["naive", 64]["value_rel_diff"] < 1e-6
+
+
 def test_the_loss_compiled_as_a_users_step_compiles_it_has_its_own_row(bench_gpu, tmp_path):
     """``mlloss-compile``: the Triton tier's loss under torch.compile (aot_eager on the CPU), one
     graph without breaks, the eager call's bits; its compile counters in the row."""
