@@ -32,6 +32,10 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default=None, help="JSON file for the rows")
     args = parser.parse_args(argv)
+    if args.repeats < 1:  # no timed call: every row's time the initial inf
+        parser.error(f"--repeats must be >= 1; got {args.repeats}")
+    if args.group_size < 1:  # 0: a ZeroDivisionError; below: every item in one user, silently
+        parser.error(f"--group-size must be >= 1; got {args.group_size}")
     sys.path.insert(0, args.root)
     import torch
 

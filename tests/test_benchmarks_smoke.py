@@ -764,6 +764,22 @@ def test_metrics_benchmark_times_each_metric_and_reports_its_value(tmp_path):
     assert rows["binary_auc"]["value"] == pytest.approx(float(wins), abs=1e-12)
 
 
+@pytest.mark.parametrize("options,named", [(["--repeats", "0"], "--repeats must be >= 1; got 0"),
+                                           (["--group-size", "0"], "--group-size must be >= 1; got 0"),
+                                           (["--group-size", "-3"], "--group-size must be >= 1; got -3")])
+def test_metrics_benchmark_refuses_no_repeats_and_groups_below_one_item(options, named, capsys, tmp_path):
+    """--repeats 0 reported every metric at inf ms, --group-size 0 ended in a ZeroDivisionError and a
+    negative one put every item in one user, silently; now refused before anything runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_metrics_refusing", BENCHMARKS / "bench_metrics.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit):
+        bench.main(["--sizes", "64", "--threads", "1", "--output", str(tmp_path / "m.json"), *options])
+    assert named in capsys.readouterr().err and not (tmp_path / "m.json").exists()
+
+
 def test_cpu_path_benchmark_times_and_counts_each_case_and_the_naive_broadcast(tmp_path):
     """bench_cpu_path.py at a tiny N: a row per (case, N, groups) with its times and op counts
     (two task columns among them), and the naive broadcast's rows, eager and compiled."""
