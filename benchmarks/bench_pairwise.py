@@ -252,7 +252,13 @@ def main() -> None:
         args.in_process = True
     output = args.output or (DEFAULT_OUTPUT if not args.quick else
                              os.path.join(os.path.dirname(DEFAULT_OUTPUT), "cpu-2core-quick.json"))
-    sections = [int(s) for s in args.sections.split(",") if s.strip()]
+    try:
+        sections = [int(s) for s in args.sections.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--sections takes comma-separated integers; got {args.sections!r}")
+    unknown = [section for section in sections if section not in cases.CPU_SECTION_TITLES]
+    if unknown or not sections:  # an unknown one was a KeyError after the sections before it had run, unwritten
+        parser.error(f"--sections must name sections of {sorted(cases.CPU_SECTION_TITLES)}; got {args.sections!r}")
     snapshot = None
     if not args.no_snapshot:
         snapshot = os.environ.get("MLLOSS_BENCH_SNAPSHOT") or _measure.snapshot_library(

@@ -705,6 +705,20 @@ def test_gpu_session_keeps_what_a_stopped_stage_prints_on_its_way_out(gpu_sessio
     assert "summary printed after the interrupt" in done.stdout
 
 
+@pytest.mark.parametrize("sections,named", [("2,9", "--sections must name sections of [1, 2, 3, 4]; got '2,9'"),
+                                            (",", "--sections must name sections of [1, 2, 3, 4]; got ','"),
+                                            ("2,x", "--sections takes comma-separated integers; got '2,x'")])
+def test_cpu_runner_refuses_sections_it_does_not_have(sections, named, tmp_path):
+    """--sections 2,9 ran section 2 and then died in a KeyError (nothing written); 2,x raised a bare
+    ValueError and ',' ran nothing; now refused before anything runs, naming the sections it has."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_pairwise.py"), "--quick", "--no-snapshot",
+                           "--sections", sections, "--output", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and named in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_cpu_runner_skips_libauc_rows_when_libauc_is_not_importable(tmp_path):
     """bench_pairwise.py --quick without LibAUC (an optional peer): its rows say why they were
     skipped and the run goes on (the in-process quick run stopped with ModuleNotFoundError)."""
