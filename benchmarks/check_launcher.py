@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--num-items", type=int, default=20_000)
     args = parser.parse_args(argv)
+    if args.num_items < 2:  # no pair: the losses launch no kernel, and "bit-identical" compared nothing
+        parser.error(f"--num-items must be >= 2 (fewer items make no pair, so no kernel is launched); got {args.num_items}")
     from mlloss.kernels import _launch
 
     device = torch.device(args.device)

@@ -915,6 +915,20 @@ def test_check_launcher_runs_every_loss_and_finds_equal_bits_under_the_interpret
     assert done.stdout.count(": loss ") == 9 and "bit-identical to Triton's path" in done.stdout
 
 
+@pytest.mark.parametrize("num_items", ["0", "1", "-3"])
+def test_check_launcher_refuses_batches_without_a_pair(num_items, capsys):
+    """--num-items 0 or 1 launched no kernel at all and printed "direct launches: bit-identical to
+    Triton's path" (exit 0) having compared nothing; -3 failed in torch.randn. Now refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_launcher_refusing", BENCHMARKS / "check_launcher.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    with pytest.raises(SystemExit) as stopped:
+        check.main(["--device", "cpu", "--num-items", num_items])
+    assert stopped.value.code == 2 and "--num-items must be >= 2" in capsys.readouterr().err
+
+
 def test_gpu_report_judges_the_replayed_calls_beside_the_eager_ones(bench_gpu, cases):
     """The acceptance lines of a GPU run with ``mlloss-replay`` rows: each eager target also for the
     replayed call, and the naive baselines over it (rows made up here, not measured)."""
