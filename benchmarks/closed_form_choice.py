@@ -121,6 +121,12 @@ def main(argv=None) -> None:
     parser.add_argument("--max-pairs", type=float, default=4e9, help="skip the blocked sum beyond this many valid pairs")
     parser.add_argument("--output", default=None, help="JSON file for the rows (and a .md beside it)")
     args = parser.parse_args(argv)
+    if args.repeats < 1:  # no timed call: both paths at inf ms, the time lost nan
+        parser.error(f"--repeats must be >= 1; got {args.repeats}")
+    if min(args.group_sizes) < 0:  # 0: no groups; below, every item silently in one user
+        parser.error(f"--group-sizes must be >= 0 (each value; 0: no groups); got {args.group_sizes}")
+    if "levels" in args.labels and args.levels < 2:  # 0: a RuntimeError after the other labels' cases; 1: no pair
+        parser.error(f"--levels must be >= 2 (one level has no pair); got {args.levels}")
     torch.set_num_threads(args.threads)
     rows = []
     header = f"{'n':>8} {'users':>5} {'labels':13} {'surrogate':11} {'pairs':>9} {'closed ms':>9} {'blocked ms':>10} {'auto':7} faster"

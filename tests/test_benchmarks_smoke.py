@@ -758,6 +758,23 @@ def test_closed_form_choice_times_both_exact_paths_and_records_the_librarys_choi
     assert "auto picks the slower path in" in out.with_suffix(".md").read_text()
 
 
+@pytest.mark.parametrize("options,named", [(["--repeats", "0"], "--repeats must be >= 1; got 0"),
+                                           (["--group-sizes", "0", "-5"], "--group-sizes must be >= 0 (each value; 0: no groups); got [0, -5]"),
+                                           (["--levels", "1"], "--levels must be >= 2 (one level has no pair); got 1")])
+def test_closed_form_choice_refuses_values_that_time_nothing(options, named, capsys):
+    """--repeats 0 wrote both paths at inf ms and the time lost as nan; a negative --group-sizes put every
+    item in one user; --levels 0 ended in a RuntimeError after the other label kinds' cases, and 1
+    timed a loss without pairs. Now refused before anything runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("closed_form_choice_refusing", BENCHMARKS / "closed_form_choice.py")
+    choice = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(choice)
+    with pytest.raises(SystemExit):
+        choice.main(["--sizes", "64", "--threads", "1", *options])
+    assert named in capsys.readouterr().err
+
+
 def test_metrics_benchmark_times_each_metric_and_reports_its_value(tmp_path):
     """benchmarks/bench_metrics.py at a tiny N: a row per metric and size, its time, and the
     metric's value, which is the brute-force AUC over every (positive, negative) pair."""
