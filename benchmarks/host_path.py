@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipe-steps", action="store_true",
                         help="also the ops of one training step of recipes/ctr_cvr.py per loss")
     options = parser.parse_args(argv)
+    if options.memory is not None and options.memory < 1:  # 0 was silently no measurement; below, a
+        # RuntimeError making the batch after every call had been counted (half a minute), nothing written
+        parser.error(f"--memory must be >= 1 (items); got {options.memory}")
     counts = all_counts()
     print(f"{'loss':<24} {'kernels':>8} {'groups':>6} {'mask':>6} {'checks':>6} {'aten ops':>9} {'syncs':>6}")
     for row in counts:

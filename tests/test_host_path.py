@@ -286,3 +286,13 @@ def test_the_peak_in_a_sort_is_what_is_live_before_it_plus_its_outputs(monkeypat
     peak, in_sorts = host_path.peak_memory("made-up sort", grouped=False, num_items=64)
     assert in_sorts == 4096 + 8192 + 2 * 8192
     assert peak >= in_sorts
+
+
+@pytest.mark.parametrize("items", ["0", "-5"])
+def test_the_tool_refuses_a_memory_batch_without_items(items, monkeypatch, capsys) -> None:
+    """host_path.py --memory -5 counted every call (half a minute) and then failed making a batch of
+    -5 items, writing nothing; --memory 0 silently measured nothing. Now refused before the counts."""
+    monkeypatch.setattr(host_path, "all_counts", lambda: pytest.fail("counted the calls"))
+    with pytest.raises(SystemExit):
+        host_path.main(["--memory", items, "--output", "/nonexistent/host-path.json"])
+    assert f"--memory must be >= 1 (items); got {items}" in capsys.readouterr().err
