@@ -68,7 +68,10 @@ def _arguments(argv):
     parser.add_argument("--compare", nargs="+", metavar="JSON", help="no timing: compare the runs in these files "
                         "(the earlier version's) with those of --to, row by row (each row's smallest time over the runs)")
     parser.add_argument("--to", nargs="+", metavar="JSON", help="with --compare: the later version's runs")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:  # no round: an empty table, and a JSON of no rows over --output's results
+        parser.error(f"--rounds must be >= 1; got {args.rounds}")
+    return args
 
 
 if __name__ == "__main__":
@@ -275,11 +278,15 @@ def main(argv: list[str] | None = None) -> None:
     if options.compare:
         compare(options.compare, options.to or [], options.output)
         return
+    selected = cases(options.match, options.replay)
+    if not selected:  # timed nothing, and wrote a JSON of no rows over --output's results
+        raise SystemExit(f"--match {options.match!r}: no loss name contains it; the losses: "
+                         f"{', '.join(dict.fromkeys(row[0] for row in cases(None)))}")
     torch.set_num_threads(1)
     rows = []
     for _ in range(options.rounds):  # the VM's slow spells last seconds: each row's fastest round
         timed = [host_time(name, grouped=grouped, layout=layout, calls=options.calls, replay=replay)
-                 for name, grouped, layout, replay in cases(options.match, options.replay)]
+                 for name, grouped, layout, replay in selected]
         rows = timed if not rows else [min(a, b, key=lambda row: row.host_us) for a, b in zip(rows, timed)]
     _print_rows(rows)
     import _measure
@@ -324,6 +331,9 @@ def compare(before: list[str], after: list[str], output: str) -> None:
             ratios.append(ratio)
             table.append(f"| {row['loss']} | {row['grouped']} | {_kernels(_row(row))} | {row['launches']} | "
                          f"{old[key]['host_us']:.0f} | {row['host_us']:.0f} | {ratio:.2f} |")
+    if not ratios:  # min() of no ratio: a bare ValueError
+        raise SystemExit(f"--compare and --to share no row (loss, groups, kernels, replay): {len(old)} rows before, "
+                         f"{len(new)} after; compare runs of the same --match and --replay")
     summary = (f"{len(before)} runs of {old_root} (before) and {len(after)} of {new_root} (after), each row's "
                f"smallest host time; after / before {min(ratios):.2f}-{max(ratios):.2f}, median "
                f"{statistics.median(ratios):.2f}")

@@ -1293,6 +1293,31 @@ def test_host_time_keeps_each_rows_fastest_round(monkeypatch, tmp_path):
     assert row["host_us"] == 100.0
 
 
+def test_host_time_refuses_no_rounds_a_match_of_no_loss_and_runs_without_a_row_in_common(monkeypatch, tmp_path, capsys):
+    """--rounds 0 and a --match in no loss name timed nothing and wrote a JSON of no rows over
+    --output; --compare of runs with no row in common ended in min() of an empty list. Now each
+    says what was given."""
+    host_time = _host_time_module(monkeypatch)
+    monkeypatch.setattr(host_time, "host_time", lambda *a, **k: pytest.fail("timed a row"))
+    monkeypatch.setattr(host_time.torch, "set_num_threads", lambda n: None)
+    output = tmp_path / "t.json"
+    with pytest.raises(SystemExit):
+        host_time.main(["--rounds", "0", "--output", str(output)])
+    assert "--rounds must be >= 1; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--match 'PDOAM': no loss name contains it; the losses: AUCLoss, "):
+        host_time.main(["--match", "PDOAM", "--output", str(output)])
+    assert not output.exists()
+
+    def run(path, loss):
+        row = {"loss": loss, "grouped": False, "layout": False, "num_items": 1024, "replay": False, "launches": 2,
+               "host_us": 100.0, "without_launches_us": 50.0}
+        path.write_text(json.dumps({"git_commit": "a" * 40, "mlloss_root": "/x", "library_dirty_files": [], "rows": [row]}))
+        return str(path)
+
+    with pytest.raises(SystemExit, match="--compare and --to share no row .*: 1 rows before, 1 after"):
+        host_time.compare([run(tmp_path / "b.json", "AUCLoss")], [run(tmp_path / "a.json", "LaALoss")], str(output))
+
+
 def _bench_recipe():
     import importlib.util
 
