@@ -482,6 +482,9 @@ def run_sources(sources: Sequence[str], quick: bool, jobs: int, match: Sequence[
         names = dict(zip(sources, pool.map(_variant_names, sources)))
         chosen = {s: [i for i, name in enumerate(names[s]) if not match or any(re.search(text, name) for text in match)]
                   for s in sources}
+        if not any(chosen.values()):  # analysed nothing, and wrote a JSON of no variants over --output
+            raise ValueError(f"--match {' '.join(map(repr, match))} is found in no variant name of {', '.join(sources)} "
+                             f"(re.search); the variants: {', '.join(name for s in sources for name in names[s])}")
         tasks = [(s, i) for s in sources for i in (chosen[s][:2] if quick else chosen[s])]
         futures = [pool.submit(_analyse_from, s, i) for s, i in tasks]
         return [f.result() for f in futures]
@@ -530,7 +533,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"variant factory, repeatable (default {DEFAULT_SOURCE} if it exists, "
                              f"else {LEGACY_SOURCE})")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="worker processes")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for text in args.match:  # else re.error, naming no option, once the workers have listed the variants
+        try:
+            re.compile(text)
+        except re.error as error:
+            parser.error(f"--match {text!r} is not a regular expression: {error}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:

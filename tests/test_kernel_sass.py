@@ -354,3 +354,23 @@ def test_the_printed_line_gives_each_kind_of_loops_per_pair_numbers(monkeypatch)
                     "0.0 SHFL per pair | 42 regs, spills 4 B st / 8 B ld, stack 16 B")
     assert "6 instr (1 skip, 1 exit branches): 3.0 instr/pair, MUFU 1 (0.50/pair), SHFL 1 (0.50/pair), BAR 0" in first
     assert "4 instr (0 skip, 0 exit branches): 2.0 instr/pair, MUFU 1 (0.50/pair), SHFL 0 (0.00/pair), BAR 1" in second
+
+
+def test_a_match_found_in_no_variant_name_is_refused(tmp_path, monkeypatch):
+    """--match with a typo analysed nothing and wrote a JSON of no variants over --output (by default
+    benchmarks/results/kernel-sass.json); now an error names the patterns and the variants."""
+    for folder in ("tests", "benchmarks"):  # the spawned workers import tiny_variants' module and the tool
+        monkeypatch.syspath_prepend(str(ROOT / folder))
+    output = tmp_path / "sass.json"
+    with pytest.raises(ValueError, match=r"--match '\^ex2 tile\$' is found in no variant name of "
+                                         r"test_kernel_sass:tiny_variants .*the variants: ex2 tiles elementwise, ex2 tiles row sum"):
+        kernel_sass.main(["--variants-from", "test_kernel_sass:tiny_variants", "--match", "^ex2 tile$", "--jobs", "1",
+                          "--output", str(output)])
+    assert not output.exists()
+
+
+def test_a_match_that_is_no_regular_expression_is_refused(capsys):
+    """--match '^ex2 tile (' raised a bare re.error in the pool; now parser.error names the option."""
+    with pytest.raises(SystemExit):
+        kernel_sass.main(["--match", "^ex2 tiles", "^ex2 tile (", "--jobs", "1"])
+    assert "--match '^ex2 tile (' is not a regular expression: missing ), unterminated subpattern" in capsys.readouterr().err
