@@ -137,6 +137,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seed", type=int, default=0, help="bench_gpu.py's --seed")
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
+    # --steps 0 or --profiled 0: a ZeroDivisionError after a case's warm-up (below 0: negative times);
+    # --num-items 0 silently took each case's target size (2^20 for some), below 0 failed in torch.randn
+    for name in ("steps", "profiled", "num_items"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1; got {value}")
     device = torch.device(args.device)
     header = (f"# profile_call.py: {device_name(device)}, torch {torch.__version__}\n"
               f"host: {host_speed_words(host_speed(device.type))}")

@@ -846,6 +846,24 @@ def test_cpu_path_benchmark_refuses_counts_below_one_and_cases_that_select_nothi
     assert done.returncode == 2 and named in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("options,named", [(["--steps", "0"], "--steps must be >= 1; got 0"),
+                                           (["--steps", "-1"], "--steps must be >= 1; got -1"),
+                                           (["--profiled", "0"], "--profiled must be >= 1; got 0"),
+                                           (["--num-items", "0"], "--num-items must be >= 1; got 0")])
+def test_profile_call_refuses_no_timed_or_profiled_calls_and_no_items(options, named, capsys, monkeypatch):
+    """--steps 0 and --profiled 0 ended in a ZeroDivisionError after the case's warm-up (--steps -1
+    printed a negative time per call); --num-items 0 silently took each case's target size."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_call_refusing", BENCHMARKS / "profile_call.py")
+    profile_call = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile_call)
+    monkeypatch.setattr(profile_call, "profile_case", lambda *a, **k: pytest.fail("profiled a case"))
+    with pytest.raises(SystemExit):
+        profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1", "--cases", "AUC", *options])
+    assert named in capsys.readouterr().err
+
+
 def test_profile_call_reports_each_loss_per_call(tmp_path):
     """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line, a host-time table
     and a Python profile per case."""
