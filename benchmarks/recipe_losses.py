@@ -20,6 +20,8 @@ the machine and its load (the load average is recorded): compare rows of the sam
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -39,11 +41,31 @@ KEYS = {"click_auc": "model/auc/click", "click_gauc": "model/gauc/click",
         "purchase_auc": "model/auc/purchase", "purchase_gauc": "model/gauc/purchase"}
 
 
+def recipe_argv(loss: str, output_dir: Path, extra: list[str]) -> list[str]:
+    return ["--loss", loss, "--no-checkpoint", "--no-progress-bar", "--output-dir", str(output_dir), *extra]
+
+
 def run_recipe(loss: str, output_dir: Path, extra: list[str]) -> dict:
-    command = [sys.executable, str(ROOT / "recipes" / "ctr_cvr.py"), "--loss", loss, "--no-checkpoint",
-               "--no-progress-bar", "--output-dir", str(output_dir), *extra]
+    command = [sys.executable, str(ROOT / "recipes" / "ctr_cvr.py"), *recipe_argv(loss, output_dir, extra)]
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return json.loads((output_dir / "results.json").read_text())
+
+
+def recipe_refusal(loss: str, extra: list[str]) -> str | None:
+    """What recipes/ctr_cvr.py's option check says of a run's options (None: nothing), without running it."""
+    recipes = str(ROOT / "recipes")
+    if recipes not in sys.path:
+        sys.path.insert(0, recipes)
+    from ctr_cvr_options import parse_args
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parse_args(recipe_argv(loss, Path("scratch"), extra))
+    except SystemExit:
+        last = (said.getvalue().strip().splitlines() or ["(no message)"])[-1]
+        return last.partition("error: ")[2] or last
+    return None
 
 
 def summarize(loss: str, reports: list[dict]) -> dict:
@@ -84,6 +106,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.epochs < 2:
         parser.error(f"--runs must be >= 1 and --epochs >= 2 (epoch 1 is warm-up); got {args.runs}, {args.epochs}")
+    for loss in args.losses:  # else a loss (or option) the recipe refuses ended the run after the losses before it
+        refusal = recipe_refusal(loss, ["--epochs", str(args.epochs), *args.recipe_args])
+        if refusal:
+            given = f" with --recipe-args {' '.join(args.recipe_args)}" if args.recipe_args else ""
+            parser.error(f"recipes/ctr_cvr.py refuses --losses {loss}{given}: {refusal}")
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

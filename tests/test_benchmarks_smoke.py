@@ -443,6 +443,27 @@ def test_recipe_losses_benchmark_reads_the_recipes_runs(tmp_path, monkeypatch):
     assert "| `bce` |" in out.with_suffix(".md").read_text()
 
 
+@pytest.mark.parametrize("options,named", [
+    (["--losses", "bce", "lambdarank"], "recipes/ctr_cvr.py refuses --losses lambdarank: argument --loss: invalid choice"),
+    (["--losses", "laa", "bce", "--recipe-args", "--lambda", "2"],
+     "refuses --losses bce with --recipe-args --lambda 2: --lambda weighs a ranking term"),
+])
+def test_recipe_losses_benchmark_refuses_a_run_the_recipe_would_refuse(options, named, capsys, monkeypatch):
+    """--losses bce lambdarank ran bce's runs in full and then ended in a CalledProcessError (the
+    recipe's --loss choices), writing nothing; so did an option only some losses take. Now every
+    loss's command line is checked by the recipe's own parser before the first run."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("recipe_losses_refusing", BENCHMARKS / "recipe_losses.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "subprocess", SimpleNamespace(run=lambda *a, **k: pytest.fail("ran the recipe")))
+    with pytest.raises(SystemExit):
+        bench.main(["--runs", "1", "--epochs", "2", *options])
+    assert named in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("options,named", [(["--steps", "4"], "--steps must be at least --steps-per-call (8)"),
                                            (["--steps-per-call", "0"], "--steps-per-call must be >= 1"),
                                            (["--warmup", "-1"], "--warmup >= 0")])
