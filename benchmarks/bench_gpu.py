@@ -541,6 +541,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.size_list is not None and min(args.size_list, default=0) < 1:
         parser.error(f"--sizes must be >= 1 (each value); got {args.sizes}")
     args.impl_list = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else None
+
     def implementations(sections) -> set[str]:
         return {impl for section in sections for case in cases.gpu_cases(section, args.mode, args.size_list)
                 for impl in case["impls"]}
