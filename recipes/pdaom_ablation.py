@@ -256,6 +256,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                   "bottom_hidden", "tower_hidden"),
                  positive=("lr", "mean_impressions"), non_negative=("lam", "sweep_lams"))
     check_seeds(p, args, ("seeds", "data_seed"))
+    if args.mean_impressions < 1:  # a user has at least one impression (SyntheticConfig raised, as a traceback)
+        p.error(f"--mean-impressions must be >= 1 (impressions per user); got {args.mean_impressions}")
     if not 0 < args.test_fraction < 1:
         p.error(f"--test-fraction must lie in (0, 1); got {args.test_fraction}")
     return args

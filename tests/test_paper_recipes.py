@@ -466,6 +466,8 @@ def test_quick_sets_defaults_that_the_command_line_still_overrides(dictatorship,
     ("bank", ["--rows", "3"], r"--rows 3 with --test-fraction 0.2 gives 1 test and 2 training rows"),
     ("pdaom", ["--seeds", "0", str(2**64)], r"--seeds must be in \[0, 2\*\*32 - 1\] \(each value\); got \[0, 18446744073709551616\]"),
     ("pdaom", ["--data-seed", "-1"], r"--data-seed must be in \[0, 2\*\*32 - 1\]; got -1"),
+    # above 0 but below SyntheticConfig's 1: a traceback once the data were generated
+    ("pdaom", ["--mean-impressions", "0.5"], r"--mean-impressions must be >= 1 \(impressions per user\); got 0.5"),
 ])
 def test_paper_recipe_options_are_checked_before_any_work(recipe, argv, message, request, capsys):
     # --lam -1 failed after the CE runs had trained, naming lam / batch_size; --sweep-batch-sizes 0
