@@ -24,6 +24,17 @@ pytestmark = pytest.mark.triton
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+def benchmark_script(stem: str, name: str):
+    """benchmarks/<stem>.py loaded as a fresh module called ``name`` (a test's own copy: its
+    monkeypatches reach no other test's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def bench_gpu():
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -364,11 +375,7 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
     parts add up to the step time (other = the rest, so never more than the step), the framework
     overhead compares the recipe's module with a plain loop on both clocks, and the data-path rows
     compare TensorBatches with a per-row DataLoader; JSON and .md written, dated, with the version."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_recipe", BENCHMARKS / "bench_recipe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_recipe", "bench_recipe")
     out = tmp_path / "recipe.json"
     result = bench.main(["--device", "cpu", "--losses", "bce", "laa", "--batch-sizes", "256", "--steps", "8",
                          "--warmup", "2", "--num-users", "300", "--rounds", "1", "--steps-per-call", "2",
@@ -398,13 +405,9 @@ def test_recipe_benchmark_splits_each_step_and_times_the_data_path(tmp_path):
 def test_level_tiles_benchmark_forces_each_path_and_restores_the_library_choice():
     """benchmarks/bench_level_tiles.py: both forced paths give the same loss on one group, and the
     library's RECTANGLE_PAIRS is back afterwards."""
-    import importlib.util
-
     from mlloss.ops import allpairs
 
-    spec = importlib.util.spec_from_file_location("bench_level_tiles", BENCHMARKS / "bench_level_tiles.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_level_tiles", "bench_level_tiles")
     chosen = allpairs.RECTANGLE_PAIRS
     (_, rectangles), (_, tiles) = (bench.time_call(300, 6, path) for path in bench.PATHS)
     assert allpairs.RECTANGLE_PAIRS == chosen
@@ -416,15 +419,12 @@ def test_recipe_losses_benchmark_reads_the_recipes_runs(tmp_path, monkeypatch):
     after the first, the test metrics of results.json, the runs identical to the bit (the recipe is
     deterministic on the CPU); JSON and .md written. Its command lines run the recipe's main in this
     process (a subprocess spends ~8 s importing Lightning)."""
-    import importlib.util
     import subprocess
     from types import SimpleNamespace
 
     from recipe_util import RECIPES, load_recipe
 
-    spec = importlib.util.spec_from_file_location("recipe_losses", BENCHMARKS / "recipe_losses.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("recipe_losses", "recipe_losses")
     recipe = load_recipe("ctr_cvr")
 
     def run_in_this_process(command, check, cwd, stdout):
@@ -452,12 +452,9 @@ def test_recipe_losses_benchmark_refuses_a_run_the_recipe_would_refuse(options, 
     """--losses bce lambdarank ran bce's runs in full and then ended in a CalledProcessError (the
     recipe's --loss choices), writing nothing; so did an option only some losses take. Now every
     loss's command line is checked by the recipe's own parser before the first run."""
-    import importlib.util
     from types import SimpleNamespace
 
-    spec = importlib.util.spec_from_file_location("recipe_losses_refusing", BENCHMARKS / "recipe_losses.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("recipe_losses", "recipe_losses_refusing")
     monkeypatch.setattr(bench, "subprocess", SimpleNamespace(run=lambda *a, **k: pytest.fail("ran the recipe")))
     with pytest.raises(SystemExit):
         bench.main(["--runs", "1", "--epochs", "2", *options])
@@ -470,11 +467,7 @@ def test_recipe_losses_benchmark_refuses_a_run_the_recipe_would_refuse(options, 
 def test_recipe_benchmark_refuses_a_window_with_nothing_to_time(options, named, capsys):
     """--steps below --steps-per-call timed no call at all: a ZeroDivisionError after a whole training
     run (--steps 4 --warmup 2, a call of 8 steps)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_recipe_refusing", BENCHMARKS / "bench_recipe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_recipe", "bench_recipe_refusing")
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--steps-per-call", "8", *options])
     assert named in capsys.readouterr().err
@@ -490,11 +483,7 @@ def test_cross_device_benchmark_refuses_values_that_failed_in_its_ranks(options,
     """--steps 0 (an empty median), --group-size 0 (ZeroDivisionError), --per-rank 0 or a --group-size
     above twice it (no user id to draw) failed inside the spawned ranks, --world 0 in an IndexError
     reading no rank's file; now refused before any process is spawned."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_cross_device_refusing", BENCHMARKS / "bench_cross_device.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_cross_device", "bench_cross_device_refusing")
     monkeypatch.setattr(bench.mp, "spawn", lambda *a, **k: pytest.fail("spawned ranks"))
     with pytest.raises(SystemExit):
         bench.main(options)
@@ -506,11 +495,7 @@ def test_recipe_benchmark_keeps_its_rows_when_stopped_and_runs_without_bce(tmp_p
     stopped at its time limit (SIGINT: KeyboardInterrupt) keeps the rows measured; ``--rounds 0``
     leaves out the framework overhead (the compiled stage's), and a run without bce writes "-" for
     "vs bce" (it raised StopIteration)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_recipe_stopped", BENCHMARKS / "bench_recipe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_recipe", "bench_recipe_stopped")
     real_train, calls = bench.train, []
 
     def train(*args, **kwargs):  # the second loss's first run is where the time limit falls
@@ -786,11 +771,7 @@ def test_closed_form_choice_refuses_values_that_time_nothing(options, named, cap
     """--repeats 0 wrote both paths at inf ms and the time lost as nan; a negative --group-sizes put every
     item in one user; --levels 0 ended in a RuntimeError after the other label kinds' cases, and 1
     timed a loss without pairs. Now refused before anything runs."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("closed_form_choice_refusing", BENCHMARKS / "closed_form_choice.py")
-    choice = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(choice)
+    choice = benchmark_script("closed_form_choice", "closed_form_choice_refusing")
     with pytest.raises(SystemExit):
         choice.main(["--sizes", "64", "--threads", "1", *options])
     assert named in capsys.readouterr().err
@@ -822,11 +803,7 @@ def test_metrics_benchmark_times_each_metric_and_reports_its_value(tmp_path):
 def test_metrics_benchmark_refuses_no_repeats_and_groups_below_one_item(options, named, capsys, tmp_path):
     """--repeats 0 reported every metric at inf ms, --group-size 0 ended in a ZeroDivisionError and a
     negative one put every item in one user, silently; now refused before anything runs."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_metrics_refusing", BENCHMARKS / "bench_metrics.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_metrics", "bench_metrics_refusing")
     with pytest.raises(SystemExit):
         bench.main(["--sizes", "64", "--threads", "1", "--output", str(tmp_path / "m.json"), *options])
     assert named in capsys.readouterr().err and not (tmp_path / "m.json").exists()
@@ -874,11 +851,7 @@ def test_cpu_path_benchmark_refuses_counts_below_one_and_cases_that_select_nothi
 def test_profile_call_refuses_no_timed_or_profiled_calls_and_no_items(options, named, capsys, monkeypatch):
     """--steps 0 and --profiled 0 ended in a ZeroDivisionError after the case's warm-up (--steps -1
     printed a negative time per call); --num-items 0 silently took each case's target size."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("profile_call_refusing", BENCHMARKS / "profile_call.py")
-    profile_call = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(profile_call)
+    profile_call = benchmark_script("profile_call", "profile_call_refusing")
     monkeypatch.setattr(profile_call, "profile_case", lambda *a, **k: pytest.fail("profiled a case"))
     with pytest.raises(SystemExit):
         profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1", "--cases", "AUC", *options])
@@ -888,14 +861,11 @@ def test_profile_call_refuses_no_timed_or_profiled_calls_and_no_items(options, n
 def test_profile_call_reports_each_loss_per_call(tmp_path):
     """benchmarks/profile_call.py on the CPU (interpreted kernels): a timed line, a host-time table
     and a Python profile per case."""
-    import importlib.util
     import re
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("profile_call", BENCHMARKS / "profile_call.py")
-    profile_call = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(profile_call)
+    profile_call = benchmark_script("profile_call", "profile_call")
     report = profile_call.main(["--device", "cpu", "--num-items", "64", "--steps", "2", "--profiled", "1",
                                 "--output", str(tmp_path / "profile.txt")])
     assert (tmp_path / "profile.txt").read_text() == report
@@ -975,11 +945,7 @@ def test_check_launcher_runs_every_loss_and_finds_equal_bits_under_the_interpret
 def test_check_launcher_refuses_batches_without_a_pair(num_items, capsys):
     """--num-items 0 or 1 launched no kernel at all and printed "direct launches: bit-identical to
     Triton's path" (exit 0) having compared nothing; -3 failed in torch.randn. Now refused."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("check_launcher_refusing", BENCHMARKS / "check_launcher.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = benchmark_script("check_launcher", "check_launcher_refusing")
     with pytest.raises(SystemExit) as stopped:
         check.main(["--device", "cpu", "--num-items", num_items])
     assert stopped.value.code == 2 and "--num-items must be >= 2" in capsys.readouterr().err
@@ -1357,21 +1323,12 @@ def test_host_time_refuses_no_rounds_a_match_of_no_loss_and_runs_without_a_row_i
         host_time.compare([run(tmp_path / "b.json", "AUCLoss")], [run(tmp_path / "a.json", "LaALoss")], str(output))
 
 
-def _bench_recipe():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_recipe", BENCHMARKS / "bench_recipe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_recipe_benchmark_split_adds_up_to_the_step_and_impressions_per_s_to_the_window():
     """One profiled run: its parts (other: the rest) add up to its step time, and impressions per
     second are the window's impressions over its steps' time (step_ms * steps)."""
     import argparse
 
-    bench = _bench_recipe()
+    bench = benchmark_script("bench_recipe", "bench_recipe")
     import ctr_cvr
 
     data, _ = ctr_cvr.load_data(ctr_cvr.parse_args(["--num-users", "300"]))
@@ -1386,7 +1343,7 @@ def test_recipe_step_ops_count_kernels_not_views():
     """step_ops' kernel ops: the same step with views added runs the same kernels."""
     import torch
 
-    bench = _bench_recipe()
+    bench = benchmark_script("bench_recipe", "bench_recipe")
 
     class Step(torch.nn.Module):
         def __init__(self, views: bool):
