@@ -158,9 +158,20 @@ def kernel_paths(monkeypatch):
     return apply
 
 
+def in_runs(case):
+    """The case with its items ordered by group, each group a run, and the loss told so
+    (``contiguous_groups=True``)."""
+    order = torch.argsort(case["groups"], stable=True)
+    ordered = {key: case[key][order] for key in ("scores", "labels", "groups")}
+    if case["mask"] is not None:
+        ordered["mask"] = case["mask"][order]
+    return dict(case, **ordered, contiguous=True)
+
+
 def run(case, backend):
     options = dict(surrogate=case["surrogate"], margin=case["margin"], pairs=case["pairs"],
-                   temperature=case["temperature"], reduction=case["reduction"], backend=backend)
+                   temperature=case["temperature"], reduction=case["reduction"], backend=backend,
+                   contiguous_groups=case.get("contiguous", False))
     if case["loss"] == "auc":
         loss_fn, labels = mlloss.AUCLoss(**options), case["labels"][:, 0].bool()
     elif case["loss"] == "loa":
@@ -205,19 +216,31 @@ def test_triton_tier_against_brute_force_and_torch_tier(seed, kernel_paths):
         assert parts[name] == pytest.approx(torch_parts[name], rel=tolerance, abs=1e-6), name
 
 
-def _fast_logistic_seeds(count: int) -> list[int]:
-    """The first ``count`` seeds whose case is an all-pairs logistic loss of float32, float16 or
-    bfloat16 scores: the layout kernel's fast branch serves them on CUDA."""
+def _fast_seeds(count: int, surrogates: tuple[str, ...] = ("logistic",)) -> list[int]:
+    """The first ``count`` seeds whose case is an all-pairs loss of float32, float16 or bfloat16
+    scores with one of ``surrogates``: the kernels' fast branch serves them on CUDA."""
     seeds, seed = [], 0
     while len(seeds) < count:
         case = make_case(seed)
-        if case["surrogate"] == "logistic" and case["pairs"] == "all" and case["dtype"] != torch.float64:
+        if case["surrogate"] in surrogates and case["pairs"] == "all" and case["dtype"] != torch.float64:
             seeds.append(seed)
         seed += 1
     return seeds
 
 
-@pytest.mark.parametrize("seed", _fast_logistic_seeds(12))
+def _assert_matches_brute_force(case, value, grad):
+    """The fast branch's value and gradient against the float64 brute force (the interpreter
+    computes its special functions exactly: the base-2 algebra is what is compared)."""
+    scores = case["scores"].to(torch.float64, copy=True).requires_grad_(True)
+    expected, _, _, _ = brute_force(case, scores)
+    (expected * case["upstream"]).backward()
+    torch.testing.assert_close(value.double(), expected.detach(), rtol=1e-4, atol=1e-6)
+    tolerance = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(case["dtype"], 1e-4)
+    scale = max(float(scores.grad.abs().max()), 1e-6)  # a float16 gradient below ~6e-8 is 0 in every branch
+    torch.testing.assert_close(grad.double() / scale, scores.grad / scale, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("seed", _fast_seeds(12))
 def test_fast_logistic_on_the_layout_kernels_against_brute_force(seed, kernel_paths, monkeypatch):
     """The layout kernel's fast branch (CUDA's: base-2 scores, the factored terms in row blocks
     that fit, the per-pair terms in the others; the interpreter computes its special functions
@@ -232,13 +255,30 @@ def test_fast_logistic_on_the_layout_kernels_against_brute_force(seed, kernel_pa
         wide = torch.rand(case["n"], generator=torch.Generator().manual_seed(seed)) < 0.3
         case["scores"] = (case["scores"].double() * torch.where(wide, 80.0, 1.0)).to(case["dtype"])
     value, grad, _ = run(case, "triton")
-    scores = case["scores"].to(torch.float64, copy=True).requires_grad_(True)
-    expected, _, _, _ = brute_force(case, scores)
-    (expected * case["upstream"]).backward()
-    torch.testing.assert_close(value.double(), expected.detach(), rtol=1e-4, atol=1e-6)
-    tolerance = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(case["dtype"], 1e-4)
-    scale = max(float(scores.grad.abs().max()), 1e-6)  # a float16 gradient below ~6e-8 is 0 in every branch
-    torch.testing.assert_close(grad.double() / scale, scores.grad / scale, rtol=tolerance, atol=tolerance)
+    _assert_matches_brute_force(case, value, grad)
+
+
+@pytest.mark.parametrize("seed", _fast_seeds(16, SURROGATES))
+def test_fast_branch_on_the_dense_kernels_against_brute_force(seed, kernel_paths, monkeypatch):
+    """The dense kernels' fast branch (CUDA's for float32 accumulation: base-2 scores for the
+    logistic and exponential terms, ln 2 back once per row), which the other CPU tests never run,
+    on the fuzz's all-pairs cases of every surrogate; every second grouped one in runs of its groups
+    (``contiguous_groups=True``: the run-bounded kernels), and every odd logistic, hinge or squared
+    one with 30% of its scores 80 times larger."""
+    from mlloss.kernels import _common
+
+    case = make_case(seed)
+    kernel_paths(dict(case, layout=False))
+    fast = lambda device, accumulation: accumulation == torch.float32  # noqa: E731
+    monkeypatch.setattr(_common, "fast_math", fast)  # the layout kernels' (LaA of 5 levels or more)
+    monkeypatch.setattr(dense, "fast_math", fast)  # imported by name
+    if case["groups"] is not None and seed % 4 < 2:
+        case = in_runs(case)
+    if seed % 2 and case["surrogate"] != "exponential":  # exp(80 x) overflows, as it must
+        wide = torch.rand(case["n"], generator=torch.Generator().manual_seed(seed)) < 0.3
+        case["scores"] = (case["scores"].double() * torch.where(wide, 80.0, 1.0)).to(case["dtype"])
+    value, grad, _ = run(case, "triton")
+    _assert_matches_brute_force(case, value, grad)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
