@@ -2,7 +2,8 @@
 rule (``mlloss._validation.LABEL_RULES``). Its status bits are OR-ed into the call's one int32 status
 word, which ``mlloss.ops.dispatch`` reads once at the end of the call. (Binary label columns on the
 dense kernels, or over all pairs on the layout kernels, get the same check in a launch the call
-makes anyway: ``dense.dense_loss_and_grad``'s and ``levels.counting_layout``'s ``check``.)
+makes anyway: ``dense.dense_loss_and_grad``'s and ``levels.counting_layout``'s ``check``; so do
+LaA's summed binary columns, in the launch that ranks their patterns: ``levels.pattern_ranks``.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ._common import cdiv, validate_device
 from ._launch import launcher
 
-__all__ = ["check_batch", "report_binary_check"]
+__all__ = ["check_batch", "report_binary_check", "report_check"]
 
 
 @triton.jit
@@ -31,11 +32,19 @@ def _report(status_ptr, bad_score, bad_label, BAD_SCORE: tl.constexpr, BAD_LABEL
 
 
 @triton.jit
+def report_check(status_ptr, scores, bad_labels, mask, BAD_SCORE: tl.constexpr, BAD_LABEL: tl.constexpr):
+    """The data check of a block whose labels the caller has tested (``bad_labels``: the items with a
+    label that breaks the rule): a non-finite score or a bad label among ``mask``, OR-ed into
+    ``status``. BAD_SCORE, BAD_LABEL: ``mlloss._validation``'s bits."""
+    _report(status_ptr, mask & _non_finite(scores), mask & bad_labels, BAD_SCORE, BAD_LABEL)
+
+
+@triton.jit
 def report_binary_check(status_ptr, scores, labels, mask, BAD_SCORE: tl.constexpr, BAD_LABEL: tl.constexpr):
     """The data check of a block under the binary rule (a non-finite score, a label other than
     0/1, among ``mask``), OR-ed into ``status``: for the kernels that read the scores and labels
-    anyway (``dense``, ``levels``). BAD_SCORE, BAD_LABEL: ``mlloss._validation``'s bits."""
-    _report(status_ptr, mask & _non_finite(scores), mask & (labels != 0) & (labels != 1), BAD_SCORE, BAD_LABEL)
+    anyway (``dense``, ``levels``)."""
+    report_check(status_ptr, scores, (labels != 0) & (labels != 1), mask, BAD_SCORE, BAD_LABEL)
 
 
 # --------------------------------------------------------------------------- #

@@ -12,7 +12,9 @@ call under torch.profiler (``benchmarks/results/nvidia-h100-80gb-hbm3-profile-a9
 matmul, index and the casts of the LaA call). This kernel reads the columns as the caller passed them (any dtype, any strides: a slice
 of a data set's label matrix) and writes the (1, N) int32 ranks the kernels take.
 
-An entry other than 0 counts as a 1: the data check refuses such labels when it is on; with it
+An entry other than 0 counts as a 1: the data check refuses such labels when it is on (made in the
+same launch: a non-finite score, or a column entry other than 0/1, among the mask's items, OR-ed
+into the call's status word as ``kernels.check.check_batch`` would in a launch of its own); with it
 off (``validate_args=False``) non-binary labels give no defined loss, but every pattern stays
 inside the table.
 
@@ -53,7 +55,7 @@ from .._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
 from ..ops.layout import PairLayout
 from ._common import cdiv, int32_addressable, validate_device
 from ._launch import launcher
-from .check import report_binary_check
+from .check import report_binary_check, report_check
 from .scan import group_edges, running_extreme
 
 __all__ = ["COUNTING_LEVELS", "counting_layout", "pattern_ranks"]
@@ -74,33 +76,54 @@ SCAN_CHUNK = 1024  # blocks a step of the scan (2 steps at 2^20 items with group
 
 @triton.jit(  # sizes and the caller's alignment not specialized: see _common.py
     do_not_specialize=("N", "stride_item", "stride_label"),
-    do_not_specialize_on_alignment=("labels_ptr",),
+    do_not_specialize_on_alignment=("labels_ptr", "scores_ptr", "keep_ptr"),
 )
 def _pattern_rank_kernel(
-    labels_ptr, stride_item, stride_label, table_ptr, out_ptr, N, K: tl.constexpr, BLOCK: tl.constexpr,
+    labels_ptr, stride_item, stride_label, table_ptr, out_ptr, scores_ptr, keep_ptr, status_ptr, N,
+    K: tl.constexpr, BLOCK: tl.constexpr, CHECK: tl.constexpr, MASKED: tl.constexpr, BAD_SCORE: tl.constexpr,
+    BAD_LABEL: tl.constexpr,
 ):
-    """Grid (item blocks,): out[i] = table[sum_k 2^k (labels[i, k] != 0)]."""
+    """Grid (item blocks,): out[i] = table[sum_k 2^k (labels[i, k] != 0)]; with CHECK, the data
+    check of the block's items (those of ``keep`` if MASKED) under the binary rule of each column,
+    OR-ed into ``status``."""
     items = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = items < N
     row = labels_ptr + items.to(tl.int64) * stride_item
     pattern = tl.zeros([BLOCK], dtype=tl.int32)
+    bad_label = tl.zeros([BLOCK], dtype=tl.int1)
     for k in tl.static_range(K):
         label = tl.load(row + k * stride_label, mask=mask, other=0)
         pattern |= (label != 0).to(tl.int32) << k
+        if CHECK:
+            bad_label |= (label != 0) & (label != 1)
     tl.store(out_ptr + items, tl.load(table_ptr + pattern, mask=mask, other=0), mask=mask)
+    if CHECK:
+        if MASKED:
+            mask &= tl.load(keep_ptr + items, mask=mask, other=0) != 0
+        report_check(status_ptr, tl.load(scores_ptr + items, mask=mask, other=0.0), bad_label, mask, BAD_SCORE, BAD_LABEL)
 
 
-def pattern_ranks(labels: torch.Tensor, rank_table: torch.Tensor) -> torch.Tensor:
+def pattern_ranks(
+    labels: torch.Tensor, rank_table: torch.Tensor,
+    check: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+) -> torch.Tensor:
     """(1, N) int32: the rank in ``rank_table`` ((2^K,) int32, on the labels' device) of each row's
-    pattern of the (N, K) binary ``labels``."""
-    validate_device(labels, rank_table)
+    pattern of the (N, K) binary ``labels``. ``check``: (scores (N,), status (1,) int32, mask (N,)
+    bool or None): the batch's data check (``check.check_batch``'s, each column 0/1) in the same
+    launch, its bits OR-ed into ``status``."""
+    scores, status, mask = check if check is not None else (None, None, None)
+    validate_device(labels, rank_table, scores, status, mask)
     n, k = labels.shape
     if rank_table.numel() != 2**k:
         raise ValueError(f"a table of {2**k} pattern ranks is needed for {k} label columns; got {rank_table.numel()}")
     out = torch.empty((1, n), dtype=torch.int32, device=labels.device)
     if n:
+        unused = out  # a pointer the kernel does not read without CHECK (or MASKED)
         launcher(_pattern_rank_kernel)[(cdiv(n, BLOCK),)](
-            labels, labels.stride(0), labels.stride(1), rank_table, out, n, K=k, BLOCK=BLOCK,
+            labels, labels.stride(0), labels.stride(1), rank_table, out,
+            unused if scores is None else scores, unused if mask is None else mask, unused if status is None else status, n,
+            K=k, BLOCK=BLOCK, CHECK=check is not None, MASKED=mask is not None, BAD_SCORE=STATUS_BAD_SCORE,
+            BAD_LABEL=STATUS_BAD_LABEL,
         )
     return out
 

@@ -39,8 +39,8 @@ with host_time.compiled_cuda_launches():
                                                             (torch.int32, torch.float32)):
         labels = base.to(dtype)[offset:offset + 2 * n].view(n, 2)[:, :1].expand(n, k)
         out = base[out_offset:out_offset + n]
-        args = (labels, labels.stride(0), labels.stride(1), table, out, n)
-        configs.append((args, dict(K=k, BLOCK=1024)))
+        args = (labels, labels.stride(0), labels.stride(1), table, out, out, out, out, n)  # no check: 3 unread pointers
+        configs.append((args, dict(K=k, BLOCK=1024, CHECK=False, MASKED=False, BAD_SCORE=1, BAD_LABEL=2)))
     seen = {}
     for args, kwargs in configs * 2:
         fast[(1,)](*args, **kwargs)
@@ -132,19 +132,20 @@ import torch
 from mlloss.kernels import _launch
 from mlloss.kernels.levels import _pattern_rank_kernel
 
-labels = torch.zeros(64, 2, dtype=torch.int32)
-args = (labels, 2, 1, torch.zeros(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int32), 64)
+labels, out = torch.zeros(64, 2, dtype=torch.int32), torch.zeros(64, dtype=torch.int32)
+args = (labels, 2, 1, torch.zeros(64, dtype=torch.int32), out, out, out, out, 64)  # no check: 3 unread pointers
+constants = dict(K=2, BLOCK=1024, CHECK=False, MASKED=False, BAD_SCORE=1, BAD_LABEL=2)
 with host_time.compiled_cuda_launches(), warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for direct in (True, False):
         _launch.DIRECT = direct
-        _launch.launcher(_pattern_rank_kernel)[(1,)](*args, K=2, BLOCK=1024, num_warps=2 if direct else 1)
+        _launch.launcher(_pattern_rank_kernel)[(1,)](*args, **constants, num_warps=2 if direct else 1)
     fast = _launch.launcher.__globals__["_LAUNCHERS"][id(_pattern_rank_kernel)]
     compiled = [kernel for kernel, _ in fast.compiled.values()]
     compiled += list(_pattern_rank_kernel.device_caches[0][0].values())
     assert compiled and all(kernel.metadata.enable_fp_fusion for kernel in compiled), compiled
     assert not [str(w.message) for w in caught if "FP_FUSION" in str(w.message)], caught
-    unfused = _pattern_rank_kernel[(1,)](*args, K=2, BLOCK=1024, num_warps=4)  # Triton's default here
+    unfused = _pattern_rank_kernel[(1,)](*args, **constants, num_warps=4)  # Triton's default here
     assert not unfused.metadata.enable_fp_fusion
 print("ok")
 """

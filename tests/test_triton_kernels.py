@@ -680,6 +680,62 @@ def test_pattern_ranks_kernel_ranks_each_row_as_the_pytorch_formula_does(dtype, 
     assert torch.equal(pattern_ranks(patterns.to(dtype).to(DEVICE), rank_table)[0], rank_table)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("bad", ["none", "nan score", "inf score", "label 0.5", "label 2", "nan label", "both"])
+def test_pattern_ranks_make_the_data_check_check_batch_makes(bad, masked, monkeypatch):
+    """LaA's binary columns with validate_args: the launch that ranks their patterns makes the data
+    check (check_batch's bits under the summed-binary rule, over the mask only) and ranks as
+    without it; a call of LaA launches no check of its own for them (it made one more launch)."""
+    import mlloss
+    from mlloss._validation import STATUS_BAD_LABEL, STATUS_BAD_SCORE
+    from mlloss.kernels import dense as dense_kernels, pairwise
+    from mlloss.kernels.levels import pattern_ranks
+    from mlloss.ops.dispatch import _pattern_tables
+
+    gen = torch.Generator().manual_seed(12)
+    scores = torch.randn(2000, generator=gen)  # two blocks of 1,024; the dense kernels take up to 2,048 items
+    labels = (torch.rand(2000, 3, generator=gen) < 0.4).to(torch.float32)
+    keep = torch.arange(2000) % 5 != 0
+    at = 1501 if masked else 0  # kept items at, at + 1, at + 2 (the second block)
+    if bad in ("nan score", "both"):
+        scores[at] = float("nan")
+    if bad == "inf score":
+        scores[at + 1] = float("-inf")
+    label = {"label 0.5": 0.5, "label 2": 2.0, "nan label": float("nan"), "both": 3.0}.get(bad)
+    if label is not None:
+        labels[at + 2, 2] = label
+    if masked:  # fillers hold anything: never reported
+        scores[~keep], labels[~keep] = float("inf"), 7.0
+    mask = keep.to(DEVICE) if masked else None
+    scores, labels = scores.to(DEVICE), labels.to(DEVICE)
+    expected = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    pairwise.check_batch(scores, labels, expected, label_rule="summed-binary", mask=mask)
+    assert (expected.item() != 0) == (bad != "none")
+    _, rank_table, _ = _pattern_tables((1.0, 2.0, 4.0), torch.device(DEVICE))
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    ranks = pattern_ranks(labels, rank_table, (scores, status, mask))
+    assert status.item() & (STATUS_BAD_SCORE | STATUS_BAD_LABEL) == expected.item()
+    assert torch.equal(ranks, pattern_ranks(labels, rank_table))
+
+    monkeypatch.setattr(pairwise, "check_batch", lambda *a, **k: pytest.fail("a check launch of its own"))
+    dense_calls = []
+    monkeypatch.setattr(dense_kernels, "dense_loss_and_grad",
+                        lambda *a, _run=dense_kernels.dense_loss_and_grad, **k: dense_calls.append(1) or _run(*a, **k))
+    loss = mlloss.LaALoss([1.0, 1.0, 1.0], backend="triton")  # 4 levels: the dense kernels take them
+    near = slice(at - 100 if masked else 0, at + 100 if masked else 200)  # 200 items with the bad ones
+    for dense in (True, False):  # the dense kernels, and the layout's
+        with pytest.MonkeyPatch.context() as layout_only:
+            if not dense:
+                layout_only.setattr(dense_kernels, "MAX_ITEMS", 0)
+            batch = (scores[near], labels[near]), {"mask": None if mask is None else mask[near]}
+            if bad == "none":
+                loss(*batch[0], **batch[1])
+            else:
+                with pytest.raises(ValueError, match="score|label"):
+                    loss(*batch[0], **batch[1])
+        assert len(dense_calls) == 1
+
+
 def assert_same_layout(got, expected) -> None:
     """Two ``PairLayout``s are equal, bit for bit (int32 everywhere; group spans both None without groups)."""
     for name in ("order", "cell_start", "cell_end", "group_start", "group_end"):

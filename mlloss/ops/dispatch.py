@@ -332,17 +332,23 @@ def _kernel_work(
                                                 score_rows=score_columns, ranked=contiguous)
         mask, contiguous = None, False
     status = None
+    patterns = aggregated and _ranks_patterns(labels)  # LaA's binary columns, ranked by one launch
     if validate:  # fused into the kernels' launches, read after the call
         status = torch.zeros(1, dtype=torch.int32, device=scores.device)
-        if aggregated:
+        if aggregated and not patterns:  # an ordinal column
             with needs_extra("triton", 'backend="triton"'):
                 from ..kernels.pairwise import check_batch
 
             check_batch(scores, labels, status, label_rule=_label_rule(labels, aggregated, real_levels), mask=mask)
     # Binary label columns the kernels read as the caller passed them (a transposed view, no int32
     # copy), making the data check in the same launch: the dense kernels, and the counting layout
-    # (all pairs and max-violation pairs of binary problems read no rank after it).
-    levels = problem_levels(labels, label_weights, on_kernels=True) if aggregated else Levels(labels.t(), 2, None)
+    # (all pairs and max-violation pairs of binary problems read no rank after it); LaA's binary
+    # columns in the launch that ranks their patterns.
+    if aggregated:
+        levels = problem_levels(labels, label_weights, on_kernels=True,
+                                check=(scores, status, mask) if patterns and status is not None else None)
+    else:
+        levels = Levels(labels.t(), 2, None)
     kernel_check = (scores, status) if status is not None and not aggregated else None
     if dense:
         result = dense_kernels.dense_loss_and_grad(
@@ -496,26 +502,35 @@ def _label_rule(labels: Tensor, aggregated: bool, real_levels: bool) -> str:
 MAX_PATTERN_COLUMNS = 12
 
 
-def problem_levels(labels: Tensor, label_weights: Sequence[float] | None, *, on_kernels: bool = False) -> Levels:
+def _ranks_patterns(labels: Tensor) -> bool:
+    """Whether LaA's (N, K) labels are ranked by their pattern of K binary columns (``problem_levels``)."""
+    return 1 < labels.shape[1] <= MAX_PATTERN_COLUMNS
+
+
+def problem_levels(labels: Tensor, label_weights: Sequence[float] | None, *, on_kernels: bool = False,
+                   check: tuple[Tensor, Tensor, Tensor | None] | None = None) -> Levels:
     """The problems' levels as ranks into a value table (see ``layout.Levels``).
 
     * label columns (``label_weights=None``): one problem per column, the 0/1 label its rank;
     * several aggregated binary columns: the pattern sum_k 2^k y_k indexes host-computed tables of
       its level's rank and value (levels equal in exact arithmetic, 0.1 + 0.2 and 0.3, are one);
-      ``on_kernels``: ranked by one Triton launch (``kernels.levels``) instead of five ops;
+      ``on_kernels``: ranked by one Triton launch (``kernels.levels``) instead of five ops, which
+      with ``check`` (scores, status, mask) also makes the batch's data check;
     * one aggregated column (an ordinal label): its rank is the number of smaller values.
     """
+    if check is not None and not (on_kernels and label_weights is not None and _ranks_patterns(labels)):
+        raise ValueError("problem_levels makes the data check only when a launch ranks label patterns")
     if label_weights is None:
         # (K, N) contiguous: the kernels index problems by rows. (``to`` returns int32 labels as
         # they are, a transposed view: ``contiguous`` copies them then, and is a no-op otherwise.)
         return Levels(labels.t().to(torch.int32, memory_format=torch.contiguous_format).contiguous(), 2, None)
     num_labels = labels.shape[1]
-    if 1 < num_labels <= MAX_PATTERN_COLUMNS:
+    if _ranks_patterns(labels):
         powers, rank_table, values = _pattern_tables(tuple(label_weights), labels.device)
         if on_kernels:
             from ..kernels.levels import pattern_ranks
 
-            return Levels(pattern_ranks(labels, rank_table), values.shape[1], values)
+            return Levels(pattern_ranks(labels, rank_table, check), values.shape[1], values)
         # The mask keeps labels other than 0/1 (reported by the data check) from indexing out of range.
         pattern = (labels.to(torch.float64) @ powers).to(torch.int64).bitwise_and_(rank_table.numel() - 1)
         return Levels(rank_table[pattern][None], values.shape[1], values)
@@ -538,7 +553,7 @@ def _pattern_levels(labels: Tensor, label_weights: Sequence[float]) -> int:
     """How many levels LaA's aggregated label can take when it is ranked through the pattern
     tables (several binary columns, ``problem_levels``); 0 for an ordinal column or too many
     columns, whose levels are known only from the data."""
-    if not 1 < labels.shape[1] <= MAX_PATTERN_COLUMNS:
+    if not _ranks_patterns(labels):
         return 0
     return _pattern_tables(tuple(label_weights), labels.device)[2].shape[1]
 
