@@ -94,6 +94,8 @@ def log_mean(y, z, size):
     while the mean is below 1/2, else log1p(z / n) (Kahan's log(u) a / (u - 1), u = 1 + a), which
     keeps the digits that y / n rounds away when every term is near 1."""
     n = size.to(tl.float64)
+    # _common._log1p_small's formula, written out: called, it cost the soft _hardest_kernel 255
+    # registers and 12 bytes of spills on sm_90 (Triton 3.9) instead of 242 and none
     a = z / n
     u = 1.0 + a
     log1p = tl.where(u == 1.0, a, tl.log(u) * a / tl.where(u == 1.0, 1.0, u - 1.0))
