@@ -114,8 +114,10 @@ def _graph_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for graph in (r for r in rows if r["impl"] == "mlloss-graph" and "time_s" in r
                   and not r["case"].startswith((cases.GRAPH_TILES_PREFIX, cases.FACTORED_PREFIX))):
-        eager = [r for r in _measured(rows, graph["case"], "mlloss" if graph["case"].startswith("PDAOM")
-                                      else "mlloss-triton") if r["n"] == graph["n"]]
+        # the eager call: the Triton tier's row, or the default backend's where the case times that
+        # (PDAOM's, hard and soft)
+        eager = [r for impl in ("mlloss-triton", "mlloss") for r in _measured(rows, graph["case"], impl)
+                 if r["n"] == graph["n"]]
         unchecked = [r for r in _measured(rows, graph["case"], "mlloss-unchecked") if r["n"] == graph["n"]]
         replayed = [r for r in _measured(rows, graph["case"], "mlloss-replay") if r["n"] == graph["n"]]
         beside = f", eager {eager[0]['time_s'] * 1e3:.3g} ms" if eager else ""
